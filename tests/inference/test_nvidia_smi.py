@@ -18,7 +18,8 @@ from inference.nvidia_smi import (
     parse_topology,
 )
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nvidia_smi"
+# Real-shaped nvidia-smi output ships with the package: seed_demo builds its demo nodes from it.
+FIXTURES = Path(__file__).resolve().parents[2] / "inference" / "data" / "nvidia_smi"
 
 HEADER = "index, name, uuid, pci.bus_id, memory.total [MiB], compute_cap, driver_version"
 ROW = (
