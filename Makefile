@@ -1,0 +1,52 @@
+# The two commands: `make run` (the portal and its workers on embedded defaults)
+# and `make test` (everything CI checks). Both set themselves up from scratch.
+
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+PORTAL_PORT ?= 8000
+
+# Tests use the real PostgreSQL and Redis of this machine kind unless told otherwise.
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/portal
+
+.PHONY: run test venv lint chromium lock clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Re-install only when requirements.txt changes (pip reuses its cache).
+$(VENV)/.installed: requirements.txt | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+venv: $(VENV)/.installed
+
+# Debian's Chromium for the browser tests (Playwright's own browser download does not work here).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium for the browser tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+lint: venv
+	$(BIN)/ruff check .
+	DATABASE_URL=sqlite://:memory: DJANGO_SETTINGS_MODULE=tests.settings $(BIN)/python manage.py makemigrations --check --dry-run >/dev/null
+
+test: venv chromium lint
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The portal with a control worker, the local node agent and beat: SQLite under var/,
+# the local Redis, and the demo data on first start. Ctrl-C stops everything.
+run: venv
+	mkdir -p var
+	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py migrate --noinput
+	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py seed_demo --admin-password-file var/admin-password
+	@echo "portal: http://127.0.0.1:$(PORTAL_PORT)/  (user admin, password in var/admin-password)"
+	DEBUG=$${DEBUG:-true} PORTAL_PORT=$(PORTAL_PORT) PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/honcho start -f Procfile
+
+# Resolve requirements.in into the pinned requirements.txt.
+lock: | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -r requirements.in
+	$(BIN)/python -m pip freeze --exclude-editable > requirements.txt
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .ruff_cache

@@ -1,0 +1,25 @@
+"""The Celery app: Redis broker, a `control` queue and one queue per GPU node.
+
+A task meant for a node is sent to `node.<name>`; only the node agent started
+on that machine consumes it, so the work (starting vLLM, reading nvidia-smi)
+happens where the GPUs are.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+
+app = Celery("portal")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+
+CONTROL_QUEUE = "control"
+
+
+def node_queue(node_name: str) -> str:
+    """The queue that the agent on `node_name` consumes."""
+    return f"node.{node_name}"

@@ -1,0 +1,47 @@
+"""DRF glue: ApplicationError and model ValidationError become 400s with the field named."""
+
+from __future__ import annotations
+
+import copy
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from rest_framework import exceptions
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from inference.errors import InputError
+
+from .errors import ApplicationError
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, InputError):
+        exc = ApplicationError.from_input_error(exc)
+    if isinstance(exc, ApplicationError):
+        detail = {exc.field or "non_field_errors": [exc.message], **exc.extra}
+        exc = exceptions.ValidationError(detail)
+    elif isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(
+            exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
+        )
+    return drf_exception_handler(exc, context)
+
+
+class ModelCleanMixin:
+    """Run the model's own `full_clean()` from a ModelSerializer, so the API and the
+    admin refuse the same values with the same messages."""
+
+    clean_exclude: tuple[str, ...] = ()
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        model = self.Meta.model
+        instance = copy.copy(self.instance) if self.instance is not None else model()
+        concrete = {f.name for f in model._meta.concrete_fields}
+        for name, value in attrs.items():
+            if name in concrete:
+                setattr(instance, name, value)
+        try:
+            instance.full_clean(exclude=list(self.clean_exclude), validate_unique=False)
+        except DjangoValidationError as error:
+            raise exceptions.ValidationError(error.message_dict) from error
+        return attrs

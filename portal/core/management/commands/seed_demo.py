@@ -1,0 +1,168 @@
+"""`manage.py seed_demo`: the set-up FIELD_NOTES.md describes, ready to explore.
+
+Idempotent: objects are looked up by name and left alone when they exist, so
+the run command calls it on every start.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import transaction
+
+from inference.hf_config import known_configs
+from portal.deployments.models import DeploymentProfile
+from portal.inventory.models import Node
+from portal.inventory.services import node_apply_nvidia_smi_text, node_create
+from portal.registry.models import ModelVersion
+from portal.registry.services import model_version_create
+from portal.teams.models import Team
+
+NVIDIA_SMI_SAMPLES = Path(__file__).resolve().parents[4] / "inference" / "data" / "nvidia_smi"
+
+NODES = [
+    # name, description, nvidia-smi samples (query, topology) or None for a CPU node
+    (
+        "dgx-v100-01",
+        "8 × V100-SXM2-32GB, NVLink hybrid cube-mesh",
+        ("v100_sxm2_8x_query.csv", "v100_sxm2_8x_topo.txt"),
+    ),
+    ("pcie-v100-01", "1 × V100-PCIe-16GB", ("v100_pcie_1x_query.csv", "v100_pcie_1x_topo.txt")),
+]
+
+MODELS = [
+    # registry name, bundled config, source
+    ("llama-2-7b-chat-hf", "llama-2-7b-chat-hf", "meta-llama/Llama-2-7b-chat-hf"),
+    ("llama-2-13b-chat-hf", "llama-2-13b-chat-hf", "meta-llama/Llama-2-13b-chat-hf"),
+    ("gemma-2-27b-it-gptq-4bit", "gemma-2-27b-it-gptq-4bit", "a GPTQ 4-bit build of google/gemma-2-27b-it"),
+    (
+        "llama-3.1-70b-instruct-gptq-4bit",
+        "llama-3.1-70b-instruct-gptq-4bit",
+        "a GPTQ 4-bit build of Llama-3.1-70B-Instruct",
+    ),
+    ("qwen2.5-7b-instruct", "qwen2.5-7b-instruct", "Qwen/Qwen2.5-7B-Instruct (bf16 weights)"),
+]
+
+# The launch settings that worked in FIELD_NOTES.md ("Launch settings that worked, and why").
+PROFILES = [
+    {
+        "name": "v100-7b-fp16-tp8",
+        "description": "7B fp16 on 8×V100-32G SXM2: ran 72 h clean at 0.93",
+        "model": "llama-2-7b-chat-hf",
+        "target_gpu": "v100-sxm2-32gb",
+        "target_gpu_count": 8,
+        "tensor_parallel_size": 8,
+        "max_model_len": 4096,  # Llama-2 has 4096 positions; FIELD_NOTES' 8192 is for longer models
+        "max_num_seqs": 256,
+        "enable_prefix_caching": True,
+        "enable_chunked_prefill": True,
+    },
+    {
+        "name": "v100-13b-fp16-tp2",
+        "description": "13B fp16 (~26 GB) on an NVLinked pair of V100-32G",
+        "model": "llama-2-13b-chat-hf",
+        "target_gpu": "v100-sxm2-32gb",
+        "target_gpu_count": 2,
+        "tensor_parallel_size": 2,
+        "max_model_len": 4096,
+        "max_num_seqs": 64,
+        "enable_prefix_caching": True,
+    },
+    {
+        "name": "v100-16g-27b-gptq",
+        "description": "27B 4-bit GPTQ on one V100-16G PCIe: short context, few sequences",
+        "model": "gemma-2-27b-it-gptq-4bit",
+        "target_gpu": "v100-pcie-16gb",
+        "target_gpu_count": 1,
+        "tensor_parallel_size": 1,
+        "max_model_len": 2048,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 2048,
+        "enable_chunked_prefill": True,
+        "quantization": "gptq",
+    },
+    {
+        "name": "v100-70b-gptq-tp8",
+        "description": "70B 4-bit GPTQ on 8×V100-32G SXM2, 32 sequences",
+        "model": "llama-3.1-70b-instruct-gptq-4bit",
+        "target_gpu": "v100-sxm2-32gb",
+        "target_gpu_count": 8,
+        "tensor_parallel_size": 8,
+        "max_model_len": 8192,
+        "max_num_seqs": 32,
+        "enable_chunked_prefill": True,
+        "quantization": "gptq",
+    },
+    {
+        "name": "example-bf16-on-v100",
+        "description": "Refused on purpose: bf16 on Volta (shows the planner saying why not)",
+        "model": "qwen2.5-7b-instruct",
+        "target_gpu": "v100-sxm2-32gb",
+        "target_gpu_count": 1,
+        "dtype": "bfloat16",
+        "max_model_len": 8192,
+        "max_num_seqs": 64,
+    },
+]
+
+# What every V100 profile above shares (FIELD_NOTES: float16, 0.93, eager, block 16).
+V100_DEFAULTS = {"dtype": "float16", "gpu_memory_utilization": 0.93, "enforce_eager": True, "block_size": 16}
+
+
+class Command(BaseCommand):
+    help = "Load the demo inventory, models, profiles and team (idempotent)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--admin-password-file",
+            help="when no superuser exists, create 'admin' with a random password written to this file",
+        )
+
+    @transaction.atomic
+    def handle(self, *args, **options) -> None:
+        for name, description, samples in NODES:
+            self._node(name, description, samples)
+        self._node(settings.PORTAL_LOCAL_NODE, "this machine (CPU build of vLLM)", None, hostname="127.0.0.1")
+        configs = known_configs()
+        for name, config_name, source in MODELS:
+            if not ModelVersion.objects.filter(name=name).exists():
+                config = json.loads(configs[config_name].read_text())
+                model_version_create(name=name, config=config, source=source)
+        for spec in PROFILES:
+            spec = {**V100_DEFAULTS, **spec}
+            model = ModelVersion.objects.get(name=spec.pop("model"))
+            DeploymentProfile.objects.get_or_create(
+                name=spec.pop("name"), defaults={**spec, "model_version": model}
+            )
+        Team.objects.get_or_create(slug="platform", defaults={"name": "Platform", "gpu_quota": 16})
+        if options["admin_password_file"]:
+            self._admin(Path(options["admin_password_file"]))
+        self.stdout.write(
+            f"demo data: {Node.objects.count()} nodes, {ModelVersion.objects.count()} models, "
+            f"{DeploymentProfile.objects.count()} profiles"
+        )
+
+    def _node(self, name: str, description: str, samples, hostname: str = "") -> None:
+        if Node.objects.filter(name=name).exists():
+            return
+        node = node_create(name=name, description=description, hostname=hostname)
+        if samples:
+            query, topology = ((NVIDIA_SMI_SAMPLES / f).read_text() for f in samples)
+            node_apply_nvidia_smi_text(node=node, query_csv=query, topology_text=topology)
+
+    def _admin(self, password_file: Path) -> None:
+        users = get_user_model().objects
+        if users.filter(is_superuser=True).exists():
+            return
+        password = secrets.token_urlsafe(12)
+        admin = users.create_superuser("admin", "admin@localhost", password)
+        Team.objects.get(slug="platform").members.add(admin)
+        password_file.parent.mkdir(parents=True, exist_ok=True)
+        password_file.touch(mode=0o600)
+        password_file.write_text(password + "\n")
+        self.stdout.write(f"created superuser 'admin'; its password is in {password_file}")

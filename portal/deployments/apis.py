@@ -1,0 +1,164 @@
+"""REST API for deployment profiles, deployments and the capacity planner."""
+
+from __future__ import annotations
+
+from dataclasses import fields as dataclass_fields
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, viewsets
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from inference.errors import InputError
+from inference.hardware import get_gpu
+from inference.planner import ProfileSettings
+from portal.core.api import ModelCleanMixin
+from portal.core.errors import ApplicationError
+from portal.inventory.models import Node
+from portal.registry.models import ModelVersion
+from portal.teams.models import Team
+
+from . import services
+from .models import Deployment, DeploymentProfile, DeploymentState, DesiredState
+from .selectors import deployments_visible_to
+from .services import resolve_model
+
+
+def _plan_dict(plan) -> dict | None:
+    return plan.to_dict() if plan is not None else None
+
+
+class ProfileSerializer(ModelCleanMixin, serializers.ModelSerializer):
+    model_version = serializers.SlugRelatedField(
+        slug_field="name", queryset=ModelVersion.objects.all(), required=False, allow_null=True
+    )
+    plan = serializers.SerializerMethodField(help_text="The planner's verdict against the profile's target.")
+
+    class Meta:
+        model = DeploymentProfile
+        fields = [
+            "id",
+            "name",
+            "description",
+            "model_version",
+            "target_gpu",
+            "target_gpu_count",
+            *(f.name for f in dataclass_fields(ProfileSettings)),
+            "extra_args",
+            "plan",
+            "created_at",
+            "updated_at",
+        ]
+
+    def validate_target_gpu(self, value: str) -> str:
+        try:
+            return get_gpu(value).key if value else value
+        except InputError as error:
+            raise serializers.ValidationError(error.message) from error
+
+    def get_plan(self, profile: DeploymentProfile) -> dict | None:
+        try:
+            return _plan_dict(services.profile_plan(profile))
+        except ApplicationError:
+            return None
+
+
+class ProfileViewSet(viewsets.ModelViewSet):
+    serializer_class = ProfileSerializer
+    queryset = DeploymentProfile.objects.select_related("model_version")
+    lookup_field = "name"
+
+
+class DeploymentSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
+    model_version = serializers.SlugRelatedField(slug_field="name", queryset=ModelVersion.objects.all())
+    profile = serializers.SlugRelatedField(slug_field="name", queryset=DeploymentProfile.objects.all())
+    node = serializers.SlugRelatedField(slug_field="name", queryset=Node.objects.all())
+    gpu_indices = serializers.ListField(child=serializers.IntegerField(min_value=0), max_length=64)
+    desired_state = serializers.ChoiceField(choices=DesiredState.choices, default=DesiredState.RUNNING)
+    state = serializers.ChoiceField(choices=DeploymentState.choices, read_only=True)
+    plan = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Deployment
+        fields = [
+            "id",
+            "name",
+            "team",
+            "model_version",
+            "profile",
+            "node",
+            "gpu_indices",
+            "desired_state",
+            "state",
+            "state_reason",
+            "endpoint_url",
+            "concurrency_cap",
+            "plan",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = ["state_reason", "endpoint_url", "created_at", "updated_at"]
+
+    def get_plan(self, deployment: Deployment) -> dict | None:
+        try:
+            return _plan_dict(services.deployment_plan(deployment))
+        except ApplicationError:
+            return None
+
+    def create(self, validated_data):
+        return services.deployment_create(**validated_data)
+
+
+class DeploymentViewSet(viewsets.ModelViewSet):
+    """Deployments. Creating one checks the plan, free GPUs and the team's GPU quota.
+
+    Changing where a deployment runs means a new deployment, so updates are limited
+    to its desired state and concurrency cap (the lifecycle issue acts on them).
+    """
+
+    serializer_class = DeploymentSerializer
+    lookup_field = "name"
+    http_method_names = ["get", "post", "delete", "head", "options"]
+
+    def get_queryset(self):
+        return deployments_visible_to(self.request.user)
+
+
+class PlanRequestSerializer(serializers.Serializer):
+    gpu = serializers.CharField(help_text="GPU catalog key, e.g. v100-sxm2-32gb.")
+    gpus = serializers.IntegerField(min_value=1, max_value=64)
+    model = serializers.CharField(help_text="A registered model name or a bundled config name.")
+    nvlink = serializers.BooleanField(required=False, allow_null=True, default=None)
+    dtype = serializers.CharField(required=False)
+    quantization = serializers.CharField(required=False, allow_null=True)
+    tensor_parallel_size = serializers.IntegerField(required=False)
+    max_model_len = serializers.IntegerField(required=False, allow_null=True)
+    gpu_memory_utilization = serializers.FloatField(required=False)
+    max_num_seqs = serializers.IntegerField(required=False)
+    max_num_batched_tokens = serializers.IntegerField(required=False, allow_null=True)
+    block_size = serializers.IntegerField(required=False)
+    enable_prefix_caching = serializers.BooleanField(required=False)
+    enable_chunked_prefill = serializers.BooleanField(required=False)
+    enforce_eager = serializers.BooleanField(required=False)
+    swap_space_gb = serializers.FloatField(required=False)
+    kv_cache_dtype = serializers.CharField(required=False)
+
+
+class PlanApi(APIView):
+    """The capacity planner: weights per GPU, KV capacity, decode ceiling and findings."""
+
+    @extend_schema(request=PlanRequestSerializer, responses={200: dict})
+    def post(self, request):
+        data = PlanRequestSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        gpu, gpus, model, nvlink = (values.pop(k) for k in ("gpu", "gpus", "model", "nvlink"))
+        values.setdefault("tensor_parallel_size", gpus)
+        try:
+            settings = ProfileSettings(**values)
+        except InputError as error:
+            raise ApplicationError.from_input_error(error) from error
+        placement = services.target_placement(gpu_key=gpu, gpu_count=gpus, nvlink_connected=nvlink)
+        plan = services.plan_deployment(resolve_model(model), settings, placement)
+        return Response(plan.to_dict())

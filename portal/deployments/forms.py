@@ -1,0 +1,73 @@
+"""The planner form: a GPU, a model and the profile knobs."""
+
+from __future__ import annotations
+
+from django import forms
+
+from inference.hardware import GPU_CATALOG
+from inference.hf_config import known_configs
+from portal.registry.models import ModelVersion
+
+from .models import DeploymentProfile, Dtype
+
+
+def _model_choices() -> list[tuple[str, str]]:
+    registered = [(m.name, m.name) for m in ModelVersion.objects.only("name")]
+    bundled = [(name, f"{name} (bundled config)") for name in sorted(known_configs())]
+    return [("Registered", registered), ("Bundled configs", bundled)]
+
+
+class PlannerForm(forms.Form):
+    model = forms.ChoiceField()
+    gpu = forms.ChoiceField(
+        choices=[(key, spec.display_name) for key, spec in GPU_CATALOG.items()], initial="v100-sxm2-32gb"
+    )
+    gpus = forms.IntegerField(min_value=1, max_value=64, initial=1, label="GPUs")
+    interconnect = forms.ChoiceField(
+        choices=[("", "from the GPU (SXM: NVLink)"), ("nvlink", "NVLink"), ("pcie", "PCIe only")],
+        required=False,
+    )
+    dtype = forms.ChoiceField(choices=Dtype.choices, initial=Dtype.FLOAT16)
+    tensor_parallel_size = forms.IntegerField(
+        min_value=1, max_value=64, required=False, label="Tensor parallel (blank: all GPUs)"
+    )
+    quantization = forms.CharField(required=False)
+    max_model_len = forms.IntegerField(
+        min_value=1, required=False, label="Max model length (blank: the model's)"
+    )
+    gpu_memory_utilization = forms.FloatField(min_value=0.05, max_value=1.0, initial=0.9)
+    max_num_seqs = forms.IntegerField(min_value=1, initial=256)
+    block_size = forms.TypedChoiceField(
+        coerce=int, choices=[(n, n) for n in (8, 16, 32, 64, 128)], initial=16
+    )
+    enforce_eager = forms.BooleanField(required=False)
+    enable_prefix_caching = forms.BooleanField(required=False)
+    enable_chunked_prefill = forms.BooleanField(required=False)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["model"].choices = _model_choices()
+
+    @classmethod
+    def initial_from_profile(cls, profile: DeploymentProfile) -> dict:
+        initial = {
+            name: getattr(profile, name)
+            for name in (
+                "dtype",
+                "tensor_parallel_size",
+                "quantization",
+                "max_model_len",
+                "gpu_memory_utilization",
+                "max_num_seqs",
+                "block_size",
+                "enforce_eager",
+                "enable_prefix_caching",
+                "enable_chunked_prefill",
+            )
+        }
+        if profile.model_version:
+            initial["model"] = profile.model_version.name
+        if profile.target_gpu:
+            initial["gpu"] = profile.target_gpu
+            initial["gpus"] = profile.target_gpu_count
+        return initial

@@ -1,0 +1,96 @@
+"""`manage.py plan`: the capacity planner from the shell (contract in DESIGN.md)."""
+
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from inference.errors import InputError
+from inference.planner import Plan, ProfileSettings, plan_deployment
+from portal.core.errors import ApplicationError
+from portal.deployments.services import resolve_model, target_placement
+
+
+class Command(BaseCommand):
+    help = "Plan a model on GPUs: weights per GPU, KV-cache capacity, decode ceiling and findings."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--gpu", required=True, help="GPU catalog name, e.g. v100-sxm2-32gb")
+        parser.add_argument("--gpus", type=int, required=True, help="how many GPUs")
+        parser.add_argument(
+            "--model", required=True, help="registered model name, bundled config, or config.json path"
+        )
+        parser.add_argument("--dtype", default="float16", help="float16 | bfloat16 | float32 | auto")
+        parser.add_argument(
+            "--quantization", default=None, help="gptq | awq | fp8 … (default: from the model)"
+        )
+        parser.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: --gpus)")
+        parser.add_argument("--max-model-len", type=int, default=None)
+        parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+        parser.add_argument("--max-num-seqs", type=int, default=256)
+        parser.add_argument("--block-size", type=int, default=16)
+        parser.add_argument("--enforce-eager", action="store_true")
+        link = parser.add_mutually_exclusive_group()
+        link.add_argument(
+            "--nvlink", dest="nvlink", action="store_true", default=None, help="GPUs are NVLinked"
+        )
+        link.add_argument("--pcie", dest="nvlink", action="store_false", help="GPUs talk over PCIe only")
+        parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    def handle(self, *args, **options) -> None:
+        try:
+            arch = resolve_model(options["model"], allow_paths=True)
+            settings = ProfileSettings(
+                dtype=options["dtype"],
+                tensor_parallel_size=options["tp"] or options["gpus"],
+                max_model_len=options["max_model_len"],
+                gpu_memory_utilization=options["gpu_memory_utilization"],
+                max_num_seqs=options["max_num_seqs"],
+                block_size=options["block_size"],
+                enforce_eager=options["enforce_eager"],
+                quantization=options["quantization"],
+            )
+            placement = target_placement(
+                gpu_key=options["gpu"], gpu_count=options["gpus"], nvlink_connected=options["nvlink"]
+            )
+        except (ApplicationError, InputError) as error:
+            field = getattr(error, "field", "")
+            raise CommandError(
+                f"--{field.replace('_', '-')}: {error.message}" if field else error.message
+            ) from error
+        plan = plan_deployment(arch, settings, placement)
+        if options["json"]:
+            self.stdout.write(json.dumps(plan.to_dict(), indent=2))
+        else:
+            self.stdout.write(
+                render_plan(
+                    plan, title=f"{options['model']} on {options['gpus']} × {placement.gpu.display_name}"
+                )
+            )
+
+
+def render_plan(plan: Plan, *, title: str) -> str:
+    data = plan.to_dict()
+    rows = [
+        ("weights in all", f"{data['weights_gb_total']:.2f} GB"),
+        ("weights per GPU", f"{data['weights_gb_per_gpu']:.2f} GB"),
+        ("KV cache per GPU", f"{data['kv_cache_gb_per_gpu']:.2f} GB"),
+        ("KV cache capacity", f"{data['kv_cache_tokens']} tokens"),
+        ("max model length", f"{data['max_model_len']}"),
+        ("sequences at max length", f"{data['max_concurrent_seqs_at_max_len']}"),
+        ("one-stream decode ceiling", f"{data['decode_tokens_per_s_ceiling']:.1f} tokens/s"),
+        ("decode step (effective bw)", f"{data['decode_step_ms_at_effective_bandwidth']:.2f} ms"),
+        ("prefill 1k tokens ideal", f"{data['prefill_ms_per_1k_tokens_ideal']:.1f} ms"),
+        ("prefill 1k tokens expected", f"{data['prefill_ms_per_1k_tokens_expected']:.1f} ms"),
+    ]
+    width = max(len(label) for label, _ in rows)
+    lines = [title, "=" * len(title)]
+    lines += [f"{label:<{width}}  {value:>18}" for label, value in rows]
+    lines.append("")
+    lines.append("findings:" if data["findings"] else "findings: none")
+    for finding in data["findings"]:
+        lines.append(f"  {finding['level']:<8} {finding['code']:<32} {finding['message']}")
+    lines.append("")
+    lines.append("verdict: OK" if data["ok"] else "verdict: REFUSED (see the errors above)")
+    return "\n".join(lines)

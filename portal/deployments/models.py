@@ -1,0 +1,154 @@
+"""Deployment profiles (vLLM launch settings) and deployments (a profile placed on GPUs)."""
+
+from __future__ import annotations
+
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.urls import reverse
+
+from inference.errors import InputError
+from inference.hardware import get_gpu
+from inference.planner import ProfileSettings
+
+
+class Dtype(models.TextChoices):
+    FLOAT16 = "float16", "float16"
+    BFLOAT16 = "bfloat16", "bfloat16"
+    FLOAT32 = "float32", "float32"
+    AUTO = "auto", "auto (from the checkpoint)"
+
+
+class DeploymentProfile(models.Model):
+    """Every vLLM knob that FIELD_NOTES.md found to matter, plus free-form extras."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    description = models.CharField(max_length=255, blank=True)
+    # What the profile was tuned for; the planner checks it against this target
+    # on the profile page. A deployment is checked again against its real node.
+    model_version = models.ForeignKey(
+        "registry.ModelVersion", on_delete=models.PROTECT, null=True, blank=True, related_name="profiles"
+    )
+    target_gpu = models.CharField(
+        max_length=50, blank=True, help_text="GPU catalog key, e.g. v100-sxm2-32gb."
+    )
+    target_gpu_count = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
+
+    dtype = models.CharField(max_length=10, choices=Dtype.choices, default=Dtype.FLOAT16)
+    tensor_parallel_size = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(64)]
+    )
+    max_model_len = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Blank: the model's maximum positions."
+    )
+    gpu_memory_utilization = models.FloatField(
+        default=0.9, validators=[MinValueValidator(0.05), MaxValueValidator(1.0)]
+    )
+    max_num_seqs = models.PositiveIntegerField(default=256, validators=[MinValueValidator(1)])
+    max_num_batched_tokens = models.PositiveIntegerField(null=True, blank=True)
+    block_size = models.PositiveSmallIntegerField(
+        default=16, choices=[(8, "8"), (16, "16"), (32, "32"), (64, "64"), (128, "128")]
+    )
+    enable_prefix_caching = models.BooleanField(default=False)
+    enable_chunked_prefill = models.BooleanField(default=False)
+    enforce_eager = models.BooleanField(default=False)
+    quantization = models.CharField(max_length=30, blank=True, help_text="Blank: none (or from the model).")
+    swap_space_gb = models.FloatField(default=4.0, validators=[MinValueValidator(0)])
+    kv_cache_dtype = models.CharField(max_length=10, default="auto")
+    extra_args = models.JSONField(
+        default=list, blank=True, help_text='More vLLM flags, e.g. ["--seed", "0"].'
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def get_absolute_url(self) -> str:
+        return reverse("deployments:profile-detail", args=[self.name])
+
+    def clean(self) -> None:
+        try:
+            self.settings()  # ProfileSettings validates itself on construction
+        except InputError as error:
+            field = error.field if error.field in {f.name for f in self._meta.fields} else NON_FIELD_ERRORS
+            raise ValidationError({field: error.message}) from error
+        if self.target_gpu:
+            try:
+                self.target_gpu = get_gpu(self.target_gpu).key
+            except InputError as error:
+                raise ValidationError({"target_gpu": error.message}) from error
+        if not all(isinstance(arg, str) for arg in self.extra_args or []):
+            raise ValidationError({"extra_args": "a list of strings, one per argv item"})
+
+    def settings(self) -> ProfileSettings:
+        return ProfileSettings(
+            dtype=self.dtype,
+            tensor_parallel_size=self.tensor_parallel_size,
+            max_model_len=self.max_model_len,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            block_size=self.block_size,
+            enable_prefix_caching=self.enable_prefix_caching,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            enforce_eager=self.enforce_eager,
+            quantization=self.quantization or None,
+            swap_space_gb=self.swap_space_gb,
+            kv_cache_dtype=self.kv_cache_dtype,
+        )
+
+
+class DesiredState(models.TextChoices):
+    RUNNING = "running", "running"
+    STOPPED = "stopped", "stopped"
+
+
+class DeploymentState(models.TextChoices):
+    """What the node agent last reported. The lifecycle tasks move it; nothing else does."""
+
+    PENDING = "pending", "pending"
+    STARTING = "starting", "starting"
+    SERVING = "serving", "serving"
+    DRAINING = "draining", "draining"
+    STOPPING = "stopping", "stopping"
+    STOPPED = "stopped", "stopped"
+    FAILED = "failed", "failed"
+
+
+class Deployment(models.Model):
+    name = models.SlugField(max_length=100, unique=True)
+    team = models.ForeignKey("teams.Team", on_delete=models.PROTECT, related_name="deployments")
+    model_version = models.ForeignKey(
+        "registry.ModelVersion", on_delete=models.PROTECT, related_name="deployments"
+    )
+    profile = models.ForeignKey(DeploymentProfile, on_delete=models.PROTECT, related_name="deployments")
+    node = models.ForeignKey("inventory.Node", on_delete=models.PROTECT, related_name="deployments")
+    gpu_indices = models.JSONField(default=list, blank=True, help_text="GPUs of the node it runs on.")
+    desired_state = models.CharField(
+        max_length=10, choices=DesiredState.choices, default=DesiredState.STOPPED
+    )
+    state = models.CharField(max_length=10, choices=DeploymentState.choices, default=DeploymentState.PENDING)
+    state_reason = models.TextField(blank=True)
+    endpoint_url = models.URLField(blank=True)
+    concurrency_cap = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Gateway cap on in-flight requests (blank: none)."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def get_absolute_url(self) -> str:
+        return reverse("deployments:deployment-detail", args=[self.name])
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpu_indices)

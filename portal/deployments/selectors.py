@@ -1,0 +1,23 @@
+"""Reads of deployments, scoped to what a user may see.
+
+Staff see every deployment; everyone else sees only their teams'. Views and
+APIs fetch deployments through these functions, never with an ad hoc `.get()`.
+"""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+from django.shortcuts import get_object_or_404
+
+from .models import Deployment
+
+
+def deployments_visible_to(user) -> QuerySet[Deployment]:
+    deployments = Deployment.objects.select_related("team", "model_version", "profile", "node")
+    if user.is_staff:
+        return deployments
+    return deployments.filter(team__members=user).distinct()
+
+
+def deployment_get_for_user(user, name: str) -> Deployment:
+    return get_object_or_404(deployments_visible_to(user), name=name)

@@ -1,0 +1,221 @@
+"""Planning and writes for deployment profiles and deployments."""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from inference.errors import InputError
+from inference.hardware import GpuSpec, get_gpu
+from inference.hf_config import resolve_model_config
+from inference.modelspec import ModelArch
+from inference.nvidia_smi import Topology
+from inference.planner import Placement, Plan, ProfileSettings, plan_deployment
+from portal.core.errors import ApplicationError, clean_or_raise
+from portal.inventory.models import Node
+from portal.inventory.selectors import gpus_in_use
+from portal.registry.models import ModelVersion
+from portal.teams.models import Team
+
+from .models import Deployment, DeploymentProfile, DesiredState
+
+
+def profile_settings(profile: DeploymentProfile) -> ProfileSettings:
+    """The profile as the planner sees it; impossible values become a field error."""
+    try:
+        settings = profile.settings()
+    except InputError as error:
+        raise ApplicationError.from_input_error(error) from error
+    return settings
+
+
+def plan_for(*, model_version: ModelVersion, profile: DeploymentProfile, placement: Placement) -> Plan:
+    return plan_deployment(model_version.arch(), profile_settings(profile), placement)
+
+
+def target_placement(*, gpu_key: str, gpu_count: int, nvlink_connected: bool | None = None) -> Placement:
+    """A placement on catalog GPUs (no node yet). SXM boards are assumed NVLinked, PCIe cards not."""
+    try:
+        gpu = get_gpu(gpu_key)
+    except InputError as error:
+        raise ApplicationError.from_input_error(error) from error
+    if gpu_count < 1:
+        raise ApplicationError("must be at least 1", field="gpus")
+    if nvlink_connected is None and gpu_count > 1:
+        nvlink_connected = gpu.nvlink_gb_s is not None
+    return Placement(gpu=gpu, gpu_count=gpu_count, nvlink_connected=nvlink_connected)
+
+
+def profile_plan(profile: DeploymentProfile) -> Plan | None:
+    """The plan against the profile's own target, or None when it names no model or GPU."""
+    if profile.model_version is None or not profile.target_gpu:
+        return None
+    placement = target_placement(gpu_key=profile.target_gpu, gpu_count=profile.target_gpu_count)
+    return plan_for(model_version=profile.model_version, profile=profile, placement=placement)
+
+
+def node_placement(*, node: Node, gpu_indices: list[int]) -> Placement | None:
+    """A placement on real GPUs of a node; None on a CPU-only node (the planner does not apply)."""
+    gpus = {gpu.index: gpu for gpu in node.gpus.all()}
+    if not gpus:
+        if gpu_indices:
+            raise ApplicationError(f"node {node.name} has no GPUs", field="gpu_indices")
+        return None
+    unknown = sorted(set(gpu_indices) - set(gpus))
+    if unknown:
+        raise ApplicationError(
+            f"node {node.name} has no GPU {unknown}; it has {sorted(gpus)}", field="gpu_indices"
+        )
+    if not gpu_indices:
+        raise ApplicationError("choose the GPUs to run on", field="gpu_indices")
+    chosen = [gpus[i] for i in gpu_indices]
+    specs: list[GpuSpec] = [gpu.spec() for gpu in chosen]
+    if len({(s.key, s.memory_gib) for s in specs}) > 1:
+        raise ApplicationError("a deployment's GPUs must all be the same model", field="gpu_indices")
+    return Placement(gpu=specs[0], gpu_count=len(chosen), nvlink_connected=_nvlink_connected(chosen))
+
+
+def _nvlink_connected(gpus) -> bool | None:
+    """Whether the chosen GPUs form one graph over NVLink edges (what a TP ring needs)."""
+    if len(gpus) < 2:
+        return None
+    chosen = {gpu.index for gpu in gpus}
+    # NVLink is symmetric; a hand-entered peer list may name only one direction.
+    linked = {frozenset((gpu.index, peer)) for gpu in gpus for peer in gpu.nvlink_peers}
+    links = {
+        (a, b): "NV1" if frozenset((a, b)) in linked else "SYS" for a in chosen for b in chosen if a != b
+    }
+    return Topology(links=links, gpus=tuple(sorted(chosen))).nvlink_connected(chosen)
+
+
+def deployment_plan(deployment: Deployment) -> Plan | None:
+    placement = node_placement(node=deployment.node, gpu_indices=deployment.gpu_indices)
+    if placement is None:
+        return None
+    return plan_for(model_version=deployment.model_version, profile=deployment.profile, placement=placement)
+
+
+def team_gpus_held(team: Team, *, exclude_deployment_id: int | None = None) -> int:
+    deployments = team.deployments.filter(desired_state=DesiredState.RUNNING)
+    if exclude_deployment_id is not None:
+        deployments = deployments.exclude(pk=exclude_deployment_id)
+    return sum(len(d.gpu_indices) for d in deployments)
+
+
+def deployment_check(
+    *,
+    team: Team,
+    model_version: ModelVersion,
+    profile: DeploymentProfile,
+    node: Node,
+    gpu_indices: list[int],
+    desired_state: str = DesiredState.RUNNING,
+) -> None:
+    """Refuse a placement that cannot work; raises ApplicationError naming the field.
+
+    Refused: GPUs the node lacks or another running deployment holds, a GPU count
+    other than the tensor-parallel size, a team over its GPU quota, and any
+    planner error (the findings ride along in the error's `extra`).
+    """
+    if len(set(gpu_indices)) != len(gpu_indices):
+        raise ApplicationError("a GPU is listed twice", field="gpu_indices")
+    placement = node_placement(node=node, gpu_indices=gpu_indices)
+    if placement is not None:
+        settings = profile_settings(profile)
+        if len(gpu_indices) != settings.tensor_parallel_size:
+            raise ApplicationError(
+                f"profile {profile.name} uses tensor parallel size {settings.tensor_parallel_size}, "
+                f"so choose exactly that many GPUs (got {len(gpu_indices)})",
+                field="gpu_indices",
+            )
+        plan = plan_deployment(model_version.arch(), settings, placement)
+        errors = [f for f in plan.findings if f.level == "error"]
+        if errors:
+            raise ApplicationError(
+                "the planner refuses this deployment: " + "; ".join(f.message for f in errors),
+                field="profile",
+                extra={"findings": [f.to_dict() for f in plan.findings]},
+            )
+    if desired_state == DesiredState.RUNNING:
+        _check_gpus_free(node=node, gpu_indices=gpu_indices)
+        _check_team_quota(team=team, extra_gpus=len(gpu_indices))
+
+
+@transaction.atomic
+def deployment_create(
+    *,
+    name: str,
+    team: Team,
+    model_version: ModelVersion,
+    profile: DeploymentProfile,
+    node: Node,
+    gpu_indices: list[int],
+    desired_state: str = DesiredState.RUNNING,
+    concurrency_cap: int | None = None,
+) -> Deployment:
+    """Place a profile and model version on a node's GPUs after `deployment_check`.
+
+    The team and node rows are locked first, so two concurrent creations cannot
+    both pass the quota or free-GPU checks.
+    """
+    team = Team.objects.select_for_update().get(pk=team.pk)
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    gpu_indices = sorted(gpu_indices)
+    deployment_check(
+        team=team,
+        model_version=model_version,
+        profile=profile,
+        node=node,
+        gpu_indices=gpu_indices,
+        desired_state=desired_state,
+    )
+    deployment = Deployment(
+        name=name,
+        team=team,
+        model_version=model_version,
+        profile=profile,
+        node=node,
+        gpu_indices=gpu_indices,
+        desired_state=desired_state,
+        concurrency_cap=concurrency_cap,
+    )
+    clean_or_raise(deployment)
+    deployment.save()
+    return deployment
+
+
+def _check_gpus_free(*, node: Node, gpu_indices: list[int], exclude_deployment_id: int | None = None) -> None:
+    held = gpus_in_use(node, exclude_deployment_id=exclude_deployment_id)
+    taken = {i: held[i] for i in gpu_indices if i in held}
+    if taken:
+        listing = ", ".join(f"GPU {i} ({name})" for i, name in sorted(taken.items()))
+        raise ApplicationError(f"already held by a running deployment: {listing}", field="gpu_indices")
+
+
+def _check_team_quota(*, team: Team, extra_gpus: int, exclude_deployment_id: int | None = None) -> None:
+    held = team_gpus_held(team, exclude_deployment_id=exclude_deployment_id)
+    if held + extra_gpus > team.gpu_quota:
+        raise ApplicationError(
+            f"team {team.slug} holds {held} of its {team.gpu_quota} GPUs; "
+            f"this deployment needs {extra_gpus} more",
+            field="team",
+        )
+
+
+def resolve_model(name_or_path: str, *, allow_paths: bool = False) -> ModelArch:
+    """A registered model version by name, else a bundled config by name.
+
+    Paths to a config.json are accepted only from the command line
+    (`allow_paths`): over the API they would let a caller probe the server's files.
+    """
+    version = ModelVersion.objects.filter(name=name_or_path).first()
+    if version is not None:
+        return version.arch()
+    looks_like_path = "/" in name_or_path or name_or_path.endswith(".json")
+    if looks_like_path and not allow_paths:
+        raise ApplicationError("give a registered model name, not a path", field="model")
+    try:
+        return resolve_model_config(name_or_path)
+    except InputError as error:
+        raise ApplicationError(
+            f"'{name_or_path}' is not a registered model version; {error.message}", field="model"
+        ) from error

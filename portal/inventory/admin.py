@@ -1,0 +1,87 @@
+from django import forms
+from django.contrib import admin, messages
+
+from portal.core.errors import ApplicationError
+
+from .models import Gpu, Node
+from .services import node_apply_nvidia_smi_text
+
+
+class GpuInline(admin.TabularInline):
+    model = Gpu
+    extra = 0
+    fields = [
+        "index",
+        "name",
+        "catalog_key",
+        "memory_mib",
+        "compute_capability",
+        "bandwidth_gb_s",
+        "fp16_tflops",
+        "nvlink_peers",
+    ]
+
+
+class NodeForm(forms.ModelForm):
+    nvidia_smi_query = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 100}),
+        help_text="Optional: paste `nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,"
+        "compute_cap,driver_version --format=csv` to replace the GPUs below.",
+    )
+    nvidia_smi_topology = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 100}),
+        help_text="Optional: paste `nvidia-smi topo -m` (NVLink peers come from it).",
+    )
+
+    class Meta:
+        model = Node
+        fields = ["name", "hostname", "description", "vllm_python"]
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    form = NodeForm
+    list_display = ["name", "hostname", "gpu_summary", "interconnect", "driver_version", "discovered_at"]
+    list_filter = ["interconnect"]
+    search_fields = ["name", "hostname", "description"]
+    readonly_fields = ["interconnect", "driver_version", "discovered_at", "topology_text"]
+    inlines = [GpuInline]
+
+    @admin.display(description="GPUs")
+    def gpu_summary(self, node: Node) -> str:
+        gpus = list(node.gpus.all())
+        return f"{len(gpus)} × {gpus[0].name}" if gpus else "CPU only"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related("gpus")
+
+    def save_related(self, request, form, formsets, change) -> None:
+        super().save_related(request, form, formsets, change)
+        query = form.cleaned_data.get("nvidia_smi_query", "")
+        if query.strip():
+            try:
+                gpus = node_apply_nvidia_smi_text(
+                    node=form.instance,
+                    query_csv=query,
+                    topology_text=form.cleaned_data.get("nvidia_smi_topology", ""),
+                )
+            except ApplicationError as error:
+                messages.error(request, f"nvidia-smi output not applied: {error.message}")
+            else:
+                messages.success(request, f"{len(gpus)} GPUs recorded from nvidia-smi output.")
+
+
+@admin.register(Gpu)
+class GpuAdmin(admin.ModelAdmin):
+    list_display = [
+        "__str__",
+        "catalog_key",
+        "memory_mib",
+        "compute_capability",
+        "bandwidth_gb_s",
+        "fp16_tflops",
+    ]
+    list_filter = ["catalog_key", "compute_capability", "node"]
+    search_fields = ["name", "uuid", "node__name"]

@@ -1,0 +1,119 @@
+"""REST API for nodes and GPUs."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from inference.errors import InputError
+from inference.hardware import get_gpu
+from portal.core.api import ModelCleanMixin
+
+from . import services
+from .models import Gpu, Node
+from .selectors import node_list
+from .tasks import discover_gpus
+
+
+class GpuSerializer(ModelCleanMixin, serializers.ModelSerializer):
+    node = serializers.SlugRelatedField(slug_field="name", queryset=Node.objects.all())
+    bandwidth_gb_s = serializers.FloatField(required=False)
+    fp16_tflops = serializers.FloatField(required=False)
+    compute_capability = serializers.CharField(required=False)
+
+    class Meta:
+        model = Gpu
+        fields = [
+            "id",
+            "node",
+            "index",
+            "name",
+            "catalog_key",
+            "uuid",
+            "pci_bus_id",
+            "memory_mib",
+            "compute_capability",
+            "bandwidth_gb_s",
+            "fp16_tflops",
+            "nvlink_peers",
+        ]
+
+    def validate(self, attrs):
+        # A GPU entered by hand with a catalog key takes its facts from the catalog
+        # unless they are given explicitly.
+        key = attrs.get("catalog_key")
+        if key:
+            try:
+                spec = get_gpu(key)
+            except InputError as error:
+                raise serializers.ValidationError({"catalog_key": error.message}) from error
+            attrs["catalog_key"] = spec.key
+            attrs.setdefault("bandwidth_gb_s", spec.bandwidth_gb_s)
+            attrs.setdefault("fp16_tflops", spec.fp16_tflops)
+            attrs.setdefault("compute_capability", spec.compute_capability)
+        return super().validate(attrs)
+
+
+class NodeSerializer(ModelCleanMixin, serializers.ModelSerializer):
+    gpus = GpuSerializer(many=True, read_only=True)
+    queue = serializers.CharField(read_only=True)
+
+    class Meta:
+        model = Node
+        fields = [
+            "id",
+            "name",
+            "hostname",
+            "description",
+            "interconnect",
+            "vllm_python",
+            "driver_version",
+            "queue",
+            "discovered_at",
+            "gpus",
+        ]
+        read_only_fields = ["interconnect", "driver_version", "discovered_at"]
+
+
+class NvidiaSmiInputSerializer(serializers.Serializer):
+    query_csv = serializers.CharField(
+        allow_blank=True, help_text="Output of `nvidia-smi --query-gpu=… --format=csv`."
+    )
+    topology = serializers.CharField(
+        required=False, allow_blank=True, default="", help_text="Output of `nvidia-smi topo -m`."
+    )
+
+
+class NodeViewSet(viewsets.ModelViewSet):
+    serializer_class = NodeSerializer
+    lookup_field = "name"
+    queryset = node_list()
+
+    @extend_schema(request=NvidiaSmiInputSerializer, responses=NodeSerializer)
+    @action(detail=True, methods=["post"], url_path="nvidia-smi")
+    def nvidia_smi(self, request, name=None):
+        """Replace the node's GPUs with what pasted nvidia-smi output says."""
+        node = self.get_object()
+        data = NvidiaSmiInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.node_apply_nvidia_smi_text(
+            node=node,
+            query_csv=data.validated_data["query_csv"],
+            topology_text=data.validated_data["topology"],
+        )
+        return Response(NodeSerializer(node_list().get(pk=node.pk)).data)
+
+    @extend_schema(request=None, responses={202: None})
+    @action(detail=True, methods=["post"])
+    def discover(self, request, name=None):
+        """Ask the node's agent to read its GPUs with nvidia-smi."""
+        node = self.get_object()
+        result = discover_gpus.apply_async(args=[node.name], queue=node.queue)
+        return Response({"task_id": result.id, "queue": node.queue}, status=status.HTTP_202_ACCEPTED)
+
+
+class GpuViewSet(viewsets.ModelViewSet):
+    serializer_class = GpuSerializer
+    queryset = Gpu.objects.select_related("node")

@@ -1,0 +1,78 @@
+"""Writes to the inventory: nodes and what discovery found on them."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from inference.errors import InputError
+from inference.hardware import match_gpu
+from inference.nvidia_smi import GpuReading, Topology, parse_query_csv, parse_topology
+from portal.core.errors import ApplicationError, clean_or_raise
+
+from .models import Gpu, Interconnect, Node
+
+
+def node_create(*, name: str, hostname: str = "", description: str = "", vllm_python: str = "") -> Node:
+    node = Node(name=name, hostname=hostname, description=description, vllm_python=vllm_python)
+    clean_or_raise(node)
+    node.save()
+    return node
+
+
+def gpus_from_readings(readings: list[GpuReading], topology: Topology) -> list[Gpu]:
+    """Unsaved Gpu rows for what nvidia-smi reported, with catalog facts filled in."""
+    gpus = []
+    for reading in readings:
+        spec = match_gpu(reading.name, reading.memory_total_mib)
+        if spec is None:
+            raise ApplicationError(
+                f"GPU {reading.index} '{reading.name}' is not in the GPU catalog; "
+                "enter it by hand with its memory bandwidth and FP16 peak.",
+                field="gpus",
+            )
+        gpus.append(
+            Gpu(
+                index=reading.index,
+                name=reading.name,
+                catalog_key=spec.key,
+                uuid=reading.uuid,
+                pci_bus_id=reading.pci_bus_id,
+                memory_mib=reading.memory_total_mib,
+                compute_capability=reading.compute_capability or spec.compute_capability,
+                bandwidth_gb_s=spec.bandwidth_gb_s,
+                fp16_tflops=spec.fp16_tflops,
+                nvlink_peers=topology.nvlink_peers(reading.index),
+            )
+        )
+    return gpus
+
+
+@transaction.atomic
+def node_apply_discovery(
+    *, node: Node, readings: list[GpuReading], topology: Topology, topology_text: str = ""
+) -> list[Gpu]:
+    """Replace the node's GPUs with what discovery found, all or nothing."""
+    gpus = gpus_from_readings(readings, topology)
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    node.gpus.all().delete()
+    for gpu in gpus:
+        gpu.node = node
+        clean_or_raise(gpu)
+    Gpu.objects.bulk_create(gpus)
+    node.interconnect = topology.interconnect_summary() if gpus else Interconnect.NONE
+    node.driver_version = next((r.driver_version for r in readings if r.driver_version), "")
+    node.topology_text = topology_text
+    node.discovered_at = timezone.now()
+    node.save(update_fields=["interconnect", "driver_version", "topology_text", "discovered_at"])
+    return gpus
+
+
+def node_apply_nvidia_smi_text(*, node: Node, query_csv: str, topology_text: str = "") -> list[Gpu]:
+    """Parse pasted or uploaded nvidia-smi output, then apply it (the hand-entry path)."""
+    try:
+        readings = parse_query_csv(query_csv)
+        topology = parse_topology(topology_text) if topology_text.strip() else Topology(links={})
+    except InputError as error:
+        raise ApplicationError.from_input_error(error) from error
+    return node_apply_discovery(node=node, readings=readings, topology=topology, topology_text=topology_text)

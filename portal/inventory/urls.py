@@ -1,0 +1,9 @@
+from django.urls import path
+
+from . import views
+
+app_name = "inventory"
+urlpatterns = [
+    path("", views.node_list_view, name="node-list"),
+    path("<str:name>/", views.node_detail, name="node-detail"),
+]

@@ -1,0 +1,71 @@
+import json
+
+from django import forms
+from django.contrib import admin
+
+from portal.core.errors import ApplicationError
+
+from .models import ModelVersion
+from .services import ARCH_FIELDS, arch_fields, parse_config
+
+
+class ModelVersionForm(forms.ModelForm):
+    """Architecture facts are derived from the pasted config.json, never typed in."""
+
+    config_json = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 14, "cols": 100}),
+        label="config.json",
+        help_text="The model's Hugging Face config.json.",
+    )
+
+    class Meta:
+        model = ModelVersion
+        fields = ["name", "source", "revision", "path", "smoke_expected_substring"]
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.fields["config_json"].initial = json.dumps(self.instance.config, indent=2)
+            self.fields["config_json"].disabled = True
+
+    def clean_config_json(self) -> dict:
+        if self.instance.pk:
+            return self.instance.config
+        try:
+            config = json.loads(self.cleaned_data["config_json"])
+        except json.JSONDecodeError as error:
+            raise forms.ValidationError(f"not valid JSON: {error}") from error
+        try:
+            arch = parse_config(config)
+        except ApplicationError as error:
+            raise forms.ValidationError(error.message) from error
+        for name, value in arch_fields(arch).items():
+            setattr(self.instance, name, value)
+        self.instance.config = config
+        return config
+
+
+@admin.register(ModelVersion)
+class ModelVersionAdmin(admin.ModelAdmin):
+    form = ModelVersionForm
+    list_display = ["name", "model_type", "params", "weight_dtype", "quantization", "hashed", "created_at"]
+    list_filter = ["model_type", "weight_dtype", "quantization"]
+    search_fields = ["name", "source", "path"]
+    readonly_fields = [
+        *ARCH_FIELDS,
+        "quantization",
+        "param_count",
+        "weights_sha256",
+        "tokenizer_sha256",
+        "weight_files",
+        "tokenizer_files",
+        "hashed_at",
+    ]
+
+    @admin.display(description="Parameters", ordering="param_count")
+    def params(self, version: ModelVersion) -> str:
+        return f"{version.params_billions:.2f} B"
+
+    @admin.display(description="Hashed", boolean=True)
+    def hashed(self, version: ModelVersion) -> bool:
+        return bool(version.weights_sha256)

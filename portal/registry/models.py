@@ -1,0 +1,114 @@
+"""Model versions: architecture facts from config.json, storage, and release hashes."""
+
+from __future__ import annotations
+
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.urls import reverse
+
+from inference.modelspec import ModelArch
+
+# Served model names keep the dots of upstream names (llama-3.1-70b) but no
+# slashes, so they can sit in a URL path segment.
+model_name_validator = RegexValidator(
+    r"^[A-Za-z0-9][A-Za-z0-9._-]*$", "Use letters, digits, dots, dashes and underscores."
+)
+
+
+class WeightDtype(models.TextChoices):
+    FLOAT16 = "float16", "float16"
+    BFLOAT16 = "bfloat16", "bfloat16"
+    FLOAT32 = "float32", "float32"
+
+
+class Quantization(models.TextChoices):
+    NONE = "", "none"
+    GPTQ = "gptq", "GPTQ"
+    AWQ = "awq", "AWQ"
+    FP8 = "fp8", "FP8"
+    BITSANDBYTES = "bitsandbytes", "bitsandbytes"
+    COMPRESSED_TENSORS = "compressed-tensors", "compressed-tensors"
+
+
+def _positive() -> list:
+    return [MinValueValidator(1)]
+
+
+class ModelVersion(models.Model):
+    name = models.CharField(
+        max_length=100,
+        unique=True,
+        validators=[model_name_validator],
+        help_text="Served model name: what clients put in `model`.",
+    )
+    source = models.CharField(max_length=255, blank=True, help_text="Where it came from, e.g. a hub repo id.")
+    revision = models.CharField(max_length=100, blank=True, help_text="Upstream revision or release tag.")
+    path = models.CharField(max_length=500, blank=True, help_text="Directory of the weights on the nodes.")
+
+    # Architecture facts, read from config.json (see inference.hf_config).
+    model_type = models.CharField(max_length=50)
+    num_layers = models.PositiveIntegerField(validators=_positive())
+    hidden_size = models.PositiveIntegerField(validators=_positive())
+    num_attention_heads = models.PositiveIntegerField(validators=_positive())
+    num_kv_heads = models.PositiveIntegerField(validators=_positive())
+    head_dim = models.PositiveIntegerField(validators=_positive())
+    intermediate_size = models.PositiveIntegerField(validators=_positive())
+    vocab_size = models.PositiveIntegerField(validators=_positive())
+    tie_word_embeddings = models.BooleanField(default=False)
+    attention_bias = models.BooleanField(default=False)
+    max_position_embeddings = models.PositiveIntegerField(validators=_positive())
+    param_count = models.BigIntegerField(editable=False, help_text="Derived from the architecture facts.")
+    weight_dtype = models.CharField(max_length=10, choices=WeightDtype.choices, default=WeightDtype.FLOAT16)
+    quantization = models.CharField(max_length=30, choices=Quantization.choices, blank=True, default="")
+    quant_bits = models.PositiveSmallIntegerField(null=True, blank=True)
+    quant_group_size = models.PositiveIntegerField(null=True, blank=True)
+    config = models.JSONField(default=dict, blank=True, help_text="The config.json it was read from.")
+
+    # Release hashes (FIELD_NOTES: a tokenizer updated without its weights
+    # garbled output for weeks, so both are pinned at release).
+    weights_sha256 = models.CharField(max_length=64, blank=True)
+    tokenizer_sha256 = models.CharField(max_length=64, blank=True)
+    weight_files = models.JSONField(default=dict, blank=True, help_text="Relative path → SHA-256.")
+    tokenizer_files = models.JSONField(default=dict, blank=True, help_text="Relative path → SHA-256.")
+    hashed_at = models.DateTimeField(null=True, blank=True)
+
+    smoke_expected_substring = models.CharField(
+        max_length=200, blank=True, help_text="A smoke-test reply must contain this (blank: any sane reply)."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def save(self, *args, **kwargs) -> None:
+        self.param_count = self.arch().param_count
+        super().save(*args, **kwargs)
+
+    def get_absolute_url(self) -> str:
+        return reverse("registry:model-detail", args=[self.name])
+
+    def arch(self) -> ModelArch:
+        return ModelArch(
+            model_type=self.model_type,
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            vocab_size=self.vocab_size,
+            tie_word_embeddings=self.tie_word_embeddings,
+            max_position_embeddings=self.max_position_embeddings,
+            weight_dtype=self.weight_dtype,
+            quantization=self.quantization or None,
+            quant_bits=self.quant_bits,
+            quant_group_size=self.quant_group_size,
+            attention_bias=self.attention_bias,
+        )
+
+    @property
+    def params_billions(self) -> float:
+        return self.param_count / 1e9

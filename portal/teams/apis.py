@@ -1,0 +1,34 @@
+"""REST API for teams. Members see their own teams; staff see all."""
+
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from rest_framework import serializers, viewsets
+
+from portal.deployments.services import team_gpus_held
+
+from .models import Team
+
+
+class TeamSerializer(serializers.ModelSerializer):
+    members = serializers.SlugRelatedField(
+        slug_field="username", many=True, queryset=get_user_model().objects.all(), required=False
+    )
+    gpus_held = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Team
+        fields = ["id", "name", "slug", "members", "gpu_quota", "gpus_held", "created_at"]
+
+    def get_gpus_held(self, team: Team) -> int:
+        return team_gpus_held(team)
+
+
+class TeamViewSet(viewsets.ModelViewSet):
+    serializer_class = TeamSerializer
+    lookup_field = "slug"
+
+    def get_queryset(self):
+        teams = Team.objects.prefetch_related("members")
+        user = self.request.user
+        return teams if user.is_staff else teams.filter(members=user)

@@ -1,0 +1,30 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework.routers import DefaultRouter
+
+from portal.deployments.apis import DeploymentViewSet, PlanApi, ProfileViewSet
+from portal.inventory.apis import GpuViewSet, NodeViewSet
+from portal.registry.apis import ModelVersionViewSet
+from portal.teams.apis import TeamViewSet
+
+router = DefaultRouter()
+router.register("nodes", NodeViewSet, basename="node")
+router.register("gpus", GpuViewSet, basename="gpu")
+router.register("model-versions", ModelVersionViewSet, basename="model-version")
+router.register("profiles", ProfileViewSet, basename="profile")
+router.register("deployments", DeploymentViewSet, basename="deployment")
+router.register("teams", TeamViewSet, basename="team")
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("api/v1/plan/", PlanApi.as_view(), name="api-plan"),
+    path("api/v1/", include(router.urls)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("nodes/", include("portal.inventory.urls")),
+    path("models/", include("portal.registry.urls")),
+    path("teams/", include("portal.teams.urls")),
+    path("", include("portal.deployments.urls")),
+    path("", include("portal.core.urls")),
+]

@@ -1,0 +1,134 @@
+"""Shared builders: named users, a DGX-style node, demo models and profiles.
+
+alice is staff (ops); bob is a member of team "search"; charlie belongs to no
+team and must see nothing that is not public.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rest_framework.test import APIClient
+
+from inference.hf_config import known_configs
+
+NVIDIA_SMI = Path(__file__).resolve().parents[1] / "inference" / "data" / "nvidia_smi"
+
+
+def nvidia_smi_sample(name: str) -> str:
+    return (NVIDIA_SMI / name).read_text()
+
+
+def bundled_config(name: str) -> dict:
+    return json.loads(known_configs()[name].read_text())
+
+
+@pytest.fixture
+def alice(django_user_model):
+    return django_user_model.objects.create_user("alice", password="alice-password", is_staff=True)
+
+
+@pytest.fixture
+def bob(django_user_model):
+    return django_user_model.objects.create_user("bob", password="bob-password")
+
+
+@pytest.fixture
+def charlie(django_user_model):
+    return django_user_model.objects.create_user("charlie", password="charlie-password")
+
+
+@pytest.fixture
+def team(bob):
+    from portal.teams.models import Team
+
+    team = Team.objects.create(name="Search", slug="search", gpu_quota=8)
+    team.members.add(bob)
+    return team
+
+
+@pytest.fixture
+def dgx(db):
+    from portal.inventory.services import node_apply_nvidia_smi_text, node_create
+
+    node = node_create(name="dgx-v100-01")
+    node_apply_nvidia_smi_text(
+        node=node,
+        query_csv=nvidia_smi_sample("v100_sxm2_8x_query.csv"),
+        topology_text=nvidia_smi_sample("v100_sxm2_8x_topo.txt"),
+    )
+    return node
+
+
+@pytest.fixture
+def pcie_box(db):
+    from portal.inventory.services import node_apply_nvidia_smi_text, node_create
+
+    node = node_create(name="pcie-v100-04")
+    node_apply_nvidia_smi_text(
+        node=node,
+        query_csv=nvidia_smi_sample("v100_pcie_4x_query.csv"),
+        topology_text=nvidia_smi_sample("v100_pcie_4x_topo.txt"),
+    )
+    return node
+
+
+@pytest.fixture
+def cpu_node(db):
+    from portal.inventory.services import node_create
+
+    return node_create(name="local", hostname="127.0.0.1")
+
+
+@pytest.fixture
+def llama7b(db):
+    from portal.registry.services import model_version_create
+
+    return model_version_create(name="llama-2-7b-chat-hf", config=bundled_config("llama-2-7b-chat-hf"))
+
+
+@pytest.fixture
+def qwen_bf16(db):
+    from portal.registry.services import model_version_create
+
+    return model_version_create(name="qwen2.5-7b-instruct", config=bundled_config("qwen2.5-7b-instruct"))
+
+
+@pytest.fixture
+def profile_tp8(llama7b):
+    from portal.deployments.models import DeploymentProfile
+
+    return DeploymentProfile.objects.create(
+        name="v100-7b-fp16-tp8",
+        model_version=llama7b,
+        target_gpu="v100-sxm2-32gb",
+        target_gpu_count=8,
+        tensor_parallel_size=8,
+        max_model_len=4096,
+        gpu_memory_utilization=0.93,
+        enforce_eager=True,
+    )
+
+
+@pytest.fixture
+def profile_tp1(llama7b):
+    from portal.deployments.models import DeploymentProfile
+
+    return DeploymentProfile.objects.create(
+        name="v100-7b-fp16-tp1",
+        model_version=llama7b,
+        target_gpu="v100-sxm2-32gb",
+        max_model_len=4096,
+        max_num_seqs=64,
+        gpu_memory_utilization=0.93,
+        enforce_eager=True,
+    )
+
+
+def api_client(user=None) -> APIClient:
+    client = APIClient()
+    if user is not None:
+        client.force_authenticate(user)
+    return client

@@ -1,0 +1,68 @@
+"""A real Celery worker consuming `node.<name>` runs discovery on its machine."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from portal.inventory.models import Node
+from portal.inventory.services import node_create
+from portal.inventory.tasks import discover_gpus
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+
+
+@pytest.fixture
+def agent():
+    """A node agent for node `ci-agent` against the test database and the real Redis."""
+    db = connection.settings_dict
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "portal",
+            "worker",
+            "-Q",
+            "node.ci-agent",
+            "-n",
+            "ci-agent@%h",
+            "--concurrency",
+            "1",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "WARNING",
+        ],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+    )
+    yield process
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(timeout=30)
+
+
+def test_it_runs_discovery_on_the_nodes_own_queue(agent, settings):
+    if connection.vendor != "postgresql":
+        pytest.skip("the agent process needs a database it can share (PostgreSQL)")
+    node = node_create(name="ci-agent")
+    result = discover_gpus.apply_async(args=[node.name], queue=node.queue)
+    # This machine has no GPUs: the agent reports none, and says so by stamping the node.
+    assert result.get(timeout=60) == 0
+    node = Node.objects.get(pk=node.pk)
+    assert node.discovered_at is not None
+    assert node.interconnect == "none"

@@ -1,0 +1,116 @@
+"""Model versions: facts from config.json, hashes from the files."""
+
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from portal.core.errors import ApplicationError
+from portal.registry.models import ModelVersion
+from portal.registry.services import model_version_create
+from tests.conftest import api_client, bundled_config
+
+pytestmark = pytest.mark.django_db
+
+
+def test_it_derives_the_architecture_and_parameter_count_from_config(llama7b):
+    assert llama7b.num_layers == 32
+    assert llama7b.num_kv_heads == 32
+    assert llama7b.head_dim == 128
+    assert abs(llama7b.param_count - 6.74e9) / 6.74e9 < 0.01
+
+
+def test_it_reads_quantization_from_a_gptq_config(db):
+    version = model_version_create(
+        name="gemma-2-27b-it-gptq-4bit", config=bundled_config("gemma-2-27b-it-gptq-4bit")
+    )
+    assert (version.quantization, version.quant_bits, version.quant_group_size) == ("gptq", 4, 128)
+    assert version.tie_word_embeddings
+
+
+def test_it_names_the_missing_field_of_a_malformed_config_and_saves_nothing(db):
+    config = bundled_config("llama-2-7b-chat-hf")
+    del config["num_attention_heads"]
+    with pytest.raises(ApplicationError) as error:
+        model_version_create(name="broken", config=config)
+    assert "num_attention_heads" in error.value.message
+    assert not ModelVersion.objects.exists()
+
+
+def test_it_accepts_dotted_served_model_names(db):
+    version = model_version_create(
+        name="llama-3.1-70b-instruct-gptq-4bit", config=bundled_config("llama-3.1-70b-instruct-gptq-4bit")
+    )
+    assert version.get_absolute_url() == "/models/llama-3.1-70b-instruct-gptq-4bit/"
+
+
+def test_it_registers_through_the_api_for_staff(alice):
+    response = api_client(alice).post(
+        "/api/v1/model-versions/",
+        {"name": "m1", "config": bundled_config("qwen2.5-7b-instruct")},
+        format="json",
+    )
+    assert response.status_code == 201, response.json()
+    assert response.json()["weight_dtype"] == "bfloat16"
+    assert response.json()["attention_bias"] is True
+
+
+def test_it_answers_400_naming_the_field_for_a_config_that_is_not_an_object(alice):
+    response = api_client(alice).post(
+        "/api/v1/model-versions/", {"name": "m1", "config": [1, 2]}, format="json"
+    )
+    assert response.status_code == 400
+    assert "config" in response.json()
+    assert not ModelVersion.objects.exists()
+
+
+def test_it_fetches_a_dotted_name_through_the_api(bob, db):
+    model_version_create(name="qwen2.5-7b-instruct", config=bundled_config("qwen2.5-7b-instruct"))
+    response = api_client(bob).get("/api/v1/model-versions/qwen2.5-7b-instruct/")
+    assert response.status_code == 200
+    assert response.json()["num_layers"] == 28
+
+
+def _fake_model_dir(tmp_path, tokenizer: bytes = b'{"model": {}}'):
+    (tmp_path / "config.json").write_text(json.dumps(bundled_config("llama-2-7b-chat-hf")))
+    (tmp_path / "model-00001-of-00001.safetensors").write_bytes(b"\x00" * (3 << 20))
+    (tmp_path / "tokenizer.json").write_bytes(tokenizer)
+    return tmp_path
+
+
+def test_it_hashes_a_model_dir_and_records_it_on_the_version(tmp_path, llama7b, capsys):
+    call_command("hash_model", str(_fake_model_dir(tmp_path)), "--model", llama7b.name)
+    out = capsys.readouterr().out
+    llama7b.refresh_from_db()
+    assert len(llama7b.weights_sha256) == 64
+    assert llama7b.weights_sha256 in out
+    assert llama7b.tokenizer_sha256 in out
+    assert "model-00001-of-00001.safetensors" in llama7b.weight_files
+
+
+def test_it_changes_only_the_tokenizer_digest_when_the_tokenizer_changes(tmp_path, capsys):
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    call_command("hash_model", str(_fake_model_dir(first)), "--json")
+    a = json.loads(capsys.readouterr().out)
+    call_command("hash_model", str(_fake_model_dir(second, tokenizer=b'{"model": {"changed": 1}}')), "--json")
+    b = json.loads(capsys.readouterr().out)
+    assert a["weights_sha256"] == b["weights_sha256"]
+    assert a["tokenizer_sha256"] != b["tokenizer_sha256"]
+
+
+def test_it_says_clearly_when_the_directory_does_not_exist(tmp_path):
+    with pytest.raises(CommandError, match="path"):
+        call_command("hash_model", str(tmp_path / "missing"))
+
+
+def test_it_registers_and_hashes_from_the_command_line_or_not_at_all(tmp_path, capsys):
+    model_dir = _fake_model_dir(tmp_path)
+    call_command("register_model", "--name", "tiny", "--path", str(model_dir), "--hash")
+    version = ModelVersion.objects.get(name="tiny")
+    assert version.weights_sha256
+    (model_dir / "model-00001-of-00001.safetensors").unlink()
+    with pytest.raises(CommandError):
+        call_command("register_model", "--name", "tiny2", "--path", str(model_dir), "--hash")
+    assert not ModelVersion.objects.filter(name="tiny2").exists()

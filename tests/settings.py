@@ -1,0 +1,25 @@
+"""Test settings: the production module with the environment a test run needs.
+
+The suite talks to the real PostgreSQL (DATABASE_URL; pytest-django creates
+`test_<name>`) and the real Redis. Security settings stay as in production
+except the HTTPS redirect, which the test client and live server do not speak.
+"""
+
+import os
+
+os.environ.setdefault("SECRET_KEY", "test-only-secret-key-not-for-production-use-0123456789")
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/portal")
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
+os.environ.setdefault("SECURE_SSL_REDIRECT", "false")
+os.environ.setdefault("SESSION_COOKIE_SECURE", "false")
+os.environ.setdefault("CSRF_COOKIE_SECURE", "false")
+
+from portal.settings import *  # noqa: F403
+
+# No collectstatic manifest in tests: serve static files straight from the apps.
+STORAGES["staticfiles"] = {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}  # noqa: F405
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins; never in production
+
+# No collectstatic in tests: whitenoise finds files in the apps as they are.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = True
