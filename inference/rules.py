@@ -117,6 +117,23 @@ def _bf16_weights_auto_dtype(
     )
 
 
+def _bf16_weights_cast_to_fp16(
+    model: ModelArch, profile: ProfileSettings, placement: Placement, sizing: Sizing
+) -> Finding | None:
+    gpu = placement.gpu
+    if profile.dtype != "float16" or model.weight_dtype != "bfloat16" or gpu.supports_bf16:
+        return None
+    # bf16 keeps float32's exponent range; float16 tops out at 65504, so a cast at
+    # load can turn large activations or weights into inf with no error at start.
+    return Finding(
+        "warning",
+        "bf16_weights_cast_to_fp16",
+        f"the checkpoint is bfloat16 and {gpu.display_name} ({gpu.sm_arch}) has no bf16, so vLLM casts "
+        "it to float16 at load; values beyond float16's range (±65504) become inf and give garbage "
+        "with no startup error. Serve a float16 conversion checked for overflow, and smoke-test it.",
+    )
+
+
 def _quantization_unsupported(
     model: ModelArch, profile: ProfileSettings, placement: Placement, sizing: Sizing
 ) -> Finding | None:
@@ -396,6 +413,7 @@ def _batched_tokens_below_max_len(
 RULES = (
     _bf16_unsupported,
     _bf16_weights_auto_dtype,
+    _bf16_weights_cast_to_fp16,
     _quantization_unsupported,
     _quantization_mismatch,
     _tp_not_divisor,

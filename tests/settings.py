@@ -20,6 +20,6 @@ from portal.settings import *  # noqa: F403
 STORAGES["staticfiles"] = {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}  # noqa: F405
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins; never in production
 
-# No collectstatic in tests: whitenoise finds files in the apps as they are.
-WHITENOISE_USE_FINDERS = True
-WHITENOISE_AUTOREFRESH = True
+# No collectstatic in tests: servestatic finds files in the apps as they are.
+SERVESTATIC_USE_FINDERS = True
+SERVESTATIC_AUTOREFRESH = True

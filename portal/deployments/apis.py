@@ -6,6 +6,7 @@ from dataclasses import fields as dataclass_fields
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, viewsets
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -122,6 +123,8 @@ class DeploymentViewSet(viewsets.ModelViewSet):
     http_method_names = ["get", "post", "delete", "head", "options"]
 
     def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # schema generation has no user
+            return Deployment.objects.none()
         return deployments_visible_to(self.request.user)
 
 
@@ -146,7 +149,12 @@ class PlanRequestSerializer(serializers.Serializer):
 
 
 class PlanApi(APIView):
-    """The capacity planner: weights per GPU, KV capacity, decode ceiling and findings."""
+    """The capacity planner: weights per GPU, KV capacity, decode ceiling and findings.
+
+    A POST that changes nothing, so every signed-in user may call it.
+    """
+
+    permission_classes = [IsAuthenticated]
 
     @extend_schema(request=PlanRequestSerializer, responses={200: dict})
     def post(self, request):

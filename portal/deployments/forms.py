@@ -13,21 +13,25 @@ from .models import DeploymentProfile, Dtype
 
 def _model_choices() -> list[tuple[str, str]]:
     registered = [(m.name, m.name) for m in ModelVersion.objects.only("name")]
-    bundled = [(name, f"{name} (bundled config)") for name in sorted(known_configs())]
+    # A registered name wins over a bundled config of the same name (resolve_model does the same).
+    names = {name for name, _ in registered}
+    bundled = [(name, f"{name} (bundled config)") for name in sorted(known_configs()) if name not in names]
     return [("Registered", registered), ("Bundled configs", bundled)]
 
 
 class PlannerForm(forms.Form):
     model = forms.ChoiceField()
     gpu = forms.ChoiceField(
-        choices=[(key, spec.display_name) for key, spec in GPU_CATALOG.items()], initial="v100-sxm2-32gb"
+        label="GPU",
+        choices=[(key, spec.display_name) for key, spec in GPU_CATALOG.items()],
+        initial="v100-sxm2-32gb",
     )
     gpus = forms.IntegerField(min_value=1, max_value=64, initial=1, label="GPUs")
     interconnect = forms.ChoiceField(
         choices=[("", "from the GPU (SXM: NVLink)"), ("nvlink", "NVLink"), ("pcie", "PCIe only")],
         required=False,
     )
-    dtype = forms.ChoiceField(choices=Dtype.choices, initial=Dtype.FLOAT16)
+    dtype = forms.ChoiceField(label="dtype", choices=Dtype.choices, initial=Dtype.FLOAT16)
     tensor_parallel_size = forms.IntegerField(
         min_value=1, max_value=64, required=False, label="Tensor parallel (blank: all GPUs)"
     )
@@ -35,7 +39,9 @@ class PlannerForm(forms.Form):
     max_model_len = forms.IntegerField(
         min_value=1, required=False, label="Max model length (blank: the model's)"
     )
-    gpu_memory_utilization = forms.FloatField(min_value=0.05, max_value=1.0, initial=0.9)
+    gpu_memory_utilization = forms.FloatField(
+        label="GPU memory utilization", min_value=0.05, max_value=1.0, initial=0.9
+    )
     max_num_seqs = forms.IntegerField(min_value=1, initial=256)
     block_size = forms.TypedChoiceField(
         coerce=int, choices=[(n, n) for n in (8, 16, 32, 64, 128)], initial=16

@@ -84,6 +84,10 @@ class DeploymentProfile(models.Model):
         if not all(isinstance(arg, str) for arg in self.extra_args or []):
             raise ValidationError({"extra_args": "a list of strings, one per argv item"})
 
+    @property
+    def target_gpu_name(self) -> str:
+        return get_gpu(self.target_gpu).display_name if self.target_gpu else ""
+
     def settings(self) -> ProfileSettings:
         return ProfileSettings(
             dtype=self.dtype,

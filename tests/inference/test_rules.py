@@ -69,6 +69,25 @@ def test_it_does_not_warn_when_float16_is_set_for_bf16_weights():
     assert "bf16_weights_auto_dtype" not in findings(model, sound(dtype="float16"), node())
 
 
+# bf16_weights_cast_to_fp16
+
+
+def test_it_warns_that_float16_casts_bf16_weights_on_a_v100():
+    model = llama2_7b(weight_dtype="bfloat16")
+    finding = findings(model, sound(dtype="float16"), node())["bf16_weights_cast_to_fp16"]
+    assert finding.level == "warning"
+    assert "65504" in finding.message
+
+
+def test_it_does_not_warn_about_casting_float16_weights():
+    assert "bf16_weights_cast_to_fp16" not in findings(llama2_7b(), sound(dtype="float16"), node())
+
+
+def test_it_does_not_warn_about_casting_bf16_weights_on_an_a100():
+    model = llama2_7b(weight_dtype="bfloat16")
+    assert "bf16_weights_cast_to_fp16" not in findings(model, sound(dtype="float16"), node(A100_80))
+
+
 # awq_unsupported / quantization_unsupported
 
 

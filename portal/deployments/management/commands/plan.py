@@ -40,6 +40,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options) -> None:
         try:
+            placement = target_placement(
+                gpu_key=options["gpu"], gpu_count=options["gpus"], nvlink_connected=options["nvlink"]
+            )
             arch = resolve_model(options["model"], allow_paths=True)
             settings = ProfileSettings(
                 dtype=options["dtype"],
@@ -51,13 +54,9 @@ class Command(BaseCommand):
                 enforce_eager=options["enforce_eager"],
                 quantization=options["quantization"],
             )
-            placement = target_placement(
-                gpu_key=options["gpu"], gpu_count=options["gpus"], nvlink_connected=options["nvlink"]
-            )
         except (ApplicationError, InputError) as error:
-            field = getattr(error, "field", "")
             raise CommandError(
-                f"--{field.replace('_', '-')}: {error.message}" if field else error.message
+                f"{_flag(error.field)}: {error.message}" if error.field else error.message
             ) from error
         plan = plan_deployment(arch, settings, placement)
         if options["json"]:
@@ -68,6 +67,11 @@ class Command(BaseCommand):
                     plan, title=f"{options['model']} on {options['gpus']} × {placement.gpu.display_name}"
                 )
             )
+
+
+def _flag(field: str) -> str:
+    """The command-line flag for a settings field, so errors name what the user typed."""
+    return {"tensor_parallel_size": "--tp"}.get(field, "--" + field.replace("_", "-"))
 
 
 def render_plan(plan: Plan, *, title: str) -> str:

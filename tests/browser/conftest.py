@@ -1,0 +1,72 @@
+"""Real-browser fixtures: one headless Chromium per session, a fresh page per test.
+
+The browser is Debian's /usr/bin/chromium (Playwright's own browser downloads do
+not work here, so never run `playwright install`). Tests drive pytest-django's
+`live_server`, which needs a transactional database:
+mark tests `pytest.mark.django_db(transaction=True)`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
+TIMEOUT_MS = 15_000
+
+
+@pytest.fixture(scope="session")
+def browser() -> Browser:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: apt-get install chromium")
+    # Playwright's sync API keeps an asyncio event loop running in the test thread, and
+    # Django then refuses ORM calls from that thread (SynchronousOnlyOperation), even
+    # though nothing here runs concurrently. The tests and fixtures only touch the ORM
+    # from plain synchronous code, so lifting the guard while the browser lives is safe.
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            yield browser
+            browser.close()
+    finally:
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+
+
+@pytest.fixture
+def page(browser: Browser) -> Page:
+    """A page in its own context, so cookies (the session) never leak between tests."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(TIMEOUT_MS)
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+def login(page: Page, live_server, username: str, password: str, next_path: str = "/") -> None:
+    """Log in through the real form and wait until the portal shows the user in the header."""
+    page.goto(f"{live_server.url}/accounts/login/?next={next_path}")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.get_by_role("button", name="Log in").click()
+    expect(page.locator("header.top")).to_contain_text(username)
+
+
+def shot(page: Page, name: str) -> Path:
+    """Save a full-page PNG to test-artifacts/screenshots/<name>.png for a person to look at."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path

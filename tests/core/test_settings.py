@@ -1,0 +1,46 @@
+"""Production settings pass Django's deployment checks; a bad environment fails loudly."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PRODUCTION = {
+    "DJANGO_SETTINGS_MODULE": "portal.settings",
+    "DEBUG": "false",
+    "SECRET_KEY": "a-long-random-production-secret-key-0123456789-abcdefghijklmnop",
+    "ALLOWED_HOSTS": "portal.example.internal",
+    "DATABASE_URL": "sqlite:///:memory:",
+}
+
+
+def _manage(*args: str, env: dict) -> subprocess.CompletedProcess:
+    # Drop what tests/settings.py set for the test process itself.
+    inherited = ("SECURE_", "SESSION_COOKIE_", "CSRF_COOKIE_", "REDIS_URL", "DJANGO_ALLOW_ASYNC_UNSAFE")
+    clean = {k: v for k, v in os.environ.items() if k not in PRODUCTION and not k.startswith(inherited)}
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_it_passes_check_deploy_with_production_settings():
+    result = _manage("check", "--deploy", "--fail-level", "WARNING", env=PRODUCTION)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_it_refuses_to_start_without_a_secret_key_when_debug_is_off():
+    result = _manage("check", env={**PRODUCTION, "SECRET_KEY": ""})
+    assert result.returncode != 0
+    assert "SECRET_KEY must be set" in result.stderr
+
+
+def test_it_fails_loudly_on_a_malformed_boolean():
+    result = _manage("check", env={**PRODUCTION, "DEBUG": "perhaps"})
+    assert result.returncode != 0
