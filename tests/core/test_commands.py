@@ -123,3 +123,4 @@ def test_it_seeds_profiles_the_planner_accepts_on_their_own_targets():
     assert verdicts["v100-13b-fp16-tp2"] is True
     assert verdicts["v100-70b-gptq-tp8"] is True
     assert verdicts["example-bf16-on-v100"] is False
+    assert verdicts["v100-16g-27b-gptq"] is False  # the fp16 embedding leaves no KV room

@@ -172,3 +172,23 @@ def test_it_refuses_deployment_writes_from_team_members(bob, team, llama7b, prof
         format="json",
     )
     assert response.status_code == 403
+
+
+def test_it_plans_on_a_hand_entered_gpu_the_catalog_lacks(team, llama7b, profile_tp1, cpu_node):
+    from portal.inventory.models import Gpu
+
+    Gpu.objects.create(
+        node=cpu_node,
+        index=0,
+        name="Prototype X",
+        memory_mib=49152,
+        compute_capability="8.6",
+        bandwidth_gb_s=1000,
+        fp16_tflops=150,
+    )
+    deployment = _create(team, llama7b, profile_tp1, cpu_node, [0])
+    plan = deployment_plan(deployment)
+    assert plan.ok
+    assert plan.decode_tokens_per_s_ceiling == pytest.approx(
+        1000e9 / (plan.weights_gb_per_gpu * 1e9), rel=0.01
+    )

@@ -75,7 +75,9 @@ PROFILES = [
     },
     {
         "name": "v100-16g-27b-gptq",
-        "description": "27B 4-bit GPTQ on one V100-16G PCIe: short context, few sequences",
+        # FIELD_NOTES ran "a 27B 4-bit model" on this card; this GPTQ build keeps its
+        # 2.4 GB fp16 embedding and does not fit, and the planner says so (docs/decisions.md).
+        "description": "27B 4-bit on one V100-16G PCIe, as in FIELD_NOTES; this GPTQ build does not fit",
         "model": "gemma-2-27b-it-gptq-4bit",
         "target_gpu": "v100-pcie-16gb",
         "target_gpu_count": 1,
