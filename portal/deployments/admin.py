@@ -8,7 +8,12 @@ from . import services
 from .models import Deployment, DeploymentProfile
 
 
-def _findings_html(plan) -> str:
+def _findings_html(compute_plan) -> str:
+    """The planner's verdict and findings, or why there is no plan."""
+    try:
+        plan = compute_plan()
+    except ApplicationError as error:
+        return error.message
     if plan is None:
         return "—"
     items = format_html_join(
@@ -51,37 +56,21 @@ class DeploymentProfileAdmin(admin.ModelAdmin):
     def findings(self, profile: DeploymentProfile) -> str:
         if not profile.pk:
             return "Save the profile to see the planner's findings."
-        try:
-            return _findings_html(services.profile_plan(profile))
-        except ApplicationError as error:
-            return error.message
+        return _findings_html(lambda: services.profile_plan(profile))
 
 
 class DeploymentForm(forms.ModelForm):
     class Meta:
         model = Deployment
-        fields = [
-            "name",
-            "team",
-            "model_version",
-            "profile",
-            "node",
-            "gpu_indices",
-            "desired_state",
-            "concurrency_cap",
-        ]
+        fields = list(services.DEPLOYMENT_CREATE_FIELDS)
 
     def clean(self):
         cleaned = super().clean()
         if self.instance.pk is None and not self.errors:
             # The same checks as the API; DeploymentAdmin.save_model then creates it through the service.
             try:
-                services.deployment_check(
-                    **{
-                        k: cleaned[k]
-                        for k in ("team", "model_version", "profile", "node", "gpu_indices", "desired_state")
-                    }
-                )
+                checked = set(services.DEPLOYMENT_CREATE_FIELDS) - {"name", "concurrency_cap"}
+                services.deployment_check(**{k: cleaned[k] for k in checked})
             except ApplicationError as error:
                 raise forms.ValidationError(error.message) from error
         return cleaned
@@ -106,31 +95,19 @@ class DeploymentAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         # Where a deployment runs is fixed once created: a new placement is a new deployment.
-        placement = ["name", "team", "model_version", "profile", "node", "gpu_indices"]
-        return [*self.readonly_fields, *(placement if obj else [])]
+        return [*self.readonly_fields, *(services.DEPLOYMENT_PLACEMENT_FIELDS if obj else [])]
 
     def save_model(self, request, obj, form, change) -> None:
         if change:
             super().save_model(request, obj, form, change)
             return
-        fields = (
-            "name",
-            "team",
-            "model_version",
-            "profile",
-            "node",
-            "gpu_indices",
-            "desired_state",
-            "concurrency_cap",
+        created = services.deployment_create(
+            **{k: form.cleaned_data[k] for k in services.DEPLOYMENT_CREATE_FIELDS}
         )
-        created = services.deployment_create(**{k: form.cleaned_data[k] for k in fields})
         obj.pk, obj._state.adding = created.pk, False
 
     @admin.display(description="Planner findings on its GPUs")
     def findings(self, deployment: Deployment) -> str:
         if not deployment.pk:
             return "—"
-        try:
-            return _findings_html(services.deployment_plan(deployment))
-        except ApplicationError as error:
-            return error.message
+        return _findings_html(lambda: services.deployment_plan(deployment))

@@ -163,10 +163,7 @@ class PlanApi(APIView):
         values = dict(data.validated_data)
         gpu, gpus, model, nvlink = (values.pop(k) for k in ("gpu", "gpus", "model", "nvlink"))
         values.setdefault("tensor_parallel_size", gpus)
-        try:
-            settings = ProfileSettings(**values)
-        except InputError as error:
-            raise ApplicationError.from_input_error(error) from error
+        settings = services.settings_from(**values)
         placement = services.target_placement(gpu_key=gpu, gpu_count=gpus, nvlink_connected=nvlink)
         plan = services.plan_deployment(resolve_model(model), settings, placement)
         return Response(plan.to_dict())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -88,22 +90,14 @@ class DeploymentProfile(models.Model):
     def target_gpu_name(self) -> str:
         return get_gpu(self.target_gpu).display_name if self.target_gpu else ""
 
+    def settings_values(self) -> dict:
+        """The vLLM knobs by ProfileSettings' names (blank quantization means none)."""
+        values = {f.name: getattr(self, f.name) for f in fields(ProfileSettings)}
+        values["quantization"] = values["quantization"] or None
+        return values
+
     def settings(self) -> ProfileSettings:
-        return ProfileSettings(
-            dtype=self.dtype,
-            tensor_parallel_size=self.tensor_parallel_size,
-            max_model_len=self.max_model_len,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            block_size=self.block_size,
-            enable_prefix_caching=self.enable_prefix_caching,
-            enable_chunked_prefill=self.enable_chunked_prefill,
-            enforce_eager=self.enforce_eager,
-            quantization=self.quantization or None,
-            swap_space_gb=self.swap_space_gb,
-            kv_cache_dtype=self.kv_cache_dtype,
-        )
+        return ProfileSettings(**self.settings_values())
 
 
 class DesiredState(models.TextChoices):

@@ -18,14 +18,23 @@ from portal.teams.models import Team
 
 from .models import Deployment, DeploymentProfile, DesiredState
 
+# Where a deployment runs; fixed once it exists (a new placement is a new deployment).
+DEPLOYMENT_PLACEMENT_FIELDS = ("name", "team", "model_version", "profile", "node", "gpu_indices")
+DEPLOYMENT_CREATE_FIELDS = (*DEPLOYMENT_PLACEMENT_FIELDS, "desired_state", "concurrency_cap")
 
-def profile_settings(profile: DeploymentProfile) -> ProfileSettings:
-    """The profile as the planner sees it; impossible values become a field error."""
+
+def settings_from(**values) -> ProfileSettings:
+    """ProfileSettings from loose values (a form, flags, a request); impossible values
+    become an ApplicationError naming the field."""
     try:
-        settings = profile.settings()
+        return ProfileSettings(**values)
     except InputError as error:
         raise ApplicationError.from_input_error(error) from error
-    return settings
+
+
+def profile_settings(profile: DeploymentProfile) -> ProfileSettings:
+    """The profile as the planner sees it."""
+    return settings_from(**profile.settings_values())
 
 
 def plan_for(*, model_version: ModelVersion, profile: DeploymentProfile, placement: Placement) -> Plan:

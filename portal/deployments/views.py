@@ -5,8 +5,6 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, render
 
-from inference.errors import InputError
-from inference.planner import ProfileSettings
 from portal.core.errors import ApplicationError
 
 from . import services
@@ -86,19 +84,16 @@ def _plan_from_form(data: dict):
         gpu_count=data["gpus"],
         nvlink_connected={"nvlink": True, "pcie": False}.get(interconnect),
     )
-    try:
-        settings = ProfileSettings(
-            dtype=data["dtype"],
-            tensor_parallel_size=data["tensor_parallel_size"] or data["gpus"],
-            quantization=data["quantization"] or None,
-            max_model_len=data["max_model_len"],
-            gpu_memory_utilization=data["gpu_memory_utilization"],
-            max_num_seqs=data["max_num_seqs"],
-            block_size=data["block_size"],
-            enforce_eager=data["enforce_eager"],
-            enable_prefix_caching=data["enable_prefix_caching"],
-            enable_chunked_prefill=data["enable_chunked_prefill"],
-        )
-    except InputError as error:
-        raise ApplicationError.from_input_error(error) from error
+    settings = services.settings_from(
+        dtype=data["dtype"],
+        tensor_parallel_size=data["tensor_parallel_size"] or data["gpus"],
+        quantization=data["quantization"] or None,
+        max_model_len=data["max_model_len"],
+        gpu_memory_utilization=data["gpu_memory_utilization"],
+        max_num_seqs=data["max_num_seqs"],
+        block_size=data["block_size"],
+        enforce_eager=data["enforce_eager"],
+        enable_prefix_caching=data["enable_prefix_caching"],
+        enable_chunked_prefill=data["enable_chunked_prefill"],
+    )
     return services.plan_deployment(services.resolve_model(data["model"]), settings, placement)

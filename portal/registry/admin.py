@@ -6,7 +6,7 @@ from django.contrib import admin
 from portal.core.errors import ApplicationError
 
 from .models import ModelVersion
-from .services import ARCH_FIELDS, arch_fields, parse_config
+from .services import DERIVED_FIELDS, arch_fields, parse_config
 
 
 class ModelVersionForm(forms.ModelForm):
@@ -51,16 +51,7 @@ class ModelVersionAdmin(admin.ModelAdmin):
     list_display = ["name", "model_type", "params", "weight_dtype", "quantization", "hashed", "created_at"]
     list_filter = ["model_type", "weight_dtype", "quantization"]
     search_fields = ["name", "source", "path"]
-    readonly_fields = [
-        *ARCH_FIELDS,
-        "quantization",
-        "param_count",
-        "weights_sha256",
-        "tokenizer_sha256",
-        "weight_files",
-        "tokenizer_files",
-        "hashed_at",
-    ]
+    readonly_fields = list(DERIVED_FIELDS)
 
     @admin.display(description="Parameters", ordering="param_count")
     def params(self, version: ModelVersion) -> str:

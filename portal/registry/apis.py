@@ -5,7 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers, viewsets
 
 from .models import ModelVersion
-from .services import ARCH_FIELDS, model_version_create
+from .services import DERIVED_FIELDS, model_version_create
 
 
 class ModelVersionSerializer(serializers.ModelSerializer):
@@ -20,27 +20,11 @@ class ModelVersionSerializer(serializers.ModelSerializer):
             "revision",
             "path",
             "config",
-            *ARCH_FIELDS,
-            "quantization",
-            "param_count",
-            "weights_sha256",
-            "tokenizer_sha256",
-            "weight_files",
-            "tokenizer_files",
-            "hashed_at",
+            *DERIVED_FIELDS,
             "smoke_expected_substring",
             "created_at",
         ]
-        read_only_fields = [
-            *ARCH_FIELDS,
-            "quantization",
-            "param_count",
-            "weights_sha256",
-            "tokenizer_sha256",
-            "weight_files",
-            "tokenizer_files",
-            "hashed_at",
-        ]
+        read_only_fields = DERIVED_FIELDS
 
     def create(self, validated_data):
         return model_version_create(**validated_data)

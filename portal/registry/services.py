@@ -31,6 +31,19 @@ ARCH_FIELDS = (
 )
 
 
+# Fields the portal derives or measures; nobody types them in.
+DERIVED_FIELDS = (
+    *ARCH_FIELDS,
+    "quantization",
+    "param_count",
+    "weights_sha256",
+    "tokenizer_sha256",
+    "weight_files",
+    "tokenizer_files",
+    "hashed_at",
+)
+
+
 def arch_fields(arch: ModelArch) -> dict:
     fields = {name: getattr(arch, name) for name in ARCH_FIELDS}
     fields["quantization"] = arch.quantization or ""

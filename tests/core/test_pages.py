@@ -101,3 +101,45 @@ def test_it_serves_the_openapi_schema(client, bob):
     paths = response.json()["paths"]
     assert "/api/v1/plan/" in paths
     assert "/api/v1/nodes/{name}/nvidia-smi/" in paths
+
+
+def _admin_add_deployment(client, **overrides):
+    from portal.registry.models import ModelVersion
+    from portal.teams.models import Team
+
+    data = {
+        "name": "prod-7b",
+        "team": Team.objects.get(slug="platform").pk,
+        "model_version": ModelVersion.objects.get(name="llama-2-7b-chat-hf").pk,
+        "profile": DeploymentProfile.objects.get(name="v100-7b-fp16-tp8").pk,
+        "node": Node.objects.get(name="dgx-v100-01").pk,
+        "gpu_indices": "[0, 1, 2, 3, 4, 5, 6, 7]",
+        "desired_state": "running",
+        "concurrency_cap": "",
+        **overrides,
+    }
+    return client.post("/admin/deployments/deployment/add/", data)
+
+
+def test_it_creates_a_deployment_from_the_admin_through_the_service(client, alice, demo):
+    from portal.deployments.models import Deployment
+
+    alice.is_superuser = True
+    alice.save()
+    client.force_login(alice)
+    response = _admin_add_deployment(client)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert Deployment.objects.get(name="prod-7b").gpu_indices == list(range(8))
+
+
+def test_it_shows_the_planner_refusal_in_the_admin_form(client, alice, demo):
+    from portal.deployments.models import Deployment
+
+    alice.is_superuser = True
+    alice.save()
+    client.force_login(alice)
+    bf16 = DeploymentProfile.objects.get(name="example-bf16-on-v100")
+    response = _admin_add_deployment(client, profile=bf16.pk, gpu_indices="[0]")
+    assert response.status_code == 200
+    assert "no bf16" in response.content.decode()
+    assert not Deployment.objects.exists()

@@ -6,10 +6,9 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from inference.errors import InputError
-from inference.planner import Plan, ProfileSettings, plan_deployment
+from inference.planner import Plan, plan_deployment
 from portal.core.errors import ApplicationError
-from portal.deployments.services import resolve_model, target_placement
+from portal.deployments.services import resolve_model, settings_from, target_placement
 
 
 class Command(BaseCommand):
@@ -44,7 +43,7 @@ class Command(BaseCommand):
                 gpu_key=options["gpu"], gpu_count=options["gpus"], nvlink_connected=options["nvlink"]
             )
             arch = resolve_model(options["model"], allow_paths=True)
-            settings = ProfileSettings(
+            settings = settings_from(
                 dtype=options["dtype"],
                 tensor_parallel_size=options["tp"] or options["gpus"],
                 max_model_len=options["max_model_len"],
@@ -54,7 +53,7 @@ class Command(BaseCommand):
                 enforce_eager=options["enforce_eager"],
                 quantization=options["quantization"],
             )
-        except (ApplicationError, InputError) as error:
+        except ApplicationError as error:
             raise CommandError(
                 f"{_flag(error.field)}: {error.message}" if error.field else error.message
             ) from error
