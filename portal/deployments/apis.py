@@ -22,7 +22,6 @@ from portal.teams.models import Team
 from . import services
 from .models import Deployment, DeploymentProfile, DeploymentState, DesiredState
 from .selectors import deployments_visible_to
-from .services import resolve_model
 
 
 def _plan_dict(plan) -> dict | None:
@@ -160,10 +159,4 @@ class PlanApi(APIView):
     def post(self, request):
         data = PlanRequestSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        values = dict(data.validated_data)
-        gpu, gpus, model, nvlink = (values.pop(k) for k in ("gpu", "gpus", "model", "nvlink"))
-        values.setdefault("tensor_parallel_size", gpus)
-        settings = services.settings_from(**values)
-        placement = services.target_placement(gpu_key=gpu, gpu_count=gpus, nvlink_connected=nvlink)
-        plan = services.plan_deployment(resolve_model(model), settings, placement)
-        return Response(plan.to_dict())
+        return Response(services.plan_on_catalog_gpus(**data.validated_data).to_dict())

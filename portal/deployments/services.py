@@ -54,6 +54,26 @@ def target_placement(*, gpu_key: str, gpu_count: int, nvlink_connected: bool | N
     return Placement(gpu=gpu, gpu_count=gpu_count, nvlink_connected=nvlink_connected)
 
 
+def plan_on_catalog_gpus(
+    *,
+    model: str,
+    gpu: str,
+    gpus: int,
+    nvlink: bool | None = None,
+    allow_paths: bool = False,
+    **settings_values,
+) -> Plan:
+    """A plan from loose values: the plan command, the plan API and the planner page.
+
+    The tensor-parallel size defaults to all the GPUs, as DESIGN.md's `plan` does.
+    """
+    placement = target_placement(gpu_key=gpu, gpu_count=gpus, nvlink_connected=nvlink)
+    arch = resolve_model(model, allow_paths=allow_paths)
+    if not settings_values.get("tensor_parallel_size"):
+        settings_values["tensor_parallel_size"] = gpus
+    return plan_deployment(arch, settings_from(**settings_values), placement)
+
+
 def profile_plan(profile: DeploymentProfile) -> Plan | None:
     """The plan against the profile's own target, or None when it names no model or GPU."""
     if profile.model_version is None or not profile.target_gpu:

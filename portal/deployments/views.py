@@ -78,15 +78,13 @@ def planner(request):
 
 
 def _plan_from_form(data: dict):
-    interconnect = data["interconnect"]
-    placement = services.target_placement(
-        gpu_key=data["gpu"],
-        gpu_count=data["gpus"],
-        nvlink_connected={"nvlink": True, "pcie": False}.get(interconnect),
-    )
-    settings = services.settings_from(
+    return services.plan_on_catalog_gpus(
+        model=data["model"],
+        gpu=data["gpu"],
+        gpus=data["gpus"],
+        nvlink={"nvlink": True, "pcie": False}.get(data["interconnect"]),
         dtype=data["dtype"],
-        tensor_parallel_size=data["tensor_parallel_size"] or data["gpus"],
+        tensor_parallel_size=data["tensor_parallel_size"],
         quantization=data["quantization"] or None,
         max_model_len=data["max_model_len"],
         gpu_memory_utilization=data["gpu_memory_utilization"],
@@ -96,4 +94,3 @@ def _plan_from_form(data: dict):
         enable_prefix_caching=data["enable_prefix_caching"],
         enable_chunked_prefill=data["enable_chunked_prefill"],
     )
-    return services.plan_deployment(services.resolve_model(data["model"]), settings, placement)

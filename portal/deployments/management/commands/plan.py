@@ -6,9 +6,10 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from inference.planner import Plan, plan_deployment
+from inference.hardware import get_gpu
+from inference.planner import Plan
 from portal.core.errors import ApplicationError
-from portal.deployments.services import resolve_model, settings_from, target_placement
+from portal.deployments.services import plan_on_catalog_gpus
 
 
 class Command(BaseCommand):
@@ -39,13 +40,14 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options) -> None:
         try:
-            placement = target_placement(
-                gpu_key=options["gpu"], gpu_count=options["gpus"], nvlink_connected=options["nvlink"]
-            )
-            arch = resolve_model(options["model"], allow_paths=True)
-            settings = settings_from(
+            plan = plan_on_catalog_gpus(
+                model=options["model"],
+                gpu=options["gpu"],
+                gpus=options["gpus"],
+                nvlink=options["nvlink"],
+                allow_paths=True,
                 dtype=options["dtype"],
-                tensor_parallel_size=options["tp"] or options["gpus"],
+                tensor_parallel_size=options["tp"],
                 max_model_len=options["max_model_len"],
                 gpu_memory_utilization=options["gpu_memory_utilization"],
                 max_num_seqs=options["max_num_seqs"],
@@ -57,13 +59,13 @@ class Command(BaseCommand):
             raise CommandError(
                 f"{_flag(error.field)}: {error.message}" if error.field else error.message
             ) from error
-        plan = plan_deployment(arch, settings, placement)
         if options["json"]:
             self.stdout.write(json.dumps(plan.to_dict(), indent=2))
         else:
             self.stdout.write(
                 render_plan(
-                    plan, title=f"{options['model']} on {options['gpus']} × {placement.gpu.display_name}"
+                    plan,
+                    title=f"{options['model']} on {options['gpus']} × {get_gpu(plan.gpu_key).display_name}",
                 )
             )
 
