@@ -21,6 +21,13 @@ class Dtype(models.TextChoices):
     AUTO = "auto", "auto (from the checkpoint)"
 
 
+class Engine(models.TextChoices):
+    """What serves a deployment: the real vLLM, or the V100 simulator (same flags, same API)."""
+
+    VLLM = "vllm", "vLLM"
+    SIM = "sim", "simulator (inference.sim)"
+
+
 class DeploymentProfile(models.Model):
     """Every vLLM knob that FIELD_NOTES.md found to matter, plus free-form extras."""
 
@@ -59,6 +66,9 @@ class DeploymentProfile(models.Model):
     kv_cache_dtype = models.CharField(max_length=10, default="auto")
     extra_args = models.JSONField(
         default=list, blank=True, help_text='More vLLM flags, e.g. ["--seed", "0"].'
+    )
+    engine = models.CharField(
+        max_length=10, choices=Engine.choices, blank=True, help_text="Blank: the node's engine."
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -135,6 +145,11 @@ class Deployment(models.Model):
     concurrency_cap = models.PositiveIntegerField(
         null=True, blank=True, help_text="Gateway cap on in-flight requests (blank: none)."
     )
+    # Where the cap came from ("set by alice", "benchmark run 12 at P95 SLA"), shown next to it.
+    concurrency_cap_source = models.CharField(max_length=255, blank=True)
+    # The SLA that benchmark runs of this deployment are judged by (FIELD_NOTES' defaults).
+    sla_p95_ttft_s = models.FloatField(default=3.0, validators=[MinValueValidator(0.001)])
+    sla_p95_tpot_s = models.FloatField(default=0.2, validators=[MinValueValidator(0.0001)])
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -21,3 +21,16 @@ def deployments_visible_to(user) -> QuerySet[Deployment]:
 
 def deployment_get_for_user(user, name: str) -> Deployment:
     return get_object_or_404(deployments_visible_to(user), name=name)
+
+
+def serving_deployments_for_model(model_name: str) -> QuerySet[Deployment]:
+    """Deployments the gateway may route `model_name` to: serving, with an endpoint.
+
+    A deployment serves its model version under the version's name (vLLM's
+    `--served-model-name`); `endpoint_url` is the server's root URL (no `/v1`).
+    """
+    return (
+        Deployment.objects.select_related("model_version", "team")
+        .filter(state="serving", model_version__name=model_name)
+        .exclude(endpoint_url="")
+    )

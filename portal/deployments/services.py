@@ -248,3 +248,19 @@ def resolve_model(name_or_path: str, *, allow_paths: bool = False) -> ModelArch:
         raise ApplicationError(
             f"'{name_or_path}' is not a registered model version; {error.message}", field="model"
         ) from error
+
+
+def deployment_set_concurrency_cap(*, deployment: Deployment, cap: int | None, source: str) -> Deployment:
+    """Set the gateway's in-flight cap for a deployment and say where it came from.
+
+    The gateway reads `concurrency_cap`; `source` is shown beside it ("benchmark run 12:
+    highest level meeting P95 TTFT ≤ 3 s and P95 TPOT ≤ 0.2 s", "set by alice").
+    """
+    if cap is not None and cap < 1:
+        raise ApplicationError(
+            "The concurrency cap must be at least 1 (blank for none).", field="concurrency_cap"
+        )
+    Deployment.objects.filter(pk=deployment.pk).update(concurrency_cap=cap, concurrency_cap_source=source)
+    deployment.concurrency_cap = cap
+    deployment.concurrency_cap_source = source
+    return deployment

@@ -31,6 +31,12 @@ class Node(models.Model):
         blank=True,
         help_text="Python of the node's vLLM virtual environment (e.g. /opt/vllm/.venv/bin/python).",
     )
+    engine = models.CharField(
+        max_length=10,
+        choices=[("vllm", "vLLM"), ("sim", "simulator (inference.sim)")],
+        default="vllm",
+        help_text="Default engine of deployments here (a profile may override it).",
+    )
     driver_version = models.CharField(max_length=50, blank=True)
     topology_text = models.TextField(blank=True, help_text="Last `nvidia-smi topo -m` output.")
     discovered_at = models.DateTimeField(null=True, blank=True)
