@@ -321,11 +321,29 @@ def benchmark_run_execute(*, run_id: int) -> None:
     if not _claim(run_id):
         return  # a duplicate delivery, or a run someone else holds or that already ended
     run = BenchmarkRun.objects.get(pk=run_id)
+    try:
+        _execute(run)
+    except Exception as error:
+        # Never leave a run "running" behind a crash: record why, keep the saved levels.
+        logger.exception("benchmark run %s failed", run_id)
+        run.refresh_from_db()
+        if not run.finished:
+            state = RunState.PARTIAL if run.levels.exists() else RunState.FAILED
+            _finish(run, state, f"the job crashed: {type(error).__name__}: {error}")
+        raise
+
+
+def _execute(run: BenchmarkRun) -> None:
     if run.cancel_requested:
         _finish(run, RunState.CANCELLED, "cancelled before it started")
         return
     saved = set(run.levels.values_list("index", flat=True))
-    plans = [LevelPlan(**plan) for plan in run.config["levels"]]
+    try:
+        plans = [LevelPlan(**plan) for plan in run.config["levels"]]
+        mix = load_mix(run.mix)
+    except InputError as error:
+        _finish(run, RunState.FAILED, str(error))
+        return
     first = next((i for i in range(len(plans)) if i not in saved), None)
     if first is None:
         _finish(run, RunState.DONE, "")
@@ -339,7 +357,7 @@ def benchmark_run_execute(*, run_id: int) -> None:
     config = BenchConfig(
         base_url=run.endpoint_url,
         model=run.model_name,
-        mix=load_mix(run.mix),
+        mix=mix,
         levels=plans[first:],
         seed=run.config.get("seed", 0),
         tokenizer=run.config.get("tokenizer") or None,
@@ -356,12 +374,12 @@ def benchmark_run_execute(*, run_id: int) -> None:
         except InputError as error:
             outcome["error"] = str(error)
         except Exception as error:  # the thread must always report back; the job records it
-            logger.exception("benchmark run %s crashed", run_id)
+            logger.exception("benchmark run %s crashed", run.pk)
             outcome["error"] = f"the load generator crashed: {type(error).__name__}: {error}"
         finally:
             events.put(("end", None, None))
 
-    thread = threading.Thread(target=work, name=f"benchmark-{run_id}", daemon=True)
+    thread = threading.Thread(target=work, name=f"benchmark-{run.pk}", daemon=True)
     thread.start()
     progress = dict(run.progress)
     last_write = 0.0
