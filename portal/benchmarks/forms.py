@@ -22,7 +22,7 @@ def _numbers(text: str, kind, field: str) -> list:
 class RunForm(forms.Form):
     deployment = forms.ChoiceField(required=False, help_text="A serving deployment (or an endpoint below).")
     endpoint_url = forms.URLField(
-        required=False, label="Endpoint URL (staff)", help_text="Server root, no /v1."
+        required=False, assume_scheme="http", label="Endpoint URL (staff)", help_text="Server root, no /v1."
     )
     model_name = forms.CharField(required=False, label="Model name (with an endpoint URL)")
     mix = forms.CharField(

@@ -383,29 +383,36 @@ def _execute(run: BenchmarkRun) -> None:
     thread.start()
     progress = dict(run.progress)
     last_write = 0.0
-    while True:
-        try:
-            kind, index, payload = events.get(timeout=PROGRESS_EVERY_S)
-        except queue.Empty:
-            kind, index, payload = "tick", None, None
-        if kind == "start":
-            progress.update(level=index, done=0, planned=None)
-        elif kind == "progress":
-            progress.update(level=index, done=payload[0], planned=payload[1])
-        elif kind == "level":
-            _save_level(run, index, payload)
-        now = time.monotonic()
-        if kind in ("level", "end", "start") or now - last_write >= PROGRESS_EVERY_S:
-            last_write = now
-            # One write publishes progress, renews the lease and reads a cancel request.
-            BenchmarkRun.objects.filter(pk=run.pk).update(
-                progress=progress, lease_expires_at=timezone.now() + LEASE
-            )
-            if BenchmarkRun.objects.filter(pk=run.pk, cancel_requested=True).exists():
-                cancel.set()
-        if kind == "end":
-            break
-    thread.join()
+    ended = False
+    try:
+        while True:
+            try:
+                kind, index, payload = events.get(timeout=PROGRESS_EVERY_S)
+            except queue.Empty:
+                kind, index, payload = "tick", None, None
+            if kind == "start":
+                progress.update(level=index, done=0, planned=None)
+            elif kind == "progress":
+                progress.update(level=index, done=payload[0], planned=payload[1])
+            elif kind == "level":
+                _save_level(run, index, payload)
+            now = time.monotonic()
+            if kind in ("level", "end", "start") or now - last_write >= PROGRESS_EVERY_S:
+                last_write = now
+                # One write publishes progress, renews the lease and reads a cancel request.
+                BenchmarkRun.objects.filter(pk=run.pk).update(
+                    progress=progress, lease_expires_at=timezone.now() + LEASE
+                )
+                if BenchmarkRun.objects.filter(pk=run.pk, cancel_requested=True).exists():
+                    cancel.set()
+            if kind == "end":
+                ended = True
+                break
+    finally:
+        # Also on a crash of this thread: stop the load generator before giving up.
+        if not ended:
+            cancel.set()
+        thread.join(timeout=120)
 
     result: SweepResult | None = outcome.get("result")
     if result is not None:

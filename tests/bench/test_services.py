@@ -289,3 +289,18 @@ def test_it_imports_the_field_notes_table_and_shows_why_littles_law_fails(alice)
 def test_it_refuses_a_table_without_concurrency(alice):
     with pytest.raises(ApplicationError, match="concurrency column"):
         benchmark_import_table(user=alice, title="x", text="| tok/s |\n|---|\n| 5 |")
+
+
+def test_it_records_a_crash_of_the_job_instead_of_leaving_the_run_running(bob, deployment, monkeypatch):
+    from portal.benchmarks import services
+
+    def explode(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(services, "_save_level", explode)
+    run = create(bob, deployment, concurrencies=[1], requests_per_level=2)
+    with pytest.raises(RuntimeError):
+        benchmark_run_execute(run_id=run.pk)
+    run.refresh_from_db()
+    assert run.state == RunState.FAILED
+    assert run.state_reason == "the job crashed: RuntimeError: disk full"
