@@ -3,6 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
+from portal.benchmarks.apis import BenchmarkRunViewSet
 from portal.deployments.apis import DeploymentViewSet, PlanApi, ProfileViewSet
 from portal.inventory.apis import GpuViewSet, NodeViewSet
 from portal.registry.apis import ModelVersionViewSet
@@ -15,6 +16,7 @@ router.register("model-versions", ModelVersionViewSet, basename="model-version")
 router.register("profiles", ProfileViewSet, basename="profile")
 router.register("deployments", DeploymentViewSet, basename="deployment")
 router.register("teams", TeamViewSet, basename="team")
+router.register("benchmark-runs", BenchmarkRunViewSet, basename="benchmark-run")
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -1,8 +1,8 @@
 """The SLA operating point: the highest concurrency level whose P95 latencies meet the SLA.
 
 Levels are walked from the lowest concurrency up; the operating point is the
-last level before the first miss (a level that misses, or that had failed
-requests). A higher level that happens to pass after a miss is not chosen: it is
+last level before the first miss (a level that misses, that had failed
+requests, that did not finish, or whose load generator was the bottleneck). A higher level that happens to pass after a miss is not chosen: it is
 noise on the way up, and a gateway cap there would sit past a level already seen
 to fail.
 """
@@ -30,6 +30,9 @@ def level_misses(level: dict, sla: Sla) -> list[str]:
         reasons.append(f"{level['failed']} failed request(s)")
     if level.get("partial"):
         reasons.append("the level did not finish")
+    if level.get("client_bound"):
+        # Its latencies are the load generator's, not the server's: they cannot show the SLA is met.
+        reasons.append(f"client-bound ({level.get('client_bound_reason') or 'load generator saturated'})")
     for metric, limit in (("ttft", sla.p95_ttft_s), ("tpot", sla.p95_tpot_s)):
         value_ms = level.get(f"p95_{metric}_ms")
         if value_ms is None:

@@ -51,3 +51,13 @@ def test_it_does_not_count_a_missing_measurement_as_a_pass():
     )
     assert level is None
     assert "no P95 TPOT measured" in why
+
+
+def test_it_does_not_trust_a_client_bound_level():
+    levels = [
+        dict(FIELD_TABLE[0]),
+        dict(FIELD_TABLE[1], client_bound=True, client_bound_reason="event-loop lag P95 14.0 ms"),
+    ]
+    level, why = operating_point(levels, Sla())
+    assert level == 16
+    assert "32 misses: client-bound (event-loop lag P95 14.0 ms)" in why

@@ -1,0 +1,105 @@
+"""REST API for benchmark runs: list, read (the export shape), start, cancel, apply the SLA cap."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound, PermissionDenied
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+
+from portal.deployments.selectors import deployments_visible_to
+
+from . import services
+from .models import BenchmarkRun
+from .selectors import run_export, runs_filtered
+
+
+class RunListSerializer(serializers.ModelSerializer):
+    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    profile = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = BenchmarkRun
+        fields = [
+            "id",
+            "kind",
+            "title",
+            "deployment",
+            "profile",
+            "endpoint_url",
+            "model_name",
+            "mix",
+            "state",
+            "state_reason",
+            "progress",
+            "sla_concurrency",
+            "sla_reason",
+            "created_at",
+            "finished_at",
+        ]
+
+
+class RunCreateSerializer(serializers.Serializer):
+    deployment = serializers.CharField(required=False, allow_blank=True)
+    endpoint_url = serializers.URLField(required=False, allow_blank=True)
+    model_name = serializers.CharField(required=False, allow_blank=True)
+    mix = serializers.CharField(default="field-mix")
+    concurrencies = serializers.ListField(child=serializers.IntegerField(min_value=1), required=False)
+    request_rates = serializers.ListField(child=serializers.FloatField(min_value=0.001), required=False)
+    requests_per_level = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    duration_s = serializers.FloatField(min_value=0.1, required=False, allow_null=True)
+    seed = serializers.IntegerField(default=0)
+    level_timeout_s = serializers.FloatField(min_value=1, required=False, allow_null=True)
+    title = serializers.CharField(required=False, allow_blank=True, max_length=200)
+
+
+class BenchmarkRunViewSet(viewsets.ReadOnlyModelViewSet):
+    """Runs you can see. Filters: ?deployment=&profile=&mix=&state=&kind=."""
+
+    serializer_class = RunListSerializer
+    permission_classes = [IsAuthenticated]
+
+    def get_queryset(self):
+        params = self.request.query_params
+        keys = ("deployment", "profile", "mix", "state", "kind")
+        return runs_filtered(self.request.user, **{key: params.get(key, "") for key in keys})
+
+    def retrieve(self, request, *args, **kwargs):
+        return Response(run_export(self.get_object()))
+
+    @extend_schema(request=RunCreateSerializer, responses=RunListSerializer)
+    def create(self, request):
+        data = RunCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        deployment_name = values.pop("deployment", "")
+        deployment = None
+        if deployment_name:
+            deployment = deployments_visible_to(request.user).filter(name=deployment_name).first()
+            if deployment is None:
+                raise NotFound(f"no deployment {deployment_name!r}")
+        run = services.benchmark_run_create(user=request.user, deployment=deployment, **values)
+        return Response(RunListSerializer(run).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=RunListSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        run = self.get_object()
+        if not (request.user.is_staff or run.created_by_id == request.user.pk):
+            raise PermissionDenied("only staff or the run's creator may cancel it")
+        return Response(RunListSerializer(services.benchmark_run_cancel(run=run)).data)
+
+    @extend_schema(request=None, responses=RunListSerializer)
+    @action(detail=True, methods=["post"], url_path="apply-cap")
+    def apply_cap(self, request, pk=None):
+        run = self.get_object()
+        deployment = services.benchmark_run_apply_sla_cap(run=run, user=request.user)
+        return Response(
+            {
+                "deployment": deployment.name,
+                "concurrency_cap": deployment.concurrency_cap,
+                "source": deployment.concurrency_cap_source,
+            }
+        )
