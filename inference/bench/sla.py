@@ -1,10 +1,10 @@
 """The SLA operating point: the highest concurrency level whose P95 latencies meet the SLA.
 
 Levels are walked from the lowest concurrency up; the operating point is the
-last level before the first miss (a level that misses, that had failed
-requests, that did not finish, or whose load generator was the bottleneck). A higher level that happens to pass after a miss is not chosen: it is
-noise on the way up, and a gateway cap there would sit past a level already seen
-to fail.
+last level before the first miss (a level over the SLA, with failed requests,
+cut short, or whose load generator was the bottleneck). A higher level that
+happens to pass after a miss is not chosen: it is noise on the way up, and a
+gateway cap there would sit past a level already seen to fail.
 """
 
 from __future__ import annotations
