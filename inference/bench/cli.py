@@ -104,6 +104,8 @@ def run(options: dict, out=sys.stdout) -> dict:
             _say(out, f"level {level['concurrency']}: {little['note']}")
         if level.get("client_bound"):
             _say(out, f"level {level['concurrency']}: client-bound ({level['client_bound_reason']})")
+        elif level.get("host_note"):
+            _say(out, f"level {level['concurrency']}: busy host: {level['host_note']}")
         for reason, count in level["errors"].items():
             _say(out, f"level {level['concurrency']}: {count} failed: {reason}")
     if result.error:

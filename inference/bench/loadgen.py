@@ -35,10 +35,14 @@ from inference.bench.workloads import Mix, RequestSpec
 from inference.errors import InputError
 from inference.metrics import parse_vllm_metrics
 
-# A level is client-bound when the load generator's event loop (one core) was this busy...
+# A level is client-bound when the load generator's event loop (one core) was this busy,
 CLIENT_CPU_LIMIT = 0.90
-# ...or woke this late (P95) from a short sleep: its timestamps are then off by as much.
+# or when it woke this late (P95) from a short sleep while itself busy (≥ half a core):
+# its timestamps are then late by as much, because of its own work.
 LOOP_LAG_P95_LIMIT_MS = 10.0
+LAGGING_CLIENT_CPU = 0.50
+# The same lag with an idle client means other processes held the CPU (a shared host, or
+# an engine on the same cores): noted on the level, but it is not the client's bottleneck.
 LAG_PROBE_S = 0.02
 DURATION_POOL = 512  # distinct requests cycled through by a duration-bound level
 SAMPLE_CAP = 5000  # per-request samples kept per level for distribution plots
@@ -286,6 +290,24 @@ class ServerWatch:
         }
 
 
+def judge_client(cpu_share: float | None, lag_p95_ms: float | None) -> tuple[str, str]:
+    """(why the client was the bottleneck or "", a note that the host was busy or "")."""
+    reasons = []
+    busy = cpu_share is not None and cpu_share >= LAGGING_CLIENT_CPU
+    lagging = lag_p95_ms is not None and lag_p95_ms >= LOOP_LAG_P95_LIMIT_MS
+    if cpu_share is not None and cpu_share >= CLIENT_CPU_LIMIT:
+        reasons.append(f"load generator CPU {cpu_share * 100:.0f} % of a core")
+    if lagging and busy:
+        reasons.append(f"event-loop lag P95 {lag_p95_ms:.1f} ms")
+    host_note = ""
+    if lagging and not busy:
+        host_note = (
+            f"event-loop lag P95 {lag_p95_ms:.0f} ms while the load generator used "
+            f"{(cpu_share or 0) * 100:.0f} % of a core: other processes held the CPU"
+        )
+    return "; ".join(reasons), host_note
+
+
 class SelfWatch:
     """The load generator's own CPU share and event-loop lag during a level."""
 
@@ -308,17 +330,14 @@ class SelfWatch:
         cpu_share = (time.process_time() - self.cpu0) / wall if wall > 0 else None
         lag_p95 = percentile(self.lags, 95) * 1000 if self.lags else None
         lag_max = max(self.lags) * 1000 if self.lags else None
-        reasons = []
-        if cpu_share is not None and cpu_share >= CLIENT_CPU_LIMIT:
-            reasons.append(f"load generator CPU {cpu_share * 100:.0f} % of a core")
-        if lag_p95 is not None and lag_p95 >= LOOP_LAG_P95_LIMIT_MS:
-            reasons.append(f"event-loop lag P95 {lag_p95:.1f} ms")
+        client_bound_reason, host_note = judge_client(cpu_share, lag_p95)
         return {
             "client_cpu_share": cpu_share,
             "loop_lag_p95_ms": lag_p95,
             "loop_lag_max_ms": lag_max,
-            "client_bound": bool(reasons),
-            "client_bound_reason": "; ".join(reasons),
+            "client_bound": bool(client_bound_reason),
+            "client_bound_reason": client_bound_reason,
+            "host_note": host_note,
         }
 
 

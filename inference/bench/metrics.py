@@ -255,6 +255,8 @@ def format_table(levels: list[dict]) -> str:
             notes.append(f"Little's law off {(little['ratio'] - 1) * 100:+.0f} %")
         if level.get("client_bound"):
             notes.append("client-bound")
+        elif level.get("host_note"):
+            notes.append("busy host")
         if level.get("partial"):
             notes.append(f"partial: {level.get('partial_reason') or 'stopped early'}")
         concurrency = level.get("concurrency")

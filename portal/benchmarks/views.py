@@ -136,6 +136,7 @@ def run_detail(request, pk: int):
                 "roofline": r.get("roofline"),
                 "client_bound": r.get("client_bound"),
                 "client_bound_reason": r.get("client_bound_reason"),
+                "host_note": r.get("host_note"),
                 "client_cpu_share": r.get("client_cpu_share"),
                 "loop_lag_p95_ms": r.get("loop_lag_p95_ms"),
                 "partial": r.get("partial"),

@@ -102,9 +102,12 @@ def test_it_runs_a_two_level_sweep_as_a_celery_job_and_shows_it(
     assert run.snapshot["vllm_version"]  # vLLM's /version
     # A busy shared machine can make a level client-bound, which the SLA walk refuses to trust.
     assert run.sla_concurrency == 4 or "client-bound" in run.sla_reason, run.sla_reason
+    print(f"SLA point: {run.sla_reason}")
 
     client.force_login(bob)
     page = client.get(run.get_absolute_url()).content.decode()
-    assert "Concurrency 4" in page
+    for level in levels:  # the table shows each level's throughput
+        assert f"{level.results['output_throughput']:.1f}" in page
+    assert ("Concurrency 4" if run.sla_concurrency == 4 else "No operating point") in page
     assert page.count("<svg") >= 3
     assert BenchmarkRun.objects.filter(deployment=deployment).count() == 1

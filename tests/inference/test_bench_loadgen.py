@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from inference.bench.fake_server import FakeServer
-from inference.bench.loadgen import BenchConfig, LevelPlan, NoHooks, run_sweep
+from inference.bench.loadgen import BenchConfig, LevelPlan, NoHooks, judge_client, run_sweep
 from inference.bench.workloads import load_mix
 from inference.errors import InputError
 
@@ -195,3 +195,15 @@ def test_it_refuses_a_level_with_neither_count_nor_duration():
         LevelPlan(concurrency=4)
     with contextlib.suppress(InputError):
         LevelPlan(concurrency=4, requests=1)
+
+
+def test_it_calls_a_saturated_client_the_bottleneck():
+    assert judge_client(0.95, 2.0) == ("load generator CPU 95 % of a core", "")
+    assert judge_client(0.6, 25.0)[0] == "event-loop lag P95 25.0 ms"
+
+
+def test_it_blames_a_busy_host_not_an_idle_client_for_lag():
+    reason, note = judge_client(0.05, 147.0)
+    assert reason == ""
+    assert note.startswith("event-loop lag P95 147 ms while the load generator used 5 % of a core")
+    assert judge_client(0.2, 3.0) == ("", "")
