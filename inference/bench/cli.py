@@ -7,12 +7,11 @@ Prints the per-level table and the SLA operating point; `--json out.json` writes
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
 
-from inference.bench.loadgen import BenchConfig, LevelPlan, run_sweep
+from inference.bench.loadgen import BenchConfig, LevelPlan, run_blocking, run_sweep
 from inference.bench.metrics import format_table
 from inference.bench.sla import Sla, operating_point
 from inference.bench.workloads import load_mix
@@ -90,7 +89,7 @@ def run(options: dict, out=sys.stdout) -> dict:
         slo={"ttft": sla.p95_ttft_s * 1000, "tpot": sla.p95_tpot_s * 1000},
         api_key=options["api_key"],
     )
-    result = asyncio.run(run_sweep(config))
+    result = run_blocking(run_sweep(config))
     if not options.get("samples"):
         for level in result.levels:
             level.pop("samples", None)

