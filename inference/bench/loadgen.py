@@ -46,7 +46,8 @@ LAGGING_CLIENT_CPU = 0.50
 # an engine on the same cores): noted on the level, but it is not the client's bottleneck.
 LAG_PROBE_S = 0.02
 DURATION_POOL = 512  # distinct requests cycled through by a duration-bound level
-SAMPLE_CAP = 5000  # per-request samples kept per level for distribution plots
+SAMPLE_CAP = 5000
+CALIBRATION_TRIES = 3  # per-request samples kept per level for distribution plots
 
 
 @dataclass(frozen=True)
@@ -508,9 +509,14 @@ async def run_sweep(config: BenchConfig, hooks: Hooks | None = None) -> SweepRes
     async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
         await preflight(session, config)
         if config.calibrate:
-            result.prompt_token_offset, problem = await _calibrate(session, config, builder)
+            # A server that fails some requests should still be measured: a few tries.
+            for _ in range(CALIBRATION_TRIES):
+                result.prompt_token_offset, problem = await _calibrate(session, config, builder)
+                if not problem:
+                    break
             if problem:
-                raise InputError("url", problem)
+                raise InputError("url", f"{problem} ({CALIBRATION_TRIES} tries)")
+            result.prompt_source = builder.source  # the estimate is rescaled by calibration
         for index, plan in enumerate(config.levels):
             if hooks.cancelled():
                 result.cancelled = True

@@ -221,3 +221,14 @@ def test_it_runs_a_sweep_from_a_thread_that_already_runs_an_event_loop():
     thread.start()
     thread.join()
     assert outcome[0].levels[0]["completed"] == 2
+
+
+def test_it_retries_the_calibration_request_on_a_flaky_server():
+    # Every 2nd request fails: calibration (#1 ok) passes; a 1-in-1 failing server would not.
+    result = run(FakeServer(fail_every=2), levels=[LevelPlan(concurrency=1, requests=4, warmup=0)])
+    assert result.levels[0]["failed"] == 2
+
+
+def test_it_gives_up_on_a_server_that_fails_every_request():
+    with pytest.raises(InputError, match=r"calibration request failed: HTTP 500.*\(3 tries\)"):
+        run(FakeServer(fail_every=1), levels=[LevelPlan(concurrency=1, requests=1)])
