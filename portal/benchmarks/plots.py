@@ -187,7 +187,15 @@ def run_plots(levels: list[dict], *, sla_ttft_s: float, sla_tpot_s: float) -> li
             y_label="tokens/s",
         )
     ]
-    ttft = [("P50 TTFT", col("median_ttft_ms", 1 / 1000)), ("P95 TTFT", col("p95_ttft_ms", 1 / 1000))]
+
+    def middle(metric: str) -> tuple[str, list[float | None]]:
+        """P50, or the mean where only means are known (an imported table)."""
+        median = col(f"median_{metric}_ms", 1 / 1000)
+        if any(v is not None for v in median):
+            return f"P50 {metric.upper()}", median
+        return f"mean {metric.upper()}", col(f"mean_{metric}_ms", 1 / 1000)
+
+    ttft = [middle("ttft"), ("P95 TTFT", col("p95_ttft_ms", 1 / 1000))]
     if any(v is not None for _, ys in ttft for v in ys):
         plots.append(
             line_chart(
@@ -196,10 +204,10 @@ def run_plots(levels: list[dict], *, sla_ttft_s: float, sla_tpot_s: float) -> li
                 series=ttft,
                 y_label="seconds",
                 limits=[(f"SLA P95 TTFT {sla_ttft_s:g} s", sla_ttft_s)],
-                dashed={"P50 TTFT"},
+                dashed={ttft[0][0]},
             )
         )
-    tpot = [("P50 TPOT", col("median_tpot_ms", 1 / 1000)), ("P95 TPOT", col("p95_tpot_ms", 1 / 1000))]
+    tpot = [middle("tpot"), ("P95 TPOT", col("p95_tpot_ms", 1 / 1000))]
     if any(v is not None for _, ys in tpot for v in ys):
         plots.append(
             line_chart(
@@ -208,7 +216,7 @@ def run_plots(levels: list[dict], *, sla_ttft_s: float, sla_tpot_s: float) -> li
                 series=tpot,
                 y_label="seconds",
                 limits=[(f"SLA P95 TPOT {sla_tpot_s:g} s", sla_tpot_s)],
-                dashed={"P50 TPOT"},
+                dashed={tpot[0][0]},
             )
         )
     return plots
