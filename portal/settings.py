@@ -217,4 +217,6 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    # httpx logs every request at INFO; node agents poll /health every half second while starting.
+    "loggers": {"httpx": {"level": "WARNING"}},
 }

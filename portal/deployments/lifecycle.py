@@ -798,8 +798,11 @@ def _check_serving(lease: Lease, deployment: Deployment) -> str:
         event(did, "planned restart", EventStatus.INFO, reason)
         from .tasks import restart_deployment
 
-        restart_deployment.apply_async(
-            args=[did], kwargs={"reason": f"planned: {reason}"}, queue=deployment.node.queue, expires=3600
+        queue = deployment.node.queue
+        transaction.on_commit(
+            lambda: restart_deployment.apply_async(
+                args=[did], kwargs={"reason": f"planned: {reason}"}, queue=queue, expires=3600
+            )
         )
         return "planned restart"
     return "healthy"
@@ -845,12 +848,12 @@ def _schedule_restart(lease: Lease, deployment: Deployment, why: str) -> str:
 def _enqueue_start(deployment: Deployment, *, reason: str, countdown: float = 0) -> None:
     from .tasks import start_deployment
 
-    start_deployment.apply_async(
-        args=[deployment.pk],
-        kwargs={"reason": reason},
-        queue=deployment.node.queue,
-        countdown=countdown,
-        expires=countdown + 600,
+    # on_commit: in a task (autocommit) it is sent at once; inside a transaction, after it commits.
+    pk, queue = deployment.pk, deployment.node.queue
+    transaction.on_commit(
+        lambda: start_deployment.apply_async(
+            args=[pk], kwargs={"reason": reason}, queue=queue, countdown=countdown, expires=countdown + 600
+        )
     )
 
 
