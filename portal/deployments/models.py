@@ -274,3 +274,11 @@ class MetricsSample(models.Model):
     @property
     def gpu_count(self) -> int:
         return len(self.gpu_indices)
+
+
+class AdoptedEndpoint(Deployment):
+    """Adopted servers, as the admin lists and registers them (same table as deployments)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "adopted endpoint"

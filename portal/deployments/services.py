@@ -413,3 +413,14 @@ def endpoint_register(
 
     transaction.on_commit(lambda: check_adopted.delay(deployment.pk))
     return deployment
+
+
+def deployment_delete(*, deployment: Deployment) -> None:
+    """Delete a deployment whose server is gone (or an adopted one): never orphan a process."""
+    if not deployment.adopted and (
+        deployment.desired_state == DesiredState.RUNNING
+        or deployment.state not in (DeploymentState.STOPPED, DeploymentState.FAILED, DeploymentState.PENDING)
+        or deployment.pid
+    ):
+        raise ApplicationError("stop the deployment first; its server may still be running", field="state")
+    deployment.delete()

@@ -6,177 +6,241 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('deployments', '0002_engine_cap_source_and_sla'),
-        ('inventory', '0003_node_software_facts'),
+        ("deployments", "0002_engine_cap_source_and_sla"),
+        ("inventory", "0003_node_software_facts"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='deployment',
-            name='adopted',
+            model_name="deployment",
+            name="adopted",
             field=models.BooleanField(default=False),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='baseline_memory_mb',
+            model_name="deployment",
+            name="baseline_memory_mb",
             field=models.FloatField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='baseline_preemptions',
+            model_name="deployment",
+            name="baseline_preemptions",
             field=models.FloatField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='command',
-            field=models.JSONField(blank=True, default=list, help_text='argv of the last launch.'),
+            model_name="deployment",
+            name="command",
+            field=models.JSONField(blank=True, default=list, help_text="argv of the last launch."),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='engine_used',
-            field=models.CharField(blank=True, help_text='Engine of the last launch.', max_length=10),
+            model_name="deployment",
+            name="engine_used",
+            field=models.CharField(blank=True, help_text="Engine of the last launch.", max_length=10),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='failure_code',
-            field=models.CharField(blank=True, help_text='Classified startup failure.', max_length=50),
+            model_name="deployment",
+            name="failure_code",
+            field=models.CharField(blank=True, help_text="Classified startup failure.", max_length=50),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='health_failures',
-            field=models.PositiveIntegerField(default=0, help_text='Failed health checks in a row.'),
+            model_name="deployment",
+            name="health_failures",
+            field=models.PositiveIntegerField(default=0, help_text="Failed health checks in a row."),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='last_checked_at',
+            model_name="deployment",
+            name="last_checked_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='launched_at',
+            model_name="deployment",
+            name="launched_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='lease_expires_at',
+            model_name="deployment",
+            name="lease_expires_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='lease_owner',
+            model_name="deployment",
+            name="lease_owner",
             field=models.CharField(blank=True, max_length=200),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='lease_token',
+            model_name="deployment",
+            name="lease_token",
             field=models.BigIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='log_path',
+            model_name="deployment",
+            name="log_path",
             field=models.CharField(blank=True, max_length=500),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='log_tail',
-            field=models.TextField(blank=True, help_text='Last lines of the server log, as the agent read them.'),
+            model_name="deployment",
+            name="log_tail",
+            field=models.TextField(
+                blank=True, help_text="Last lines of the server log, as the agent read them."
+            ),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='pgid',
+            model_name="deployment",
+            name="pgid",
             field=models.PositiveIntegerField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='pid',
+            model_name="deployment",
+            name="pid",
             field=models.PositiveIntegerField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='port',
+            model_name="deployment",
+            name="port",
             field=models.PositiveIntegerField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='restart_after_hours',
-            field=models.FloatField(blank=True, help_text='Planned restart after this many hours up (blank: never).', null=True),
+            model_name="deployment",
+            name="restart_after_hours",
+            field=models.FloatField(
+                blank=True, help_text="Planned restart after this many hours up (blank: never).", null=True
+            ),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='restart_count',
-            field=models.PositiveIntegerField(default=0, help_text='Automatic restarts in a row.'),
+            model_name="deployment",
+            name="restart_count",
+            field=models.PositiveIntegerField(default=0, help_text="Automatic restarts in a row."),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='restart_max_memory_growth',
-            field=models.FloatField(blank=True, help_text='Planned restart when memory grows by this fraction, e.g. 0.2 (blank: never).', null=True, validators=[django.core.validators.MinValueValidator(0.01)]),
+            model_name="deployment",
+            name="restart_max_memory_growth",
+            field=models.FloatField(
+                blank=True,
+                help_text="Planned restart when memory grows by this fraction, e.g. 0.2 (blank: never).",
+                null=True,
+                validators=[django.core.validators.MinValueValidator(0.01)],
+            ),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='restart_max_preemptions',
-            field=models.PositiveIntegerField(blank=True, help_text='Planned restart after this many preemptions (blank: never).', null=True),
+            model_name="deployment",
+            name="restart_max_preemptions",
+            field=models.PositiveIntegerField(
+                blank=True, help_text="Planned restart after this many preemptions (blank: never).", null=True
+            ),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='run_dir',
+            model_name="deployment",
+            name="run_dir",
             field=models.CharField(blank=True, max_length=500),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='serving_since',
+            model_name="deployment",
+            name="serving_since",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='start_requested_at',
+            model_name="deployment",
+            name="start_requested_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AlterField(
-            model_name='deployment',
-            name='node',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='deployments', to='inventory.node'),
+            model_name="deployment",
+            name="node",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="deployments",
+                to="inventory.node",
+            ),
         ),
         migrations.AlterField(
-            model_name='deployment',
-            name='profile',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='deployments', to='deployments.deploymentprofile'),
+            model_name="deployment",
+            name="profile",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="deployments",
+                to="deployments.deploymentprofile",
+            ),
         ),
         migrations.CreateModel(
-            name='DeploymentEvent',
+            name="DeploymentEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('step', models.CharField(max_length=40)),
-                ('status', models.CharField(choices=[('started', 'started'), ('ok', 'ok'), ('failed', 'failed'), ('skipped', 'skipped'), ('info', 'info')], default='info', max_length=10)),
-                ('message', models.TextField(blank=True)),
-                ('seconds', models.FloatField(blank=True, help_text='How long the step took.', null=True)),
-                ('deployment', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='deployments.deployment')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("step", models.CharField(max_length=40)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("started", "started"),
+                            ("ok", "ok"),
+                            ("failed", "failed"),
+                            ("skipped", "skipped"),
+                            ("info", "info"),
+                        ],
+                        default="info",
+                        max_length=10,
+                    ),
+                ),
+                ("message", models.TextField(blank=True)),
+                ("seconds", models.FloatField(blank=True, help_text="How long the step took.", null=True)),
+                (
+                    "deployment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="events",
+                        to="deployments.deployment",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['at', 'id'],
+                "ordering": ["at", "id"],
             },
         ),
         migrations.CreateModel(
-            name='MetricsSample',
+            name="MetricsSample",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('at', models.DateTimeField(auto_now_add=True)),
-                ('healthy', models.BooleanField()),
-                ('running', models.FloatField(blank=True, null=True)),
-                ('waiting', models.FloatField(blank=True, null=True)),
-                ('kv_cache_usage', models.FloatField(blank=True, help_text='Fraction 0..1.', null=True)),
-                ('preemptions', models.FloatField(blank=True, null=True)),
-                ('prompt_tokens', models.FloatField(blank=True, null=True)),
-                ('generation_tokens', models.FloatField(blank=True, null=True)),
-                ('requests_finished', models.FloatField(blank=True, null=True)),
-                ('memory_mb', models.FloatField(blank=True, help_text='Resident memory of the process group.', null=True)),
-                ('deployment', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='samples', to='deployments.deployment')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("at", models.DateTimeField(auto_now_add=True)),
+                ("healthy", models.BooleanField()),
+                ("running", models.FloatField(blank=True, null=True)),
+                ("waiting", models.FloatField(blank=True, null=True)),
+                ("kv_cache_usage", models.FloatField(blank=True, help_text="Fraction 0..1.", null=True)),
+                ("preemptions", models.FloatField(blank=True, null=True)),
+                ("prompt_tokens", models.FloatField(blank=True, null=True)),
+                ("generation_tokens", models.FloatField(blank=True, null=True)),
+                ("requests_finished", models.FloatField(blank=True, null=True)),
+                (
+                    "memory_mb",
+                    models.FloatField(
+                        blank=True, help_text="Resident memory of the process group.", null=True
+                    ),
+                ),
+                (
+                    "deployment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="samples",
+                        to="deployments.deployment",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['at', 'id'],
-                'indexes': [models.Index(fields=['deployment', 'at'], name='sample_deployment_at')],
+                "ordering": ["at", "id"],
+                "indexes": [models.Index(fields=["deployment", "at"], name="sample_deployment_at")],
             },
         ),
     ]

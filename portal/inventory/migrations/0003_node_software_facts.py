@@ -4,45 +4,48 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('inventory', '0002_node_engine'),
+        ("inventory", "0002_node_engine"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='node',
-            name='software_error',
-            field=models.TextField(blank=True, help_text='Why the last probe failed.'),
+            model_name="node",
+            name="software_error",
+            field=models.TextField(blank=True, help_text="Why the last probe failed."),
         ),
         migrations.AddField(
-            model_name='node',
-            name='software_probed_at',
+            model_name="node",
+            name="software_probed_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='node',
-            name='software_python',
-            field=models.CharField(blank=True, help_text='The Python probed.', max_length=500),
+            model_name="node",
+            name="software_python",
+            field=models.CharField(blank=True, help_text="The Python probed.", max_length=500),
         ),
         migrations.AddField(
-            model_name='node',
-            name='torch_arch_list',
-            field=models.JSONField(blank=True, default=list, help_text='torch.cuda.get_arch_list(): the GPU kernels the build ships.'),
+            model_name="node",
+            name="torch_arch_list",
+            field=models.JSONField(
+                blank=True,
+                default=list,
+                help_text="torch.cuda.get_arch_list(): the GPU kernels the build ships.",
+            ),
         ),
         migrations.AddField(
-            model_name='node',
-            name='torch_cuda_version',
-            field=models.CharField(blank=True, help_text='Blank: a CPU build.', max_length=20),
+            model_name="node",
+            name="torch_cuda_version",
+            field=models.CharField(blank=True, help_text="Blank: a CPU build.", max_length=20),
         ),
         migrations.AddField(
-            model_name='node',
-            name='torch_version',
+            model_name="node",
+            name="torch_version",
             field=models.CharField(blank=True, max_length=50),
         ),
         migrations.AddField(
-            model_name='node',
-            name='vllm_version',
+            model_name="node",
+            name="vllm_version",
             field=models.CharField(blank=True, max_length=50),
         ),
     ]
