@@ -128,6 +128,9 @@ class DeploymentAdmin(admin.ModelAdmin):
     def get_queryset(self, request):
         return super().get_queryset(request).filter(adopted=False)
 
+    def get_inlines(self, request, obj):
+        return self.inlines if obj is not None else []  # a new deployment has no timeline yet
+
     def _request(self, request, queryset, service, verb: str) -> None:
         done = 0
         for deployment in queryset:
