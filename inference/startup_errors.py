@@ -125,10 +125,11 @@ CAUSES: tuple[StartupCause, ...] = (
     StartupCause(
         code="attention_unsupported",
         title="no attention backend supports this model and device configuration",
-        fix="check the model's head size and dtype against this vLLM build (the CPU kernels need "
-        "head_dim 32/64/80/96/112/128/256; FlashAttention needs compute capability 8.0) and use "
-        "float16 or a supported model",
+        fix="use a block size and head size this build's attention kernels support (the CPU "
+        "kernels need block_size a multiple of 32 and head_dim 32/64/80/96/112/128/256; "
+        "FlashAttention needs compute capability 8.0; on V100 use float16)",
         patterns=(
+            r"No common block size for \d+",
             r"No valid attention backend found",
             r"Head size \d+ is not supported",
             r"Cannot use FlashAttention-2 backend",

@@ -188,6 +188,10 @@ def _start(lease: Lease, *, reason: str = "") -> str:
         return "not wanted"
     if deployment.state == DeploymentState.SERVING and supervisor.process_alive(deployment.pid):
         return "already serving"
+    if deployment.state == DeploymentState.FAILED:
+        # A failed start is not retried by a leftover message (a double click, a redelivery):
+        # a new request, or supervision scheduling a restart, sets the state to pending first.
+        return "failed earlier: request a start again"
     if supervisor.group_alive(deployment.pgid):
         # A server from an interrupted start or a half-dead one (API server gone,
         # engine processes left): never run two for one deployment.

@@ -76,6 +76,8 @@ def tiny_profile(db):
         max_model_len=512,
         gpu_memory_utilization=0.2,
         max_num_seqs=8,
+        block_size=128,  # vLLM's CPU attention wants a multiple of 32 (and defaults to 128)
+        enable_chunked_prefill=True,  # vLLM V1 warns that turning it off may crash the engine
         enforce_eager=True,
     )
 

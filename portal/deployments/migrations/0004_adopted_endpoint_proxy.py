@@ -4,22 +4,20 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('deployments', '0003_lifecycle_events_samples_and_lease'),
+        ("deployments", "0003_lifecycle_events_samples_and_lease"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='AdoptedEndpoint',
-            fields=[
-            ],
+            name="AdoptedEndpoint",
+            fields=[],
             options={
-                'verbose_name': 'adopted endpoint',
-                'proxy': True,
-                'indexes': [],
-                'constraints': [],
+                "verbose_name": "adopted endpoint",
+                "proxy": True,
+                "indexes": [],
+                "constraints": [],
             },
-            bases=('deployments.deployment',),
+            bases=("deployments.deployment",),
         ),
     ]
