@@ -200,6 +200,9 @@ DEPLOYMENT_SUPERVISE_INTERVAL_S = env.int("DEPLOYMENT_SUPERVISE_INTERVAL_S", def
 DEPLOYMENT_HEALTH_FAILURES = env.int("DEPLOYMENT_HEALTH_FAILURES", default=3)
 DEPLOYMENT_RESTART_LIMIT = env.int("DEPLOYMENT_RESTART_LIMIT", default=5)
 DEPLOYMENT_RESTART_BACKOFF_S = env.float("DEPLOYMENT_RESTART_BACKOFF_S", default=10.0)
+# A node agent keeps its servers running when it exits (a restarted agent adopts them again);
+# `make run` sets this on its agent so Ctrl-C leaves no vLLM behind on a laptop.
+PORTAL_AGENT_STOP_SERVERS_ON_EXIT = env_bool("PORTAL_AGENT_STOP_SERVERS_ON_EXIT", default=False)
 if CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"] <= DEPLOYMENT_READY_TIMEOUT_S + 600:
     raise ImproperlyConfigured("CELERY_VISIBILITY_TIMEOUT must exceed DEPLOYMENT_READY_TIMEOUT_S + 600")
 CELERY_BEAT_SCHEDULE = {

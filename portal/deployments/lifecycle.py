@@ -861,6 +861,27 @@ def _enqueue_start(deployment: Deployment, *, reason: str, countdown: float = 0)
     )
 
 
+def stop_node_servers(node_name: str, *, reason: str) -> int:
+    """Stop every server process of the node now (no drain), leaving desired states alone."""
+    stopped = 0
+    for pk in (
+        Deployment.objects.filter(node__name=node_name, adopted=False)
+        .exclude(pgid=None)
+        .values_list("pk", flat=True)
+    ):
+        lease = lease_acquire(pk, owner=agent_owner("shutdown"), wait_s=5)
+        if lease is None:
+            continue
+        try:
+            _stop(lease, _load(pk), drain=False, reason=reason)
+            stopped += 1
+        except (StepFailed, LeaseLost):
+            pass
+        finally:
+            lease.release()
+    return stopped
+
+
 # --- Adopted servers -----------------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ transient errors, a bounded number of times.
 from __future__ import annotations
 
 from celery import shared_task
+from celery.signals import worker_shutdown
 from django.db import InterfaceError, OperationalError
 
 # A database connection lost mid-task (PostgreSQL restarted, a network blip):
@@ -104,3 +105,18 @@ def supervise_all() -> int:
     for pk in Deployment.objects.filter(adopted=True).values_list("pk", flat=True):
         check_adopted.delay(pk)
     return len(nodes)
+
+
+@worker_shutdown.connect
+def stop_local_servers(**_kwargs) -> None:
+    """With PORTAL_AGENT_STOP_SERVERS_ON_EXIT (make run's agent), stop this node's servers on exit.
+
+    Their desired state stays `running`, so the next `make run` starts them again.
+    """
+    from django.conf import settings
+
+    if not settings.PORTAL_AGENT_STOP_SERVERS_ON_EXIT:
+        return
+    from .lifecycle import stop_node_servers
+
+    stop_node_servers(settings.PORTAL_LOCAL_NODE, reason="the local agent exited")
