@@ -324,3 +324,45 @@ def test_it_refuses_a_header_whose_sizes_do_not_match_shapes(tmp_path):
     write_safetensors(path, {"a": ("BF16", (3,), b"\0\0" * 2)})
     with pytest.raises(InputError, match="size does not match"):
         read_header(path)
+
+
+VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+TORCH_SCRIPT = """
+import sys, torch
+from safetensors.torch import load_file, save_file
+src, out = sys.argv[1], sys.argv[2]
+if sys.argv[3] == "write":
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1 << 20, generator=g) * torch.logspace(-12, 4, 1 << 20)  # 1e-12 .. 1e4
+    x[:4] = torch.tensor([float("inf"), float("-inf"), float("nan"), 65280.0])
+    tensors = {"w": x.to(torch.bfloat16), "f": torch.arange(5, dtype=torch.float32)}
+    save_file(tensors, src + "/model.safetensors")
+else:
+    a, b = load_file(src + "/model.safetensors"), load_file(out + "/model.safetensors")
+    want, got = a["w"].to(torch.float16), b["w"]
+    assert got.dtype == torch.float16 and torch.equal(b["f"], a["f"])
+    same = (want.view(torch.int16) == got.view(torch.int16)) | (want.isnan() & got.isnan())
+    assert bool(same.all()), int((~same).sum())
+    print("ok")
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="needs torch from .venv-vllm")
+def test_it_agrees_with_torch_bit_for_bit(tmp_path):
+    """torch (from the vLLM venv) writes bf16 and judges our output against its own `.to(float16)`."""
+    import subprocess
+
+    src = tmp_path / "m"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(CONFIG))
+    subprocess.run([VLLM_PYTHON, "-c", TORCH_SCRIPT, src, tmp_path / "out", "write"], check=True)
+    report = convert_model_dir(src, tmp_path / "out")
+    assert report.nonfinite_total == 3 and report.underflow_total > 0
+    result = subprocess.run(
+        [VLLM_PYTHON, "-c", TORCH_SCRIPT, src, tmp_path / "out", "check"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert result.stdout.strip() == "ok"
