@@ -140,6 +140,23 @@ def test_it_matches_the_reference_on_every_finite_bf16_pattern(tmp_path):
     assert np.array_equal(got, want)
 
 
+def test_it_matches_the_reference_on_all_65536_patterns_when_clamping(tmp_path):
+    bits = np.arange(0x10000, dtype=np.uint32).astype(np.uint16)
+    rng = np.random.default_rng(1)
+    rng.shuffle(bits)  # normal and special values interleaved within every chunk
+    src = make_model(tmp_path / "m", {"model.safetensors": {"all": bf16_tensor(bits)}})
+    report = convert_model_dir(src, tmp_path / "out", clamp=True, chunk_bytes=1000)
+    got = fp16_bits_of(tmp_path / "out" / "model.safetensors", "all")
+    is_nan = (bits & 0x7FFF) > 0x7F80
+    want = np.array([expected_fp16_bits(int(b), clamp=True) for b in bits], dtype=np.uint16)
+    assert np.array_equal(got[~is_nan], want[~is_nan])
+    assert np.isnan(got[is_nan].view(np.float16)).all()
+    assert np.array_equal(got[is_nan] >> 15, bits[is_nan] >> 15)
+    assert report.overflow_total == 2 * (0x7F80 - 0x4780)
+    assert report.nonfinite_total == 2 * (0x8000 - 0x7F80)
+    assert report.underflow_total == 2 * 0x3300
+
+
 def test_it_stops_with_a_report_when_values_would_overflow(tmp_path):
     big = [bf16_bits(65536.0), bf16_bits(-(2.0**33)), bf16_bits(65280.0)]
     src = make_model(
