@@ -78,6 +78,13 @@ def test_it_registers_an_fp16_version_with_fresh_hashes(tmp_path):
     assert leftovers(tmp_path) == ["qwen-bf16", "qwen-bf16-fp16"]  # no work directory left
 
 
+def test_the_new_versions_page_says_where_it_came_from(client, tmp_path, bob):
+    job = run(bf16_model(tmp_path, extra_bits=BIG), clamp=True)
+    client.force_login(bob)
+    text = client.get(job.result.get_absolute_url()).content.decode()
+    assert "fp16 copy of" in text and f"conversion #{job.pk}" in text and "2 values clamped" in text
+
+
 def test_the_registered_files_hold_the_expected_fp16_bits(tmp_path):
     job = run(bf16_model(tmp_path))
     got = fp16_bits_of(Path(job.result.path) / "model-00001-of-00002.safetensors", "embed")
