@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.urls import reverse
@@ -153,7 +154,7 @@ class ConversionJob(models.Model):
         default=False, help_text="Set values beyond ±65504 to ±65504 instead of stopping."
     )
     requested_by = models.ForeignKey(
-        "auth.User", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
 
     state = models.CharField(max_length=10, choices=ConversionState.choices, default=ConversionState.QUEUED)
@@ -213,6 +214,17 @@ class ConversionJob(models.Model):
 
         return (
             self.state == ConversionState.RUNNING
+            and self.lease_expires_at is not None
+            and self.lease_expires_at < timezone.now()
+        )
+
+    @property
+    def is_unclaimed(self) -> bool:
+        """Queued for longer than a lease: the node's agent is not consuming its queue."""
+        from django.utils import timezone
+
+        return (
+            self.state == ConversionState.QUEUED
             and self.lease_expires_at is not None
             and self.lease_expires_at < timezone.now()
         )

@@ -372,6 +372,14 @@ def test_a_stale_job_shows_as_interrupted(client, tmp_path, alice):
     assert b"interrupted" in client.get(version.get_absolute_url()).content
 
 
+def test_a_job_no_agent_picked_up_says_so(client, tmp_path, alice, cpu_node):
+    job = conversion_job_start(model_version=bf16_model(tmp_path), node=cpu_node, enqueue=False)
+    ConversionJob.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    client.force_login(alice)
+    text = client.get(job.get_absolute_url()).content.decode()
+    assert "no agent has picked it up from <code>node.local</code>" in text
+
+
 def test_members_get_no_convert_form_and_cannot_post(client, tmp_path, bob, cpu_node):
     version = bf16_model(tmp_path)
     client.force_login(bob)
