@@ -26,10 +26,13 @@ from inference.planner import EFFECTIVE_BANDWIDTH_FRACTION, ProfileSettings, Siz
 BANDWIDTH_EFFICIENCY = EFFECTIVE_BANDWIDTH_FRACTION
 
 # --- compute ----------------------------------------------------------------
-# Fraction of the tensor-core peak the matmuls of a forward pass reach. FIELD_NOTES:
-# "real prefill takes 3–4× the ideal"; for its reference case (1000 prompt tokens,
-# 7B fp16, TP8 on V100-SXM2) this model adds ~7 ms of all-reduce and ~3 ms of step
-# overhead to the matmul time, and 0.4 puts the whole pass at ~3.4× the ideal 13.5 ms.
+# Fraction of the tensor-core peak the matmuls of a forward pass reach: cuBLAS fp16
+# GEMMs of TP8's per-GPU shapes (4096 × 512…2752) on V100 run at ~60 % of peak. Checked
+# against FIELD_NOTES' "real prefill takes 3–4× the ideal": with the all-reduces and
+# overheads below, a 1000-token 7B TP8 prefill step comes out ~2.6× the ideal 13.5 ms,
+# a little under that range. At 0.4 it would hit 3.4×, but then the table's throughput
+# at 64-256 users (where prefill is most of the GPU's work) falls ~30 % short: the two
+# FIELD_NOTES figures pull apart, and 0.6 is the value a V100's GEMMs actually reach.
 MATMUL_EFFICIENCY = 0.6
 # FLOPs per (query token, key token) pair per layer and attention head dimension:
 # 2 for Q·Kᵀ and 2 for the weighted sum over V.
@@ -40,10 +43,11 @@ ATTENTION_FLOPS_PER_PAIR_PER_DIM = 4
 # and after the MLP). A ring all-reduce takes 2·(TP−1) hops, each paying a latency,
 # and moves 2·(TP−1)/TP of the message over each GPU's link.
 ALLREDUCES_PER_LAYER = 2
-# Per-hop latency of NCCL's low-latency protocol between V100s. FIELD_NOTES: "TP across
-# 8 GPUs costs ~10–15 % of a decode step for a 7B model"; with 2 µs per NVLink hop plus
-# the per-call launch below, a 7B TP8 decode step at batch 16 spends ~11 % in all-reduce.
-NVLINK_HOP_LATENCY_S = 1.5e-6
+# Per-hop latency of NCCL's low-latency protocol between V100s (NVLink's own latency is
+# ~1 µs). FIELD_NOTES: "TP across 8 GPUs costs ~10–15 % of a decode step for a 7B model";
+# with 1 µs per hop plus the per-call launch below, a 7B TP8 decode step at batch 16
+# spends ~14 % of its time in all-reduce (checked in tests/sim/test_costs.py).
+NVLINK_HOP_LATENCY_S = 1e-6
 # Over PCIe the hops cross the CPU root complex (nvidia-smi topo: PHB/NODE/SYS): several
 # times NVLink's latency; 8 µs is the order NCCL-tests show for small PCIe all-reduces.
 PCIE_HOP_LATENCY_S = 8e-6
@@ -56,22 +60,22 @@ NVLINK_BUS_EFFICIENCY = 130 / 300
 PCIE_BUS_EFFICIENCY = 0.7
 
 # --- per-step overhead -----------------------------------------------------------
-# Eager mode launches every kernel of every layer from Python (~15–20 kernels per
-# decoder layer at ~5 µs of host time each, when the GPU work per kernel is shorter).
-# FIELD_NOTES: "--enforce-eager ... costs ~15–20 % throughput where graphs would have
-# worked": 90 µs per layer is ~18 % of a 7B TP8 decode step at batch 16 in this model.
+# Eager mode launches every kernel of every layer from Python; ~10 of a decoder layer's
+# ~15–20 kernels (norms, rotary, adds, cache writes) are shorter on the GPU than their
+# ~6 µs launch, so the GPU waits ~60 µs per layer. FIELD_NOTES: "--enforce-eager ...
+# costs ~15–20 % throughput where graphs would have worked": 60 µs per layer is ~20 %
+# of a 7B TP8 decode step at batch 16 here (checked in tests/sim/test_costs.py).
 EAGER_LAUNCH_S_PER_LAYER = 60e-6
 # CUDA graphs replay a whole decode pass with one launch; what is left per layer is
 # small. Mixed prefill/decode steps are still run eagerly (vLLM V0 captures graphs
 # for decode batches only).
 GRAPH_LAUNCH_S_PER_LAYER = 5e-6
-# Host work per step that does not depend on the batch: the scheduler, building the
-# input tensors, broadcasting them to the TP workers, the sampler's launch. The second
-# published V100 reference (vLLM 0.8.5, V0 engine, eager, fp16) measured ~435 tok/s for
-# a 0.5B model on one V100-SXM2-16GB: its roofline step is ~1.5 ms, so at the 8–16
-# concurrent requests that reference advises, steps of ~20–35 ms are mostly host work;
-# its 24 layers of eager launches explain ~2 ms, the fixed and per-sequence costs below
-# the rest.
+# Host work per step that does not depend on the batch and that the GPU waits for: the
+# scheduler, building and broadcasting the input tensors to the TP workers, the sampler.
+# The second published V100 reference (V100-SXM2-16GB, vLLM 0.8.5, V0 engine, eager,
+# fp16: ~435 tok/s per GPU for a 0.5B model at TP1) bounds it: that model's roofline step
+# is ~1.5 ms, so its throughput is mostly overhead; docs/simulator.md shows what this
+# model predicts for that reference's three set-ups with 1.5 ms here.
 STEP_OVERHEAD_S = 1.5e-3
 # Host work per scheduled sequence and step: detokenizing and streaming its token and
 # updating its state. vLLM overlaps it with the next step's GPU work (async output

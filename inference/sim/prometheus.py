@@ -70,6 +70,13 @@ class SimMetrics:
             E2E_BUCKETS,
         )
         self._prefix = (0, 0)
+        # Create every series now, so a fresh server reports zeros rather than nothing.
+        for metric in (self.running, self.waiting, self.kv_usage, self.preemptions, self.prompt_tokens,
+                       self.generation_tokens, self.prefix_queries, self.prefix_hits, self.ttft, self.tpot,
+                       self.itl, self.e2e, self.queue):  # fmt: skip
+            metric.labels(**self.labels)
+        for reason in ("stop", "length", "abort"):
+            self.success.labels(**self.labels, finished_reason=reason)
 
     def update_gauges(self, *, running: int, waiting: int, kv_usage: float, queries: int, hits: int) -> None:
         self.running.labels(**self.labels).set(running)

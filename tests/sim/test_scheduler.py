@@ -6,7 +6,9 @@ from inference.sim.kv_cache import KVCache
 from inference.sim.scheduler import Scheduler, SimRequest, Status
 
 
-def scheduler(*, blocks=64, block_size=16, max_num_seqs=8, budget=256, chunked=True, prefix=False, max_len=4096):
+def scheduler(
+    *, blocks=64, block_size=16, max_num_seqs=8, budget=256, chunked=True, prefix=False, max_len=4096
+):
     kv = KVCache(blocks, block_size, enable_prefix_caching=prefix)
     return Scheduler(
         kv_cache=kv,
