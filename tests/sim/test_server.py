@@ -15,7 +15,8 @@ from inference.sim.server import SimServer
 ARGV = [
     "--model", "llama-2-7b-chat-hf", "--served-model-name", "llama-2-7b", "--hardware", "v100-sxm2-32gb",
     "--tensor-parallel-size", "8", "--dtype", "float16", "--max-model-len", "4096",
-    "--gpu-memory-utilization", "0.93", "--enable-prefix-caching", "--enable-chunked-prefill", "--enforce-eager",
+    "--gpu-memory-utilization", "0.93", "--enable-prefix-caching", "--enable-chunked-prefill",
+    "--enforce-eager",
 ]  # fmt: skip
 
 

@@ -123,7 +123,8 @@ def test_it_reproduces_field_notes_throughput_within_twenty_percent(capsys):
         print(f"\nfield-mix on v100-7b-fp16-tp8, simulated in {wall:.1f} s of wall time")
         print(format_table(levels))
         print(
-            "concurrency | predicted tok/s | FIELD_NOTES tok/s | error | predicted mean TTFT s | FIELD_NOTES s"
+            "concurrency | predicted tok/s | FIELD_NOTES tok/s | error "
+            "| predicted mean TTFT s | FIELD_NOTES s"
         )
         for level in levels:
             throughput, ttft = FIELD_NOTES_TABLE[level["concurrency"]]
