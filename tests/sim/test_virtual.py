@@ -130,7 +130,8 @@ def test_it_reproduces_field_notes_throughput_within_twenty_percent(capsys):
             throughput, ttft = FIELD_NOTES_TABLE[level["concurrency"]]
             print(
                 f"{level['concurrency']:>11} | {level['output_throughput']:>15.0f} | {throughput:>17} | "
-                f"{level['output_throughput'] / throughput - 1:+6.0%} | {level['mean_ttft_ms'] / 1000:>21.2f} | {ttft:.2f}"
+                f"{level['output_throughput'] / throughput - 1:+6.0%} | "
+                f"{level['mean_ttft_ms'] / 1000:>21.2f} | {ttft:.2f}"
             )
     for level in levels:
         throughput, _ = FIELD_NOTES_TABLE[level["concurrency"]]
@@ -139,9 +140,10 @@ def test_it_reproduces_field_notes_throughput_within_twenty_percent(capsys):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="FIELD_NOTES' TTFT column, like its TPOT column, cannot be reconciled with its throughput "
-    "column: at 256 users the engine must prefill ≥ 15.6k prompt tok/s, so a 1210-token prompt takes "
-    "≤ 80 ms of GPU time, and 0.45 s at 16 users (25 % busy) is not prefill plus queueing (docs/simulator.md)",
+    reason="FIELD_NOTES' TTFT column, like its TPOT column, cannot be reconciled with its "
+    "throughput column: at 256 users the engine must prefill ≥ 15.6k prompt tok/s, so a "
+    "1210-token prompt takes ≤ 80 ms of GPU time, and 0.45 s at 16 users (25 % busy) is not "
+    "prefill plus queueing (docs/simulator.md)",
 )
 def test_it_reproduces_field_notes_mean_ttft_within_a_factor_of_one_and_a_half():
     result = sweep(CONFIG, load_mix("field-mix"), list(FIELD_NOTES_TABLE))
