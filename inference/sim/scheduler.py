@@ -178,22 +178,28 @@ class Scheduler:
         scheduled: list[tuple[SimRequest, int]] = []
         preempted: list[SimRequest] = []
 
+        running = self.running
+        block_size = self.kv.block_size
+        add = scheduled.append
         index = 0
-        while index < len(self.running) and budget > 0:
-            request = self.running[index]
-            new = min(request.num_tokens - request.num_computed_tokens, budget)
+        while index < len(running) and budget > 0:
+            request = running[index]
+            computed = request.num_computed_tokens
+            new = request.num_tokens - computed
+            if new > budget:
+                new = budget
             if new <= 0:
                 index += 1
                 continue
-            target = request.num_computed_tokens + new
-            if self.kv.blocks_needed(target) <= len(request.blocks):
+            target = computed + new
+            if -(-target // block_size) <= len(request.blocks):
                 # Room in the last block: nothing to allocate (most decode steps).
-                scheduled.append((request, new))
+                add((request, new))
                 budget -= new
                 index += 1
                 continue
             while not self.kv.can_allocate(len(request.blocks), (), target):
-                victim = self.running.pop()
+                victim = running.pop()
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is request:
@@ -201,7 +207,7 @@ class Scheduler:
             if request.status is not Status.RUNNING:
                 break
             self.kv.allocate(request.blocks, (), target)
-            scheduled.append((request, new))
+            add((request, new))
             budget -= new
             index += 1
 
@@ -235,6 +241,8 @@ class Scheduler:
         finished: list[SimRequest] = []
         prompt_tokens = 0
         block_size = self.kv.block_size
+        caching = self.kv.enable_prefix_caching
+        max_model_len = self.max_model_len
         running = Status.RUNNING
         for request, new in plan.scheduled:
             if request.status is not running:
@@ -242,7 +250,7 @@ class Scheduler:
             computed = request.num_computed_tokens + new
             request.num_computed_tokens = computed
             prompt = request.num_prompt_tokens
-            if request.num_published_blocks < prompt // block_size and self.kv.enable_prefix_caching:
+            if caching and request.num_published_blocks < prompt // block_size:
                 request.num_published_blocks = self.kv.cache_full_blocks(
                     request.blocks,
                     request.hashes(block_size),
@@ -251,27 +259,24 @@ class Scheduler:
                 )
             if computed < request.num_tokens:
                 continue  # a prompt chunk; the prompt is not complete yet
-            request.num_output_tokens += 1
+            outputs = request.num_output_tokens = request.num_output_tokens + 1
             request.num_tokens += 1
-            if request.num_output_tokens == 1:
+            if outputs == 1:
                 # vLLM counts a request's prompt once, when its prefill produces a token.
                 prompt_tokens += prompt
             sampled.append(request)
-            reason = self._finish_reason(request)
-            if reason is not None:
-                request.status = Status.FINISHED
-                request.finish_reason = reason
-                finished.append(request)
+            if request.stop_after is not None and outputs >= request.stop_after:
+                reason = "stop"
+            elif outputs >= request.max_tokens or request.num_tokens >= max_model_len:
+                reason = "length"
+            else:
+                continue
+            request.status = Status.FINISHED
+            request.finish_reason = reason
+            finished.append(request)
         if finished:
             done = set(map(id, finished))
             self.running = [r for r in self.running if id(r) not in done]
             for request in finished:
                 self.kv.release(request.blocks)
         return StepOutcome(sampled=sampled, finished=finished, prompt_tokens=prompt_tokens)
-
-    def _finish_reason(self, request: SimRequest) -> str | None:
-        if request.stop_after is not None and request.num_output_tokens >= request.stop_after:
-            return "stop"
-        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
-            return "length"
-        return None

@@ -130,9 +130,9 @@ def run_level(
 
 
 def default_requests_per_level(concurrency: int) -> int:
-    """Ten requests per user, at least 200: the level's throughput then sits within ~10 % of
+    """Twenty requests per user, at least 200: the level's throughput then sits within ~5 % of
     the steady state (the start and the drain of a closed loop cost about one E2EL each)."""
-    return max(200, 10 * concurrency)
+    return max(200, 20 * concurrency)
 
 
 def sweep(

@@ -39,7 +39,7 @@ class Command(BaseCommand):
             "--requests-per-level",
             type=int,
             default=None,
-            help="measured requests per level (default: 10 per user)",
+            help="measured requests per level (default: 20 per user)",
         )
         parser.add_argument("--seed", type=int, default=0, help="workload sampling seed")
 
