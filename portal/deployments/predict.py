@@ -25,8 +25,9 @@ from .forms import PlannerForm
 from .services import resolve_model, settings_from, target_placement
 
 DEFAULT_CONCURRENCY = (16, 32, 64, 128, 256)
-# The page answers in a few seconds: fewer requests per level than the command's default.
-PAGE_REQUESTS_PER_USER = 4
+# The page answers in about five seconds: half the command's requests per level (levels then
+# read a few per cent below steady state).
+PAGE_REQUESTS_PER_USER = 10
 PAGE_MIN_REQUESTS = 100
 
 
