@@ -43,6 +43,7 @@ class FakeServer:
         self.finished = 0
 
     def app(self) -> web.Application:
+        """The aiohttp app; serve it with `web.AppRunner(app, access_log=None)`: logging costs per request."""
         app = web.Application()
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)

@@ -284,3 +284,59 @@ def format_table(levels: list[dict]) -> str:
     ]
     lines.insert(1, "-+-".join("-" * width for width in widths))
     return "\n".join(line.rstrip() for line in lines)
+
+
+def little_law_from_table(level: dict) -> dict:
+    """Little's law on a level known only from a table (an import): concurrency, throughput, latencies.
+
+    With mean E2EL and mean output tokens: expected = C × tokens ÷ E2EL. Without them
+    (FIELD_NOTES' 7B table has neither), mean TPOT still bounds it: each of C streams
+    emits at most one token per TPOT after its first, so output throughput ≤ C ÷ TPOT
+    (times out/(out−1) ≈ 1 for outputs of hundreds of tokens). A table reporting more is
+    inconsistent: TPOT or throughput was measured some other way.
+    """
+    result = {
+        "measured_output_throughput": level.get("output_throughput"),
+        "expected_output_throughput": None,
+        "ratio": None,
+        "ok": None,
+        "bound": False,
+        "note": "",
+    }
+    concurrency = level.get("concurrency")
+    measured = level.get("output_throughput")
+    if not concurrency or measured is None:
+        result["note"] = "needs concurrency and output throughput"
+        return result
+    e2el_ms, tokens, tpot_ms = (
+        level.get("mean_e2el_ms"),
+        level.get("mean_output_tokens"),
+        level.get("mean_tpot_ms"),
+    )
+    if e2el_ms and tokens:
+        expected = concurrency * tokens / (e2el_ms / 1000)
+        ratio = measured / expected
+        result.update(
+            expected_output_throughput=expected, ratio=ratio, ok=abs(ratio - 1) <= LITTLE_LAW_TOLERANCE
+        )
+        if not result["ok"]:
+            result["note"] = (
+                f"{concurrency} × {tokens:.0f} tokens ÷ {e2el_ms / 1000:.2f} s = "
+                f"{expected:.0f} tok/s expected, {measured:.0f} reported ({ratio:.2f}×)"
+            )
+        return result
+    if tpot_ms:
+        bound = concurrency / (tpot_ms / 1000)
+        ratio = measured / bound
+        result.update(
+            expected_output_throughput=bound, ratio=ratio, bound=True, ok=ratio <= 1 + LITTLE_LAW_TOLERANCE
+        )
+        if not result["ok"]:
+            result["note"] = (
+                f"{concurrency} streams × 1 token per {tpot_ms / 1000:.3f} s can emit at most "
+                f"~{bound:.0f} tok/s, yet {measured:.0f} tok/s is reported ({ratio:.1f}×): "
+                "TPOT or throughput was measured some other way"
+            )
+        return result
+    result["note"] = "needs mean E2EL and mean output tokens, or mean TPOT"
+    return result

@@ -23,7 +23,7 @@ def free_port() -> int:
 
 
 async def sweep_against(server: FakeServer, **config) -> tuple:
-    runner = web.AppRunner(server.app())
+    runner = web.AppRunner(server.app(), access_log=None)
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
