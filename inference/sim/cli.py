@@ -23,6 +23,11 @@ DTYPE_ALIASES = {"half": "float16", "float": "float32", "float16": "float16", "b
                  "float32": "float32", "auto": "auto"}  # fmt: skip
 
 
+# What the portal is for: a launch that names no GPU (a CPU node running the simulator)
+# pretends to be on the FIELD_NOTES V100s, and says so at start.
+DEFAULT_HARDWARE = "v100-sxm2-32gb"
+
+
 def _bool_flag(parser: argparse.ArgumentParser, name: str, help_text: str) -> None:
     # vLLM's flags for booleans accept --x and --no-x (argparse.BooleanOptionalAction).
     parser.add_argument(name, action=argparse.BooleanOptionalAction, default=False, help=help_text)
@@ -65,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--uvicorn-log-level", default="info")
     # The simulator's own flags.
     parser.add_argument(
-        "--hardware", required=True, help=f"simulated GPU (catalog key): {', '.join(GPU_CATALOG)}"
+        "--hardware",
+        default=DEFAULT_HARDWARE,
+        help=f"simulated GPU (catalog key, default {DEFAULT_HARDWARE}): {', '.join(GPU_CATALOG)}",
     )
     parser.add_argument(
         "--interconnect", choices=("nvlink", "pcie"), default=None, help="default: NVLink on SXM boards"

@@ -212,4 +212,5 @@ def test_it_accepts_every_flag_our_profiles_emit():
          "--port", "8123", "--host", "127.0.0.1"]
     )  # fmt: skip
     assert (args.max_num_seqs, args.block_size, args.port) == (128, 32, 8123)
-    assert build_parser().parse_args(["--model", "x", "--hardware", "t4"]).host == "127.0.0.1"
+    defaults = build_parser().parse_args(["--model", "x"])
+    assert (defaults.host, defaults.hardware) == ("127.0.0.1", "v100-sxm2-32gb")
