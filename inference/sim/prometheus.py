@@ -64,16 +64,11 @@ class SimMetrics:
         self.e2e = histogram(
             "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", E2E_BUCKETS
         )
-        self.queue = histogram(
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            E2E_BUCKETS,
-        )
         self._prefix = (0, 0)
         # Create every series now, so a fresh server reports zeros rather than nothing.
         for metric in (self.running, self.waiting, self.kv_usage, self.preemptions, self.prompt_tokens,
                        self.generation_tokens, self.prefix_queries, self.prefix_hits, self.ttft, self.tpot,
-                       self.itl, self.e2e, self.queue):  # fmt: skip
+                       self.itl, self.e2e):  # fmt: skip
             metric.labels(**self.labels)
         for reason in ("stop", "length", "abort"):
             self.success.labels(**self.labels, finished_reason=reason)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -24,6 +25,9 @@ from inference.sim.engine import SimEngine
 from inference.sim.prometheus import SimMetrics
 from inference.sim.scheduler import SimRequest
 from inference.sim.tokens import Tokenizer, natural_length, output_text
+
+logger = logging.getLogger(__name__)
+SERVER_KEY: web.AppKey[SimServer] = web.AppKey("sim", "SimServer")
 
 # Chat template overhead: Llama-2-chat wraps each message in [INST] … [/INST] markers.
 CHAT_TOKENS_PER_MESSAGE = 4
@@ -69,6 +73,7 @@ class SimServer:
         self.wakeup = asyncio.Event()
         self.created = int(time.time())
         self._task: asyncio.Task | None = None
+        self.dead: str | None = None
         self._preemptions_seen = 0
 
     # --- the engine loop ---------------------------------------------------------
@@ -82,6 +87,18 @@ class SimServer:
                 await self._task
 
     async def _run(self) -> None:
+        try:
+            await self._steps()
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            # As vLLM's EngineDeadError: say why, fail what is in flight, answer 503 from now on.
+            logger.exception("the simulated engine failed")
+            self.dead = f"the engine failed: {type(error).__name__}: {error}"
+            for request in [*self.engine.scheduler.running, *self.engine.scheduler.waiting]:
+                request.context.queue.put_nowait(None)
+
+    async def _steps(self) -> None:
         loop = asyncio.get_running_loop()
         clock = loop.time()
         labels = self.metrics.labels
@@ -129,6 +146,7 @@ class SimServer:
     # --- HTTP ------------------------------------------------------------------------
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 2**20)
+        app[SERVER_KEY] = self
         app.router.add_get("/health", self.health)
         app.router.add_get("/ping", self.health)
         app.router.add_get("/version", self.version)
@@ -141,7 +159,7 @@ class SimServer:
         return app
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+        return web.Response(status=503 if self.dead else 200, text=self.dead or "")
 
     async def version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": "inference.sim"})
@@ -220,6 +238,8 @@ class SimServer:
         except (json.JSONDecodeError, UnicodeDecodeError):
             return error_response(BadRequest("the body is not valid JSON"))
         try:
+            if self.dead:
+                raise BadRequest(self.dead, status=503, kind="EngineDeadError")
             if not isinstance(body, dict):
                 raise BadRequest("the body must be a JSON object")
             model = body.get("model")
@@ -286,6 +306,10 @@ class SimServer:
         pieces = []
         while (index := await stream.queue.get()) is not None:
             pieces.append(output_text(seed, index - 1))
+        if not sim.finished:
+            return error_response(
+                BadRequest(self.dead or "the request was dropped", status=500, kind="EngineDeadError")
+            )
         text = "".join(pieces)
         if chat:
             choice = {
@@ -371,7 +395,14 @@ class SimServer:
                 }
             first = False
             await response.write(chunk([choice]))
-        if include_usage:
+        if not sim.finished:
+            error = {
+                "message": self.dead or "the request was dropped",
+                "type": "EngineDeadError",
+                "code": 500,
+            }
+            await response.write(f"data: {json.dumps({'error': error})}\n\n".encode())
+        elif include_usage:
             await response.write(chunk([], self._usage(sim)))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()

@@ -10,7 +10,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from inference.metrics import histogram_totals, parse_vllm_metrics
 from inference.sim.cli import build_parser, engine_from_args, main
-from inference.sim.server import SimServer
+from inference.sim.server import SERVER_KEY, SimServer
 
 ARGV = [
     "--model", "llama-2-7b-chat-hf", "--served-model-name", "llama-2-7b", "--hardware", "v100-sxm2-32gb",
@@ -214,3 +214,19 @@ def test_it_accepts_every_flag_our_profiles_emit():
     assert (args.max_num_seqs, args.block_size, args.port) == (128, 32, 8123)
     defaults = build_parser().parse_args(["--model", "x"])
     assert (defaults.host, defaults.hardware) == ("127.0.0.1", "v100-sxm2-32gb")
+
+
+def test_it_answers_503_once_the_engine_has_failed():
+    async def scenario(client):
+        server = client.server.app[SERVER_KEY]
+        server.engine.scheduler.schedule = lambda: 1 / 0  # a bug in the engine loop
+        failed = await client.post("/v1/completions", json=completion(max_tokens=3))
+        await asyncio.sleep(0.05)
+        health = await client.get("/health")
+        later = await client.post("/v1/completions", json=completion(max_tokens=3))
+        return failed.status, health.status, later.status, (await later.json())["error"]["type"]
+
+    failed, health, later, kind = run(scenario)
+    assert failed == 500
+    assert health == 503
+    assert later == 503 and kind == "EngineDeadError"
