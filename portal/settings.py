@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "portal.inventory",
     "portal.registry",
     "portal.deployments",
+    "portal.benchmarks",
 ]
 
 MIDDLEWARE = [
