@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "portal.inventory",
     "portal.registry",
     "portal.deployments",
+    "portal.benchmarks",
 ]
 
 MIDDLEWARE = [
@@ -187,6 +188,10 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # --- The portal itself ------------------------------------------------------------
 # Name of the node this process runs on when it acts as a node agent.
 PORTAL_LOCAL_NODE = env.str("PORTAL_LOCAL_NODE", default="local")
+# bf16 → fp16 conversion jobs renew a lease with each progress write (several a
+# second); a running job whose lease lapsed is shown as interrupted and may be
+# superseded by a new job for the same output.
+PORTAL_CONVERSION_LEASE_S = env.int("PORTAL_CONVERSION_LEASE_S", default=120)
 
 # --- Deployments: what node agents do with server processes (docs/concurrency.md) ---
 # Where an agent keeps each deployment's log and generated files.

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import predict, views
 
 app_name = "deployments"
 urlpatterns = [
@@ -14,4 +14,5 @@ urlpatterns = [
         name="deployment-action",
     ),
     path("planner/", views.planner, name="planner"),
+    path("planner/predict/", predict.predict, name="predict"),
 ]
