@@ -297,6 +297,7 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
                 log_path=log_path,
                 cuda_visible_devices=",".join(str(i) for i in deployment.gpu_indices),
                 cwd=run_dir,
+                env=_sim_env() if engine == "sim" else None,
             )
         except OSError as error:
             raise StepFailed(
@@ -359,6 +360,12 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
             raise StepFailed("smoke test", str(error), "smoke_test_failed") from error
         result["message"] = f"reply: {reply[:120]!r}"
     return base_url
+
+
+def _sim_env() -> dict[str, str]:
+    """The simulator is the portal's own `inference.sim`: put the portal's code on its path."""
+    path = [str(settings.BASE_DIR), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
 
 
 def _startup_failure(log_path: Path, what: str) -> StepFailed:

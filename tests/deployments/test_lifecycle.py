@@ -341,7 +341,8 @@ def test_it_launches_the_simulator_with_the_same_flags_and_the_hardware(
     team.gpu_quota = 8
     team.save()
     deployment = make_deployment(team, version, profile, dgx, gpus=[2])
-    _start(deployment)
+    assert _start(deployment) == "serving", deployment.state_reason
+    assert supervisor.served_models(deployment.endpoint_url) == ["llama-2-7b-chat-hf"]
     argv = deployment.command
     assert argv[:3] == [sys.executable, "-m", "inference.sim"]
     assert argv[-2:] == ["--hardware", "v100-sxm2-32gb"]
