@@ -153,6 +153,7 @@ def _stream_chat(endpoint: str) -> list[str]:
     return chunks
 
 
+@pytest.mark.timeout(1200)  # two real vLLM starts on two shared cores
 def test_it_deploys_serves_recovers_from_kill_9_and_stops_a_real_vllm(setup, agent, alice):
     requested = time.monotonic()
     response = api_client(alice).post(
