@@ -227,7 +227,10 @@ class DeploymentViewSet(viewsets.ModelViewSet):
     @action(detail=True, methods=["get"])
     def samples(self, request, name=None):
         """The last supervision samples (health, vLLM gauges and counters, memory), oldest first."""
-        limit = min(int(request.query_params.get("limit", 120)), 2000)
+        try:
+            limit = max(1, min(int(request.query_params.get("limit", 120)), 2000))
+        except ValueError as error:
+            raise ApplicationError("limit must be a whole number", field="limit") from error
         samples = list(self.get_object().samples.order_by("-at")[:limit])[::-1]
         return Response(SampleSerializer(samples, many=True).data)
 

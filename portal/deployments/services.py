@@ -5,6 +5,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from inference.errors import InputError
@@ -349,6 +350,15 @@ def deployment_request_stop(*, deployment: Deployment, user=None) -> Deployment:
     """Want it stopped: the agent drains it, stops the process group and frees the port."""
     _refuse_adopted(deployment)
     Deployment.objects.filter(pk=deployment.pk).update(desired_state=DesiredState.STOPPED)
+    # Nothing can be running when no process was ever recorded and no agent holds the
+    # lease: say `stopped` now rather than wait for an agent (which may be down).
+    now = timezone.now()
+    Deployment.objects.filter(
+        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
+        pk=deployment.pk,
+        pid__isnull=True,
+        state__in=[DeploymentState.PENDING, DeploymentState.FAILED],
+    ).update(state=DeploymentState.STOPPED, state_reason=f"stopped{_who(user)}")
     _event(deployment, "request", f"stop requested{_who(user)}")
     _send(deployment, "stop")
     deployment.refresh_from_db()

@@ -233,3 +233,19 @@ def test_it_registers_an_adopted_server_in_the_admin(client, django_user_model, 
     )
     assert response.status_code == 302, response.content.decode()[:2000]
     assert Deployment.objects.get(name="ext").endpoint_url == "http://10.9.8.7:8000"
+
+
+def test_it_stops_at_once_what_never_ran(alice, deployment):
+    response = api_client(alice).post(f"/api/v1/deployments/{deployment.name}/stop/")
+    assert response.json()["state"] == "stopped"
+
+
+def test_it_leaves_a_stop_of_a_running_server_to_the_agent(alice, deployment):
+    Deployment.objects.filter(pk=deployment.pk).update(state="serving", pid=12345)
+    response = api_client(alice).post(f"/api/v1/deployments/{deployment.name}/stop/")
+    assert response.json()["state"] == "serving" and response.json()["desired_state"] == "stopped"
+
+
+def test_it_refuses_a_bad_samples_limit(bob, deployment):
+    response = api_client(bob).get(f"/api/v1/deployments/{deployment.name}/samples/?limit=lots")
+    assert response.status_code == 400 and "limit" in response.json()
