@@ -32,7 +32,7 @@ import aiohttp
 
 from inference.bench.metrics import RequestRecord, percentile, summarize_level
 from inference.bench.prompts import EstimatingPromptBuilder, PromptBuilder, prompt_builder
-from inference.bench.workloads import Mix, RequestSpec
+from inference.bench.workloads import Mix, RequestSpec, fit_to_context
 from inference.errors import InputError
 from inference.metrics import parse_vllm_metrics
 
@@ -130,6 +130,7 @@ class SweepResult:
     prompt_source: str = ""
     prompt_tokens_exact: bool = False
     prompt_token_offset: int = 0  # server count − our count (e.g. a BOS the tokenizer file does not add)
+    max_model_len: int | None = None  # as the server's /v1/models reports it
     cancelled: bool = False
     error: str = ""  # why the sweep stopped early ("" when it ran every level)
 
@@ -138,8 +139,11 @@ def _headers(config: BenchConfig) -> dict[str, str]:
     return {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
 
 
-async def preflight(session: aiohttp.ClientSession, config: BenchConfig) -> None:
-    """Fail fast with a clear message when the server is unreachable or does not serve the model."""
+async def preflight(session: aiohttp.ClientSession, config: BenchConfig) -> int | None:
+    """Fail fast with a clear message when the server is unreachable or does not serve the model.
+
+    Returns the model's context length where the server reports it (vLLM's `max_model_len`).
+    """
     url = f"{config.root}/v1/models"
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as response:
@@ -158,6 +162,9 @@ async def preflight(session: aiohttp.ClientSession, config: BenchConfig) -> None
             "model",
             f"{config.root} does not serve {config.model!r}; it serves: {', '.join(served) or 'nothing'}",
         )
+    entry = next(m for m in body["data"] if isinstance(m, dict) and m.get("id") == config.model)
+    max_model_len = entry.get("max_model_len")
+    return max_model_len if isinstance(max_model_len, int) and max_model_len > 0 else None
 
 
 def _payload(config: BenchConfig, prompt: str, output_tokens: int) -> dict:
@@ -443,7 +450,8 @@ async def _run_level(
         if record.error == "cancelled":
             record.error = f"unfinished: {partial_reason}"
         measured.append(record)
-    level = summarize_level(measured, concurrency=plan.concurrency, slo=config.slo)
+    warmup = [record for warm, record in state.records if warm]
+    level = summarize_level(measured, concurrency=plan.concurrency, slo=config.slo, warmup=warmup)
     level.update(
         mode="closed" if plan.concurrency is not None else "open",
         request_rate=plan.request_rate,
@@ -482,10 +490,10 @@ async def _calibrate(session, config: BenchConfig, builder) -> tuple[int, str]:
 
 
 def _build_prompts(
-    builder, mix: Mix, plan: LevelPlan, *, seed: int, offset: int
+    builder, mix: Mix, plan: LevelPlan, *, seed: int, offset: int, max_model_len: int | None = None
 ) -> list[tuple[RequestSpec, str]]:
     count = plan.requests + plan.warmup_requests if plan.requests is not None else DURATION_POOL
-    specs = mix.sample(count, seed=seed)
+    specs = [fit_to_context(spec, max_model_len) for spec in mix.sample(count, seed=seed)]
     prompts = []
     for i, spec in enumerate(specs):
         target = RequestSpec(
@@ -507,7 +515,7 @@ async def run_sweep(config: BenchConfig, hooks: Hooks | None = None) -> SweepRes
     result = SweepResult(prompt_source=builder.source, prompt_tokens_exact=builder.exact)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
-        await preflight(session, config)
+        result.max_model_len = await preflight(session, config)
         if config.calibrate:
             # A server that fails some requests should still be measured: a few tries.
             for _ in range(CALIBRATION_TRIES):
@@ -523,10 +531,16 @@ async def run_sweep(config: BenchConfig, hooks: Hooks | None = None) -> SweepRes
                 result.error = "cancelled before this level"
                 break
             prompts = _build_prompts(
-                builder, config.mix, plan, seed=config.seed, offset=result.prompt_token_offset
+                builder,
+                config.mix,
+                plan,
+                seed=config.seed,
+                offset=result.prompt_token_offset,
+                max_model_len=result.max_model_len,
             )
             level = await _run_level(session, config, plan, prompts, index, hooks)
             level["prompt_tokens_exact"] = builder.exact
+            level["max_model_len"] = result.max_model_len
             result.levels.append(level)
             hooks.level_finished(index, level)
             if level["partial"]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 LITTLE_LAW_TOLERANCE = 0.10
@@ -120,13 +121,17 @@ def _mean_in_flight(records: list[RequestRecord], low: float, high: float) -> fl
     return busy / (high - low)
 
 
-def little_law(records: list[RequestRecord], concurrency: int | None) -> dict:
+def little_law(
+    records: list[RequestRecord], concurrency: int | None, *, warmup: Sequence[RequestRecord] = ()
+) -> dict:
     """Does output throughput ≈ concurrency × mean output tokens ÷ mean E2EL hold?
 
     The steady window runs from the first request's start to the last request's
     start: in a closed loop every user is busy throughout it, and the drain after
-    the last start (users finishing one by one) does not count. Warm-up requests are
-    excluded by the load generator before records get here. An open-loop level has
+    the last start (users finishing one by one) does not count. Warm-up requests
+    are not measured, but those still streaming when the window opens keep their
+    users busy, so their tokens inside the window count toward the throughput
+    (else a short level reads ~concurrency ÷ requests low). An open-loop level has
     no fixed concurrency, so the window's time-averaged number in flight stands in.
     A miss by more than 10 % marks the level as a suspected measurement problem.
     """
@@ -151,7 +156,8 @@ def little_law(records: list[RequestRecord], concurrency: int | None) -> dict:
     occupancy = float(concurrency) if concurrency else _mean_in_flight(records, low, high)
     mean_out = sum(r.output_tokens for r in ok) / len(ok)
     mean_e2el = sum(r.e2el for r in ok) / len(ok)
-    measured = _tokens_in_window(ok, low, high) / (high - low)
+    streaming = ok + [r for r in warmup if r.ok]
+    measured = _tokens_in_window(streaming, low, high) / (high - low)
     expected = occupancy * mean_out / mean_e2el if mean_e2el > 0 else None
     result.update(window_s=high - low, concurrency_used=occupancy, measured_output_throughput=measured)
     if expected:
@@ -168,11 +174,16 @@ def little_law(records: list[RequestRecord], concurrency: int | None) -> dict:
 
 
 def summarize_level(
-    records: list[RequestRecord], *, concurrency: int | None, slo: dict[str, float] | None = None
+    records: list[RequestRecord],
+    *,
+    concurrency: int | None,
+    slo: dict[str, float] | None = None,
+    warmup: Sequence[RequestRecord] = (),
 ) -> dict:
     """One level's results under vLLM's key names.
 
-    `slo` is vLLM's goodput config: {"ttft" | "tpot" | "e2el": limit in ms}.
+    `slo` is vLLM's goodput config: {"ttft" | "tpot" | "e2el": limit in ms}. `warmup`
+    holds the level's unmeasured warm-up requests, used only by the Little's-law check.
     """
     completed = [r for r in records if r.ok]
     failed = [r for r in records if not r.ok]
@@ -221,7 +232,7 @@ def summarize_level(
     }
     for name, values in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
         level.update(describe(values, name))
-    level["little_law"] = little_law(records, concurrency)
+    level["little_law"] = little_law(records, concurrency, warmup=warmup)
     level["errors"] = errors
     return level
 

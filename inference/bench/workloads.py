@@ -201,3 +201,17 @@ def load_mix(spec: str) -> Mix:
             raise InputError("mix", f"mix file {spec} is not valid JSON: {error}") from error
         return mix_from_dict(data, default_name=path.stem)
     raise InputError("mix", f"unknown mix {spec!r}; known: {_known()}")
+
+
+def fit_to_context(spec: RequestSpec, max_model_len: int | None) -> RequestSpec:
+    """Shorten a prompt so prompt + forced output fit the server's context.
+
+    vLLM refuses a request longer than its max_model_len with a 400; a mix drawn for
+    an 8k context (FIELD_NOTES' top bucket reaches 4000 prompt tokens) would then fail
+    a few per cent of requests on a 4k model and no level could meet an SLA. The
+    output length stays as drawn, so runs remain comparable on what is generated.
+    """
+    if max_model_len is None or spec.prompt_tokens + spec.output_tokens <= max_model_len:
+        return spec
+    prompt = max(1, max_model_len - spec.output_tokens)
+    return RequestSpec(prompt, spec.output_tokens, spec.prefix_group, min(spec.shared_prefix_tokens, prompt))

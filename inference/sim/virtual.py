@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from inference.bench.metrics import RequestRecord, summarize_level
 from inference.bench.sla import Sla, operating_point
-from inference.bench.workloads import Mix, RequestSpec
+from inference.bench.workloads import Mix, RequestSpec, fit_to_context
 from inference.errors import InputError
 from inference.sim.engine import EngineConfig, SimEngine
 from inference.sim.scheduler import SimRequest
@@ -123,7 +123,7 @@ def run_level(
                 order += 1
     done = [r for r in records if r is not None]
     measured = done[warmup:]
-    level = summarize_level(measured, concurrency=concurrency)
+    level = summarize_level(measured, concurrency=concurrency, warmup=done[:warmup])
     level["preemptions"] = engine.scheduler.num_preemptions - preemptions_at_start
     level["simulated_s"] = now
     return LevelResult(level=level, records=measured)
@@ -155,13 +155,14 @@ def sweep(
         raise InputError(
             "requests_per_level", f"must be between 1 and {_MAX_REQUESTS_PER_LEVEL}, got {requests_per_level}"
         )
-    SimEngine(config)  # refuse a profile that would not start before simulating anything
+    engine = SimEngine(config)  # refuse a profile that would not start before simulating anything
     levels = []
     for concurrency in concurrencies:
         n = requests_per_level or default_requests_per_level(concurrency)
         # One warm-up request per user fills the batch before measuring, as the load generator does.
         warmup = min(concurrency, n)
-        specs = mix.sample(n + warmup, seed=seed)
+        # As the load generator does: prompts shortened to fit the context, outputs kept.
+        specs = [fit_to_context(spec, engine.max_model_len) for spec in mix.sample(n + warmup, seed=seed)]
         result = run_level(config, specs, concurrency=concurrency, warmup=warmup)
         levels.append(result.level)
         if on_level is not None:

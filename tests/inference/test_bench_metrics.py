@@ -147,3 +147,33 @@ def test_it_prints_a_table_with_marks():
     assert "concurrency" in lines[0] and "preemptions" in lines[0]
     assert "client-bound" in lines[2]
     assert lines[2].split("|")[1].strip() == "10/0"
+
+
+def staggered_closed_loop(
+    users: int, per_user: int, *, e2el: float = 1.0, tokens: int = 10
+) -> list[RequestRecord]:
+    """Back-to-back requests per user, users staggered by e2el/users: warm-ups overlap the window."""
+    records = []
+    for user in range(users):
+        start = user * e2el / users
+        for _ in range(per_user):
+            times = [start + e2el * (k + 1) / tokens for k in range(tokens)]
+            records.append(RequestRecord(start, times, 5, tokens))
+            start += e2el
+    return sorted(records, key=lambda r: r.start)
+
+
+def test_it_counts_warm_up_tokens_inside_the_steady_window():
+    users = 8
+    records = staggered_closed_loop(users, per_user=3)
+    warmup, measured = records[:users], records[users:]
+    check = summarize_level(measured, concurrency=users, warmup=warmup)["little_law"]
+    assert check["ok"] is True
+    assert check["ratio"] == pytest.approx(1.0, abs=0.05)
+
+
+def test_it_reads_low_without_the_warm_up_tokens():
+    users = 8
+    records = staggered_closed_loop(users, per_user=3)
+    check = summarize_level(records[users:], concurrency=users)["little_law"]
+    assert check["ratio"] < 0.95

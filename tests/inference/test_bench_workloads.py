@@ -94,3 +94,12 @@ def test_it_refuses_a_mix_file_whose_shares_do_not_add_up(tmp_path):
 def test_it_says_when_a_mix_file_is_missing(tmp_path):
     with pytest.raises(InputError, match="cannot read mix file"):
         load_mix(str(tmp_path / "nope.json"))
+
+
+def test_it_shortens_prompts_to_fit_the_context_and_keeps_outputs():
+    from inference.bench.workloads import RequestSpec, fit_to_context
+
+    assert fit_to_context(RequestSpec(3900, 400), 4096) == RequestSpec(3696, 400)
+    assert fit_to_context(RequestSpec(1000, 400), 4096) == RequestSpec(1000, 400)
+    assert fit_to_context(RequestSpec(3900, 400), None) == RequestSpec(3900, 400)
+    assert fit_to_context(RequestSpec(3900, 400, 0, 2000), 2048).shared_prefix_tokens == 1648
