@@ -18,6 +18,7 @@ router.register("teams", TeamViewSet, basename="team")
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("v1/", include("portal.gateway.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/plan/", PlanApi.as_view(), name="api-plan"),
     path("api/v1/", include(router.urls)),
