@@ -40,9 +40,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 # KEYS: blocked_team, blocked_key, then per scope (team, key): rpm_tat, tpm_tat, tpd_prefix, conc_zset
 # ARGV: request_id, tokens, lease_ms, then per scope: rpm, tpm, tpd, conc (0 = no limit)
 # Returns {status, retry_after_ms, day}; status "ok" or the name of the limit that said no.
-ADMIT = (
-    _NOW
-    + """
+_ADMIT_BODY = """
 local day = math.floor(now / 86400000)
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'team_blocked', 0, day} end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'key_blocked', 0, day} end
@@ -91,53 +89,60 @@ for s = 0, 1 do
     redis.call('ZADD', KEYS[k+4], now + lease, req)
   end
 end
-return {'ok', 0, day}
 """
-)
+ADMIT = _NOW + _ADMIT_BODY + "return {'ok', 0, day}"
 
 # KEYS: queue_zset, then per candidate i: inflight_zset_i, long_zset_i
 # ARGV: request_id, lease_ms, is_long, long_cap, queue_max, queue_stale_ms,
 #       then cap_i per candidate (0 = none)
 # Returns {index (1-based) or 0 = wait or -1 = queue full, queue position}
-ACQUIRE = (
-    _NOW
-    + """
-local req, lease, is_long = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
-local long_cap, queue_max, stale = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local queue = KEYS[1]
-redis.call('ZREMRANGEBYSCORE', queue, '-inf', now - stale)
-local rank = redis.call('ZRANK', queue, req)
-local queued = redis.call('ZCARD', queue)
-local best, best_load, free_total = 0, math.huge, 0
-local n = (#KEYS - 1) / 2
-for i = 1, n do
-  local inflight, long = KEYS[2*i], KEYS[2*i+1]
-  redis.call('ZREMRANGEBYSCORE', inflight, '-inf', now)
-  local load = redis.call('ZCARD', inflight)
-  local cap = tonumber(ARGV[6+i])
-  local free = (cap > 0) and (cap - load) or 1000000
-  if free > 0 then free_total = free_total + free end
-  local fits = free > 0
-  if fits and is_long then
-    redis.call('ZREMRANGEBYSCORE', long, '-inf', now)
-    fits = redis.call('ZCARD', long) < long_cap
+# (K0, A0: where its keys and arguments start, so the same code runs alone or after ADMIT.)
+_ACQUIRE_FN = """
+local function acquire(K0, A0)
+  local req, lease, is_long = ARGV[A0+1], tonumber(ARGV[A0+2]), ARGV[A0+3] == '1'
+  local long_cap, queue_max, stale = tonumber(ARGV[A0+4]), tonumber(ARGV[A0+5]), tonumber(ARGV[A0+6])
+  local queue = KEYS[K0+1]
+  redis.call('ZREMRANGEBYSCORE', queue, '-inf', now - stale)
+  local rank = redis.call('ZRANK', queue, req)
+  local queued = redis.call('ZCARD', queue)
+  local best, best_load, free_total = 0, math.huge, 0
+  local n = (#KEYS - K0 - 1) / 2
+  for i = 1, n do
+    local inflight, long = KEYS[K0+2*i], KEYS[K0+2*i+1]
+    redis.call('ZREMRANGEBYSCORE', inflight, '-inf', now)
+    local load = redis.call('ZCARD', inflight)
+    local cap = tonumber(ARGV[A0+6+i])
+    local free = (cap > 0) and (cap - load) or 1000000
+    if free > 0 then free_total = free_total + free end
+    local fits = free > 0
+    if fits and is_long then
+      redis.call('ZREMRANGEBYSCORE', long, '-inf', now)
+      fits = redis.call('ZCARD', long) < long_cap
+    end
+    if fits and load < best_load then best, best_load = i, load end
   end
-  if fits and load < best_load then best, best_load = i, load end
+  -- FIFO: a request may start only when fewer requests wait ahead of it than there are free slots.
+  local position = rank or queued
+  if best > 0 and position < free_total then
+    redis.call('ZADD', KEYS[K0+2*best], now + lease, req)
+    if is_long then redis.call('ZADD', KEYS[K0+2*best+1], now + lease, req) end
+    if rank then redis.call('ZREM', queue, req) end
+    return best, 0
+  end
+  if not rank then
+    if queued >= queue_max then return -1, queued end
+    redis.call('ZADD', queue, now, req)
+  end
+  return 0, position
 end
--- FIFO: a request may start only when fewer requests wait ahead of it than there are free slots.
-local position = rank or queued
-if best > 0 and position < free_total then
-  redis.call('ZADD', KEYS[2*best], now + lease, req)
-  if is_long then redis.call('ZADD', KEYS[2*best+1], now + lease, req) end
-  if rank then redis.call('ZREM', queue, req) end
-  return {best, 0}
-end
-if not rank then
-  if queued >= queue_max then return {-1, queued} end
-  redis.call('ZADD', queue, now, req)
-end
-return {0, position}
 """
+ACQUIRE = _NOW + _ACQUIRE_FN + "local index, position = acquire(0, 0)\nreturn {index, position}"
+# ADMIT then, if admitted, ACQUIRE: one round trip for the common case (admitted, a slot free).
+ADMIT_PLACE = (
+    _NOW
+    + _ACQUIRE_FN
+    + _ADMIT_BODY
+    + "local index, position = acquire(10, 11)\nreturn {'ok', 0, day, index, position}"
 )
 
 # KEYS: usage_list, then slot zsets to leave, then pairs (tpm_tat, tpd_key) to correct
@@ -223,6 +228,7 @@ class RateLimiter:
         self.lease_ms = lease_ms
         self._admit = redis.register_script(ADMIT)
         self._acquire = redis.register_script(ACQUIRE)
+        self._admit_place = redis.register_script(ADMIT_PLACE)
         self._finish = redis.register_script(FINISH)
         self._renew = redis.register_script(RENEW)
         self.usage_list = f"{prefix}:usage"
@@ -252,6 +258,10 @@ class RateLimiter:
     # --- admission -------------------------------------------------------------
     async def admit(self, *, request_id: str, team: Scope, key: Scope, tokens: int) -> Admission:
         """Check and take, in one step, every team and key quota for one request of `tokens` tokens."""
+        keys, args = self._admit_keys_args(request_id, team, key, tokens)
+        return self._admission(await self._admit(keys=keys, args=args), tokens)
+
+    def _admit_keys_args(self, request_id: str, team: Scope, key: Scope, tokens: int) -> tuple[list, list]:
         keys = [self.blocked_key("team", team.id), self.blocked_key("key", key.id)]
         args: list = [request_id, tokens, self.lease_ms]
         for scope in (team, key):
@@ -263,7 +273,11 @@ class RateLimiter:
             ]
             lim = scope.limits
             args += [lim.rpm or 0, lim.tpm or 0, lim.tokens_per_day or 0, lim.max_concurrent or 0]
-        status, retry_ms, day = await self._admit(keys=keys, args=args)
+        return keys, args
+
+    @staticmethod
+    def _admission(result: list, tokens: int) -> Admission:
+        status, retry_ms, day = result[:3]
         status = status.decode() if isinstance(status, bytes) else status
         retry = int(retry_ms) / 1000 if int(retry_ms) >= 0 else -1.0
         return Admission(
@@ -273,6 +287,30 @@ class RateLimiter:
             day=int(day),
             tokens=tokens,
         )
+
+    def _acquire_keys_args(
+        self,
+        request_id: str,
+        model: str,
+        candidates,
+        long_prompt: bool,
+        long_cap: int,
+        queue_max: int,
+        timeout_s: float,
+    ) -> tuple[list, list]:
+        keys = [self.queue_key(model)]
+        for deployment_id, _cap in candidates:
+            keys += [self.inflight_key(deployment_id), self.long_key(deployment_id)]
+        args = [
+            request_id,
+            self.lease_ms,
+            1 if long_prompt else 0,
+            long_cap,
+            queue_max,
+            int(timeout_s * 1000) + self.lease_ms,  # a queued entry older than this was abandoned
+            *[cap or 0 for _id, cap in candidates],
+        ]
+        return keys, args
 
     async def acquire_replica(
         self,
@@ -291,18 +329,40 @@ class RateLimiter:
         `candidates` are (deployment id, concurrency cap or None). Cancellation (the client went
         away) leaves the queue at once, so a request cancelled while queued never reaches a replica.
         """
-        keys = [self.queue_key(model)]
-        for deployment_id, _cap in candidates:
-            keys += [self.inflight_key(deployment_id), self.long_key(deployment_id)]
-        args = [
-            request_id,
-            self.lease_ms,
-            1 if long_prompt else 0,
-            long_cap,
-            queue_max,
-            int(timeout_s * 1000) + self.lease_ms,  # a queued entry older than this was abandoned
-            *[cap or 0 for _id, cap in candidates],
-        ]
+        keys, args = self._acquire_keys_args(
+            request_id, model, candidates, long_prompt, long_cap, queue_max, timeout_s
+        )
+        return await self._wait_for_slot(keys, args, request_id, model, timeout_s, first=None)
+
+    async def admit_and_place(
+        self,
+        *,
+        request_id: str,
+        team: Scope,
+        key: Scope,
+        tokens: int,
+        model: str,
+        candidates: list[tuple[int | str, int | None]],
+        long_prompt: bool = False,
+        long_cap: int = 2,
+        queue_max: int = 256,
+        timeout_s: float = 10.0,
+    ) -> tuple[Admission, Placement | None]:
+        """`admit`, then `acquire_replica` if admitted, with the first try of both in one script."""
+        admit_keys, admit_args = self._admit_keys_args(request_id, team, key, tokens)
+        keys, args = self._acquire_keys_args(
+            request_id, model, candidates, long_prompt, long_cap, queue_max, timeout_s
+        )
+        result = await self._admit_place(keys=admit_keys + keys, args=admit_args + args)
+        admission = self._admission(result, tokens)
+        if not admission.ok:
+            return admission, None
+        first = (int(result[3]), int(result[4]))
+        return admission, await self._wait_for_slot(keys, args, request_id, model, timeout_s, first=first)
+
+    async def _wait_for_slot(
+        self, keys: list, args: list, request_id: str, model: str, timeout_s: float, *, first: tuple | None
+    ) -> Placement:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + timeout_s
@@ -310,7 +370,10 @@ class RateLimiter:
         queued = False
         try:
             while True:
-                index, _position = await self._acquire(keys=keys, args=args)
+                if first is not None:
+                    (index, _position), first = first, None
+                else:
+                    index, _position = await self._acquire(keys=keys, args=args)
                 index = int(index)
                 if index > 0:
                     queued = False

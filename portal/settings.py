@@ -216,4 +216,6 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    # httpx logs every upstream request at INFO: one line per gateway request is too many.
+    "loggers": {"httpx": {"level": "WARNING"}},
 }

@@ -17,7 +17,6 @@ from django.conf import settings
 
 from inference.ratelimit import Admission, Placement, RateLimiter, Scope
 
-from .auth import Caller
 from .errors import GatewayError
 
 COMMON_FIELDS = {
@@ -69,7 +68,7 @@ class Parsed:
         return json.dumps(self.body, separators=(",", ":")).encode()
 
 
-def parse(raw: bytes, *, chat: bool, caller: Caller) -> Parsed:
+def parse(raw: bytes, *, chat: bool, caller) -> Parsed:
     if len(raw) > settings.GATEWAY_MAX_BODY_BYTES:
         raise GatewayError(
             413, f"Request body is over {settings.GATEWAY_MAX_BODY_BYTES} bytes.", code="request_too_large"
@@ -129,12 +128,36 @@ RETRY_MESSAGES = {
 }
 
 
-async def admit(
-    limiter: RateLimiter, *, request_id: str, caller: Caller, team: Scope, key: Scope, tokens: int
-) -> Admission:
-    admission = await limiter.admit(request_id=request_id, team=team, key=key, tokens=tokens)
+async def admit_and_place(
+    limiter: RateLimiter,
+    *,
+    request_id: str,
+    team: Scope,
+    key: Scope,
+    tokens: int,
+    model: str,
+    candidates: list[tuple[int, int | None]],
+    long_prompt: bool,
+) -> tuple[Admission, Placement | None]:
+    """Quotas, then a replica slot: one Redis round trip when both say yes at once."""
+    return await limiter.admit_and_place(
+        request_id=request_id,
+        team=team,
+        key=key,
+        tokens=tokens,
+        model=model,
+        candidates=candidates,
+        long_prompt=long_prompt,
+        long_cap=settings.GATEWAY_LONG_PROMPT_MAX_INFLIGHT,
+        queue_max=settings.GATEWAY_QUEUE_MAX,
+        timeout_s=settings.GATEWAY_QUEUE_TIMEOUT_S,
+    )
+
+
+def check_admission(admission: Admission) -> None:
+    """Raise the 401/403/429 that a refused admission means."""
     if admission.ok:
-        return admission
+        return
     reason = admission.reason
     if reason.endswith("_blocked"):
         raise GatewayError(
@@ -147,8 +170,9 @@ async def admit(
         what = RETRY_MESSAGES[limit.removesuffix("_too_large")]
         raise GatewayError(
             429,
-            f"This request needs {tokens} tokens (prompt + max_tokens), more than the {who}'s {what} quota; "
-            "lower max_tokens.",
+            f"This request needs {admission.tokens} tokens (prompt + max_tokens), more than "
+            f"the {who}'s {what} "
+            "quota; lower max_tokens.",
             code="tokens_exceed_quota",
         )
     raise GatewayError(
@@ -159,25 +183,10 @@ async def admit(
     )
 
 
-async def place(
-    limiter: RateLimiter,
-    *,
-    request_id: str,
-    model: str,
-    candidates: list[tuple[int, int | None]],
-    long_prompt: bool,
-) -> Placement:
-    placement = await limiter.acquire_replica(
-        request_id=request_id,
-        model=model,
-        candidates=candidates,
-        long_prompt=long_prompt,
-        long_cap=settings.GATEWAY_LONG_PROMPT_MAX_INFLIGHT,
-        queue_max=settings.GATEWAY_QUEUE_MAX,
-        timeout_s=settings.GATEWAY_QUEUE_TIMEOUT_S,
-    )
+def check_placement(placement: Placement, model: str) -> int:
+    """The index of the replica the request was placed on, or the 429/503 of a full or slow queue."""
     if placement.index is not None:
-        return placement
+        return placement.index
     if placement.reason == "queue_full":
         raise GatewayError(
             429,
@@ -190,4 +199,23 @@ async def place(
         f"Every replica of `{model}` stayed at capacity for {settings.GATEWAY_QUEUE_TIMEOUT_S:g} s.",
         code="queue_timeout",
         retry_after=1,
+    )
+
+
+async def place(
+    limiter: RateLimiter,
+    *,
+    request_id: str,
+    model: str,
+    candidates: list[tuple[int, int | None]],
+    long_prompt: bool,
+) -> Placement:
+    return await limiter.acquire_replica(
+        request_id=request_id,
+        model=model,
+        candidates=candidates,
+        long_prompt=long_prompt,
+        long_cap=settings.GATEWAY_LONG_PROMPT_MAX_INFLIGHT,
+        queue_max=settings.GATEWAY_QUEUE_MAX,
+        timeout_s=settings.GATEWAY_QUEUE_TIMEOUT_S,
     )

@@ -12,7 +12,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import close_old_connections
 
 from inference.ratelimit import Limits
 from portal.teams.models import ApiKey
@@ -73,12 +75,17 @@ def _caller(key: ApiKey) -> Caller:
     )
 
 
+def _fetch(prefix: str) -> ApiKey | None:
+    close_old_connections()  # the gateway handler sends no request signals (gateway/asgi.py)
+    return ApiKey.objects.select_related("team").filter(prefix=prefix).first()
+
+
 async def _load(prefix: str) -> Caller | None:
     now = time.monotonic()
     hit = _cache.get(prefix)
     if hit is not None and now - hit[0] < settings.GATEWAY_CACHE_S:
         return hit[1]
-    key = await ApiKey.objects.select_related("team").filter(prefix=prefix).afirst()
+    key = await sync_to_async(_fetch)(prefix)
     caller = _caller(key) if key is not None else None
     if len(_cache) > 10_000:  # unknown prefixes must not grow the cache without bound
         _cache.clear()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import close_old_connections
 
 from portal.deployments.models import Deployment
 from portal.deployments.selectors import serving_deployments_for_model
@@ -41,6 +42,7 @@ _served: list[float | list[str]] = [0.0, []]
 
 
 def _load_route(model: str) -> Route:
+    close_old_connections()  # the gateway handler sends no request signals (gateway/asgi.py)
     version = ModelVersion.objects.filter(name=model).only("path").first()
     if version is None:
         return Route(model, False, (), None)
@@ -65,6 +67,7 @@ async def route_for(model: str) -> Route:
 
 
 def _load_served() -> list[str]:
+    close_old_connections()
     return sorted(
         set(
             Deployment.objects.filter(state="serving")

@@ -8,7 +8,17 @@ asks upstream for it, to account).
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+
+import httpx
+from django.http import StreamingHttpResponse
+
+from .errors import GatewayError, error_event
+from .upstream import UPSTREAM_ERRORS
+
+log = logging.getLogger("portal.gateway")
 
 SEP = b"\n\n"
 MAX_BUFFER = 1 << 20  # an "event" this long without a separator is not SSE: pass it on
@@ -79,18 +89,16 @@ class RelayStream:
     """The response body of a streamed request: upstream chunks through `SseRelay`, then the
     exchange finishes exactly once, however the stream ends.
 
-    A class rather than an async generator so that a stream which is never iterated (the
-    client left between the view returning and the first send) still finishes, from
-    `__del__`; and so that cancellation (client disconnect) reaches `__anext__` directly.
+    A class rather than an async generator so that cancellation (client disconnect)
+    reaches `__anext__` directly, Django's `aclosing()` reaches `aclose`, and a stream
+    that is never iterated at all (the client left between the view returning and the
+    first send) still finishes, from `__del__`.
     """
 
-    def __init__(self, exchange, response, first: bytes, *, strip_usage: bool) -> None:
-        import asyncio
-
+    def __init__(self, exchange, chunks, first: bytes, *, strip_usage: bool) -> None:
         self.exchange = exchange
-        self.response = response
         self.relay = SseRelay(strip_usage=strip_usage)
-        self._chunks = response.aiter_raw()
+        self._chunks = chunks  # the upstream response's raw iterator, already past `first`
         self._pending: bytes | None = first
         self._done = False
         self._loop = asyncio.get_running_loop()
@@ -99,13 +107,6 @@ class RelayStream:
         return self
 
     async def __anext__(self) -> bytes:
-        import asyncio
-
-        import httpx
-
-        from .errors import GatewayError, error_event
-        from .upstream import UPSTREAM_ERRORS
-
         if self._done:
             raise StopAsyncIteration
         try:
@@ -124,6 +125,8 @@ class RelayStream:
                 out = self.relay.feed(chunk)
                 if out:
                     return out
+        except StopAsyncIteration:
+            raise
         except asyncio.CancelledError:
             await self._end("client_cancelled", 499, "client_disconnected", shielded=True)
             raise
@@ -131,7 +134,9 @@ class RelayStream:
             error = GatewayError(504, "Upstream stopped sending tokens.", code="upstream_timeout")
             await self._end("timeout", 504, error.code)
             return error_event(error)
-        except UPSTREAM_ERRORS:
+        except Exception as exc:
+            if not isinstance(exc, UPSTREAM_ERRORS):
+                log.exception("stream of request %s failed", self.exchange.request_id)
             error = GatewayError(502, "Upstream failed mid-stream.", code="upstream_error")
             await self._end("upstream_error", 502, error.code)
             return error_event(error)
@@ -156,3 +161,15 @@ class RelayStream:
     def __del__(self) -> None:
         if not self._done and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._loop.create_task, self.aclose())
+
+
+class RelayResponse(StreamingHttpResponse):
+    """A streaming response whose body is a RelayStream of bytes, handed to the server as is
+    (no per-chunk wrapper generators: the parts are bytes already)."""
+
+    def __init__(self, stream: RelayStream, **kwargs) -> None:
+        super().__init__(stream, **kwargs)
+        self._relay = stream
+
+    def __aiter__(self):
+        return self._relay

@@ -12,21 +12,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import time
-import uuid
 
 import httpx
 from django.conf import settings
-from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from inference.ratelimit import LeaseKeeper, RateLimiter, Scope
 
-from .admission import admit, parse, place
+from .admission import admit_and_place, check_admission, check_placement, parse, place
 from .auth import authenticate
 from .errors import GatewayError, error_response
 from .routing import route_for, served_models
-from .sse import RelayStream
+from .sse import RelayResponse, RelayStream
 from .tokens import prompt_tokens
 from .upstream import UPSTREAM_ERRORS, open_stream
 from .usage import Exchange
@@ -87,7 +87,8 @@ async def _proxy(request, *, chat: bool):
     if request.method != "POST":
         return _method_not_allowed("POST")
     limiter, keeper = _limiter()
-    ex = Exchange(uuid.uuid4().hex, "chat" if chat else "completions", limiter, keeper)
+    # Random ids without a getrandom() syscall per request (they are ids, not secrets).
+    ex = Exchange(f"{random.getrandbits(128):032x}", "chat" if chat else "completions", limiter, keeper)
     try:
         ex.caller = await authenticate(request)
     except GatewayError as error:
@@ -140,43 +141,52 @@ async def _serve(request, ex: Exchange, *, chat: bool):
     ex.prompt_tokens = prompt_tokens(parsed.body, chat=chat, tokenizer_path=route.tokenizer_path)
     ex.team = Scope("team", caller.team_id, caller.team_limits)
     ex.key = Scope("key", caller.key_id, caller.key_limits)
-    ex.admission = await admit(
+    long_prompt = ex.prompt_tokens > settings.GATEWAY_LONG_PROMPT_TOKENS
+    remaining = list(route.replicas)
+    ex.admission, placement = await admit_and_place(
         limiter,
         request_id=ex.request_id,
-        caller=caller,
         team=ex.team,
         key=ex.key,
         tokens=ex.prompt_tokens + parsed.max_tokens * parsed.n,
+        model=parsed.model,
+        candidates=[(r.id, r.cap) for r in remaining],
+        long_prompt=long_prompt,
     )
+    check_admission(ex.admission)
     ex.hold([limiter.concurrency_key(s) for s in (ex.team, ex.key) if s.limits.max_concurrent])
 
-    long_prompt = ex.prompt_tokens > settings.GATEWAY_LONG_PROMPT_TOKENS
     first_token_timeout = (
         settings.GATEWAY_FIRST_TOKEN_TIMEOUT_LONG_S if long_prompt else settings.GATEWAY_FIRST_TOKEN_TIMEOUT_S
     )
     path = "/v1/chat/completions" if chat else "/v1/completions"
     body = parsed.encode()
-    remaining = list(route.replicas)
     failure: GatewayError | None = None
     while remaining:
-        placement = await place(
-            limiter,
-            request_id=ex.request_id,
-            model=parsed.model,
-            candidates=[(r.id, r.cap) for r in remaining],
-            long_prompt=long_prompt,
-        )
-        replica = remaining.pop(placement.index)
+        if placement is None:  # a retry after a replica failed before its first byte
+            placement = await place(
+                limiter,
+                request_id=ex.request_id,
+                model=parsed.model,
+                candidates=[(r.id, r.cap) for r in remaining],
+                long_prompt=long_prompt,
+            )
+        replica = remaining.pop(check_placement(placement, parsed.model))
+        placement = None
         ex.deployment_id = replica.id
         ex.hold([limiter.inflight_key(replica.id), limiter.long_key(replica.id)])
         first = b""
+        chunks = None
         try:
             if parsed.stream:
                 # Tiered first-token timeout (FIELD_NOTES: short 30 s, long 60 s).
                 async with asyncio.timeout(first_token_timeout):
                     ex.upstream = response = await open_stream(replica.base_url + path, body, ex.request_id)
                     if response.status_code == 200:
-                        first = await _first_chunk(response)
+                        # The transport's byte stream itself: httpx's aiter_raw() adds a chunker
+                        # and a context manager per chunk, which this pass-through does not need.
+                        chunks = aiter(response.stream)
+                        first = await _first_chunk(chunks)
             else:
                 ex.upstream = response = await open_stream(replica.base_url + path, body, ex.request_id)
         except (TimeoutError, httpx.TimeoutException) as exc:
@@ -226,8 +236,8 @@ async def _serve(request, ex: Exchange, *, chat: bool):
             return _passthrough(response, content, ex.request_id)
 
         ex.mark_first_byte()
-        stream = RelayStream(ex, response, first, strip_usage=not parsed.client_wants_usage)
-        out = StreamingHttpResponse(
+        stream = RelayStream(ex, chunks, first, strip_usage=not parsed.client_wants_usage)
+        out = RelayResponse(
             stream, content_type=response.headers.get("content-type", "text/event-stream")
         )
         out["Cache-Control"] = "no-cache"
@@ -239,11 +249,14 @@ async def _serve(request, ex: Exchange, *, chat: bool):
     )
 
 
-async def _first_chunk(response: httpx.Response) -> bytes:
-    async for chunk in response.aiter_raw():
+async def _first_chunk(chunks) -> bytes:
+    while True:
+        try:
+            chunk = await anext(chunks)
+        except StopAsyncIteration:
+            return b""
         if chunk:
             return chunk
-    return b""
 
 
 async def _read(response: httpx.Response) -> bytes:
