@@ -63,7 +63,10 @@ async def models(request):
         caller = await authenticate(request)
     except GatewayError as error:
         return error_response(error)
-    names = [m for m in await served_models() if caller.models is None or m in caller.models]
+    if caller.models is None:
+        names = await served_models()
+    else:  # a scoped key: its models that have a serving replica (each route cached on its own)
+        names = sorted([m for m in caller.models if (await route_for(m)).replicas])
     created = int(time.time())
     return JsonResponse(
         {

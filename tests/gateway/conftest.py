@@ -115,7 +115,11 @@ def gateway(django_db_setup, django_db_blocker, tmp_path_factory):
 
 @pytest.fixture
 def gw_redis():
+    """The gateway's Redis, emptied of gateway state (slots, queues, usage) before the test."""
     client = redis.Redis.from_url(REDIS_URL)
+    stale = list(client.scan_iter("gw:*"))
+    if stale:
+        client.delete(*stale)
     yield client
     client.close()
 
@@ -207,3 +211,7 @@ def wait_for_slots_free(client: redis.Redis, setup: Setup, timeout: float = 5.0)
 
 def upstream_stats(upstream: str) -> dict:
     return httpx.get(f"{upstream}/stats").json()
+
+
+def upstream_reset(upstream: str) -> None:
+    httpx.post(f"{upstream}/stats/reset")
