@@ -265,3 +265,13 @@ def budgets_enforce(*, day: dt.date) -> list[str]:
             transaction.on_commit(lambda pk=key.pk, r=reason: _block("key", pk, reason=r, until=until))
             done.append(f"key {key}")
     return done
+
+
+def team_in_flight(team: Team) -> int:
+    """Requests of the team in flight now, from the gateway's concurrency set (0 if Redis is down)."""
+    import time
+
+    try:
+        return gateway_redis().zcount(f"{REDIS_PREFIX}:conc:team:{team.pk}", int(time.time() * 1000), "+inf")
+    except redis.RedisError:
+        return 0
