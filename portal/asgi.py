@@ -4,6 +4,7 @@
 page middleware (portal.gateway.asgi explains why); everything else to Django's.
 """
 
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -14,6 +15,13 @@ django_application = get_asgi_application()
 from portal.gateway.asgi import GatewayHandler  # noqa: E402  (needs the apps loaded)
 
 gateway_application = GatewayHandler()
+
+# Everything loaded so far (Django, the apps, their modules) lives as long as the process:
+# keep it out of the garbage collector's full passes, which otherwise stall every request
+# in flight for tens of milliseconds (seen as the gateway's P99 TTFT), and collect the
+# young generation less often under a streaming load that allocates many small objects.
+gc.freeze()
+gc.set_threshold(50_000, 20, 20)
 
 
 async def application(scope, receive, send):

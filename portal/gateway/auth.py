@@ -20,6 +20,7 @@ from inference.ratelimit import Limits
 from portal.teams.models import ApiKey
 from portal.teams.services import api_key_matches, api_key_prefix
 
+from .cache import TtlCache
 from .errors import GatewayError
 
 
@@ -39,7 +40,7 @@ class Caller:
     disabled_until: float | None
 
 
-_cache: dict[str, tuple[float, Caller | None]] = {}
+_cache = TtlCache(lambda: settings.GATEWAY_CACHE_S)
 
 
 def _limits(row) -> Limits:
@@ -81,16 +82,11 @@ def _fetch(prefix: str) -> ApiKey | None:
 
 
 async def _load(prefix: str) -> Caller | None:
-    now = time.monotonic()
-    hit = _cache.get(prefix)
-    if hit is not None and now - hit[0] < settings.GATEWAY_CACHE_S:
-        return hit[1]
-    key = await sync_to_async(_fetch)(prefix)
-    caller = _caller(key) if key is not None else None
-    if len(_cache) > 10_000:  # unknown prefixes must not grow the cache without bound
-        _cache.clear()
-    _cache[prefix] = (now, caller)
-    return caller
+    async def load() -> Caller | None:
+        key = await sync_to_async(_fetch)(prefix)
+        return _caller(key) if key is not None else None
+
+    return await _cache.get(prefix, load)
 
 
 def _invalid() -> GatewayError:

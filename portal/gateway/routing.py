@@ -8,7 +8,6 @@ decided in Redis by the admission step, across every web process.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +18,8 @@ from django.db import close_old_connections
 from portal.deployments.models import Deployment
 from portal.deployments.selectors import serving_deployments_for_model
 from portal.registry.models import ModelVersion
+
+from .cache import TtlCache
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,8 @@ class Route:
     tokenizer_path: str | None  # tokenizer.json of the model version, when it exists here
 
 
-_routes: dict[str, tuple[float, Route]] = {}
-_served: list[float | list[str]] = [0.0, []]
+_routes = TtlCache(lambda: settings.GATEWAY_CACHE_S)
+_served = TtlCache(lambda: settings.GATEWAY_CACHE_S)
 
 
 def _load_route(model: str) -> Route:
@@ -55,15 +56,7 @@ def _load_route(model: str) -> Route:
 
 
 async def route_for(model: str) -> Route:
-    now = time.monotonic()
-    hit = _routes.get(model)
-    if hit is not None and now - hit[0] < settings.GATEWAY_CACHE_S:
-        return hit[1]
-    route = await sync_to_async(_load_route)(model)
-    if len(_routes) > 10_000:
-        _routes.clear()
-    _routes[model] = (now, route)
-    return route
+    return await _routes.get(model, lambda: sync_to_async(_load_route)(model))
 
 
 def _load_served() -> list[str]:
@@ -78,7 +71,4 @@ def _load_served() -> list[str]:
 
 
 async def served_models() -> list[str]:
-    now = time.monotonic()
-    if now - _served[0] >= settings.GATEWAY_CACHE_S:
-        _served[:] = [now, await sync_to_async(_load_served)()]
-    return _served[1]
+    return await _served.get("all", sync_to_async(_load_served))

@@ -240,9 +240,7 @@ async def _serve(request, ex: Exchange, *, chat: bool):
 
         ex.mark_first_byte()
         stream = RelayStream(ex, chunks, first, strip_usage=not parsed.client_wants_usage)
-        out = RelayResponse(
-            stream, content_type=response.headers.get("content-type", "text/event-stream")
-        )
+        out = RelayResponse(stream, content_type=response.headers.get("content-type", "text/event-stream"))
         out["Cache-Control"] = "no-cache"
         out["X-Accel-Buffering"] = "no"
         out["X-Request-Id"] = ex.request_id

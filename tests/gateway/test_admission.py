@@ -80,12 +80,23 @@ def test_it_answers_503_when_the_queue_wait_runs_out(gateway, serving, gw_redis)
     serving.deployment.concurrency_cap = 1
     serving.deployment.save()
     slow = chat_body(serving.model, "FAKE chunks=60 interval=50", stream=True)  # 3 s > the 2 s queue timeout
-    responses = asyncio.run(send_many(gateway, serving, [slow, chat_body(serving.model)]))
-    statuses = sorted(r.status_code for r in responses)
-    assert statuses == [200, 503]
-    refused = next(r for r in responses if r.status_code == 503)
-    assert refused.json()["error"]["code"] == "queue_timeout"
-    assert refused.headers["retry-after"]
+
+    async def go():
+        async with httpx.AsyncClient(timeout=30) as client:
+            first = asyncio.create_task(
+                client.post(f"{gateway.url}/v1/chat/completions", headers=serving.headers, json=slow)
+            )
+            await asyncio.sleep(0.5)  # the slow one holds the only slot
+            second = await client.post(
+                f"{gateway.url}/v1/chat/completions", headers=serving.headers, json=chat_body(serving.model)
+            )
+            return await first, second
+
+    first, second = asyncio.run(go())
+    assert first.status_code == 200
+    assert second.status_code == 503
+    assert second.json()["error"]["code"] == "queue_timeout"
+    assert second.headers["retry-after"]
 
 
 def test_it_lets_at_most_two_long_prompts_into_prefill_per_deployment(gateway, serving, gw_redis):
