@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
@@ -28,6 +29,9 @@ class Replica:
     name: str
     base_url: str
     cap: int | None
+    # Parsed once per route load, not per request (httpx re-parses a string URL every time).
+    chat_url: httpx.URL
+    completions_url: httpx.URL
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,14 @@ def _load_route(model: str) -> Route:
     if version is None:
         return Route(model, False, (), None)
     replicas = tuple(
-        Replica(d.pk, d.name, d.endpoint_url.rstrip("/"), d.concurrency_cap)
+        Replica(
+            d.pk,
+            d.name,
+            d.endpoint_url.rstrip("/"),
+            d.concurrency_cap,
+            httpx.URL(d.endpoint_url.rstrip("/") + "/v1/chat/completions"),
+            httpx.URL(d.endpoint_url.rstrip("/") + "/v1/completions"),
+        )
         for d in serving_deployments_for_model(model).order_by("pk")
     )
     tokenizer = Path(version.path) / "tokenizer.json" if version.path else None

@@ -40,7 +40,7 @@ def client() -> httpx.AsyncClient:
     return found
 
 
-async def open_stream(url: str, body: bytes, request_id: str) -> httpx.Response:
+async def open_stream(url: httpx.URL | str, body: bytes, request_id: str) -> httpx.Response:
     """POST to upstream; returns once its status and headers are in (body not read)."""
     request = client().build_request(
         "POST", url, content=body, headers={"content-type": "application/json", "x-request-id": request_id}

@@ -162,7 +162,6 @@ async def _serve(request, ex: Exchange, *, chat: bool):
     first_token_timeout = (
         settings.GATEWAY_FIRST_TOKEN_TIMEOUT_LONG_S if long_prompt else settings.GATEWAY_FIRST_TOKEN_TIMEOUT_S
     )
-    path = "/v1/chat/completions" if chat else "/v1/completions"
     body = parsed.encode()
     failure: GatewayError | None = None
     while remaining:
@@ -184,14 +183,18 @@ async def _serve(request, ex: Exchange, *, chat: bool):
             if parsed.stream:
                 # Tiered first-token timeout (FIELD_NOTES: short 30 s, long 60 s).
                 async with asyncio.timeout(first_token_timeout):
-                    ex.upstream = response = await open_stream(replica.base_url + path, body, ex.request_id)
+                    ex.upstream = response = await open_stream(
+                        replica.chat_url if chat else replica.completions_url, body, ex.request_id
+                    )
                     if response.status_code == 200:
                         # The transport's byte stream itself: httpx's aiter_raw() adds a chunker
                         # and a context manager per chunk, which this pass-through does not need.
                         chunks = aiter(response.stream)
                         first = await _first_chunk(chunks)
             else:
-                ex.upstream = response = await open_stream(replica.base_url + path, body, ex.request_id)
+                ex.upstream = response = await open_stream(
+                    replica.chat_url if chat else replica.completions_url, body, ex.request_id
+                )
         except (TimeoutError, httpx.TimeoutException) as exc:
             if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
                 failure = GatewayError(

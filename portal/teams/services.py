@@ -31,9 +31,14 @@ REDIS_PREFIX = "gw"
 
 def api_key_hmac_secret() -> bytes:
     """GATEWAY_KEY_HMAC_SECRET, or a key derived from SECRET_KEY for this one purpose."""
-    if settings.GATEWAY_KEY_HMAC_SECRET:
-        return settings.GATEWAY_KEY_HMAC_SECRET.encode()
-    return hmac.new(settings.SECRET_KEY.encode(), b"portal.teams.api-key-digest", hashlib.sha256).digest()
+    return _hmac_secret(settings.GATEWAY_KEY_HMAC_SECRET, settings.SECRET_KEY)
+
+
+@cache
+def _hmac_secret(explicit: str, secret_key: str) -> bytes:
+    if explicit:
+        return explicit.encode()
+    return hmac.new(secret_key.encode(), b"portal.teams.api-key-digest", hashlib.sha256).digest()
 
 
 def api_key_digest(token: str) -> str:
