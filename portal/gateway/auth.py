@@ -106,6 +106,12 @@ async def authenticate(request) -> Caller:
     caller = await _load(prefix)
     if caller is None or not api_key_matches(token.strip(), caller.digest):
         raise _invalid()
+    return caller
+
+
+def ensure_usable(caller: Caller) -> None:
+    """Refuse a known key that is revoked, expired or over its daily budget (these requests
+    are billed to its team as rejected, unlike an unknown key)."""
     now = time.time()
     if caller.revoked:
         raise GatewayError(401, "This API key has been revoked.", code="revoked_api_key")
@@ -118,4 +124,3 @@ async def authenticate(request) -> Caller:
             code="daily_budget_exceeded",
             retry_after=caller.disabled_until - now,
         )
-    return caller

@@ -23,7 +23,7 @@ from django.views.decorators.csrf import csrf_exempt
 from inference.ratelimit import LeaseKeeper, RateLimiter, Scope
 
 from .admission import admit_and_place, check_admission, check_placement, parse, place
-from .auth import authenticate
+from .auth import authenticate, ensure_usable
 from .errors import GatewayError, error_response
 from .routing import route_for, served_models
 from .sse import RelayResponse, RelayStream
@@ -61,6 +61,7 @@ async def models(request):
         return _method_not_allowed("GET")
     try:
         caller = await authenticate(request)
+        ensure_usable(caller)
     except GatewayError as error:
         return error_response(error)
     if caller.models is None:
@@ -115,6 +116,7 @@ async def _proxy(request, *, chat: bool):
 
 async def _serve(request, ex: Exchange, *, chat: bool):
     caller = ex.caller
+    ensure_usable(caller)
     limiter = ex.limiter
     try:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
