@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "portal.registry",
     "portal.deployments",
     "portal.gateway",
+    "portal.benchmarks",
 ]
 
 MIDDLEWARE = [
@@ -184,6 +185,10 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # --- The portal itself ------------------------------------------------------------
 # Name of the node this process runs on when it acts as a node agent.
 PORTAL_LOCAL_NODE = env.str("PORTAL_LOCAL_NODE", default="local")
+# bf16 → fp16 conversion jobs renew a lease with each progress write (several a
+# second); a running job whose lease lapsed is shown as interrupted and may be
+# superseded by a new job for the same output.
+PORTAL_CONVERSION_LEASE_S = env.int("PORTAL_CONVERSION_LEASE_S", default=120)
 
 # --- Gateway (portal/gateway): the OpenAI-compatible proxy -------------------------
 # Key digests are HMAC-SHA256 under this secret; by default derived from SECRET_KEY

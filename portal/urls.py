@@ -5,13 +5,14 @@ from rest_framework.routers import DefaultRouter
 
 from portal.deployments.apis import DeploymentViewSet, PlanApi, ProfileViewSet
 from portal.inventory.apis import GpuViewSet, NodeViewSet
-from portal.registry.apis import ModelVersionViewSet
+from portal.registry.apis import ConversionJobViewSet, ModelVersionViewSet
 from portal.teams.apis import TeamViewSet
 
 router = DefaultRouter()
 router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GpuViewSet, basename="gpu")
 router.register("model-versions", ModelVersionViewSet, basename="model-version")
+router.register("conversion-jobs", ConversionJobViewSet, basename="conversion-job")
 router.register("profiles", ProfileViewSet, basename="profile")
 router.register("deployments", DeploymentViewSet, basename="deployment")
 router.register("teams", TeamViewSet, basename="team")
@@ -26,6 +27,7 @@ urlpatterns = [
     path("nodes/", include("portal.inventory.urls")),
     path("models/", include("portal.registry.urls")),
     path("teams/", include("portal.teams.urls")),
+    path("benchmarks/", include("portal.benchmarks.urls")),
     path("", include("portal.deployments.urls")),
     path("", include("portal.core.urls")),
 ]

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import predict, views
 
 app_name = "deployments"
 urlpatterns = [
@@ -9,4 +9,5 @@ urlpatterns = [
     path("deployments/", views.deployment_list, name="deployment-list"),
     path("deployments/<slug:name>/", views.deployment_detail, name="deployment-detail"),
     path("planner/", views.planner, name="planner"),
+    path("planner/predict/", predict.predict, name="predict"),
 ]

@@ -2,10 +2,11 @@ import json
 
 from django import forms
 from django.contrib import admin
+from django.utils.html import format_html
 
 from portal.core.errors import ApplicationError
 
-from .models import ModelVersion
+from .models import ConversionJob, ModelVersion
 from .services import DERIVED_FIELDS, arch_fields, parse_config
 
 
@@ -60,3 +61,40 @@ class ModelVersionAdmin(admin.ModelAdmin):
     @admin.display(description="Hashed", boolean=True)
     def hashed(self, version: ModelVersion) -> bool:
         return bool(version.weights_sha256)
+
+
+@admin.register(ConversionJob)
+class ConversionJobAdmin(admin.ModelAdmin):
+    """Read-only: jobs are started from the model page or the API, and written by their runner."""
+
+    list_display = [
+        "id",
+        "source",
+        "new_name",
+        "node",
+        "state_shown",
+        "progress",
+        "overflow_total",
+        "created_at",
+    ]
+    list_filter = ["state", "clamp"]
+    search_fields = ["source__name", "new_name", "output_path"]
+    list_select_related = ["source", "node"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    @admin.display(description="State")
+    def state_shown(self, job: ConversionJob) -> str:
+        return "interrupted" if job.is_stale else job.state
+
+    @admin.display(description="Progress")
+    def progress(self, job: ConversionJob) -> str:
+        return format_html(
+            '<progress class="conversion" max="100" value="{}"></progress> {}&nbsp;%',
+            f"{job.percent:.1f}",
+            f"{job.percent:.0f}",
+        )

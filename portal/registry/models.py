@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.urls import reverse
@@ -112,3 +113,124 @@ class ModelVersion(models.Model):
     @property
     def params_billions(self) -> float:
         return self.param_count / 1e9
+
+
+class ConversionState(models.TextChoices):
+    QUEUED = "queued", "queued"
+    RUNNING = "running", "running"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+
+
+ACTIVE_CONVERSION_STATES = (ConversionState.QUEUED, ConversionState.RUNNING)
+
+
+class ConversionJob(models.Model):
+    """A bf16 → fp16 copy of a model version, run by the agent of the node holding its files.
+
+    The new model version exists only once the job succeeded: the output is
+    written to a hidden directory beside `output_path` and renamed into place
+    in the transaction that registers it (inference.convert; services).
+    `attempt` is the fencing token of whoever runs it; `lease_expires_at` is
+    renewed with each progress write, so a job whose worker died shows as
+    interrupted and may be superseded by a new one.
+    """
+
+    source = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="conversions")
+    result = models.ForeignKey(
+        ModelVersion, on_delete=models.SET_NULL, null=True, blank=True, related_name="converted_by"
+    )
+    node = models.ForeignKey(
+        "inventory.Node",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="conversion_jobs",
+        help_text="The node whose agent runs it (where the files are); blank: `manage.py convert_bf16`.",
+    )
+    new_name = models.CharField(max_length=100, validators=[model_name_validator])
+    output_path = models.CharField(max_length=500, help_text="Directory the fp16 copy is renamed to.")
+    clamp = models.BooleanField(
+        default=False, help_text="Set values beyond ±65504 to ±65504 instead of stopping."
+    )
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+
+    state = models.CharField(max_length=10, choices=ConversionState.choices, default=ConversionState.QUEUED)
+    phase = models.CharField(max_length=20, blank=True, help_text="converting, registering")
+    attempt = models.PositiveIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    tensors_done = models.PositiveIntegerField(default=0)
+    tensors_total = models.PositiveIntegerField(default=0)
+    bytes_done = models.BigIntegerField(default=0)
+    bytes_total = models.BigIntegerField(default=0)
+    current_file = models.CharField(max_length=500, blank=True)
+    overflow_total = models.BigIntegerField(default=0, help_text="Finite values with |x| > 65504.")
+    overflows = models.JSONField(
+        default=list, blank=True, help_text="Per tensor: file, tensor, count, max |x|."
+    )
+    nonfinite_total = models.BigIntegerField(default=0, help_text="NaN/inf values, kept as they are.")
+    underflow_total = models.BigIntegerField(default=0, help_text="Nonzero values that became zero.")
+    report = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            # One conversion at a time per output directory and per new name: the claim
+            # that keeps two jobs from writing the same target.
+            models.UniqueConstraint(
+                fields=["output_path"],
+                condition=models.Q(state__in=["queued", "running"]),
+                name="conversion_one_active_per_output",
+            ),
+            models.UniqueConstraint(
+                fields=["new_name"],
+                condition=models.Q(state__in=["queued", "running"]),
+                name="conversion_one_active_per_name",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source.name} → {self.new_name} ({self.state})"
+
+    def get_absolute_url(self) -> str:
+        return reverse("registry:conversion-detail", args=[self.source.name, self.pk])
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in ACTIVE_CONVERSION_STATES
+
+    @property
+    def is_stale(self) -> bool:
+        """Running, but its worker stopped renewing the lease (killed, or the node is down)."""
+        from django.utils import timezone
+
+        return (
+            self.state == ConversionState.RUNNING
+            and self.lease_expires_at is not None
+            and self.lease_expires_at < timezone.now()
+        )
+
+    @property
+    def is_unclaimed(self) -> bool:
+        """Queued for longer than a lease: the node's agent is not consuming its queue."""
+        from django.utils import timezone
+
+        return (
+            self.state == ConversionState.QUEUED
+            and self.lease_expires_at is not None
+            and self.lease_expires_at < timezone.now()
+        )
+
+    @property
+    def percent(self) -> float:
+        if self.state == ConversionState.SUCCEEDED:
+            return 100.0
+        return 100.0 * self.bytes_done / self.bytes_total if self.bytes_total else 0.0

@@ -2,16 +2,38 @@
 
 from __future__ import annotations
 
-from django.db import transaction
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
+from inference import convert
 from inference.errors import InputError
 from inference.hashing import ModelHashes, hash_model_dir
 from inference.hf_config import arch_from_config
 from inference.modelspec import ModelArch
 from portal.core.errors import ApplicationError, clean_or_raise
 
-from .models import ModelVersion
+from .models import (
+    ACTIVE_CONVERSION_STATES,
+    ConversionJob,
+    ConversionState,
+    ModelVersion,
+    Quantization,
+    WeightDtype,
+    model_name_validator,
+)
+
+logger = logging.getLogger(__name__)
 
 ARCH_FIELDS = (
     "model_type",
@@ -113,3 +135,267 @@ def model_version_hash_files(*, model_version: ModelVersion, path: str | None = 
     except InputError as error:
         raise ApplicationError.from_input_error(error) from error
     return model_version_record_hashes(model_version=model_version, hashes=hashes)
+
+
+# --- bf16 → fp16 conversion ---------------------------------------------------------
+
+# A hidden file in each converted directory naming the job that wrote it. Not a
+# hashed file (inference.hashing ignores it). It lets a re-run recognise a
+# directory that an interrupted job renamed into place but never registered.
+CONVERSION_MARKER = ".portal-conversion.json"
+PROGRESS_WRITE_INTERVAL_S = 0.5
+
+
+class ConversionSuperseded(Exception):
+    """Another attempt owns the job now (our lease lapsed and someone took over)."""
+
+
+def _lease_until():
+    return timezone.now() + timedelta(seconds=settings.PORTAL_CONVERSION_LEASE_S)
+
+
+def conversion_job_start(
+    *,
+    model_version: ModelVersion,
+    node=None,
+    new_name: str = "",
+    output_path: str = "",
+    clamp: bool = False,
+    requested_by=None,
+    enqueue: bool = True,
+) -> ConversionJob:
+    """Record a bf16 → fp16 conversion of `model_version` and send it to `node`'s agent.
+
+    The files live on the node, so only facts the database knows are checked here;
+    the run checks the directories. `node=None` records a job for `convert_bf16`
+    to run in-process (`enqueue` is then ignored).
+    """
+    if model_version.weight_dtype != WeightDtype.BFLOAT16:
+        raise ApplicationError(
+            f"{model_version.name} has {model_version.weight_dtype} weights; only bf16 ones are converted",
+            field="model_version",
+        )
+    if model_version.quantization != Quantization.NONE:
+        raise ApplicationError(
+            f"{model_version.name} is {model_version.get_quantization_display()}-quantized; "
+            "its packed weights cannot be cast",
+            field="model_version",
+        )
+    if not model_version.path:
+        raise ApplicationError(f"{model_version.name} has no path to its files", field="path")
+    new_name = new_name or f"{model_version.name}-fp16"
+    try:
+        model_name_validator(new_name)
+    except Exception as error:
+        raise ApplicationError(f"{new_name!r}: {model_name_validator.message}", field="name") from error
+    if len(new_name) > ModelVersion._meta.get_field("name").max_length:
+        raise ApplicationError("too long", field="name")
+    if ModelVersion.objects.filter(name=new_name).exists():
+        raise ApplicationError(f"a model version named {new_name} already exists", field="name")
+    output = output_path or str(Path(model_version.path).parent / new_name)
+    if not os.path.isabs(output):
+        raise ApplicationError(f"{output} is not an absolute path", field="output")
+
+    with transaction.atomic():
+        _supersede_stale(output_path=output, new_name=new_name)
+        try:
+            with transaction.atomic():
+                job = ConversionJob.objects.create(
+                    source=model_version,
+                    node=node,
+                    new_name=new_name,
+                    output_path=output,
+                    clamp=clamp,
+                    requested_by=requested_by,
+                    # A queued job whose agent never picks it up is superseded after a lease too.
+                    lease_expires_at=_lease_until(),
+                )
+        except IntegrityError as error:
+            running = ConversionJob.objects.filter(
+                Q(output_path=output) | Q(new_name=new_name), state__in=ACTIVE_CONVERSION_STATES
+            ).first()
+            raise ApplicationError(
+                f"conversion job {running.pk if running else '?'} is already writing {new_name} ({output})",
+                field="name",
+            ) from error
+        if node is not None and enqueue:
+            from .tasks import convert_model_version
+
+            transaction.on_commit(lambda: convert_model_version.apply_async(args=[job.pk], queue=node.queue))
+    return job
+
+
+def _supersede_stale(*, output_path: str, new_name: str) -> int:
+    now = timezone.now()
+    return ConversionJob.objects.filter(
+        Q(output_path=output_path) | Q(new_name=new_name),
+        state__in=ACTIVE_CONVERSION_STATES,
+        lease_expires_at__lt=now,
+    ).update(
+        state=ConversionState.FAILED,
+        error="interrupted: its worker stopped reporting (killed or node down); superseded by a new job",
+        finished_at=now,
+        updated_at=now,
+    )
+
+
+def _claim(job_id: int) -> int | None:
+    """Take the job (queued, or running with a lapsed lease); returns our attempt number."""
+    now = timezone.now()
+    with transaction.atomic():
+        job = (
+            ConversionJob.objects.select_for_update()
+            .filter(pk=job_id)
+            .filter(
+                Q(state=ConversionState.QUEUED) | Q(state=ConversionState.RUNNING, lease_expires_at__lt=now)
+            )
+            .first()
+        )
+        if job is None:
+            return None
+        job.attempt += 1
+        job.state = ConversionState.RUNNING
+        job.phase = "converting"
+        job.started_at = job.updated_at = now
+        job.lease_expires_at = _lease_until()
+        job.error = ""
+        job.save(
+            update_fields=[
+                "attempt",
+                "state",
+                "phase",
+                "started_at",
+                "updated_at",
+                "lease_expires_at",
+                "error",
+            ]
+        )
+        return job.attempt
+
+
+def _fenced_update(job_id: int, attempt: int, **fields) -> None:
+    now = timezone.now()
+    updated = ConversionJob.objects.filter(pk=job_id, attempt=attempt, state=ConversionState.RUNNING).update(
+        updated_at=now, lease_expires_at=_lease_until(), **fields
+    )
+    if updated != 1:
+        raise ConversionSuperseded(f"conversion job {job_id} attempt {attempt} no longer owns the job")
+
+
+def _range_fields(report: convert.ConversionReport) -> dict:
+    return {
+        "overflow_total": report.overflow_total,
+        "overflows": [
+            {"file": o.file, "tensor": o.tensor, "count": o.overflow, "max_abs": o.max_abs}
+            for o in report.overflows
+        ],
+        "nonfinite_total": report.nonfinite_total,
+        "underflow_total": report.underflow_total,
+    }
+
+
+def _remove_orphan_target(target: Path) -> None:
+    """A complete directory that an interrupted job renamed into place but never registered."""
+    marker = target / CONVERSION_MARKER
+    if marker.is_file() and not ModelVersion.objects.filter(path=str(target)).exists():
+        logger.warning("removing %s: written by an interrupted conversion, never registered", target)
+        shutil.rmtree(target)
+
+
+def conversion_job_run(
+    *, job_id: int, progress: Callable[[convert.ConversionProgress], None] | None = None
+) -> ConversionJob:
+    """Run a conversion job here (on the node holding the files), start to finish.
+
+    A no-op for a job that is finished or that a live attempt is running. On any
+    failure, including an overflow without clamp, the job ends `failed` with the
+    reason and report, and nothing is left at the target or registered.
+    """
+    attempt = _claim(job_id)
+    job = ConversionJob.objects.select_related("source").get(pk=job_id)
+    if attempt is None:
+        return job
+    source = job.source
+    target = Path(job.output_path)
+    work = convert.partial_dir(target, f"job{job.pk}-{attempt}")
+    last_write = 0.0
+
+    def on_progress(p: convert.ConversionProgress) -> None:
+        nonlocal last_write
+        if progress is not None:
+            progress(p)
+        now = time.monotonic()
+        if now - last_write >= PROGRESS_WRITE_INTERVAL_S or p.bytes_done == p.bytes_total:
+            last_write = now
+            _fenced_update(
+                job.pk,
+                attempt,
+                tensors_done=p.tensors_done,
+                tensors_total=p.tensors_total,
+                bytes_done=p.bytes_done,
+                bytes_total=p.bytes_total,
+                current_file=p.file[:500],
+                overflow_total=p.overflow_total,
+            )
+
+    try:
+        _remove_orphan_target(target)
+        convert.check_target(source.path, target)
+        convert.remove_partials(target, keep=work.name.split(convert.PARTIAL_MARK, 1)[1])
+        report = convert.convert_into(source.path, work, clamp=job.clamp, progress=on_progress)
+        (work / CONVERSION_MARKER).write_text(
+            json.dumps({"job": job.pk, "attempt": attempt, "source": source.name, "clamp": job.clamp}) + "\n"
+        )
+        _fenced_update(job.pk, attempt, phase="registering", report=report.to_dict(), **_range_fields(report))
+        with transaction.atomic():
+            # The job row lock is the fence: only the attempt that owns it registers.
+            locked = ConversionJob.objects.select_for_update().get(pk=job.pk)
+            if locked.attempt != attempt or locked.state != ConversionState.RUNNING:
+                raise ConversionSuperseded(
+                    f"conversion job {job.pk} attempt {attempt} no longer owns the job"
+                )
+            version = model_version_create(
+                name=job.new_name,
+                config=report.config,
+                path=str(target),
+                source=source.source,
+                revision=source.revision,
+                smoke_expected_substring=source.smoke_expected_substring,
+            )
+            model_version_record_hashes(model_version=version, hashes=report.hashes())
+            now = timezone.now()
+            ConversionJob.objects.filter(pk=job.pk).update(
+                state=ConversionState.SUCCEEDED,
+                phase="",
+                result=version,
+                finished_at=now,
+                updated_at=now,
+                tensors_done=report.tensors_total,
+                bytes_done=report.bytes_total,
+            )
+            # Last: a failure here rolls the registration back; after it only the
+            # commit remains (an orphan from a crash there is removed by a re-run).
+            os.rename(work, target)
+        convert.fsync_dir(target.parent)
+    except ConversionSuperseded as error:
+        shutil.rmtree(work, ignore_errors=True)
+        logger.warning("%s", error)
+    except convert.Fp16RangeError as error:
+        shutil.rmtree(work, ignore_errors=True)
+        _fail(job.pk, attempt, str(error), report=error.report.to_dict(), **_range_fields(error.report))
+    except (InputError, ApplicationError) as error:
+        shutil.rmtree(work, ignore_errors=True)
+        message = error.message if isinstance(error, ApplicationError) else str(error)
+        _fail(job.pk, attempt, message)
+    except BaseException as error:
+        shutil.rmtree(work, ignore_errors=True)
+        _fail(job.pk, attempt, f"{type(error).__name__}: {error}")
+        raise
+    return ConversionJob.objects.get(pk=job.pk)
+
+
+def _fail(job_id: int, attempt: int, message: str, **fields) -> None:
+    now = timezone.now()
+    ConversionJob.objects.filter(pk=job_id, attempt=attempt, state=ConversionState.RUNNING).update(
+        state=ConversionState.FAILED, phase="", error=message, finished_at=now, updated_at=now, **fields
+    )

@@ -1,11 +1,27 @@
-"""Model registry pages."""
+"""Model registry pages, and the bf16 → fp16 conversion pages."""
 
 from __future__ import annotations
 
+from django import forms
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
 
-from .models import ModelVersion
+from portal.core.errors import ApplicationError
+from portal.inventory.models import Node
+
+from .models import ConversionJob, ModelVersion, WeightDtype
+from .services import conversion_job_start
+
+
+class ConvertForm(forms.Form):
+    node = forms.ModelChoiceField(
+        queryset=Node.objects.all(), to_field_name="name", help_text="The node holding the files."
+    )
+    name = forms.CharField(required=False, help_text="New version's name (default: <name>-fp16).")
+    clamp = forms.BooleanField(required=False, help_text="Clamp values beyond ±65504 instead of stopping.")
 
 
 @login_required
@@ -16,4 +32,39 @@ def model_list(request):
 @login_required
 def model_detail(request, name: str):
     model = get_object_or_404(ModelVersion, name=name)
-    return render(request, "registry/model_detail.html", {"model": model})
+    context = {"model": model, "conversions": model.conversions.select_related("result", "node")[:10]}
+    if request.user.is_staff and model.weight_dtype == WeightDtype.BFLOAT16 and not model.quantization:
+        only = list(Node.objects.all()[:2])
+        context["convert_form"] = ConvertForm(initial={"node": only[0] if len(only) == 1 else None})
+    return render(request, "registry/model_detail.html", context)
+
+
+@require_POST
+@staff_member_required
+def model_convert(request, name: str):
+    model = get_object_or_404(ModelVersion, name=name)
+    form = ConvertForm(request.POST)
+    if form.is_valid():
+        try:
+            job = conversion_job_start(
+                model_version=model,
+                node=form.cleaned_data["node"],
+                new_name=form.cleaned_data["name"],
+                clamp=form.cleaned_data["clamp"],
+                requested_by=request.user,
+            )
+        except ApplicationError as error:
+            messages.error(request, f"Not started: {error.message}")
+        else:
+            return redirect(job)
+    else:
+        messages.error(request, "Not started: " + "; ".join(f"{f}: {e[0]}" for f, e in form.errors.items()))
+    return redirect(model)
+
+
+@login_required
+def conversion_detail(request, name: str, pk: int):
+    job = get_object_or_404(
+        ConversionJob.objects.select_related("source", "result", "node"), pk=pk, source__name=name
+    )
+    return render(request, "registry/conversion_detail.html", {"job": job})

@@ -1,0 +1,140 @@
+"""`python -m inference.sim`: vLLM's api_server flags (the ones our profiles emit) plus `--hardware`.
+
+Unknown flags are refused as vLLM's argument parser refuses them; impossible
+values and profiles vLLM would not start on the simulated GPU exit with code 1
+and a vLLM-like message on stderr, before the port is bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from inference.errors import InputError
+from inference.hardware import GPU_CATALOG, get_gpu
+from inference.hf_config import resolve_model_config
+from inference.planner import BLOCK_SIZES, ProfileSettings
+from inference.sim.engine import EngineConfig, EngineRefused, SimEngine
+from inference.sim.tokens import Tokenizer
+
+# vLLM's --dtype spellings → the planner's.
+DTYPE_ALIASES = {"half": "float16", "float": "float32", "float16": "float16", "bfloat16": "bfloat16",
+                 "float32": "float32", "auto": "auto"}  # fmt: skip
+
+
+# What the portal is for: a launch that names no GPU (a CPU node running the simulator)
+# pretends to be on the FIELD_NOTES V100s, and says so at start.
+DEFAULT_HARDWARE = "v100-sxm2-32gb"
+
+
+def _bool_flag(parser: argparse.ArgumentParser, name: str, help_text: str) -> None:
+    # vLLM's flags for booleans accept --x and --no-x (argparse.BooleanOptionalAction).
+    parser.add_argument(name, action=argparse.BooleanOptionalAction, default=False, help=help_text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m inference.sim",
+        description="A simulated vLLM OpenAI-compatible server that behaves like the GPUs it models.",
+    )
+    parser.add_argument(
+        "--model", required=True, help="model directory, config.json, or a bundled config name"
+    )
+    parser.add_argument("--served-model-name", nargs="+", default=None)
+    parser.add_argument(
+        "--tokenizer", default=None, help="directory or tokenizer.json (default: the model's)"
+    )
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    parser.add_argument("--dtype", default="auto", choices=sorted(DTYPE_ALIASES))
+    parser.add_argument("--quantization", "-q", default=None)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--block-size", type=int, default=16, choices=BLOCK_SIZES)
+    _bool_flag(parser, "--enable-prefix-caching", "reuse KV blocks of shared prompt prefixes")
+    _bool_flag(parser, "--enable-chunked-prefill", "cut long prompts into chunks interleaved with decodes")
+    parser.add_argument(
+        "--enforce-eager", action="store_true", help="no CUDA graphs (the safe default on Volta)"
+    )
+    parser.add_argument("--swap-space", type=float, default=4.0)
+    parser.add_argument("--kv-cache-dtype", default="auto")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    # Accepted and ignored, as they change nothing the simulator models.
+    parser.add_argument("--trust-remote-code", action="store_true")
+    parser.add_argument("--disable-log-requests", action="store_true")
+    parser.add_argument("--disable-log-stats", action="store_true")
+    parser.add_argument("--uvicorn-log-level", default="info")
+    # The simulator's own flags.
+    parser.add_argument(
+        "--hardware",
+        default=DEFAULT_HARDWARE,
+        help=f"simulated GPU (catalog key, default {DEFAULT_HARDWARE}): {', '.join(GPU_CATALOG)}",
+    )
+    parser.add_argument(
+        "--interconnect", choices=("nvlink", "pcie"), default=None, help="default: NVLink on SXM boards"
+    )
+    parser.add_argument(
+        "--speedup", type=float, default=1.0, help="run the simulated clock this many times faster (tests)"
+    )
+    return parser
+
+
+def engine_from_args(args: argparse.Namespace) -> tuple[SimEngine, Tokenizer, str]:
+    """The engine, tokenizer and model root for parsed flags; InputError or EngineRefused on bad input."""
+    gpu = get_gpu(args.hardware)
+    model = resolve_model_config(args.model)
+    profile = ProfileSettings(
+        dtype=DTYPE_ALIASES[args.dtype],
+        tensor_parallel_size=args.tensor_parallel_size,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        enable_prefix_caching=args.enable_prefix_caching,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        enforce_eager=args.enforce_eager,
+        quantization=args.quantization,
+        swap_space_gb=args.swap_space,
+        kv_cache_dtype=args.kv_cache_dtype,
+    )
+    nvlink = {"nvlink": True, "pcie": False}.get(args.interconnect)
+    engine = SimEngine(EngineConfig(model=model, profile=profile, gpu=gpu, nvlink=nvlink))
+    source = Path(args.tokenizer or args.model)
+    tokenizer_json = source if source.suffix == ".json" and source.name != "config.json" else None
+    if tokenizer_json is None:
+        directory = source if source.is_dir() else source.parent if source.name == "config.json" else None
+        tokenizer_json = directory / "tokenizer.json" if directory is not None else None
+    return engine, Tokenizer(tokenizer_json), args.model
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.speedup <= 0:
+        print("ValueError: --speedup must be > 0", file=sys.stderr)
+        return 1
+    try:
+        engine, tokenizer, root = engine_from_args(args)
+    except InputError as error:
+        print(f"ValueError: {error}", file=sys.stderr)
+        return 1
+    except EngineRefused as error:
+        print(f"ValueError: {error}", file=sys.stderr)
+        return 1
+
+    from aiohttp import web
+
+    from inference.sim.server import SimServer
+
+    names = args.served_model_name or [args.model]
+    server = SimServer(
+        engine, served_model_names=names, tokenizer=tokenizer, model_root=root, speedup=args.speedup
+    )
+    print(f"INFO inference.sim: {engine.describe()}", flush=True)
+    print(f"INFO inference.sim: serving {', '.join(names)} on http://{args.host}:{args.port}", flush=True)
+    web.run_app(server.app(), host=args.host, port=args.port, print=None, access_log=None)
+    return 0

@@ -1,0 +1,135 @@
+"""Predict a concurrency sweep of a profile with the simulator's virtual clock.
+
+Shared by `manage.py simulate` and the planner's "predict this profile" page:
+the inputs are resolved exactly as the planner resolves them (registered or
+bundled model, catalog GPUs, settings through `settings_from`), then
+`inference.sim.virtual.sweep` runs the same scheduler as the simulated server
+on a virtual clock.
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import render
+
+from inference.bench.metrics import format_table
+from inference.bench.sla import Sla
+from inference.bench.workloads import PRESETS, load_mix
+from inference.errors import InputError
+from inference.sim.engine import EngineConfig, EngineRefused
+from inference.sim.virtual import sweep
+from portal.core.errors import ApplicationError
+
+from .forms import PlannerForm
+from .services import resolve_model, settings_from, target_placement
+
+DEFAULT_CONCURRENCY = (16, 32, 64, 128, 256)
+# The page answers in about five seconds: half the command's requests per level (levels then
+# read a few per cent below steady state).
+PAGE_REQUESTS_PER_USER = 10
+PAGE_MIN_REQUESTS = 100
+
+
+def parse_concurrency(text: str) -> list[int]:
+    """ "16,32,64" → [16, 32, 64]; anything else is an ApplicationError on `concurrency`."""
+    levels = []
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1:
+            raise ApplicationError(f"levels must be whole numbers ≥ 1, got {part!r}", field="concurrency")
+        levels.append(int(part))
+    return levels
+
+
+def predict_sweep(
+    *,
+    model: str,
+    gpu: str,
+    gpus: int,
+    mix: str,
+    concurrency: list[int],
+    nvlink: bool | None = None,
+    allow_paths: bool = False,
+    requests_per_level: int | None = None,
+    seed: int = 0,
+    sla: Sla | None = None,
+    **settings_values,
+) -> dict:
+    """{"levels": [...], "sla_concurrency": N, "sla_reason": str} for a profile on catalog GPUs.
+
+    The tensor-parallel size defaults to all the GPUs, as the planner's does.
+    """
+    placement = target_placement(gpu_key=gpu, gpu_count=gpus, nvlink_connected=nvlink)
+    arch = resolve_model(model, allow_paths=allow_paths)
+    if not settings_values.get("tensor_parallel_size"):
+        settings_values["tensor_parallel_size"] = gpus
+    profile = settings_from(**settings_values)
+    config = EngineConfig(model=arch, profile=profile, gpu=placement.gpu, nvlink=placement.nvlink_connected)
+    try:
+        workload = load_mix(mix)
+        result = sweep(
+            config, workload, concurrency, requests_per_level=requests_per_level, seed=seed, sla=sla
+        )
+    except InputError as error:
+        raise ApplicationError.from_input_error(error) from error
+    except EngineRefused as error:
+        raise ApplicationError(f"vLLM would not start this profile: {error}", field="profile") from error
+    return result
+
+
+class PredictForm(forms.Form):
+    mix = forms.CharField(initial="field-mix", help_text=", ".join(PRESETS) + " or fixed:<in>:<out>")
+    concurrency = forms.CharField(initial=",".join(map(str, DEFAULT_CONCURRENCY)))
+
+
+@login_required
+def predict(request):
+    """The planner's inputs plus a mix and levels → the simulated sweep (GET, linkable)."""
+    planner_form = PlannerForm(request.GET)
+    predict_form = PredictForm(request.GET if "mix" in request.GET else None)
+    result, error = None, None
+    if planner_form.is_valid():
+        data = planner_form.cleaned_data
+        mix = request.GET.get("mix") or "field-mix"
+        try:
+            levels = parse_concurrency(
+                request.GET.get("concurrency") or ",".join(map(str, DEFAULT_CONCURRENCY))
+            )
+            per_level = max(PAGE_MIN_REQUESTS, PAGE_REQUESTS_PER_USER * max(levels))
+            result = predict_sweep(
+                model=data["model"],
+                gpu=data["gpu"],
+                gpus=data["gpus"],
+                mix=mix,
+                concurrency=levels,
+                nvlink={"nvlink": True, "pcie": False}.get(data["interconnect"]),
+                requests_per_level=per_level,
+                dtype=data["dtype"],
+                tensor_parallel_size=data["tensor_parallel_size"],
+                quantization=data["quantization"] or None,
+                max_model_len=data["max_model_len"],
+                gpu_memory_utilization=data["gpu_memory_utilization"],
+                max_num_seqs=data["max_num_seqs"],
+                block_size=data["block_size"],
+                enforce_eager=data["enforce_eager"],
+                enable_prefix_caching=data["enable_prefix_caching"],
+                enable_chunked_prefill=data["enable_chunked_prefill"],
+            )
+        except ApplicationError as exc:
+            error = f"{exc.field}: {exc.message}" if exc.field else exc.message
+    else:
+        error = "; ".join(f"{field}: {' '.join(errors)}" for field, errors in planner_form.errors.items())
+    hidden = [(key, value) for key, value in request.GET.items() if key not in ("mix", "concurrency")]
+    return render(
+        request,
+        "deployments/predict.html",
+        {
+            "result": result,
+            "table": format_table(result["levels"]) if result else "",
+            "error": error,
+            "predict_form": predict_form,
+            "hidden": hidden,
+            "query": request.GET.urlencode(),
+        },
+    )

@@ -1,0 +1,221 @@
+"""Benchmark pages: history, run page with plots, compare, export, import, apply the cap; tenant scoping."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+
+from portal.benchmarks.models import BenchmarkLevel, BenchmarkRun, RunState
+from portal.benchmarks.services import FIELD_NOTES_7B_TABLE, benchmark_import_table, benchmark_run_create
+
+pytestmark = pytest.mark.django_db
+
+
+def level(concurrency: int, throughput: float, p95_ttft_ms: float, p95_tpot_ms: float) -> dict:
+    return {
+        "concurrency": concurrency,
+        "completed": 32,
+        "failed": 0,
+        "output_throughput": throughput,
+        "request_throughput": throughput / 100,
+        "mean_ttft_ms": p95_ttft_ms / 2,
+        "median_ttft_ms": p95_ttft_ms / 2,
+        "p95_ttft_ms": p95_ttft_ms,
+        "mean_tpot_ms": p95_tpot_ms / 2,
+        "median_tpot_ms": p95_tpot_ms / 2,
+        "p95_tpot_ms": p95_tpot_ms,
+        "mean_e2el_ms": 1000.0,
+        "little_law": {
+            "ok": True,
+            "ratio": 1.01,
+            "measured_output_throughput": throughput,
+            "expected_output_throughput": throughput / 1.01,
+        },
+        "errors": {},
+    }
+
+
+@pytest.fixture
+def finished_run(bob, deployment):
+    run = benchmark_run_create(
+        user=bob, deployment=deployment, mix="fixed:16:8", concurrencies=[16, 32], requests_per_level=8
+    )
+    BenchmarkLevel.objects.create(
+        run=run,
+        index=0,
+        concurrency=16,
+        results=level(16, 1000, 800, 60),
+        samples={"ttft_ms": [300, 400, 800], "tpot_ms": [20, 30, 60]},
+    )
+    BenchmarkLevel.objects.create(
+        run=run,
+        index=1,
+        concurrency=32,
+        results=level(32, 1500, 3500, 90),
+        samples={"ttft_ms": [900, 1800, 3500], "tpot_ms": [40, 60, 90]},
+    )
+    BenchmarkRun.objects.filter(pk=run.pk).update(
+        state=RunState.DONE,
+        sla_concurrency=16,
+        sla_reason="16 is the highest level meeting the SLA; 32 misses: P95 TTFT 3.50 s > 3 s",
+    )
+    run.refresh_from_db()
+    return run
+
+
+def test_it_shows_a_run_with_its_plots_and_sla_point(client, bob, finished_run):
+    client.force_login(bob)
+    page = client.get(finished_run.get_absolute_url()).content.decode()
+    assert page.count("<svg") == 5  # throughput, TTFT, TPOT, and the two distributions of a level
+    assert "Output throughput vs concurrency" in page
+    assert "SLA P95 TTFT 3 s" in page
+    assert "32 misses: P95 TTFT 3.50 s &gt; 3 s" in page
+    assert "Concurrency 16" in page
+    assert "http-equiv" not in page  # finished: no refresh
+
+
+def test_it_refreshes_the_page_of_a_running_run(client, bob, deployment):
+    run = benchmark_run_create(user=bob, deployment=deployment, concurrencies=[4])
+    client.force_login(bob)
+    assert 'http-equiv="refresh"' in client.get(run.get_absolute_url()).content.decode()
+
+
+def test_it_hides_runs_from_another_team(client, charlie, finished_run):
+    client.force_login(charlie)
+    assert client.get(finished_run.get_absolute_url()).status_code == 404
+    assert client.get(f"/benchmarks/{finished_run.pk}/export.json").status_code == 404
+    assert client.get(f"/benchmarks/{finished_run.pk}/progress.json").status_code == 404
+    assert client.get("/benchmarks/deployment/search-7b/").status_code == 404
+    assert f"#{finished_run.pk}" not in client.get("/benchmarks/").content.decode()
+
+
+def test_it_lists_history_per_deployment_and_per_profile(client, bob, finished_run):
+    client.force_login(bob)
+    by_deployment = client.get("/benchmarks/deployment/search-7b/").content.decode()
+    by_profile = client.get("/benchmarks/profile/v100-7b-fp16-tp8/").content.decode()
+    assert f"#{finished_run.pk}" in by_deployment and f"#{finished_run.pk}" in by_profile
+    assert f"#{finished_run.pk}" not in client.get("/benchmarks/?mix=short-qa").content.decode()
+    assert f"#{finished_run.pk}" in client.get("/benchmarks/?mix=fixed:16:8&state=done").content.decode()
+
+
+def test_it_exports_json_with_vllm_key_names(client, bob, finished_run):
+    client.force_login(bob)
+    data = client.get(f"/benchmarks/{finished_run.pk}/export.json").json()
+    assert data["sla_concurrency"] == 16
+    assert data["levels"][1]["p95_ttft_ms"] == 3500
+    assert data["run"]["snapshot"]["profile"]["name"] == "v100-7b-fp16-tp8"
+
+
+def test_it_exports_csv(client, bob, finished_run):
+    client.force_login(bob)
+    response = client.get(f"/benchmarks/{finished_run.pk}/export.csv")
+    rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    assert [row["concurrency"] for row in rows] == ["16", "32"]
+    assert rows[0]["output_throughput"] == "1000"
+    assert rows[0]["little_law_ok"] == "True"
+
+
+def test_it_compares_two_runs_and_marks_the_deltas(client, bob, deployment, finished_run):
+    other = benchmark_run_create(
+        user=bob, deployment=deployment, mix="fixed:16:8", concurrencies=[16], requests_per_level=8
+    )
+    BenchmarkLevel.objects.create(run=other, index=0, concurrency=16, results=level(16, 1200, 700, 60))
+    client.force_login(bob)
+    page = client.get(f"/benchmarks/compare/?a={finished_run.pk}&b={other.pk}").content.decode()
+    assert "+20.0 %" in page  # throughput 1000 → 1200
+    assert '<tr class="better"><td>output tok/s</td>' in page
+    assert '<tr class="better"><td>P95 TTFT ms</td>' in page  # 800 → 700 ms
+    assert "(only in A)" in page  # level 32 was not run in B
+
+
+def test_it_shows_what_changed_between_runs(client, alice, bob, deployment, finished_run):
+    other = benchmark_run_create(
+        user=bob, deployment=deployment, mix="short-qa", concurrencies=[16], requests_per_level=8
+    )
+    BenchmarkRun.objects.filter(pk=other.pk).update(
+        snapshot={**other.snapshot, "profile": {**other.snapshot["profile"], "max_num_seqs": 64}}
+    )
+    client.force_login(alice)
+    page = client.get(f"/benchmarks/compare/?a={finished_run.pk}&b={other.pk}").content.decode()
+    assert "profile.max_num_seqs" in page
+    assert "short-qa" in page
+
+
+def test_it_applies_the_cap_in_one_staff_click(client, alice, bob, finished_run):
+    client.force_login(bob)
+    assert "apply-cap" not in client.get(finished_run.get_absolute_url()).content.decode()
+    assert client.post(f"/benchmarks/{finished_run.pk}/apply-cap/").status_code == 302  # to the admin login
+    finished_run.deployment.refresh_from_db()
+    assert finished_run.deployment.concurrency_cap is None
+
+    client.force_login(alice)
+    assert 'id="apply-cap"' in client.get(finished_run.get_absolute_url()).content.decode()
+    response = client.post(f"/benchmarks/{finished_run.pk}/apply-cap/", follow=True)
+    finished_run.deployment.refresh_from_db()
+    assert finished_run.deployment.concurrency_cap == 16
+    page = response.content.decode()
+    assert f"benchmark run {finished_run.pk}" in page  # the deployment page says where the cap came from
+
+
+def test_it_cancels_from_the_page(client, bob, deployment):
+    run = benchmark_run_create(user=bob, deployment=deployment, concurrencies=[4])
+    client.force_login(bob)
+    client.post(f"/benchmarks/{run.pk}/cancel/")
+    run.refresh_from_db()
+    assert run.state == RunState.CANCELLED
+
+
+def test_it_starts_a_run_from_the_form(client, bob, deployment):
+    client.force_login(bob)
+    response = client.post(
+        "/benchmarks/new/",
+        {
+            "deployment": "search-7b",
+            "mix": "short-qa",
+            "concurrencies": "4,8",
+            "requests_per_level": 16,
+            "seed": 1,
+        },
+    )
+    run = BenchmarkRun.objects.get()
+    assert response.status_code == 302 and response["Location"] == run.get_absolute_url()
+    assert [lv["concurrency"] for lv in run.config["levels"]] == [4, 8]
+
+
+def test_it_names_the_mix_error_on_the_form(client, bob, deployment):
+    client.force_login(bob)
+    page = client.post(
+        "/benchmarks/new/", {"deployment": "search-7b", "mix": "field_mix", "concurrencies": "4", "seed": 0}
+    ).content.decode()
+    assert "unknown mix" in page and "field-mix" in page
+    assert not BenchmarkRun.objects.exists()
+
+
+def test_it_imports_the_field_notes_table_and_shows_why_it_fails(client, alice):
+    client.force_login(alice)
+    assert "1380" in client.get("/benchmarks/import/").content.decode()  # prefilled
+    response = client.post(
+        "/benchmarks/import/", {"title": "FIELD_NOTES 7B", "table": FIELD_NOTES_7B_TABLE}, follow=True
+    )
+    page = response.content.decode()
+    assert "suspected measurement problem" in page
+    assert "can emit at most ~381 tok/s, yet 1380 tok/s is reported" in page
+    assert "Concurrency 64" in page
+
+
+def test_it_keeps_imports_to_staff(client, bob):
+    client.force_login(bob)
+    assert client.get("/benchmarks/import/").status_code == 302
+
+
+def test_it_shows_imported_runs_without_a_deployment_to_staff_only(client, alice, bob):
+    run = benchmark_import_table(user=alice, title="x", text=FIELD_NOTES_7B_TABLE)
+    client.force_login(bob)
+    assert client.get(run.get_absolute_url()).status_code == 404
+
+
+def test_it_links_benchmarks_from_the_deployment_page(client, bob, deployment):
+    client.force_login(bob)
+    assert "/benchmarks/deployment/search-7b/" in client.get(deployment.get_absolute_url()).content.decode()
