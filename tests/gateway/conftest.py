@@ -4,6 +4,8 @@ upstream (bench/fake_upstream.py) in another process."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
 import signal
 import socket
@@ -20,6 +22,13 @@ import redis
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def run_async(coro):
+    """Run a coroutine on a fresh event loop in its own thread: a test thread may already have a
+    running loop (Playwright's sync API keeps one once the browser tests have run)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def free_port() -> int:

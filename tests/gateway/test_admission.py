@@ -8,7 +8,15 @@ import time
 import httpx
 import pytest
 
-from .conftest import add_replica, chat_body, free_port, upstream_reset, upstream_stats, wait_for_slots_free
+from .conftest import (
+    add_replica,
+    chat_body,
+    free_port,
+    run_async,
+    upstream_reset,
+    upstream_stats,
+    wait_for_slots_free,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
 
@@ -28,7 +36,7 @@ def test_it_admits_exactly_10_of_50_simultaneous_requests_against_a_limit_of_10(
     serving.team.max_concurrent = 10
     serving.team.save()
     body = chat_body(serving.model, "FAKE chunks=80 interval=50", stream=True)  # each holds its slot ~4 s
-    responses = asyncio.run(send_many(gateway, serving, [body] * 50))
+    responses = run_async(send_many(gateway, serving, [body] * 50))
     statuses = [r.status_code for r in responses]
     assert statuses.count(200) == 10
     assert statuses.count(429) == 40
@@ -69,7 +77,7 @@ def test_it_queues_the_excess_over_a_deployment_cap(gateway, serving, gw_redis):
     upstream_reset(serving.upstream)
     body = chat_body(serving.model, "FAKE chunks=10 interval=50", stream=True)  # ~0.5 s each
     started = time.monotonic()
-    responses = asyncio.run(send_many(gateway, serving, [body] * 4))
+    responses = run_async(send_many(gateway, serving, [body] * 4))
     assert [r.status_code for r in responses] == [200] * 4
     assert upstream_stats(serving.upstream)["max_in_flight"] == 2
     assert time.monotonic() - started >= 1.0  # two waves
@@ -92,7 +100,7 @@ def test_it_answers_503_when_the_queue_wait_runs_out(gateway, serving, gw_redis)
             )
             return await first, second
 
-    first, second = asyncio.run(go())
+    first, second = run_async(go())
     assert first.status_code == 200
     assert second.status_code == 503
     assert second.json()["error"]["code"] == "queue_timeout"
@@ -102,7 +110,7 @@ def test_it_answers_503_when_the_queue_wait_runs_out(gateway, serving, gw_redis)
 def test_it_lets_at_most_two_long_prompts_into_prefill_per_deployment(gateway, serving, gw_redis):
     upstream_reset(serving.upstream)
     long_prompt = "word " * 2000 + "FAKE chunks=10 interval=50"  # ~2500 tokens by the chars/4 estimate
-    responses = asyncio.run(
+    responses = run_async(
         send_many(gateway, serving, [chat_body(serving.model, long_prompt, stream=True)] * 3)
     )
     assert [r.status_code for r in responses] == [200] * 3
@@ -141,7 +149,7 @@ def test_it_answers_502_when_every_replica_is_down(gateway, team, cpu_node, gw_r
 def test_it_spreads_requests_over_replicas_by_least_in_flight(gateway, serving, fake_upstream, gw_redis):
     second = add_replica(serving, endpoint_url=fake_upstream)
     body = chat_body(serving.model, "FAKE chunks=10 interval=50", stream=True)
-    asyncio.run(send_many(gateway, serving, [body] * 6))
+    run_async(send_many(gateway, serving, [body] * 6))
     from portal.teams.models import Usage
     from portal.teams.services import usage_flush
 

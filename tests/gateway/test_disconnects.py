@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .conftest import chat_body, upstream_reset, upstream_stats, wait_for_slots_free
+from .conftest import chat_body, run_async, upstream_reset, upstream_stats, wait_for_slots_free
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
 
@@ -113,5 +113,5 @@ async def _open_and_drop(gateway_url, setup, n: int) -> None:
 def test_it_releases_every_slot_when_many_clients_leave_at_once(gateway, serving, gw_redis):
     serving.team.max_concurrent = 100
     serving.team.save()
-    asyncio.run(_open_and_drop(gateway.url, serving, 30))
+    run_async(_open_and_drop(gateway.url, serving, 30))
     assert not any(wait_for_slots_free(gw_redis, serving, timeout=10).values())

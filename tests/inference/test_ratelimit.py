@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import uuid
 
@@ -28,7 +29,9 @@ def run(coro_fn):
                 await redis.delete(*keys)
             await redis.aclose()
 
-    return asyncio.run(main())
+    # In a thread of its own: the test thread may already run a loop (Playwright's sync API does).
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, main()).result()
 
 
 def rid() -> str:
