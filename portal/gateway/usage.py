@@ -81,14 +81,18 @@ class Exchange:
         }
         used = self.prompt_tokens + self.completion_tokens if status != "rejected" else 0
         try:
-            await self.limiter.finish(
-                request_id=self.request_id,
-                team=self.team,
-                key=self.key,
-                admission=self.admission,
-                used_tokens=used,
-                deployment_id=self.deployment_id,
-                usage=record,
+            # Shielded: a cancellation arriving now (the client left at the last moment) must not
+            # cut the one script that releases the slots and queues the record.
+            await asyncio.shield(
+                self.limiter.finish(
+                    request_id=self.request_id,
+                    team=self.team,
+                    key=self.key,
+                    admission=self.admission,
+                    used_tokens=used,
+                    deployment_id=self.deployment_id,
+                    usage=record,
+                )
             )
         except Exception:
             # Redis unreachable: the slots expire with their leases; the record is lost, so say so.
