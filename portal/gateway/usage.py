@@ -52,9 +52,16 @@ class Exchange:
         self.ttft_ms = (time.perf_counter() - self.started_mono) * 1000
 
     async def finish(self, status: str, http_status: int, error_code: str = "") -> None:
+        """Close upstream, leave the slots, correct tokens, queue the record: once, and whole.
+
+        Shielded: a cancellation arriving meanwhile (the client left at the last moment) is
+        raised to the caller, but cannot cut these steps half way."""
         if self.finished:
             return
         self.finished = True
+        await asyncio.shield(self._finish(status, http_status, error_code))
+
+    async def _finish(self, status: str, http_status: int, error_code: str) -> None:
         self.keeper.drop(self.leases, self.request_id)
         if self.upstream is not None:
             # Closing a half-read response drops its connection: vLLM sees the disconnect and aborts.
@@ -81,18 +88,14 @@ class Exchange:
         }
         used = self.prompt_tokens + self.completion_tokens if status != "rejected" else 0
         try:
-            # Shielded: a cancellation arriving now (the client left at the last moment) must not
-            # cut the one script that releases the slots and queues the record.
-            await asyncio.shield(
-                self.limiter.finish(
-                    request_id=self.request_id,
-                    team=self.team,
-                    key=self.key,
-                    admission=self.admission,
-                    used_tokens=used,
-                    deployment_id=self.deployment_id,
-                    usage=record,
-                )
+            await self.limiter.finish(
+                request_id=self.request_id,
+                team=self.team,
+                key=self.key,
+                admission=self.admission,
+                used_tokens=used,
+                deployment_id=self.deployment_id,
+                usage=record,
             )
         except Exception:
             # Redis unreachable: the slots expire with their leases; the record is lost, so say so.
@@ -101,5 +104,5 @@ class Exchange:
             )
 
     async def finish_shielded(self, status: str, http_status: int, error_code: str = "") -> None:
-        """Finish even when the calling task is being cancelled (the client went away)."""
-        await asyncio.shield(self.finish(status, http_status, error_code))
+        """Finish from a path that is handling a cancellation (the client went away)."""
+        await self.finish(status, http_status, error_code)
