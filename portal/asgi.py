@@ -17,9 +17,9 @@ from portal.gateway.asgi import GatewayHandler  # noqa: E402  (needs the apps lo
 gateway_application = GatewayHandler()
 
 # Everything loaded so far (Django, the apps, their modules) lives as long as the process:
-# keep it out of the garbage collector's full passes, which otherwise stall every request
-# in flight for tens of milliseconds (seen as the gateway's P99 TTFT), and collect the
-# young generation less often under a streaming load that allocates many small objects.
+# keep it out of the garbage collector's full passes, so they do not walk the whole startup
+# heap while streams are in flight, and collect the young generation less often under a
+# streaming load that allocates many small short-lived objects.
 gc.freeze()
 gc.set_threshold(50_000, 20, 20)
 
