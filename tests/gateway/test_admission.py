@@ -75,12 +75,12 @@ def test_it_queues_the_excess_over_a_deployment_cap(gateway, serving, gw_redis):
     serving.deployment.concurrency_cap = 2
     serving.deployment.save()
     upstream_reset(serving.upstream)
-    body = chat_body(serving.model, "FAKE chunks=10 interval=50", stream=True)  # ~0.5 s each
+    body = chat_body(serving.model, "FAKE chunks=20 interval=50", stream=True)  # ~1 s each
     started = time.monotonic()
     responses = run_async(send_many(gateway, serving, [body] * 4))
     assert [r.status_code for r in responses] == [200] * 4
     assert upstream_stats(serving.upstream)["max_in_flight"] == 2
-    assert time.monotonic() - started >= 1.0  # two waves
+    assert time.monotonic() - started >= 2.0  # two waves
     assert not any(wait_for_slots_free(gw_redis, serving).values())
 
 
@@ -109,7 +109,7 @@ def test_it_answers_503_when_the_queue_wait_runs_out(gateway, serving, gw_redis)
 
 def test_it_lets_at_most_two_long_prompts_into_prefill_per_deployment(gateway, serving, gw_redis):
     upstream_reset(serving.upstream)
-    long_prompt = "word " * 2000 + "FAKE chunks=10 interval=50"  # ~2500 tokens by the chars/4 estimate
+    long_prompt = "word " * 2000 + "FAKE chunks=20 interval=50"  # ~2500 tokens by the chars/4 estimate
     responses = run_async(
         send_many(gateway, serving, [chat_body(serving.model, long_prompt, stream=True)] * 3)
     )
@@ -148,7 +148,7 @@ def test_it_answers_502_when_every_replica_is_down(gateway, team, cpu_node, gw_r
 
 def test_it_spreads_requests_over_replicas_by_least_in_flight(gateway, serving, fake_upstream, gw_redis):
     second = add_replica(serving, endpoint_url=fake_upstream)
-    body = chat_body(serving.model, "FAKE chunks=10 interval=50", stream=True)
+    body = chat_body(serving.model, "FAKE chunks=20 interval=50", stream=True)
     run_async(send_many(gateway, serving, [body] * 6))
     from portal.teams.models import Usage
     from portal.teams.services import usage_flush
