@@ -178,6 +178,10 @@ CELERY_TASK_ACKS_LATE = False  # opted into per task, where a task is safe to re
 # Longer than the longest task (a model start can take many minutes), so Redis
 # does not redeliver a message whose task is still running.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=7200)}
+# A task that dies with its worker process goes back to the queue (only acks_late
+# tasks, which are the ones safe to run again: the deployment lease makes a
+# repeat a no-op or a resume).
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_EXPIRES = 3600
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
@@ -190,6 +194,31 @@ PORTAL_LOCAL_NODE = env.str("PORTAL_LOCAL_NODE", default="local")
 # superseded by a new job for the same output.
 PORTAL_CONVERSION_LEASE_S = env.int("PORTAL_CONVERSION_LEASE_S", default=120)
 
+# --- Deployments: what node agents do with server processes (docs/concurrency.md) ---
+# Where an agent keeps each deployment's log and generated files.
+PORTAL_RUN_DIR = env.str("PORTAL_RUN_DIR", default=str(VAR_DIR / "run"))
+DEPLOYMENT_LEASE_TTL_S = env.int("DEPLOYMENT_LEASE_TTL_S", default=90)
+# vLLM must list its model within this time after launch (a 70B load from disk takes minutes).
+DEPLOYMENT_READY_TIMEOUT_S = env.int("DEPLOYMENT_READY_TIMEOUT_S", default=1200)
+DEPLOYMENT_DRAIN_TIMEOUT_S = env.int("DEPLOYMENT_DRAIN_TIMEOUT_S", default=60)
+DEPLOYMENT_STOP_GRACE_S = env.int("DEPLOYMENT_STOP_GRACE_S", default=30)
+DEPLOYMENT_SUPERVISE_INTERVAL_S = env.int("DEPLOYMENT_SUPERVISE_INTERVAL_S", default=15)
+DEPLOYMENT_HEALTH_FAILURES = env.int("DEPLOYMENT_HEALTH_FAILURES", default=3)
+DEPLOYMENT_RESTART_LIMIT = env.int("DEPLOYMENT_RESTART_LIMIT", default=5)
+DEPLOYMENT_RESTART_BACKOFF_S = env.float("DEPLOYMENT_RESTART_BACKOFF_S", default=10.0)
+# A node agent keeps its servers running when it exits (a restarted agent adopts them again);
+# `make run` sets this on its agent so Ctrl-C leaves no vLLM behind on a laptop.
+PORTAL_AGENT_STOP_SERVERS_ON_EXIT = env_bool("PORTAL_AGENT_STOP_SERVERS_ON_EXIT", default=False)
+if CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"] <= DEPLOYMENT_READY_TIMEOUT_S + 600:
+    raise ImproperlyConfigured("CELERY_VISIBILITY_TIMEOUT must exceed DEPLOYMENT_READY_TIMEOUT_S + 600")
+CELERY_BEAT_SCHEDULE = {
+    "deployments-supervise": {
+        "task": "deployments.supervise_all",
+        "schedule": DEPLOYMENT_SUPERVISE_INTERVAL_S,
+        # A tick nobody ran in time is worthless: the next one is on its way.
+        "options": {"queue": "control", "expires": DEPLOYMENT_SUPERVISE_INTERVAL_S},
+    },
+}
 # --- Gateway (portal/gateway): the OpenAI-compatible proxy -------------------------
 # Key digests are HMAC-SHA256 under this secret; by default derived from SECRET_KEY
 # (so rotating SECRET_KEY invalidates every API key unless this is set on its own).
@@ -221,6 +250,6 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
-    # httpx logs every upstream request at INFO: one line per gateway request is too many.
+    # httpx logs every request at INFO; node agents poll /health every half second while starting.
     "loggers": {"httpx": {"level": "WARNING"}},
 }

@@ -150,3 +150,14 @@ def vllm_server(tiny_model_dir, tmp_path_factory):
     server = start_vllm_server(tiny_model_dir, tmp_path_factory.mktemp("vllm") / "vllm.log")
     yield server
     stop_vllm_server(server)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run the real-browser tests last.
+
+    Playwright's sync API keeps an asyncio event loop running in the main thread
+    for as long as its session-wide browser lives; any later `asyncio.run()` (the
+    gateway, the load generator, the simulator) or async-to-sync call in that
+    thread would then fail. After the browser starts, only browser tests follow.
+    """
+    items.sort(key=lambda item: item.get_closest_marker("browser") is not None)

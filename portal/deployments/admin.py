@@ -1,11 +1,11 @@
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.utils.html import format_html, format_html_join
 
 from portal.core.errors import ApplicationError
 
 from . import services
-from .models import Deployment, DeploymentProfile
+from .models import AdoptedEndpoint, Deployment, DeploymentEvent, DeploymentProfile
 
 
 def _findings_html(compute_plan) -> str:
@@ -64,6 +64,13 @@ class DeploymentForm(forms.ModelForm):
         model = Deployment
         fields = list(services.DEPLOYMENT_CREATE_FIELDS)
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # Blank only for adopted servers, which have their own admin.
+        for name in ("profile", "node"):
+            if name in self.fields:
+                self.fields[name].required = True
+
     def clean(self):
         cleaned = super().clean()
         if self.instance.pk is None and not self.errors:
@@ -74,6 +81,18 @@ class DeploymentForm(forms.ModelForm):
             except ApplicationError as error:
                 raise forms.ValidationError(error.message) from error
         return cleaned
+
+
+class DeploymentEventInline(admin.TabularInline):
+    model = DeploymentEvent
+    fields = ["at", "step", "status", "seconds", "message"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ["-at", "-id"]
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
 
 
 @admin.register(Deployment)
@@ -89,9 +108,54 @@ class DeploymentAdmin(admin.ModelAdmin):
         "desired_state",
         "state",
     ]
-    list_filter = ["state", "desired_state", "team", "node"]
+    list_filter = ["state", "desired_state", "adopted", "team", "node"]
     search_fields = ["name", "model_version__name", "profile__name", "node__name", "team__name"]
-    readonly_fields = ["state", "state_reason", "endpoint_url", "findings"]
+    readonly_fields = [
+        "state",
+        "state_reason",
+        "failure_code",
+        "endpoint_url",
+        "command_line",
+        "pid",
+        "port",
+        "restart_count",
+        "serving_since",
+        "findings",
+    ]
+    inlines = [DeploymentEventInline]
+    actions = ["start_selected", "stop_selected", "restart_selected"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(adopted=False)
+
+    def get_inlines(self, request, obj):
+        return self.inlines if obj is not None else []  # a new deployment has no timeline yet
+
+    def _request(self, request, queryset, service, verb: str) -> None:
+        done = 0
+        for deployment in queryset:
+            try:
+                service(deployment=deployment, user=request.user)
+                done += 1
+            except ApplicationError as error:
+                self.message_user(request, f"{deployment.name}: {error.message}", messages.ERROR)
+        if done:
+            self.message_user(request, f"{verb} requested for {done} deployment(s)")
+
+    @admin.action(description="Start the selected deployments")
+    def start_selected(self, request, queryset) -> None:
+        self._request(request, queryset, services.deployment_request_start, "start")
+
+    @admin.action(description="Stop the selected deployments (drain first)")
+    def stop_selected(self, request, queryset) -> None:
+        self._request(request, queryset, services.deployment_request_stop, "stop")
+
+    @admin.action(description="Restart the selected deployments")
+    def restart_selected(self, request, queryset) -> None:
+        self._request(request, queryset, services.deployment_request_restart, "restart")
+
+    def delete_model(self, request, obj) -> None:
+        services.deployment_delete(deployment=obj)
 
     def get_readonly_fields(self, request, obj=None):
         # Where a deployment runs is fixed once created: a new placement is a new deployment.
@@ -111,3 +175,51 @@ class DeploymentAdmin(admin.ModelAdmin):
         if not deployment.pk:
             return "—"
         return _findings_html(lambda: services.deployment_plan(deployment))
+
+
+class AdoptedEndpointForm(forms.ModelForm):
+    url = forms.CharField(help_text="http://host:port/v1 of the running vLLM server.")
+
+    class Meta:
+        model = AdoptedEndpoint
+        fields = ["name", "team", "model_version", "node"]
+
+    def clean(self):
+        cleaned = super().clean()
+        if self.instance.pk is None and not self.errors:
+            try:
+                cleaned["endpoint_url"] = services.endpoint_url_from(cleaned.get("url", ""))
+            except ApplicationError as error:
+                raise forms.ValidationError({"url": error.message}) from error
+        return cleaned
+
+
+@admin.register(AdoptedEndpoint)
+class AdoptedEndpointAdmin(admin.ModelAdmin):
+    """Servers the portal did not start (register_endpoint): health-checked, never started or stopped."""
+
+    form = AdoptedEndpointForm
+    list_display = ["name", "team", "model_version", "endpoint_url", "state", "last_checked_at"]
+    readonly_fields = ["endpoint_url", "state", "state_reason", "last_checked_at"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(adopted=True)
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return ["name", "team", "model_version", "node", "url"]
+        return ["name", "team", "model_version", "node", *self.readonly_fields]
+
+    def save_model(self, request, obj, form, change) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        data = form.cleaned_data
+        created = services.endpoint_register(
+            name=data["name"],
+            team=data["team"],
+            model_version=data["model_version"],
+            url=data["url"],
+            node=data.get("node"),
+        )
+        obj.pk, obj._state.adding = created.pk, False

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import fields as dataclass_fields
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers, viewsets
+from rest_framework import serializers, status, viewsets
+from rest_framework.decorators import action
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -20,7 +21,14 @@ from portal.registry.models import ModelVersion
 from portal.teams.models import Team
 
 from . import services
-from .models import Deployment, DeploymentProfile, DeploymentState, DesiredState
+from .models import (
+    Deployment,
+    DeploymentEvent,
+    DeploymentProfile,
+    DeploymentState,
+    DesiredState,
+    MetricsSample,
+)
 from .selectors import deployments_visible_to
 
 
@@ -78,6 +86,8 @@ class DeploymentSerializer(serializers.ModelSerializer):
     desired_state = serializers.ChoiceField(choices=DesiredState.choices, default=DesiredState.RUNNING)
     state = serializers.ChoiceField(choices=DeploymentState.choices, read_only=True)
     plan = serializers.SerializerMethodField()
+    engine = serializers.CharField(source="effective_engine", read_only=True)
+    command_line = serializers.CharField(read_only=True)
 
     class Meta:
         model = Deployment
@@ -95,10 +105,33 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "endpoint_url",
             "concurrency_cap",
             "plan",
+            "adopted",
+            "engine",
+            "command_line",
+            "port",
+            "pid",
+            "failure_code",
+            "restart_count",
+            "start_requested_at",
+            "serving_since",
+            "last_checked_at",
             "created_at",
             "updated_at",
         ]
-        read_only_fields = ["state_reason", "endpoint_url", "created_at", "updated_at"]
+        read_only_fields = [
+            "state_reason",
+            "endpoint_url",
+            "adopted",
+            "port",
+            "pid",
+            "failure_code",
+            "restart_count",
+            "start_requested_at",
+            "serving_since",
+            "last_checked_at",
+            "created_at",
+            "updated_at",
+        ]
 
     def get_plan(self, deployment: Deployment) -> dict | None:
         try:
@@ -108,6 +141,39 @@ class DeploymentSerializer(serializers.ModelSerializer):
 
     def create(self, validated_data):
         return services.deployment_create(**validated_data)
+
+
+class EventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = DeploymentEvent
+        fields = ["at", "step", "status", "message", "seconds"]
+
+
+class SampleSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = MetricsSample
+        fields = [
+            "at",
+            "healthy",
+            "running",
+            "waiting",
+            "kv_cache_usage",
+            "preemptions",
+            "prompt_tokens",
+            "generation_tokens",
+            "requests_finished",
+            "memory_mb",
+        ]
+
+
+class RegisterEndpointSerializer(serializers.Serializer):
+    name = serializers.SlugField(max_length=100)
+    team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
+    model_version = serializers.SlugRelatedField(slug_field="name", queryset=ModelVersion.objects.all())
+    url = serializers.CharField(help_text="http://host:port/v1 (or the server root).")
+    node = serializers.SlugRelatedField(
+        slug_field="name", queryset=Node.objects.all(), required=False, allow_null=True, default=None
+    )
 
 
 class DeploymentViewSet(viewsets.ModelViewSet):
@@ -125,6 +191,57 @@ class DeploymentViewSet(viewsets.ModelViewSet):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no user
             return Deployment.objects.none()
         return deployments_visible_to(self.request.user)
+
+    def perform_destroy(self, instance: Deployment) -> None:
+        services.deployment_delete(deployment=instance)
+
+    def _requested(self, request, service) -> Response:
+        deployment = service(deployment=self.get_object(), user=request.user)
+        return Response(self.get_serializer(deployment).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={202: DeploymentSerializer})
+    @action(detail=True, methods=["post"])
+    def start(self, request, name=None):
+        """Want it running; the node's agent starts it (watch `state` and the timeline)."""
+        return self._requested(request, services.deployment_request_start)
+
+    @extend_schema(request=None, responses={202: DeploymentSerializer})
+    @action(detail=True, methods=["post"])
+    def stop(self, request, name=None):
+        """Want it stopped; the agent drains it, stops its process group and frees its port."""
+        return self._requested(request, services.deployment_request_stop)
+
+    @extend_schema(request=None, responses={202: DeploymentSerializer})
+    @action(detail=True, methods=["post"])
+    def restart(self, request, name=None):
+        return self._requested(request, services.deployment_request_restart)
+
+    @extend_schema(responses={200: EventSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def timeline(self, request, name=None):
+        """Every step of the deployment's life, oldest first."""
+        events = self.get_object().events.all()
+        return Response(EventSerializer(events, many=True).data)
+
+    @extend_schema(responses={200: SampleSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def samples(self, request, name=None):
+        """The last supervision samples (health, vLLM gauges and counters, memory), oldest first."""
+        try:
+            limit = max(1, min(int(request.query_params.get("limit", 120)), 2000))
+        except ValueError as error:
+            raise ApplicationError("limit must be a whole number", field="limit") from error
+        samples = list(self.get_object().samples.order_by("-at")[:limit])[::-1]
+        return Response(SampleSerializer(samples, many=True).data)
+
+    @extend_schema(request=RegisterEndpointSerializer, responses={201: DeploymentSerializer})
+    @action(detail=False, methods=["post"], url_path="register-endpoint")
+    def register_endpoint(self, request):
+        """Adopt a vLLM server the portal did not start: health-checked and routed to, never stopped."""
+        data = RegisterEndpointSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        deployment = services.endpoint_register(**data.validated_data)
+        return Response(self.get_serializer(deployment).data, status=status.HTTP_201_CREATED)
 
 
 class PlanRequestSerializer(serializers.Serializer):

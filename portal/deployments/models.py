@@ -133,8 +133,13 @@ class Deployment(models.Model):
     model_version = models.ForeignKey(
         "registry.ModelVersion", on_delete=models.PROTECT, related_name="deployments"
     )
-    profile = models.ForeignKey(DeploymentProfile, on_delete=models.PROTECT, related_name="deployments")
-    node = models.ForeignKey("inventory.Node", on_delete=models.PROTECT, related_name="deployments")
+    # Both are empty only for an adopted server (`adopted`): one the portal did not start.
+    profile = models.ForeignKey(
+        DeploymentProfile, on_delete=models.PROTECT, related_name="deployments", null=True, blank=True
+    )
+    node = models.ForeignKey(
+        "inventory.Node", on_delete=models.PROTECT, related_name="deployments", null=True, blank=True
+    )
     gpu_indices = models.JSONField(default=list, blank=True, help_text="GPUs of the node it runs on.")
     desired_state = models.CharField(
         max_length=10, choices=DesiredState.choices, default=DesiredState.STOPPED
@@ -150,6 +155,49 @@ class Deployment(models.Model):
     # The SLA that benchmark runs of this deployment are judged by (FIELD_NOTES' defaults).
     sla_p95_ttft_s = models.FloatField(default=3.0, validators=[MinValueValidator(0.001)])
     sla_p95_tpot_s = models.FloatField(default=0.2, validators=[MinValueValidator(0.0001)])
+    # A server the portal did not start (register_endpoint): health-checked and
+    # routed to, never started or stopped.
+    adopted = models.BooleanField(default=False)
+
+    # --- What the node agent launched (written under the deployment's lease) ---
+    engine_used = models.CharField(max_length=10, blank=True, help_text="Engine of the last launch.")
+    command = models.JSONField(default=list, blank=True, help_text="argv of the last launch.")
+    port = models.PositiveIntegerField(null=True, blank=True)
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    pgid = models.PositiveIntegerField(null=True, blank=True)
+    run_dir = models.CharField(max_length=500, blank=True)
+    log_path = models.CharField(max_length=500, blank=True)
+    log_tail = models.TextField(blank=True, help_text="Last lines of the server log, as the agent read them.")
+    failure_code = models.CharField(max_length=50, blank=True, help_text="Classified startup failure.")
+    start_requested_at = models.DateTimeField(null=True, blank=True)
+    launched_at = models.DateTimeField(null=True, blank=True)
+    serving_since = models.DateTimeField(null=True, blank=True)
+
+    # --- Supervision -------------------------------------------------------------
+    restart_count = models.PositiveIntegerField(default=0, help_text="Automatic restarts in a row.")
+    health_failures = models.PositiveIntegerField(default=0, help_text="Failed health checks in a row.")
+    last_checked_at = models.DateTimeField(null=True, blank=True)
+    baseline_memory_mb = models.FloatField(null=True, blank=True)
+    baseline_preemptions = models.FloatField(null=True, blank=True)
+    restart_after_hours = models.FloatField(
+        null=True, blank=True, help_text="Planned restart after this many hours up (blank: never)."
+    )
+    restart_max_preemptions = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Planned restart after this many preemptions (blank: never)."
+    )
+    restart_max_memory_growth = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.01)],
+        help_text="Planned restart when memory grows by this fraction, e.g. 0.2 (blank: never).",
+    )
+
+    # --- Lease: who may act on the process now (docs/concurrency.md) ---------------
+    # `lease_token` only ever grows: it is the fencing token every agent write checks.
+    lease_token = models.BigIntegerField(default=0)
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -163,5 +211,74 @@ class Deployment(models.Model):
         return reverse("deployments:deployment-detail", args=[self.name])
 
     @property
+    def effective_engine(self) -> str:
+        """The profile's engine, else the node's ("external" for an adopted server)."""
+        if self.adopted:
+            return "external"
+        return (self.profile.engine if self.profile else "") or (self.node.engine if self.node else "vllm")
+
+    @property
+    def command_line(self) -> str:
+        import shlex
+
+        return shlex.join(self.command) if self.command else ""
+
+
+class EventStatus(models.TextChoices):
+    STARTED = "started", "started"
+    OK = "ok", "ok"
+    FAILED = "failed", "failed"
+    SKIPPED = "skipped", "skipped"
+    INFO = "info", "info"
+
+
+class DeploymentEvent(models.Model):
+    """One step of a deployment's life, written as it happens (the page's timeline)."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    step = models.CharField(max_length=40)
+    status = models.CharField(max_length=10, choices=EventStatus.choices, default=EventStatus.INFO)
+    message = models.TextField(blank=True)
+    seconds = models.FloatField(null=True, blank=True, help_text="How long the step took.")
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id} {self.step} {self.status}"
+
+
+class MetricsSample(models.Model):
+    """One supervision scrape of a serving deployment: health, /metrics and memory."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="samples")
+    at = models.DateTimeField(auto_now_add=True)
+    healthy = models.BooleanField()
+    running = models.FloatField(null=True, blank=True)
+    waiting = models.FloatField(null=True, blank=True)
+    kv_cache_usage = models.FloatField(null=True, blank=True, help_text="Fraction 0..1.")
+    preemptions = models.FloatField(null=True, blank=True)
+    prompt_tokens = models.FloatField(null=True, blank=True)
+    generation_tokens = models.FloatField(null=True, blank=True)
+    requests_finished = models.FloatField(null=True, blank=True)
+    memory_mb = models.FloatField(null=True, blank=True, help_text="Resident memory of the process group.")
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["deployment", "at"], name="sample_deployment_at")]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id} @ {self.at:%Y-%m-%d %H:%M:%S}"
+
+    @property
     def gpu_count(self) -> int:
         return len(self.gpu_indices)
+
+
+class AdoptedEndpoint(Deployment):
+    """Adopted servers, as the admin lists and registers them (same table as deployments)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "adopted endpoint"

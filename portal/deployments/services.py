@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from inference.errors import InputError
 from inference.hardware import GpuSpec, get_gpu
@@ -16,7 +20,7 @@ from portal.inventory.selectors import gpus_in_use
 from portal.registry.models import ModelVersion
 from portal.teams.models import Team
 
-from .models import Deployment, DeploymentProfile, DesiredState
+from .models import Deployment, DeploymentEvent, DeploymentProfile, DeploymentState, DesiredState, EventStatus
 
 # Where a deployment runs; fixed once it exists (a new placement is a new deployment).
 DEPLOYMENT_PLACEMENT_FIELDS = ("name", "team", "model_version", "profile", "node", "gpu_indices")
@@ -117,6 +121,8 @@ def _nvlink_connected(gpus) -> bool | None:
 
 
 def deployment_plan(deployment: Deployment) -> Plan | None:
+    if deployment.adopted or deployment.node is None or deployment.profile is None:
+        return None
     placement = node_placement(node=deployment.node, gpu_indices=deployment.gpu_indices)
     if placement is None:
         return None
@@ -197,6 +203,7 @@ def deployment_create(
         gpu_indices=gpu_indices,
         desired_state=desired_state,
     )
+    running = desired_state == DesiredState.RUNNING
     deployment = Deployment(
         name=name,
         team=team,
@@ -205,10 +212,17 @@ def deployment_create(
         node=node,
         gpu_indices=gpu_indices,
         desired_state=desired_state,
+        state=DeploymentState.PENDING if running else DeploymentState.STOPPED,
         concurrency_cap=concurrency_cap,
+        start_requested_at=timezone.now() if running else None,
     )
     clean_or_raise(deployment)
     deployment.save()
+    _event(
+        deployment, "created", f"on {node.name} GPUs {gpu_indices or 'none (CPU)'}, wanted {desired_state}"
+    )
+    if running:
+        _send(deployment, "start", reason="deployed")
     return deployment
 
 
@@ -264,3 +278,159 @@ def deployment_set_concurrency_cap(*, deployment: Deployment, cap: int | None, s
     deployment.concurrency_cap = cap
     deployment.concurrency_cap_source = source
     return deployment
+
+
+# --- Lifecycle requests (the control side; the node agent does the work) ---------
+
+
+def _event(deployment: Deployment, step: str, message: str) -> None:
+    DeploymentEvent.objects.create(deployment=deployment, step=step, status=EventStatus.INFO, message=message)
+
+
+def _send(deployment: Deployment, action: str, **kwargs) -> None:
+    """Queue a lifecycle task on the deployment's node once the request is committed.
+
+    The message expires: a node whose agent is down does not find a pile of stale
+    commands when it comes back; supervision reconciles from the desired state instead.
+    """
+    from . import tasks
+
+    task = {
+        "start": tasks.start_deployment,
+        "stop": tasks.stop_deployment,
+        "restart": tasks.restart_deployment,
+    }[action]
+    queue = deployment.node.queue
+    transaction.on_commit(
+        lambda: task.apply_async(args=[deployment.pk], kwargs=kwargs, queue=queue, expires=600)
+    )
+
+
+def _who(user) -> str:
+    return f" by {user.get_username()}" if user is not None else ""
+
+
+def _refuse_adopted(deployment: Deployment) -> None:
+    if deployment.adopted:
+        raise ApplicationError(
+            "an adopted server is never started or stopped by the portal; it is only health-checked",
+            field="desired_state",
+        )
+
+
+@transaction.atomic
+def deployment_request_start(*, deployment: Deployment, user=None) -> Deployment:
+    """Want it running: check it may hold its GPUs again, then ask its node to start it."""
+    _refuse_adopted(deployment)
+    team = Team.objects.select_for_update().get(pk=deployment.team_id)
+    node = Node.objects.select_for_update().get(pk=deployment.node_id)
+    if deployment.desired_state != DesiredState.RUNNING:
+        _check_gpus_free(node=node, gpu_indices=deployment.gpu_indices, exclude_deployment_id=deployment.pk)
+        _check_team_quota(
+            team=team, extra_gpus=len(deployment.gpu_indices), exclude_deployment_id=deployment.pk
+        )
+    updates = {
+        "desired_state": DesiredState.RUNNING,
+        "restart_count": 0,
+        "start_requested_at": timezone.now(),
+    }
+    # Serving stays serving (the start is then a no-op); anything else waits for the agent.
+    Deployment.objects.filter(pk=deployment.pk).exclude(state=DeploymentState.SERVING).update(
+        state=DeploymentState.PENDING, state_reason=f"start requested{_who(user)}"
+    )
+    Deployment.objects.filter(pk=deployment.pk).update(**updates)
+    _event(deployment, "request", f"start requested{_who(user)}")
+    _send(deployment, "start", reason=f"start requested{_who(user)}")
+    deployment.refresh_from_db()
+    return deployment
+
+
+@transaction.atomic
+def deployment_request_stop(*, deployment: Deployment, user=None) -> Deployment:
+    """Want it stopped: the agent drains it, stops the process group and frees the port."""
+    _refuse_adopted(deployment)
+    Deployment.objects.filter(pk=deployment.pk).update(desired_state=DesiredState.STOPPED)
+    # Nothing can be running when no process was ever recorded and no agent holds the
+    # lease: say `stopped` now rather than wait for an agent (which may be down).
+    now = timezone.now()
+    Deployment.objects.filter(
+        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now),
+        pk=deployment.pk,
+        pid__isnull=True,
+        state__in=[DeploymentState.PENDING, DeploymentState.FAILED],
+    ).update(state=DeploymentState.STOPPED, state_reason=f"stopped{_who(user)}")
+    _event(deployment, "request", f"stop requested{_who(user)}")
+    _send(deployment, "stop")
+    deployment.refresh_from_db()
+    return deployment
+
+
+@transaction.atomic
+def deployment_request_restart(*, deployment: Deployment, user=None) -> Deployment:
+    _refuse_adopted(deployment)
+    if deployment.desired_state != DesiredState.RUNNING:
+        raise ApplicationError("the deployment is stopped: start it instead", field="desired_state")
+    Deployment.objects.filter(pk=deployment.pk).update(restart_count=0, start_requested_at=timezone.now())
+    _event(deployment, "request", f"restart requested{_who(user)}")
+    _send(deployment, "restart", reason=f"restart requested{_who(user)}")
+    deployment.refresh_from_db()
+    return deployment
+
+
+def endpoint_url_from(url: str) -> str:
+    """`http://host:port/v1` (what OpenAI clients are given) → the server root the portal stores."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ApplicationError(f"not an http(s) URL: {url!r}", field="url")
+    if parts.query or parts.fragment:
+        raise ApplicationError("give the server URL without a query or fragment", field="url")
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    if path:
+        raise ApplicationError(f"expected http://host:port or http://host:port/v1, got {url!r}", field="url")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+@transaction.atomic
+def endpoint_register(
+    *, name: str, team: Team, model_version: ModelVersion, url: str, node: Node | None = None
+) -> Deployment:
+    """Record a vLLM server the portal did not start (`register_endpoint`).
+
+    It serves `model_version` under its name, so the gateway routes to it and
+    benchmarks can target it; supervision only health-checks it.
+    """
+    endpoint = endpoint_url_from(url)
+    if Deployment.objects.filter(adopted=True, endpoint_url=endpoint).exists():
+        raise ApplicationError(f"{endpoint} is already registered", field="url")
+    deployment = Deployment(
+        name=name,
+        team=team,
+        model_version=model_version,
+        node=node,
+        adopted=True,
+        desired_state=DesiredState.RUNNING,
+        state=DeploymentState.PENDING,
+        state_reason="adopted: waiting for the first health check",
+        endpoint_url=endpoint,
+        engine_used="external",
+    )
+    clean_or_raise(deployment)
+    deployment.save()
+    _event(deployment, "adopted", f"registered {endpoint} serving {model_version.name}")
+    from .tasks import check_adopted
+
+    transaction.on_commit(lambda: check_adopted.delay(deployment.pk))
+    return deployment
+
+
+def deployment_delete(*, deployment: Deployment) -> None:
+    """Delete a deployment whose server is gone (or an adopted one): never orphan a process."""
+    if not deployment.adopted and (
+        deployment.desired_state == DesiredState.RUNNING
+        or deployment.state not in (DeploymentState.STOPPED, DeploymentState.FAILED, DeploymentState.PENDING)
+        or deployment.pid
+    ):
+        raise ApplicationError("stop the deployment first; its server may still be running", field="state")
+    deployment.delete()

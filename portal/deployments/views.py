@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import get_object_or_404, render
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
 
 from portal.core.errors import ApplicationError
 
 from . import services
 from .forms import PlannerForm
-from .models import DeploymentProfile
+from .models import DeploymentProfile, DeploymentState
 from .selectors import deployment_get_for_user, deployments_visible_to
+from .sparklines import rates, sparkline
+
+# States in which the page refreshes itself quickly, to show the steps as they happen.
+TRANSITIONAL = {
+    DeploymentState.PENDING,
+    DeploymentState.STARTING,
+    DeploymentState.DRAINING,
+    DeploymentState.STOPPING,
+}
 
 
 def _plan_or_error(compute):
@@ -56,11 +68,62 @@ def deployment_list(request):
 def deployment_detail(request, name: str):
     deployment = deployment_get_for_user(request.user, name)
     plan, error = _plan_or_error(lambda: services.deployment_plan(deployment))
+    events = list(deployment.events.order_by("-at", "-id")[:100])[::-1]
     return render(
         request,
         "deployments/deployment_detail.html",
-        {"deployment": deployment, "plan": plan, "plan_error": error},
+        {
+            "deployment": deployment,
+            "plan": plan,
+            "plan_error": error,
+            "events": events,
+            "charts": _charts(deployment),
+            "refresh_s": 3 if deployment.state in TRANSITIONAL else 30,
+        },
     )
+
+
+def _charts(deployment) -> list[dict]:
+    """Sparklines of the last samples: running/waiting requests, KV usage, tokens/s, memory."""
+    samples = list(deployment.samples.order_by("-at")[:60])[::-1]
+    if not samples:
+        return []
+    seconds = [s.at.timestamp() for s in samples]
+    series = {
+        "running requests": [s.running for s in samples],
+        "waiting requests": [s.waiting for s in samples],
+        "KV-cache usage (%)": [None if s.kv_cache_usage is None else s.kv_cache_usage * 100 for s in samples],
+        "generated tokens/s": rates([s.generation_tokens for s in samples], seconds),
+        "memory (MiB)": [s.memory_mb for s in samples],
+    }
+    charts = []
+    for label, values in series.items():
+        last = next((v for v in reversed(values) if v is not None), None)
+        charts.append({"label": label, "svg": sparkline(values, label=label), "last": last})
+    return charts
+
+
+@login_required
+@require_POST
+def deployment_action(request, name: str, action: str):
+    """Start, stop or restart from the deployment page (staff only)."""
+    deployment = deployment_get_for_user(request.user, name)
+    if not request.user.is_staff:
+        raise PermissionDenied
+    service = {
+        "start": services.deployment_request_start,
+        "stop": services.deployment_request_stop,
+        "restart": services.deployment_request_restart,
+    }.get(action)
+    if service is None:
+        raise PermissionDenied
+    try:
+        service(deployment=deployment, user=request.user)
+    except ApplicationError as error:
+        messages.error(request, error.message)
+    else:
+        messages.success(request, f"{action} requested: the agent on {deployment.node.name} is on it")
+    return redirect(deployment)
 
 
 @login_required

@@ -15,6 +15,7 @@ from . import services
 from .models import Gpu, Node
 from .selectors import node_list
 from .tasks import discover_gpus
+from .tasks import probe_software as probe_software_task
 
 
 class GpuSerializer(ModelCleanMixin, serializers.ModelSerializer):
@@ -56,6 +57,17 @@ class GpuSerializer(ModelCleanMixin, serializers.ModelSerializer):
         return super().validate(attrs)
 
 
+SOFTWARE_FIELDS = (
+    "vllm_version",
+    "torch_version",
+    "torch_cuda_version",
+    "torch_arch_list",
+    "software_python",
+    "software_probed_at",
+    "software_error",
+)
+
+
 class NodeSerializer(ModelCleanMixin, serializers.ModelSerializer):
     gpus = GpuSerializer(many=True, read_only=True)
     queue = serializers.CharField(read_only=True)
@@ -69,12 +81,14 @@ class NodeSerializer(ModelCleanMixin, serializers.ModelSerializer):
             "description",
             "interconnect",
             "vllm_python",
+            "engine",
             "driver_version",
             "queue",
             "discovered_at",
+            *SOFTWARE_FIELDS,
             "gpus",
         ]
-        read_only_fields = ["interconnect", "driver_version", "discovered_at"]
+        read_only_fields = ["interconnect", "driver_version", "discovered_at", *SOFTWARE_FIELDS]
 
 
 class NvidiaSmiInputSerializer(serializers.Serializer):
@@ -111,6 +125,14 @@ class NodeViewSet(viewsets.ModelViewSet):
         """Ask the node's agent to read its GPUs with nvidia-smi."""
         node = self.get_object()
         result = discover_gpus.apply_async(args=[node.name], queue=node.queue)
+        return Response({"task_id": result.id, "queue": node.queue}, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={202: None})
+    @action(detail=True, methods=["post"], url_path="probe-software")
+    def probe_software(self, request, name=None):
+        """Ask the node's agent to report its vLLM environment (vLLM, torch, CUDA, kernels)."""
+        node = self.get_object()
+        result = probe_software_task.apply_async(args=[node.name], queue=node.queue)
         return Response({"task_id": result.id, "queue": node.queue}, status=status.HTTP_202_ACCEPTED)
 
 

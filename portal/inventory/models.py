@@ -38,6 +38,16 @@ class Node(models.Model):
         help_text="Default engine of deployments here (a profile may override it).",
     )
     driver_version = models.CharField(max_length=50, blank=True)
+    # The vLLM environment as the agent's probe found it (inference.env_probe).
+    vllm_version = models.CharField(max_length=50, blank=True)
+    torch_version = models.CharField(max_length=50, blank=True)
+    torch_cuda_version = models.CharField(max_length=20, blank=True, help_text="Blank: a CPU build.")
+    torch_arch_list = models.JSONField(
+        default=list, blank=True, help_text="torch.cuda.get_arch_list(): the GPU kernels the build ships."
+    )
+    software_python = models.CharField(max_length=500, blank=True, help_text="The Python probed.")
+    software_probed_at = models.DateTimeField(null=True, blank=True)
+    software_error = models.TextField(blank=True, help_text="Why the last probe failed.")
     topology_text = models.TextField(blank=True, help_text="Last `nvidia-smi topo -m` output.")
     discovered_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

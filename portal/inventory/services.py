@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from inference.env_probe import EnvFacts, probe_environment
 from inference.errors import InputError
 from inference.hardware import match_gpu
 from inference.nvidia_smi import GpuReading, Topology, parse_query_csv, parse_topology
@@ -76,3 +77,38 @@ def node_apply_nvidia_smi_text(*, node: Node, query_csv: str, topology_text: str
     except InputError as error:
         raise ApplicationError.from_input_error(error) from error
     return node_apply_discovery(node=node, readings=readings, topology=topology, topology_text=topology_text)
+
+
+def node_record_software(*, node: Node, facts: EnvFacts | None, python: str, error: str = "") -> Node:
+    """Store what the probe of the node's vLLM environment found (or why it failed)."""
+    values = {
+        "software_python": python,
+        "software_probed_at": timezone.now(),
+        "software_error": error,
+    }
+    if facts is not None:
+        values.update(
+            vllm_version=facts.vllm_version,
+            torch_version=facts.torch_version,
+            torch_cuda_version=facts.torch_cuda_version,
+            torch_arch_list=facts.arch_list,
+        )
+    Node.objects.filter(pk=node.pk).update(**values)
+    for name, value in values.items():
+        setattr(node, name, value)
+    return node
+
+
+def node_probe_software(*, node: Node) -> EnvFacts:
+    """Run the probe with the node's vLLM Python (on the node itself) and record the result.
+
+    Raises ApplicationError (field `vllm_python`) when the environment is missing or broken;
+    the error is recorded on the node too, so its page says why.
+    """
+    try:
+        facts = probe_environment(node.vllm_python)
+    except InputError as error:
+        node_record_software(node=node, facts=None, python=node.vllm_python, error=error.message)
+        raise ApplicationError.from_input_error(error) from error
+    node_record_software(node=node, facts=facts, python=node.vllm_python)
+    return facts

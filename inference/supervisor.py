@@ -1,0 +1,433 @@
+"""Start, check and stop one inference server process on this machine.
+
+What a node agent does with a vLLM (or simulator) server, as plain functions:
+
+- `launch` starts the argv in its own session (so its process group holds the
+  API server *and* the engine processes vLLM forks: `VLLM::EngineCore`,
+  `VLLM::Worker`), with `CUDA_VISIBLE_DEVICES` set and stdout/stderr to a log file;
+- `wait_until_ready` polls `/health` and `/v1/models` until the served model is
+  listed, the process dies, or a deadline passes;
+- `warm_up` and `smoke_test` send the first requests (FIELD_NOTES: a bf16
+  checkpoint on V100 produced garbage with no error, so a start is not done
+  until a fixed prompt gets a sane reply);
+- `stop_group` sends SIGTERM to the group, SIGKILL after a grace period, and
+  returns only when no process of the group is left (zombies included);
+- `check_health`, `scrape_metrics` and `group_rss_mb` are what supervision reads.
+
+Nothing here knows about Django; the portal stores what these return.
+Linux only: process groups are read from /proc.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from inference.metrics import VllmMetrics, parse_vllm_metrics
+
+SMOKE_PROMPT = "Say hello in one short sentence."
+WARM_UP_PROMPT = "Hello"
+
+
+@dataclass
+class Launched:
+    pid: int
+    pgid: int
+    log_path: str
+    # Only in the process that launched it: poll() reaps the child and keeps its exit code.
+    process: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+
+
+class ServerExited(RuntimeError):
+    """The server process ended while we were waiting for it."""
+
+    def __init__(self, returncode: int | None) -> None:
+        self.returncode = returncode
+        super().__init__(f"the server process exited (code {returncode})")
+
+
+class NotReady(RuntimeError):
+    """The server did not become ready before the deadline."""
+
+
+class SmokeTestFailed(RuntimeError):
+    pass
+
+
+# --- Ports --------------------------------------------------------------------
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a listening socket could bind host:port now (what vLLM will try)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # vLLM's own socket sets SO_REUSEADDR, so TIME_WAIT leftovers of a stopped
+        # server do not count as taken; a live listener does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel says is free now (another process may still take it before vLLM binds;
+    the startup classifier reports that as `address_in_use`)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def wait_port_free(host: str, port: int, *, timeout_s: float, interval_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if port_is_free(host, port):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval_s)
+
+
+# --- Processes ----------------------------------------------------------------
+
+
+def launch(
+    argv: Sequence[str],
+    *,
+    log_path: str | Path,
+    cuda_visible_devices: str,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+) -> Launched:
+    """Start argv in a new session (its own process group), output appended to log_path.
+
+    Raises FileNotFoundError / PermissionError when the executable cannot run.
+    """
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    child_env = {**(env if env is not None else os.environ)}
+    # An empty CUDA_VISIBLE_DEVICES hides every GPU (right for a CPU node);
+    # leaving it unset would expose all of them.
+    child_env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+    child_env.setdefault("PYTHONUNBUFFERED", "1")
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(  # noqa: S603 - argv built by vllm_args, never a shell
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=child_env,
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+        )
+    return Launched(pid=process.pid, pgid=process.pid, log_path=str(log_path), process=process)
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status of our own child so it does not linger as a zombie."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, process group) of a pid from /proc, or None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    fields = raw[raw.rfind(")") + 2 :].split()
+    return fields[0], int(fields[2])
+
+
+def process_alive(pid: int | None) -> bool:
+    """Whether pid runs (a zombie counts as dead)."""
+    if not pid:
+        return False
+    _reap(pid)
+    stat = _proc_stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X")
+
+
+def group_members(pgid: int | None) -> list[int]:
+    """Live (non-zombie) pids whose process group is pgid."""
+    if not pgid:
+        return []
+    _reap(pgid)
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        stat = _proc_stat(int(entry.name))
+        if stat is not None and stat[1] == pgid and stat[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def group_alive(pgid: int | None) -> bool:
+    return bool(group_members(pgid))
+
+
+def group_rss_mb(pgid: int | None) -> float | None:
+    """Resident memory of the whole group (API server + engine processes), MiB."""
+    members = group_members(pgid)
+    if not members:
+        return None
+    total_kib = 0
+    for pid in members:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total_kib += int(line.split()[1])
+                    break
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return total_kib / 1024
+
+
+@dataclass(frozen=True)
+class StopResult:
+    signal: str  # "none" (nothing ran), "SIGTERM" or "SIGKILL"
+    seconds: float
+    gone: bool
+
+
+def stop_group(pgid: int | None, *, grace_s: float = 30.0, kill_wait_s: float = 15.0) -> StopResult:
+    """SIGTERM the group, SIGKILL it after `grace_s`, and wait until no member is left."""
+    started = time.monotonic()
+    if not group_alive(pgid):
+        return StopResult(signal="none", seconds=0.0, gone=True)
+    _signal_group(pgid, signal.SIGTERM)
+    if _wait_group_gone(pgid, grace_s):
+        return StopResult(signal="SIGTERM", seconds=time.monotonic() - started, gone=True)
+    _signal_group(pgid, signal.SIGKILL)
+    gone = _wait_group_gone(pgid, kill_wait_s)
+    return StopResult(signal="SIGKILL", seconds=time.monotonic() - started, gone=gone)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _wait_group_gone(pgid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while group_alive(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def log_tail(path: str | Path | None, *, lines: int = 80, max_bytes: int = 64 * 1024) -> str:
+    """The last lines of a log file ("" when it does not exist)."""
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            size = log.tell()
+            log.seek(max(0, size - max_bytes))
+            data = log.read()
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+# --- HTTP -----------------------------------------------------------------------
+
+
+def check_health(base_url: str, *, timeout_s: float = 5.0) -> bool:
+    """vLLM's `/health` answers 200 with an empty body when the engine is alive."""
+    try:
+        return httpx.get(f"{base_url}/health", timeout=timeout_s).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def served_models(base_url: str, *, timeout_s: float = 5.0) -> list[str] | None:
+    try:
+        response = httpx.get(f"{base_url}/v1/models", timeout=timeout_s)
+        if response.status_code != 200:
+            return None
+        return [m["id"] for m in response.json().get("data", [])]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def scrape_metrics(base_url: str, *, timeout_s: float = 5.0) -> VllmMetrics | None:
+    try:
+        response = httpx.get(f"{base_url}/metrics", timeout=timeout_s)
+        if response.status_code != 200:
+            return None
+        return parse_vllm_metrics(response.text)
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def wait_until_ready(
+    base_url: str,
+    model: str,
+    *,
+    deadline_s: float,
+    alive: Callable[[], bool],
+    returncode: Callable[[], int | None] = lambda: None,
+    on_health: Callable[[], None] | None = None,
+    keep_going: Callable[[], None] | None = None,
+    interval_s: float = 0.5,
+) -> None:
+    """Poll `/health`, then `/v1/models` until `model` is listed.
+
+    Raises ServerExited as soon as the process is gone (no point waiting out the
+    deadline for a server that crashed), NotReady at the deadline. `on_health` is
+    called once when /health first answers; `keep_going` on every poll (the
+    caller renews its lease there and may raise to abandon the wait).
+    """
+    deadline = time.monotonic() + deadline_s
+    healthy = False
+    while True:
+        if keep_going is not None:
+            keep_going()
+        if not alive():
+            raise ServerExited(returncode())
+        if not healthy and check_health(base_url, timeout_s=2.0):
+            healthy = True
+            if on_health is not None:
+                on_health()
+        if healthy:
+            models = served_models(base_url, timeout_s=2.0)
+            if models is not None and model in models:
+                return
+        if time.monotonic() >= deadline:
+            what = "/v1/models to list the model" if healthy else "/health"
+            raise NotReady(f"no answer from {what} within {deadline_s:.0f} s")
+        time.sleep(interval_s)
+
+
+def _chat(base_url: str, model: str, prompt: str, *, max_tokens: int, timeout_s: float) -> str:
+    """One non-streamed chat completion; falls back to /v1/completions when the
+    model has no chat template (vLLM answers 400 for chat then)."""
+    response = httpx.post(
+        f"{base_url}/v1/chat/completions",
+        json={
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        },
+        timeout=timeout_s,
+    )
+    if response.status_code == 400 and "chat template" in response.text.lower():
+        response = httpx.post(
+            f"{base_url}/v1/completions",
+            json={"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
+            timeout=timeout_s,
+        )
+        response.raise_for_status()
+        return _text(response.json(), chat=False)
+    response.raise_for_status()
+    return _text(response.json(), chat=True)
+
+
+def _text(body: object, *, chat: bool) -> str:
+    try:
+        choice = body["choices"][0]  # type: ignore[index]
+        text = choice["message"]["content"] if chat else choice["text"]
+    except (KeyError, IndexError, TypeError) as error:
+        raise SmokeTestFailed(f"malformed reply: {str(body)[:200]}") from error
+    if not isinstance(text, str):
+        raise SmokeTestFailed(f"malformed reply: content is {type(text).__name__}")
+    return text
+
+
+def warm_up(base_url: str, model: str, *, timeout_s: float = 120.0) -> float:
+    """One throwaway request (the first one pays for lazy initialisation); returns seconds."""
+    started = time.monotonic()
+    try:
+        _chat(base_url, model, WARM_UP_PROMPT, max_tokens=4, timeout_s=timeout_s)
+    except (httpx.HTTPError, SmokeTestFailed) as error:
+        raise SmokeTestFailed(f"warm-up request failed: {error}") from error
+    return time.monotonic() - started
+
+
+def smoke_test(base_url: str, model: str, *, expected_substring: str = "", timeout_s: float = 60.0) -> str:
+    """A fixed prompt; the reply must be well-formed, non-empty and contain the expected text.
+
+    Returns the reply. Raises SmokeTestFailed saying what was wrong.
+    """
+    try:
+        reply = _chat(base_url, model, SMOKE_PROMPT, max_tokens=16, timeout_s=timeout_s)
+    except httpx.HTTPStatusError as error:
+        raise SmokeTestFailed(
+            f"smoke test got HTTP {error.response.status_code}: {error.response.text[:200]}"
+        ) from error
+    except httpx.HTTPError as error:
+        raise SmokeTestFailed(f"smoke test request failed: {error}") from error
+    if not reply.strip():
+        raise SmokeTestFailed("smoke test reply is empty")
+    if expected_substring and expected_substring.lower() not in reply.lower():
+        raise SmokeTestFailed(f"smoke test reply lacks {expected_substring!r}: {reply[:200]!r}")
+    return reply
+
+
+# --- Restart policy ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When to restart a healthy server on purpose (FIELD_NOTES: memory creeps after
+    ~48 h, preemption storms when KV headroom collapses). None disables a rule."""
+
+    max_uptime_hours: float | None = None
+    max_preemptions: float | None = None  # since the server started
+    max_memory_growth: float | None = None  # fraction over the memory first seen serving, e.g. 0.2
+
+
+def planned_restart_reason(
+    policy: RestartPolicy,
+    *,
+    uptime_s: float,
+    preemptions_since_start: float | None,
+    memory_mb: float | None,
+    baseline_memory_mb: float | None,
+) -> str:
+    """Why the policy wants a restart now ("" when it does not)."""
+    if policy.max_uptime_hours is not None and uptime_s >= policy.max_uptime_hours * 3600:
+        return f"up {uptime_s / 3600:.1f} h (policy: restart after {policy.max_uptime_hours:g} h)"
+    if (
+        policy.max_preemptions is not None
+        and preemptions_since_start is not None
+        and preemptions_since_start >= policy.max_preemptions
+    ):
+        return (
+            f"{preemptions_since_start:.0f} preemptions since start "
+            f"(policy: restart at {policy.max_preemptions:g})"
+        )
+    if (
+        policy.max_memory_growth is not None
+        and memory_mb is not None
+        and baseline_memory_mb
+        and memory_mb >= baseline_memory_mb * (1 + policy.max_memory_growth)
+    ):
+        growth = memory_mb / baseline_memory_mb - 1
+        return (
+            f"memory grew {growth:.0%} ({baseline_memory_mb:.0f} → {memory_mb:.0f} MiB; "
+            f"policy: restart at {policy.max_memory_growth:.0%})"
+        )
+    return ""
+
+
+def restart_backoff_s(attempt: int, *, base_s: float, cap_s: float = 600.0) -> float:
+    """Exponential backoff before automatic restart number `attempt` (1, 2, 3, …)."""
+    return min(cap_s, base_s * 2 ** max(0, attempt - 1))

@@ -1,0 +1,54 @@
+"""`manage.py register_endpoint --model <name> --url http://host:port/v1`: adopt a running vLLM server.
+
+The portal did not start it and never stops it; it routes the model's traffic to
+it and health-checks it like its own deployments.
+"""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from portal.core.errors import ApplicationError
+from portal.deployments.services import endpoint_register
+from portal.inventory.models import Node
+from portal.registry.models import ModelVersion
+from portal.teams.models import Team
+
+
+class Command(BaseCommand):
+    help = "Record a vLLM server the portal did not start, so its traffic goes through the portal."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--model", required=True, help="registered model version it serves")
+        parser.add_argument("--url", required=True, help="http://host:port/v1 (or the server root)")
+        parser.add_argument("--team", default="platform", help="team that owns it (default: platform)")
+        parser.add_argument("--name", help="deployment name (default: <model>-adopted)")
+        parser.add_argument("--node", help="node it runs on, if the inventory has it")
+
+    def handle(self, *args, **options) -> None:
+        try:
+            model_version = ModelVersion.objects.get(name=options["model"])
+        except ModelVersion.DoesNotExist as error:
+            raise CommandError(
+                f"--model: no model version named {options['model']!r}; register it first "
+                "(manage.py register_model)"
+            ) from error
+        try:
+            team = Team.objects.get(slug=options["team"])
+        except Team.DoesNotExist as error:
+            raise CommandError(f"--team: no team {options['team']!r}") from error
+        node = None
+        if options["node"]:
+            node = Node.objects.filter(name=options["node"]).first()
+            if node is None:
+                raise CommandError(f"--node: no node {options['node']!r}")
+        name = options["name"] or f"{model_version.name.replace('.', '-')}-adopted"[:100]
+        try:
+            deployment = endpoint_register(
+                name=name, team=team, model_version=model_version, url=options["url"], node=node
+            )
+        except ApplicationError as error:
+            raise CommandError(f"--{error.field or 'url'}: {error.message}") from error
+        self.stdout.write(
+            f"adopted {deployment.endpoint_url} as deployment {deployment.name} serving {model_version.name}"
+        )

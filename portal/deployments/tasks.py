@@ -1,0 +1,122 @@
+"""Deployment tasks. They take IDs and call a lifecycle service.
+
+start / stop / restart / reconcile / supervise_node run on the deployment's node
+(`queue=node.queue`): they start and signal local processes. supervise_all runs
+on `control` from beat and fans out one supervise_node per node, plus the health
+checks of adopted servers (plain HTTP, no process to watch).
+
+The node tasks are `acks_late`: each takes the deployment's lease first, so a
+message redelivered after its worker died resumes the work (the dead worker's
+lease has expired) and a duplicate is a no-op. They retry only the database's
+transient errors, a bounded number of times.
+"""
+
+from __future__ import annotations
+
+from celery import shared_task
+from celery.signals import worker_shutdown
+from django.db import InterfaceError, OperationalError
+
+# A database connection lost mid-task (PostgreSQL restarted, a network blip):
+# the only errors worth trying again; everything else is recorded as a failure.
+TRANSIENT_ERRORS = (OperationalError, InterfaceError)
+NODE_TASK_OPTIONS = {
+    "acks_late": True,
+    "autoretry_for": TRANSIENT_ERRORS,
+    "retry_backoff": 5,
+    "retry_backoff_max": 60,
+    "max_retries": 3,
+}
+
+
+def _owner(task) -> str:
+    from .lifecycle import agent_owner
+
+    return agent_owner(task.request.id)
+
+
+@shared_task(bind=True, name="deployments.start", **NODE_TASK_OPTIONS)
+def start_deployment(self, deployment_id: int, reason: str = "") -> str:
+    from .lifecycle import deployment_start
+
+    return deployment_start(deployment_id, owner=_owner(self), reason=reason)
+
+
+@shared_task(bind=True, name="deployments.stop", **NODE_TASK_OPTIONS)
+def stop_deployment(self, deployment_id: int) -> str:
+    from .lifecycle import deployment_stop
+
+    return deployment_stop(deployment_id, owner=_owner(self))
+
+
+@shared_task(bind=True, name="deployments.restart", **NODE_TASK_OPTIONS)
+def restart_deployment(self, deployment_id: int, reason: str = "restart requested") -> str:
+    from .lifecycle import deployment_restart
+
+    return deployment_restart(deployment_id, owner=_owner(self), reason=reason)
+
+
+@shared_task(bind=True, name="deployments.reconcile", **NODE_TASK_OPTIONS)
+def reconcile_deployment(self, deployment_id: int) -> str:
+    """Move the deployment toward its desired state, whatever happened before."""
+    from .lifecycle import deployment_start, deployment_stop
+    from .models import Deployment, DeploymentState, DesiredState
+
+    deployment = Deployment.objects.get(pk=deployment_id)
+    if deployment.desired_state == DesiredState.RUNNING:
+        if deployment.state == DeploymentState.SERVING:
+            return "serving"
+        return deployment_start(deployment_id, owner=_owner(self), reason="reconcile")
+    return deployment_stop(deployment_id, owner=_owner(self))
+
+
+@shared_task(bind=True, name="deployments.supervise_node", acks_late=False)
+def supervise_node(self, node_name: str) -> dict[str, str]:
+    """One supervision pass on the node (not retried: the next beat tick is the retry)."""
+    from .lifecycle import node_supervise
+
+    return node_supervise(node_name, owner=_owner(self))
+
+
+@shared_task(name="deployments.check_adopted")
+def check_adopted(deployment_id: int) -> str:
+    from .lifecycle import adopted_check
+
+    return adopted_check(deployment_id)
+
+
+@shared_task(name="deployments.supervise_all")
+def supervise_all() -> int:
+    """Beat: send a supervision pass to every node with a deployment to watch."""
+    from django.conf import settings
+
+    from portal.inventory.models import Node
+
+    from .models import Deployment, DeploymentState, DesiredState
+
+    interval = settings.DEPLOYMENT_SUPERVISE_INTERVAL_S
+    watched = Deployment.objects.filter(adopted=False).exclude(
+        desired_state=DesiredState.STOPPED, state=DeploymentState.STOPPED
+    )
+    nodes = Node.objects.filter(deployments__in=watched).distinct()
+    for node in nodes:
+        # A pass that waited longer than one interval is stale; the next one replaces it.
+        supervise_node.apply_async(args=[node.name], queue=node.queue, expires=interval * 2)
+    for pk in Deployment.objects.filter(adopted=True).values_list("pk", flat=True):
+        check_adopted.delay(pk)
+    return len(nodes)
+
+
+@worker_shutdown.connect
+def stop_local_servers(**_kwargs) -> None:
+    """With PORTAL_AGENT_STOP_SERVERS_ON_EXIT (make run's agent), stop this node's servers on exit.
+
+    Their desired state stays `running`, so the next `make run` starts them again.
+    """
+    from django.conf import settings
+
+    if not settings.PORTAL_AGENT_STOP_SERVERS_ON_EXIT:
+        return
+    from .lifecycle import stop_node_servers
+
+    stop_node_servers(settings.PORTAL_LOCAL_NODE, reason="the local agent exited")
