@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "portal.inventory",
     "portal.registry",
     "portal.deployments",
+    "portal.gateway",
     "portal.benchmarks",
 ]
 
@@ -218,6 +219,30 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"queue": "control", "expires": DEPLOYMENT_SUPERVISE_INTERVAL_S},
     },
 }
+# --- Gateway (portal/gateway): the OpenAI-compatible proxy -------------------------
+# Key digests are HMAC-SHA256 under this secret; by default derived from SECRET_KEY
+# (so rotating SECRET_KEY invalidates every API key unless this is set on its own).
+GATEWAY_KEY_HMAC_SECRET = env.str("GATEWAY_KEY_HMAC_SECRET", default="")
+GATEWAY_REDIS_URL = env.str("GATEWAY_REDIS_URL", default=REDIS_URL)
+GATEWAY_MAX_BODY_BYTES = env.int("GATEWAY_MAX_BODY_BYTES", default=1024 * 1024)
+GATEWAY_CACHE_S = env.float("GATEWAY_CACHE_S", default=5.0)  # keys and routes, per process
+GATEWAY_QUEUE_MAX = env.int("GATEWAY_QUEUE_MAX", default=256)  # waiting requests per model
+GATEWAY_QUEUE_TIMEOUT_S = env.float("GATEWAY_QUEUE_TIMEOUT_S", default=10.0)
+GATEWAY_LONG_PROMPT_TOKENS = env.int("GATEWAY_LONG_PROMPT_TOKENS", default=2000)
+GATEWAY_LONG_PROMPT_MAX_INFLIGHT = env.int("GATEWAY_LONG_PROMPT_MAX_INFLIGHT", default=2)
+GATEWAY_FIRST_TOKEN_TIMEOUT_S = env.float("GATEWAY_FIRST_TOKEN_TIMEOUT_S", default=30.0)
+GATEWAY_FIRST_TOKEN_TIMEOUT_LONG_S = env.float("GATEWAY_FIRST_TOKEN_TIMEOUT_LONG_S", default=60.0)
+GATEWAY_READ_TIMEOUT_S = env.float("GATEWAY_READ_TIMEOUT_S", default=60.0)
+GATEWAY_CONNECT_TIMEOUT_S = env.float("GATEWAY_CONNECT_TIMEOUT_S", default=5.0)
+GATEWAY_MAX_CONNECTIONS = env.int("GATEWAY_MAX_CONNECTIONS", default=1000)
+GATEWAY_SLOT_LEASE_S = env.float("GATEWAY_SLOT_LEASE_S", default=30.0)
+CELERY_BEAT_SCHEDULE = globals().get("CELERY_BEAT_SCHEDULE", {})
+CELERY_BEAT_SCHEDULE.update(
+    {
+        "gateway-usage-flush": {"task": "portal.teams.tasks.usage_flush", "schedule": 5.0},
+        "gateway-usage-rollup": {"task": "portal.teams.tasks.usage_rollup", "schedule": 300.0},
+    }
+)
 
 LOGGING = {
     "version": 1,

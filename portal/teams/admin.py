@@ -1,11 +1,17 @@
-from django.contrib import admin
+from django.contrib import admin, messages
 
-from .models import Team
+from .charts import bar_chart_svg
+from .models import ApiKey, Team, Usage, UsageDaily
+from .selectors import usage_daily_all_teams
+from .services import api_key_revoke
 
 
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
-    list_display = ["name", "slug", "gpu_quota", "member_count", "created_at"]
+    list_display = [
+        "name", "slug", "gpu_quota", "rpm_limit", "tpm_limit", "tokens_per_day", "max_concurrent",
+        "disabled_until", "member_count", "created_at",
+    ]  # fmt: skip
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
     filter_horizontal = ["members"]
@@ -13,3 +19,63 @@ class TeamAdmin(admin.ModelAdmin):
     @admin.display(description="Members")
     def member_count(self, team: Team) -> int:
         return team.members.count()
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    """Keys are created by their team (page or `create_key`), so the secret is shown once, to them.
+    The digest is never shown."""
+
+    list_display = ["__str__", "team", "name", "allowed_models", "created_at", "expires_at", "last_used_at",
+                    "revoked_at", "disabled_until"]  # fmt: skip
+    list_filter = ["team", "revoked_at"]
+    search_fields = ["prefix", "name", "team__slug"]
+    exclude = ["digest"]
+    readonly_fields = ["prefix", "team", "created_by", "created_at", "last_used_at", "revoked_at"]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    @admin.action(description="Revoke the selected keys (at once)")
+    def revoke(self, request, queryset):
+        revoked = sum(api_key_revoke(api_key=key) for key in queryset)
+        self.message_user(request, f"Revoked {revoked} key(s).", messages.SUCCESS)
+
+
+@admin.register(Usage)
+class UsageAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "team", "api_key", "model", "deployment", "status", "http_status",
+                    "prompt_tokens", "completion_tokens", "ttft_ms", "duration_ms"]  # fmt: skip
+    list_filter = ["status", "team", "model"]
+    date_hierarchy = "created_at"
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(UsageDaily)
+class UsageDailyAdmin(admin.ModelAdmin):
+    list_display = ["day", "team", "api_key", "model", "requests", "completed", "rejected", "failed",
+                    "prompt_tokens", "completion_tokens"]  # fmt: skip
+    list_filter = ["team", "model"]
+    date_hierarchy = "day"
+    change_list_template = "admin/teams/usagedaily/change_list.html"
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def changelist_view(self, request, extra_context=None):
+        series = usage_daily_all_teams()
+        chart = bar_chart_svg(
+            [(d.strftime("%m-%d"), v) for d, v in series],
+            title="Tokens per day, all teams (30 days)",
+            label_every=5,
+        )
+        return super().changelist_view(request, {**(extra_context or {}), "usage_chart": chart})

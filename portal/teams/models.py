@@ -1,14 +1,51 @@
-"""Teams own deployments and, later, API keys and request quotas."""
+"""Teams, their API keys and quotas, and the gateway's usage records.
+
+A team owns deployments and API keys. Quotas live on the team and, optionally,
+tighter ones on a key (blank = no per-key limit). Keys are stored as a public
+prefix plus an HMAC-SHA256 of the whole key; the secret itself is never stored.
+"""
 
 from __future__ import annotations
+
+import uuid
 
 from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.urls import reverse
+from django.utils import timezone
 
 
-class Team(models.Model):
+class QuotaFields(models.Model):
+    """Request quotas shared by teams and keys; blank means "no limit at this level"."""
+
+    rpm_limit = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)], help_text="Requests per minute."
+    )
+    tpm_limit = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Tokens (prompt + completion) per minute.",
+    )
+    tokens_per_day = models.PositiveBigIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)], help_text="Tokens per UTC day."
+    )
+    max_concurrent = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)], help_text="Requests in flight at once."
+    )
+    # Set by the daily rollup when the budget is spent; cleared at the next UTC midnight.
+    disabled_until = models.DateTimeField(null=True, blank=True)
+    disabled_reason = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        abstract = True
+
+    def is_disabled(self, now=None) -> bool:
+        return self.disabled_until is not None and self.disabled_until > (now or timezone.now())
+
+
+class Team(QuotaFields):
     name = models.CharField(max_length=100, unique=True)
     slug = models.SlugField(max_length=50, unique=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="teams", blank=True)
@@ -16,6 +53,13 @@ class Team(models.Model):
         default=0,
         validators=[MinValueValidator(0)],
         help_text="How many GPUs this team's running deployments may hold at once.",
+    )
+    # FIELD_NOTES: clamp max_tokens so a few long generations cannot hold batch slots.
+    max_tokens_clamp = models.PositiveIntegerField(
+        default=1024, validators=[MinValueValidator(1)], help_text="Largest max_tokens a request may ask for."
+    )
+    allowed_models = models.JSONField(
+        default=list, blank=True, help_text="Model names the team may call (empty: every served model)."
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -27,3 +71,102 @@ class Team(models.Model):
 
     def get_absolute_url(self) -> str:
         return reverse("teams:detail", args=[self.slug])
+
+
+class ApiKey(QuotaFields):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100, blank=True, help_text="What the key is for.")
+    # The public part of the key (`sk-<prefix>.<secret>`): shown in lists, used to find the row.
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    # HMAC-SHA256 of the whole key under GATEWAY_KEY_HMAC_SECRET (hex); never the key itself.
+    digest = models.CharField(max_length=64, editable=False)
+    allowed_models = models.JSONField(
+        default=list, blank=True, help_text="Model names this key may call (empty: the team's models)."
+    )
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"sk-{self.prefix}…"
+
+    @property
+    def is_active(self) -> bool:
+        now = timezone.now()
+        return (
+            self.revoked_at is None
+            and (self.expires_at is None or self.expires_at > now)
+            and not self.is_disabled(now)
+        )
+
+
+class UsageStatus(models.TextChoices):
+    COMPLETED = "completed", "completed"
+    CLIENT_CANCELLED = "client_cancelled", "client cancelled"
+    UPSTREAM_ERROR = "upstream_error", "upstream error"
+    REJECTED = "rejected", "rejected"
+    TIMEOUT = "timeout", "timeout"
+
+
+class Usage(models.Model):
+    """One row per gateway request that got past authentication, whatever its outcome."""
+
+    request_id = models.UUIDField(unique=True, default=uuid.uuid4, editable=False)
+    created_at = models.DateTimeField(db_index=True, help_text="When the request arrived.")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="usage")
+    api_key = models.ForeignKey(ApiKey, null=True, on_delete=models.SET_NULL, related_name="usage")
+    model = models.CharField(max_length=100, blank=True)
+    deployment = models.ForeignKey(
+        "deployments.Deployment", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    endpoint = models.CharField(max_length=30, blank=True)
+    stream = models.BooleanField(default=False)
+    status = models.CharField(max_length=20, choices=UsageStatus.choices)
+    http_status = models.PositiveSmallIntegerField()
+    error_code = models.CharField(max_length=50, blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    ttft_ms = models.FloatField(null=True, blank=True)
+    duration_ms = models.FloatField()
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["team", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.request_id} {self.status}"
+
+
+class UsageDaily(models.Model):
+    """Usage summed per UTC day, team, key and model (recomputed by the rollup task)."""
+
+    day = models.DateField()
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="usage_daily")
+    api_key = models.ForeignKey(ApiKey, null=True, on_delete=models.SET_NULL, related_name="usage_daily")
+    model = models.CharField(max_length=100, blank=True)
+    requests = models.PositiveIntegerField(default=0)
+    completed = models.PositiveIntegerField(default=0)
+    rejected = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0, help_text="Upstream errors, timeouts and cancellations.")
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-day", "team"]
+        indexes = [models.Index(fields=["team", "day"])]
+        verbose_name_plural = "usage (daily)"
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.team_id} {self.model}"
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens

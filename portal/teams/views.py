@@ -1,19 +1,28 @@
-"""Team pages: members see their own team; staff see every team."""
+"""Team pages: members see their own team; staff see every team. Members manage the team's
+API keys (create: shown once; list: prefix and last use; revoke) and see usage against quotas."""
 
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import redirect, render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_POST
 
+from portal.core.errors import ApplicationError
 from portal.deployments.selectors import deployments_visible_to
 from portal.deployments.services import team_gpus_held
 
-from .models import Team
-
-
-def team_get_for_user(user, slug: str) -> Team:
-    teams = Team.objects.all() if user.is_staff else Team.objects.filter(members=user)
-    return get_object_or_404(teams, slug=slug)
+from .charts import bar_chart_svg
+from .forms import ApiKeyCreateForm
+from .selectors import (
+    api_key_get_for_team,
+    api_keys_of,
+    team_get_for_user,
+    usage_daily_series,
+    usage_hourly_series,
+    usage_today,
+)
+from .services import api_key_create, api_key_revoke, team_in_flight
 
 
 @login_required
@@ -26,5 +35,64 @@ def team_detail(request, slug: str):
             "team": team,
             "gpus_held": team_gpus_held(team),
             "deployments": deployments_visible_to(request.user).filter(team=team),
+            "active_keys": team.api_keys.filter(revoked_at__isnull=True).count(),
+        },
+    )
+
+
+@never_cache  # the page that shows a new key must not be cached anywhere
+@login_required
+def team_keys(request, slug: str):
+    team = team_get_for_user(request.user, slug)
+    new_token = None
+    form = ApiKeyCreateForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            _key, new_token = api_key_create(team=team, created_by=request.user, **form.service_kwargs())
+        except ApplicationError as error:
+            form.add_error(error.field if error.field in form.fields else None, error.message)
+        else:
+            form = ApiKeyCreateForm()
+    # The new key is rendered in this response only: never put in a message, the session or a redirect.
+    return render(
+        request,
+        "teams/team_keys.html",
+        {"team": team, "keys": api_keys_of(team), "form": form, "new_token": new_token},
+    )
+
+
+@require_POST
+@login_required
+def team_key_revoke(request, slug: str, prefix: str):
+    team = team_get_for_user(request.user, slug)
+    api_key_revoke(api_key=api_key_get_for_team(team, prefix))
+    return redirect("teams:keys", slug=team.slug)
+
+
+@login_required
+def team_usage(request, slug: str):
+    team = team_get_for_user(request.user, slug)
+    today = usage_today(team)
+    daily = usage_daily_series(team)
+    hourly = usage_hourly_series(team)
+    return render(
+        request,
+        "teams/team_usage.html",
+        {
+            "team": team,
+            "today": today,
+            "in_flight": team_in_flight(team),
+            "daily_chart": bar_chart_svg(
+                [(d.strftime("%m-%d"), v) for d, v in daily],
+                title="Tokens per day (last 30 days, UTC)",
+                limit=team.tokens_per_day,
+                limit_label="daily quota",
+                label_every=5,
+            ),
+            "hourly_chart": bar_chart_svg(
+                [(h.strftime("%H"), v) for h, v in hourly],
+                title="Requests per hour (last 24 h, UTC)",
+                label_every=3,
+            ),
         },
     )

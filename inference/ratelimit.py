@@ -1,0 +1,485 @@
+"""Rate limits, token budgets and concurrency slots in Redis, as atomic Lua scripts.
+
+Every web process shares this state, and each check and its increment are one
+script, so two processes can never both take the last unit of a quota. Time is
+Redis's own clock (`TIME`), never the caller's, so processes with skewed clocks
+agree.
+
+- Requests and tokens per minute: GCRA (a "theoretical arrival time" per scope;
+  burst = the per-minute limit). A request reserves prompt tokens + its output
+  cap at admission; `finish` corrects the reservation to what was really used.
+- Tokens per UTC day: a counter per day, reserved and corrected the same way.
+- Concurrency: a sorted set of request ids scored by lease expiry. A crashed
+  process cannot renew its leases, so its slots come back after one lease;
+  `LeaseKeeper` renews the live ones of this process in one batch.
+- Per-deployment admission: a cap on in-flight requests per replica, a
+  long-prompt cap per replica, least-in-flight choice among replicas, and a
+  bounded FIFO queue per model for the excess (`acquire_replica`).
+- Blocks: a key or team listed under `blocked:*` is refused at once (revocation,
+  daily budget spent), checked inside the admission script at no extra cost.
+
+Pure Python plus `redis.asyncio`; no Django.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+
+DAY_MS = 86_400_000
+
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# KEYS: blocked_team, blocked_key, then per scope (team, key): rpm_tat, tpm_tat, tpd_prefix, conc_zset
+# ARGV: request_id, tokens, lease_ms, then per scope: rpm, tpm, tpd, conc (0 = no limit)
+# Returns {status, retry_after_ms, day}; status "ok" or the name of the limit that said no.
+_ADMIT_BODY = """
+local day = math.floor(now / 86400000)
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'team_blocked', 0, day} end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'key_blocked', 0, day} end
+local req, cost, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local commits = {}
+for s = 0, 1 do
+  local k, a = 2 + s * 4, 3 + s * 4
+  local rpm, tpm = tonumber(ARGV[a+1]), tonumber(ARGV[a+2])
+  local tpd, conc = tonumber(ARGV[a+3]), tonumber(ARGV[a+4])
+  local scope = (s == 0) and 'team_' or 'key_'
+  if rpm > 0 then
+    local period = 60000 / rpm
+    local tat = math.max(tonumber(redis.call('GET', KEYS[k+1]) or 0), now)
+    local new_tat = tat + period
+    if new_tat - now > 60000 then return {scope .. 'rpm', math.ceil(new_tat - 60000 - now), day} end
+    commits[#commits+1] = {KEYS[k+1], new_tat}
+  end
+  if tpm > 0 and cost > 0 then
+    local period = 60000 / tpm
+    if cost > tpm then return {scope .. 'tpm_too_large', -1, day} end
+    local tat = math.max(tonumber(redis.call('GET', KEYS[k+2]) or 0), now)
+    local new_tat = tat + cost * period
+    if new_tat - now > 60000 then return {scope .. 'tpm', math.ceil(new_tat - 60000 - now), day} end
+    commits[#commits+1] = {KEYS[k+2], new_tat}
+  end
+  if tpd > 0 then
+    local used = tonumber(redis.call('GET', KEYS[k+3] .. day) or 0)
+    if cost > tpd then return {scope .. 'tpd_too_large', -1, day} end
+    if used + cost > tpd then return {scope .. 'tpd', (day + 1) * 86400000 - now, day} end
+  end
+  if conc > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[k+4], '-inf', now)
+    if redis.call('ZCARD', KEYS[k+4]) >= conc then return {scope .. 'concurrency', 1000, day} end
+  end
+end
+for _, c in ipairs(commits) do
+  redis.call('SET', c[1], string.format('%.3f', c[2]), 'PX', math.ceil(c[2] - now) + 60000)
+end
+for s = 0, 1 do
+  local k, a = 2 + s * 4, 3 + s * 4
+  if tonumber(ARGV[a+3]) > 0 and cost > 0 then
+    redis.call('INCRBY', KEYS[k+3] .. day, cost)
+    redis.call('PEXPIRE', KEYS[k+3] .. day, 2 * 86400000)
+  end
+  if tonumber(ARGV[a+4]) > 0 then
+    redis.call('ZADD', KEYS[k+4], now + lease, req)
+  end
+end
+"""
+ADMIT = _NOW + _ADMIT_BODY + "return {'ok', 0, day}"
+
+# KEYS: queue_zset, then per candidate i: inflight_zset_i, long_zset_i
+# ARGV: request_id, lease_ms, is_long, long_cap, queue_max, queue_stale_ms,
+#       then cap_i per candidate (0 = none)
+# Returns {index (1-based) or 0 = wait or -1 = queue full, queue position}
+# (K0, A0: where its keys and arguments start, so the same code runs alone or after ADMIT.)
+_ACQUIRE_FN = """
+local function acquire(K0, A0)
+  local req, lease, is_long = ARGV[A0+1], tonumber(ARGV[A0+2]), ARGV[A0+3] == '1'
+  local long_cap, queue_max, stale = tonumber(ARGV[A0+4]), tonumber(ARGV[A0+5]), tonumber(ARGV[A0+6])
+  local queue = KEYS[K0+1]
+  redis.call('ZREMRANGEBYSCORE', queue, '-inf', now - stale)
+  local rank = redis.call('ZRANK', queue, req)
+  local queued = redis.call('ZCARD', queue)
+  local best, best_load, free_total = 0, math.huge, 0
+  local n = (#KEYS - K0 - 1) / 2
+  for i = 1, n do
+    local inflight, long = KEYS[K0+2*i], KEYS[K0+2*i+1]
+    redis.call('ZREMRANGEBYSCORE', inflight, '-inf', now)
+    local load = redis.call('ZCARD', inflight)
+    local cap = tonumber(ARGV[A0+6+i])
+    local free = (cap > 0) and (cap - load) or 1000000
+    if free > 0 then free_total = free_total + free end
+    local fits = free > 0
+    if fits and is_long then
+      redis.call('ZREMRANGEBYSCORE', long, '-inf', now)
+      fits = redis.call('ZCARD', long) < long_cap
+    end
+    if fits and load < best_load then best, best_load = i, load end
+  end
+  -- FIFO: a request may start only when fewer requests wait ahead of it than there are free slots.
+  local position = rank or queued
+  if best > 0 and position < free_total then
+    redis.call('ZADD', KEYS[K0+2*best], now + lease, req)
+    if is_long then redis.call('ZADD', KEYS[K0+2*best+1], now + lease, req) end
+    if rank then redis.call('ZREM', queue, req) end
+    return best, 0
+  end
+  if not rank then
+    if queued >= queue_max then return -1, queued end
+    redis.call('ZADD', queue, now, req)
+  end
+  return 0, position
+end
+"""
+ACQUIRE = _NOW + _ACQUIRE_FN + "local index, position = acquire(0, 0)\nreturn {index, position}"
+# ADMIT then, if admitted, ACQUIRE: one round trip for the common case (admitted, a slot free).
+ADMIT_PLACE = (
+    _NOW
+    + _ACQUIRE_FN
+    + _ADMIT_BODY
+    + "local index, position = acquire(10, 11)\nreturn {'ok', 0, day, index, position}"
+)
+
+# KEYS: usage_list, then slot zsets to leave, then pairs (tpm_tat, tpd_key) to correct
+# ARGV: request_id, usage_json, n_slots, delta_tokens, then per pair: tokens-per-minute limit (0 = skip)
+FINISH = """
+local req, n_slots, delta = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
+for i = 2, 1 + n_slots do redis.call('ZREM', KEYS[i], req) end
+if delta ~= 0 then
+  local p = 5
+  for i = 2 + n_slots, #KEYS, 2 do
+    local tpm = tonumber(ARGV[p]); p = p + 1
+    if tpm > 0 then
+      local tat = redis.call('GET', KEYS[i])
+      if tat then
+        redis.call('SET', KEYS[i], string.format('%.3f', tonumber(tat) + delta * 60000 / tpm), 'KEEPTTL')
+      end
+    end
+    if KEYS[i+1] ~= '' and redis.call('EXISTS', KEYS[i+1]) == 1 then
+      redis.call('INCRBY', KEYS[i+1], delta)
+    end
+  end
+end
+if ARGV[2] ~= '' then redis.call('RPUSH', KEYS[1], ARGV[2]) end
+return 1
+"""
+
+# KEYS: zsets; ARGV: lease_ms, then for each zset the number of members that follow, then members
+RENEW = (
+    _NOW
+    + """
+local lease = tonumber(ARGV[1])
+local p = 2
+for i = 1, #KEYS do
+  local count = tonumber(ARGV[p]); p = p + 1
+  for j = 1, count do
+    redis.call('ZADD', KEYS[i], 'XX', now + lease, ARGV[p]); p = p + 1
+  end
+end
+return 1
+"""
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The quotas of one scope (a team or a key); None = no limit."""
+
+    rpm: int | None = None
+    tpm: int | None = None
+    tokens_per_day: int | None = None
+    max_concurrent: int | None = None
+
+
+@dataclass(frozen=True)
+class Scope:
+    kind: str  # "team" or "key"
+    id: int | str
+    limits: Limits = field(default_factory=Limits)
+
+
+@dataclass
+class Admission:
+    ok: bool
+    reason: str = ""
+    retry_after_s: float = 0.0  # negative: retrying cannot help (the request alone exceeds the quota)
+    day: int = 0
+    tokens: int = 0
+
+
+@dataclass
+class Placement:
+    """Where a request was admitted (index into the candidates) or why not."""
+
+    index: int | None
+    reason: str = ""  # "queue_full" | "queue_timeout" when index is None
+    waited_s: float = 0.0
+
+
+class RateLimiter:
+    def __init__(self, redis: Redis, *, prefix: str = "gw", lease_ms: int = 30_000) -> None:
+        self.redis = redis
+        self.prefix = prefix
+        self.lease_ms = lease_ms
+        self._admit = redis.register_script(ADMIT)
+        self._acquire = redis.register_script(ACQUIRE)
+        self._admit_place = redis.register_script(ADMIT_PLACE)
+        self._finish = redis.register_script(FINISH)
+        self._renew = redis.register_script(RENEW)
+        self.usage_list = f"{prefix}:usage"
+
+    # --- key names ---------------------------------------------------------------
+    def blocked_key(self, kind: str, id: int | str) -> str:
+        return f"{self.prefix}:blocked:{kind}:{id}"
+
+    def concurrency_key(self, scope: Scope) -> str:
+        return f"{self.prefix}:conc:{scope.kind}:{scope.id}"
+
+    def tpm_key(self, scope: Scope) -> str:
+        return f"{self.prefix}:tpm:{scope.kind}:{scope.id}"
+
+    def tpd_prefix(self, scope: Scope) -> str:
+        return f"{self.prefix}:tpd:{scope.kind}:{scope.id}:"
+
+    def inflight_key(self, deployment_id: int | str) -> str:
+        return f"{self.prefix}:inflight:{deployment_id}"
+
+    def long_key(self, deployment_id: int | str) -> str:
+        return f"{self.prefix}:long:{deployment_id}"
+
+    def queue_key(self, model: str) -> str:
+        return f"{self.prefix}:queue:{model}"
+
+    # --- admission -------------------------------------------------------------
+    async def admit(self, *, request_id: str, team: Scope, key: Scope, tokens: int) -> Admission:
+        """Check and take, in one step, every team and key quota for one request of `tokens` tokens."""
+        keys, args = self._admit_keys_args(request_id, team, key, tokens)
+        return self._admission(await self._admit(keys=keys, args=args), tokens)
+
+    def _admit_keys_args(self, request_id: str, team: Scope, key: Scope, tokens: int) -> tuple[list, list]:
+        keys = [self.blocked_key("team", team.id), self.blocked_key("key", key.id)]
+        args: list = [request_id, tokens, self.lease_ms]
+        for scope in (team, key):
+            keys += [
+                f"{self.prefix}:rpm:{scope.kind}:{scope.id}",
+                self.tpm_key(scope),
+                self.tpd_prefix(scope),
+                self.concurrency_key(scope),
+            ]
+            lim = scope.limits
+            args += [lim.rpm or 0, lim.tpm or 0, lim.tokens_per_day or 0, lim.max_concurrent or 0]
+        return keys, args
+
+    @staticmethod
+    def _admission(result: list, tokens: int) -> Admission:
+        status, retry_ms, day = result[:3]
+        status = status.decode() if isinstance(status, bytes) else status
+        retry = int(retry_ms) / 1000 if int(retry_ms) >= 0 else -1.0
+        return Admission(
+            ok=status == "ok",
+            reason="" if status == "ok" else status,
+            retry_after_s=retry,
+            day=int(day),
+            tokens=tokens,
+        )
+
+    def _acquire_keys_args(
+        self,
+        request_id: str,
+        model: str,
+        candidates,
+        long_prompt: bool,
+        long_cap: int,
+        queue_max: int,
+        timeout_s: float,
+    ) -> tuple[list, list]:
+        keys = [self.queue_key(model)]
+        for deployment_id, _cap in candidates:
+            keys += [self.inflight_key(deployment_id), self.long_key(deployment_id)]
+        args = [
+            request_id,
+            self.lease_ms,
+            1 if long_prompt else 0,
+            long_cap,
+            queue_max,
+            int(timeout_s * 1000) + self.lease_ms,  # a queued entry older than this was abandoned
+            *[cap or 0 for _id, cap in candidates],
+        ]
+        return keys, args
+
+    async def acquire_replica(
+        self,
+        *,
+        request_id: str,
+        model: str,
+        candidates: list[tuple[int | str, int | None]],
+        long_prompt: bool = False,
+        long_cap: int = 2,
+        queue_max: int = 256,
+        timeout_s: float = 10.0,
+    ) -> Placement:
+        """Take an in-flight slot on the least-loaded replica that has room, waiting in the model's
+        FIFO queue (bounded by `queue_max`) for at most `timeout_s`.
+
+        `candidates` are (deployment id, concurrency cap or None). Cancellation (the client went
+        away) leaves the queue at once, so a request cancelled while queued never reaches a replica.
+        """
+        keys, args = self._acquire_keys_args(
+            request_id, model, candidates, long_prompt, long_cap, queue_max, timeout_s
+        )
+        return await self._wait_for_slot(keys, args, request_id, model, timeout_s, first=None)
+
+    async def admit_and_place(
+        self,
+        *,
+        request_id: str,
+        team: Scope,
+        key: Scope,
+        tokens: int,
+        model: str,
+        candidates: list[tuple[int | str, int | None]],
+        long_prompt: bool = False,
+        long_cap: int = 2,
+        queue_max: int = 256,
+        timeout_s: float = 10.0,
+    ) -> tuple[Admission, Placement | None]:
+        """`admit`, then `acquire_replica` if admitted, with the first try of both in one script."""
+        admit_keys, admit_args = self._admit_keys_args(request_id, team, key, tokens)
+        keys, args = self._acquire_keys_args(
+            request_id, model, candidates, long_prompt, long_cap, queue_max, timeout_s
+        )
+        result = await self._admit_place(keys=admit_keys + keys, args=admit_args + args)
+        admission = self._admission(result, tokens)
+        if not admission.ok:
+            return admission, None
+        first = (int(result[3]), int(result[4]))
+        return admission, await self._wait_for_slot(keys, args, request_id, model, timeout_s, first=first)
+
+    async def _wait_for_slot(
+        self, keys: list, args: list, request_id: str, model: str, timeout_s: float, *, first: tuple | None
+    ) -> Placement:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + timeout_s
+        delay = 0.002
+        queued = False
+        try:
+            while True:
+                if first is not None:
+                    (index, _position), first = first, None
+                else:
+                    index, _position = await self._acquire(keys=keys, args=args)
+                index = int(index)
+                if index > 0:
+                    queued = False
+                    return Placement(index - 1, waited_s=loop.time() - started)
+                if index < 0:
+                    return Placement(None, "queue_full", loop.time() - started)
+                queued = True
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return Placement(None, "queue_timeout", loop.time() - started)
+                await asyncio.sleep(min(delay, remaining))
+                delay = min(delay * 2, 0.05)
+        finally:
+            if queued:
+                # Shielded so a cancelled request still leaves the queue.
+                await asyncio.shield(self.redis.zrem(self.queue_key(model), request_id))
+
+    async def finish(
+        self,
+        *,
+        request_id: str,
+        team: Scope | None = None,
+        key: Scope | None = None,
+        admission: Admission | None = None,
+        used_tokens: int = 0,
+        deployment_id: int | str | None = None,
+        usage: dict | None = None,
+    ) -> None:
+        """Leave every slot the request held, correct its token reservation to `used_tokens`, and
+        queue its usage record, in one step."""
+        slots: list[str] = []
+        pairs: list[str] = []
+        tpms: list[int] = []
+        delta = 0
+        if admission is not None and admission.ok:
+            delta = used_tokens - admission.tokens
+            for scope in (team, key):
+                if scope is None:
+                    continue
+                if scope.limits.max_concurrent:
+                    slots.append(self.concurrency_key(scope))
+                pairs += [
+                    self.tpm_key(scope),
+                    self.tpd_prefix(scope) + str(admission.day) if scope.limits.tokens_per_day else "",
+                ]
+                tpms.append(scope.limits.tpm or 0)
+        if deployment_id is not None:
+            slots += [self.inflight_key(deployment_id), self.long_key(deployment_id)]
+        await self._finish(
+            keys=[self.usage_list, *slots, *pairs],
+            args=[request_id, json.dumps(usage) if usage else "", len(slots), delta, *tpms],
+        )
+
+    async def release_replica(self, *, request_id: str, deployment_id: int | str) -> None:
+        """Leave a replica's slots early (it failed before the first byte; the request moves on)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrem(self.inflight_key(deployment_id), request_id)
+            pipe.zrem(self.long_key(deployment_id), request_id)
+            await pipe.execute()
+
+    async def block(self, kind: str, id: int | str, *, reason: str, until_ms: int | None = None) -> None:
+        """Refuse every new request of a key or team (until `until_ms`, epoch ms, or for good)."""
+        if until_ms is None:
+            await self.redis.set(self.blocked_key(kind, id), reason)
+        else:
+            await self.redis.set(self.blocked_key(kind, id), reason, pxat=until_ms)
+
+    async def in_flight(self, deployment_id: int | str) -> int:
+        return await self.redis.zcard(self.inflight_key(deployment_id))
+
+    async def renew(self, leases: dict[str, set[str]]) -> None:
+        if not leases:
+            return
+        keys, args = [], [self.lease_ms]
+        for zset, members in leases.items():
+            keys.append(zset)
+            args += [len(members), *members]
+        await self._renew(keys=keys, args=args)
+
+
+class LeaseKeeper:
+    """Renews the concurrency leases of this process's live requests, in one batch every
+    lease/3, so a long stream keeps its slot and a crashed process's slots expire."""
+
+    def __init__(self, limiter: RateLimiter) -> None:
+        self.limiter = limiter
+        self.leases: dict[str, set[str]] = {}
+        self._task: asyncio.Task | None = None
+
+    def hold(self, zsets: list[str], member: str) -> None:
+        for zset in zsets:
+            self.leases.setdefault(zset, set()).add(member)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def drop(self, zsets: list[str], member: str) -> None:
+        for zset in zsets:
+            members = self.leases.get(zset)
+            if members is not None:
+                members.discard(member)
+                if not members:
+                    del self.leases[zset]
+
+    async def _run(self) -> None:
+        interval = self.limiter.lease_ms / 3000
+        while self.leases:
+            await asyncio.sleep(interval)
+            with contextlib.suppress(Exception):  # a Redis blip: the next round retries
+                await self.limiter.renew({k: set(v) for k, v in self.leases.items()})

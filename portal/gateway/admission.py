@@ -1,0 +1,221 @@
+"""Step 2 and 4: is the request well formed, may this caller make it, and is there room.
+
+`parse` validates the body (never trusting it: any bad field is a 400 naming it),
+clamps `max_tokens` to the team's clamp, and asks upstream for the usage chunk.
+`admit` takes the team's and key's quotas in one Redis script, reserving the
+prompt tokens plus the output cap. `place` then takes a slot on a replica
+(least in flight under its cap; long prompts under the long-prompt cap),
+waiting in the model's bounded queue if none has room.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from inference.ratelimit import Admission, Placement, RateLimiter, Scope
+
+from .errors import GatewayError
+
+COMMON_FIELDS = {
+    "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n", "stop",
+    "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user", "seed",
+    # vLLM's sampling extras
+    "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
+    "skip_special_tokens", "spaces_between_special_tokens", "truncate_prompt_tokens",
+    "include_stop_str_in_output", "best_of", "use_beam_search", "length_penalty",
+    "prompt_logprobs", "detokenize", "priority", "request_id", "guided_json", "guided_regex",
+    "guided_choice", "guided_grammar", "structured_outputs", "response_format", "service_tier",
+}  # fmt: skip
+CHAT_FIELDS = COMMON_FIELDS | {
+    "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+    "functions", "function_call", "chat_template", "chat_template_kwargs", "add_generation_prompt",
+    "continue_final_message", "echo", "documents", "reasoning_effort", "metadata", "store",
+    "modalities", "audio", "prediction", "web_search_options", "add_special_tokens",
+}  # fmt: skip
+COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "suffix", "add_special_tokens"}
+MAX_N = 16
+
+
+def _bad(message: str, param: str, code: str = "invalid_value") -> GatewayError:
+    return GatewayError(400, message, code=code, param=param)
+
+
+def _positive_int(body: dict, name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(f"`{name}` must be an integer.", name)
+    if value < 1:
+        raise _bad(f"`{name}` must be at least 1.", name)
+    return value
+
+
+@dataclass
+class Parsed:
+    body: dict
+    model: str
+    stream: bool
+    client_wants_usage: bool
+    max_tokens: int
+    n: int
+    chat: bool
+
+    def encode(self) -> bytes:
+        return json.dumps(self.body, separators=(",", ":")).encode()
+
+
+def parse(raw: bytes, *, chat: bool, caller) -> Parsed:
+    if len(raw) > settings.GATEWAY_MAX_BODY_BYTES:
+        raise GatewayError(
+            413, f"Request body is over {settings.GATEWAY_MAX_BODY_BYTES} bytes.", code="request_too_large"
+        )
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise GatewayError(400, "The body is not valid JSON.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise GatewayError(400, "The body must be a JSON object.", code="invalid_json")
+    unknown = sorted(set(body) - (CHAT_FIELDS if chat else COMPLETION_FIELDS))
+    if unknown:
+        raise _bad(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0], "unknown_parameter")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("`model` is required (a string).", "model", "missing_parameter")
+    if caller.models is not None and model not in caller.models:
+        raise GatewayError(
+            403, f"This key may not use the model `{model}`.", code="model_not_allowed", param="model"
+        )
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise _bad("`messages` must be a non-empty list of message objects.", "messages")
+    else:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str | list) or not prompt:
+            raise _bad("`prompt` is required (a string or a list).", "prompt", "missing_parameter")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("`stream` must be true or false.", "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _bad("`stream_options` must be an object.", "stream_options")
+    n = _positive_int(body, "n") or 1
+    if n > MAX_N:
+        raise _bad(f"`n` must be at most {MAX_N}.", "n")
+
+    # FIELD_NOTES: clamp max_tokens so a few long generations cannot hold batch slots.
+    name = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
+    asked = _positive_int(body, name)
+    max_tokens = min(asked or caller.max_tokens_clamp, caller.max_tokens_clamp)
+    body[name] = max_tokens
+
+    wants_usage = bool(stream and options and options.get("include_usage"))
+    if stream:
+        # Upstream's final usage chunk is how tokens are accounted; stripped again if not asked for.
+        body["stream_options"] = {**(options or {}), "include_usage": True}
+    return Parsed(body, model, stream, wants_usage, max_tokens, n, chat)
+
+
+RETRY_MESSAGES = {
+    "rpm": "requests per minute",
+    "tpm": "tokens per minute",
+    "tpd": "tokens per day",
+    "concurrency": "concurrent requests",
+}
+
+
+async def admit_and_place(
+    limiter: RateLimiter,
+    *,
+    request_id: str,
+    team: Scope,
+    key: Scope,
+    tokens: int,
+    model: str,
+    candidates: list[tuple[int, int | None]],
+    long_prompt: bool,
+) -> tuple[Admission, Placement | None]:
+    """Quotas, then a replica slot: one Redis round trip when both say yes at once."""
+    return await limiter.admit_and_place(
+        request_id=request_id,
+        team=team,
+        key=key,
+        tokens=tokens,
+        model=model,
+        candidates=candidates,
+        long_prompt=long_prompt,
+        long_cap=settings.GATEWAY_LONG_PROMPT_MAX_INFLIGHT,
+        queue_max=settings.GATEWAY_QUEUE_MAX,
+        timeout_s=settings.GATEWAY_QUEUE_TIMEOUT_S,
+    )
+
+
+def check_admission(admission: Admission) -> None:
+    """Raise the 401/403/429 that a refused admission means."""
+    if admission.ok:
+        return
+    reason = admission.reason
+    if reason.endswith("_blocked"):
+        raise GatewayError(
+            401 if reason == "key_blocked" else 403,
+            "This API key or its team is disabled.",
+            code="key_disabled",
+        )
+    who, _, limit = reason.partition("_")
+    if limit.endswith("too_large"):
+        what = RETRY_MESSAGES[limit.removesuffix("_too_large")]
+        raise GatewayError(
+            429,
+            f"This request needs {admission.tokens} tokens (prompt + max_tokens), more than "
+            f"the {who}'s {what} "
+            "quota; lower max_tokens.",
+            code="tokens_exceed_quota",
+        )
+    raise GatewayError(
+        429,
+        f"Rate limit reached: the {who}'s {RETRY_MESSAGES.get(limit, limit)} quota.",
+        code="rate_limit_exceeded",
+        retry_after=admission.retry_after_s,
+    )
+
+
+def check_placement(placement: Placement, model: str) -> int:
+    """The index of the replica the request was placed on, or the 429/503 of a full or slow queue."""
+    if placement.index is not None:
+        return placement.index
+    if placement.reason == "queue_full":
+        raise GatewayError(
+            429,
+            f"Every replica of `{model}` is at capacity and its queue is full.",
+            code="queue_full",
+            retry_after=1,
+        )
+    raise GatewayError(
+        503,
+        f"Every replica of `{model}` stayed at capacity for {settings.GATEWAY_QUEUE_TIMEOUT_S:g} s.",
+        code="queue_timeout",
+        retry_after=1,
+    )
+
+
+async def place(
+    limiter: RateLimiter,
+    *,
+    request_id: str,
+    model: str,
+    candidates: list[tuple[int, int | None]],
+    long_prompt: bool,
+) -> Placement:
+    return await limiter.acquire_replica(
+        request_id=request_id,
+        model=model,
+        candidates=candidates,
+        long_prompt=long_prompt,
+        long_cap=settings.GATEWAY_LONG_PROMPT_MAX_INFLIGHT,
+        queue_max=settings.GATEWAY_QUEUE_MAX,
+        timeout_s=settings.GATEWAY_QUEUE_TIMEOUT_S,
+    )

@@ -1,0 +1,126 @@
+"""Step 1: who is calling. `Authorization: Bearer sk-<prefix>.<secret>` → a Caller.
+
+Key rows are cached per process for GATEWAY_CACHE_S seconds (one database read per
+key per interval, not per request). Revocation still takes effect at once: revoking
+writes a block entry in Redis, which the admission script checks on every request.
+The key is checked against its HMAC digest in constant time on every request; it is
+never logged.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+
+from inference.ratelimit import Limits
+from portal.teams.models import ApiKey
+from portal.teams.services import api_key_matches, api_key_prefix
+
+from .cache import TtlCache
+from .errors import GatewayError
+
+
+@dataclass(frozen=True)
+class Caller:
+    key_id: int
+    key_prefix: str
+    team_id: int
+    team_slug: str
+    models: frozenset[str] | None  # None: any served model
+    team_limits: Limits
+    key_limits: Limits
+    max_tokens_clamp: int
+    digest: str
+    revoked: bool
+    expires_at: float | None  # epoch seconds
+    disabled_until: float | None
+
+
+_cache = TtlCache(lambda: settings.GATEWAY_CACHE_S)
+
+
+def _limits(row) -> Limits:
+    return Limits(
+        rpm=row.rpm_limit,
+        tpm=row.tpm_limit,
+        tokens_per_day=row.tokens_per_day,
+        max_concurrent=row.max_concurrent,
+    )
+
+
+def _caller(key: ApiKey) -> Caller:
+    team = key.team
+    models = None
+    if key.allowed_models and team.allowed_models:
+        models = frozenset(key.allowed_models) & frozenset(team.allowed_models)
+    elif key.allowed_models or team.allowed_models:
+        models = frozenset(key.allowed_models or team.allowed_models)
+    disabled = [d.timestamp() for d in (key.disabled_until, team.disabled_until) if d is not None]
+    return Caller(
+        key_id=key.pk,
+        key_prefix=key.prefix,
+        team_id=team.pk,
+        team_slug=team.slug,
+        models=models,
+        team_limits=_limits(team),
+        key_limits=_limits(key),
+        max_tokens_clamp=team.max_tokens_clamp,
+        digest=key.digest,
+        revoked=key.revoked_at is not None,
+        expires_at=key.expires_at.timestamp() if key.expires_at else None,
+        disabled_until=max(disabled) if disabled else None,
+    )
+
+
+def _fetch(prefix: str) -> ApiKey | None:
+    close_old_connections()  # the gateway handler sends no request signals (gateway/asgi.py)
+    return ApiKey.objects.select_related("team").filter(prefix=prefix).first()
+
+
+async def _load(prefix: str) -> Caller | None:
+    async def load() -> Caller | None:
+        key = await sync_to_async(_fetch)(prefix)
+        return _caller(key) if key is not None else None
+
+    return await _cache.get(prefix, load)
+
+
+def _invalid() -> GatewayError:
+    return GatewayError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+
+async def authenticate(request) -> Caller:
+    header = request.META.get("HTTP_AUTHORIZATION", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise GatewayError(
+            401, "Missing API key: send `Authorization: Bearer <key>`.", code="missing_api_key"
+        )
+    prefix = api_key_prefix(token.strip())
+    if prefix is None:
+        raise _invalid()
+    caller = await _load(prefix)
+    if caller is None or not api_key_matches(token.strip(), caller.digest):
+        raise _invalid()
+    return caller
+
+
+def ensure_usable(caller: Caller) -> None:
+    """Refuse a known key that is revoked, expired or over its daily budget (these requests
+    are billed to its team as rejected, unlike an unknown key)."""
+    now = time.time()
+    if caller.revoked:
+        raise GatewayError(401, "This API key has been revoked.", code="revoked_api_key")
+    if caller.expires_at is not None and caller.expires_at <= now:
+        raise GatewayError(401, "This API key has expired.", code="expired_api_key")
+    if caller.disabled_until is not None and caller.disabled_until > now:
+        raise GatewayError(
+            429,
+            "The daily token budget is spent; requests resume at 00:00 UTC.",
+            code="daily_budget_exceeded",
+            retry_after=caller.disabled_until - now,
+        )

@@ -1,0 +1,64 @@
+"""OpenAI-shaped errors: `{"error": {"message", "type", "code"}}`, as a response or an SSE event."""
+
+from __future__ import annotations
+
+import json
+
+from django.http import HttpResponse
+
+TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+class GatewayError(Exception):
+    """A request the gateway answers itself. `usage_status` is what its usage record says."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str,
+        retry_after: float | None = None,
+        usage_status: str = "rejected",
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.retry_after = retry_after
+        self.usage_status = usage_status
+        self.param = param
+
+    def payload(self) -> bytes:
+        error = {"message": self.message, "type": TYPES.get(self.status, "api_error"), "code": self.code}
+        if self.param:
+            error["param"] = self.param
+        return json.dumps({"error": error}).encode()
+
+
+def error_response(error: GatewayError, *, request_id: str | None = None) -> HttpResponse:
+    response = HttpResponse(error.payload(), status=error.status, content_type="application/json")
+    if error.retry_after is not None:
+        # Whole seconds, rounded up, at least 1 (the header has no fractions).
+        response["Retry-After"] = str(max(1, int(-(-error.retry_after // 1))))
+    if request_id:
+        response["X-Request-Id"] = request_id
+    return response
+
+
+def error_event(error: GatewayError) -> bytes:
+    """The one event sent when a stream fails after its first byte; the stream then closes."""
+    return b"data: " + error.payload() + b"\n\n"

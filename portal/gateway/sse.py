@@ -1,0 +1,175 @@
+"""Step 5 helper: pass an upstream SSE stream through byte for byte, reading usage on the way.
+
+Chunks are not parsed: a chunk made of whole events that carries no usage object is
+sent on as it came. Only an event containing `"usage": {` is decoded, to read the
+token counts, and dropped when the client did not ask for usage (the gateway always
+asks upstream for it, to account).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import httpx
+from django.http import StreamingHttpResponse
+
+from .errors import GatewayError, error_event
+from .upstream import UPSTREAM_ERRORS
+
+log = logging.getLogger("portal.gateway")
+
+SEP = b"\n\n"
+MAX_BUFFER = 1 << 20  # an "event" this long without a separator is not SSE: pass it on
+
+
+def _has_usage(data: bytes) -> bool:
+    return b'"usage":{' in data or b'"usage": {' in data
+
+
+class SseRelay:
+    def __init__(self, *, strip_usage: bool) -> None:
+        self.strip_usage = strip_usage
+        self.usage: dict | None = None
+        self.events = 0
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The bytes to send for this upstream chunk (whole events; a partial one waits)."""
+        if not self._buffer and chunk.endswith(SEP) and not _has_usage(chunk):
+            self.events += chunk.count(SEP)
+            return chunk
+        data = self._buffer + chunk
+        end = data.rfind(SEP)
+        if end < 0:
+            if len(data) > MAX_BUFFER:
+                self._buffer = b""
+                return data
+            self._buffer = data
+            return b""
+        self._buffer = data[end + 2 :]
+        complete = data[: end + 2]
+        if not _has_usage(complete):
+            self.events += complete.count(SEP)
+            return complete
+        out = []
+        for event in complete.split(SEP)[:-1]:
+            self.events += 1
+            if _has_usage(event) and self._read_usage(event) and self.strip_usage:
+                continue
+            out.append(event + SEP)
+        return b"".join(out)
+
+    def _read_usage(self, event: bytes) -> bool:
+        """Record the usage of an event; True if it is the usage-only chunk (no choices)."""
+        for line in event.split(b"\n"):
+            if line.startswith(b"data:"):
+                try:
+                    payload = json.loads(line[5:])
+                except ValueError:
+                    return False
+                if isinstance(payload, dict) and isinstance(payload.get("usage"), dict):
+                    self.usage = payload["usage"]
+                    return not payload.get("choices")
+        return False
+
+    def tail(self) -> bytes:
+        rest, self._buffer = self._buffer, b""
+        return rest
+
+    def completion_tokens(self) -> int:
+        """From upstream's usage; else the number of content events (one token each, an estimate)."""
+        if self.usage is not None:
+            return int(self.usage.get("completion_tokens") or 0)
+        return max(0, self.events - 1)  # minus the closing `[DONE]`
+
+
+class RelayStream:
+    """The response body of a streamed request: upstream chunks through `SseRelay`, then the
+    exchange finishes exactly once, however the stream ends.
+
+    A class rather than an async generator so that cancellation (client disconnect)
+    reaches `__anext__` directly, Django's `aclosing()` reaches `aclose`, and a stream
+    that is never iterated at all (the client left between the view returning and the
+    first send) still finishes, from `__del__`.
+    """
+
+    def __init__(self, exchange, chunks, first: bytes, *, strip_usage: bool) -> None:
+        self.exchange = exchange
+        self.relay = SseRelay(strip_usage=strip_usage)
+        self._chunks = chunks  # the upstream response's raw iterator, already past `first`
+        self._pending: bytes | None = first
+        self._done = False
+        self._loop = asyncio.get_running_loop()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            while True:
+                if self._pending is not None:
+                    chunk, self._pending = self._pending, None
+                else:
+                    try:
+                        chunk = await self._chunks.__anext__()
+                    except StopAsyncIteration:
+                        await self._end("completed", 200)
+                        tail = self.relay.tail()
+                        if tail:
+                            return tail
+                        raise
+                out = self.relay.feed(chunk)
+                if out:
+                    return out
+        except StopAsyncIteration:
+            raise
+        except asyncio.CancelledError:
+            await self._end("client_cancelled", 499, "client_disconnected", shielded=True)
+            raise
+        except (httpx.ReadTimeout, TimeoutError):
+            error = GatewayError(504, "Upstream stopped sending tokens.", code="upstream_timeout")
+            await self._end("timeout", 504, error.code)
+            return error_event(error)
+        except Exception as exc:
+            if not isinstance(exc, UPSTREAM_ERRORS):
+                log.exception("stream of request %s failed", self.exchange.request_id)
+            error = GatewayError(502, "Upstream failed mid-stream.", code="upstream_error")
+            await self._end("upstream_error", 502, error.code)
+            return error_event(error)
+
+    async def _end(self, status: str, http_status: int, code: str = "", *, shielded: bool = False) -> None:
+        if self._done:
+            return
+        self._done = True
+        ex = self.exchange
+        usage = self.relay.usage or {}
+        if usage.get("prompt_tokens"):
+            ex.prompt_tokens = int(usage["prompt_tokens"])
+        ex.completion_tokens = self.relay.completion_tokens()
+        if shielded:
+            await ex.finish_shielded(status, http_status, code)
+        else:
+            await ex.finish(status, http_status, code)
+
+    async def aclose(self) -> None:
+        await self._end("client_cancelled", 499, "client_disconnected", shielded=True)
+
+    def __del__(self) -> None:
+        if not self._done and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._loop.create_task, self.aclose())
+
+
+class RelayResponse(StreamingHttpResponse):
+    """A streaming response whose body is a RelayStream of bytes, handed to the server as is
+    (no per-chunk wrapper generators: the parts are bytes already)."""
+
+    def __init__(self, stream: RelayStream, **kwargs) -> None:
+        super().__init__(stream, **kwargs)
+        self._relay = stream
+
+    def __aiter__(self):
+        return self._relay

@@ -1,0 +1,108 @@
+"""Step 6: account. Every request that got past authentication ends here exactly once.
+
+`Exchange.finish` leaves the request's slots, corrects its token reservation and
+queues its usage record in one Redis script (no database write on the request
+path); `portal.teams.tasks.usage_flush` moves records into the database in batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from inference.ratelimit import Admission, LeaseKeeper, RateLimiter, Scope
+
+from .auth import Caller
+
+log = logging.getLogger("portal.gateway")
+
+
+@dataclass
+class Exchange:
+    """What the gateway knows about one request, from authentication to the last byte."""
+
+    request_id: str
+    endpoint: str
+    limiter: RateLimiter
+    keeper: LeaseKeeper
+    started: float = field(default_factory=time.time)
+    started_mono: float = field(default_factory=time.perf_counter)
+    caller: Caller | None = None
+    team: Scope | None = None
+    key: Scope | None = None
+    model: str = ""
+    stream: bool = False
+    admission: Admission | None = None
+    deployment_id: int | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_ms: float | None = None
+    finished: bool = False
+    leases: list[str] = field(default_factory=list)
+    upstream: object | None = None  # the open httpx.Response, closed when the exchange finishes
+
+    def hold(self, zsets: list[str]) -> None:
+        self.leases += zsets
+        self.keeper.hold(zsets, self.request_id)
+
+    def mark_first_byte(self) -> None:
+        self.ttft_ms = (time.perf_counter() - self.started_mono) * 1000
+
+    async def finish(self, status: str, http_status: int, error_code: str = "") -> None:
+        """Close upstream, leave the slots, correct tokens, queue the record: once, and whole.
+
+        Shielded: a cancellation arriving meanwhile (the client left at the last moment) is
+        raised to the caller, but cannot cut these steps half way."""
+        if self.finished:
+            return
+        self.finished = True
+        await asyncio.shield(self._finish(status, http_status, error_code))
+
+    async def _finish(self, status: str, http_status: int, error_code: str) -> None:
+        self.keeper.drop(self.leases, self.request_id)
+        if self.upstream is not None:
+            # Closing a half-read response drops its connection: vLLM sees the disconnect and aborts.
+            with contextlib.suppress(Exception):
+                await self.upstream.aclose()
+        if self.caller is None:
+            return
+        record = {
+            "request_id": self.request_id,
+            "created_at": self.started,
+            "team_id": self.caller.team_id,
+            "api_key_id": self.caller.key_id,
+            "model": self.model,
+            "deployment_id": self.deployment_id,
+            "endpoint": self.endpoint,
+            "stream": self.stream,
+            "status": status,
+            "http_status": http_status,
+            "error_code": error_code,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "ttft_ms": self.ttft_ms,
+            "duration_ms": (time.perf_counter() - self.started_mono) * 1000,
+        }
+        used = self.prompt_tokens + self.completion_tokens if status != "rejected" else 0
+        try:
+            await self.limiter.finish(
+                request_id=self.request_id,
+                team=self.team,
+                key=self.key,
+                admission=self.admission,
+                used_tokens=used,
+                deployment_id=self.deployment_id,
+                usage=record,
+            )
+        except Exception:
+            # Redis unreachable: the slots expire with their leases; the record is lost, so say so.
+            log.exception(
+                "usage not recorded for request %s (team %s)", self.request_id, self.caller.team_slug
+            )
+
+    async def finish_shielded(self, status: str, http_status: int, error_code: str = "") -> None:
+        """Finish from a path that is handling a cancellation (the client went away)."""
+        await self.finish(status, http_status, error_code)

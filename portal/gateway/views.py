@@ -1,0 +1,305 @@
+"""The OpenAI-compatible proxy: `/v1/models`, `/v1/chat/completions`, `/v1/completions`.
+
+One pipeline per request, each step in its own module:
+authenticate (auth) → parse (admission) → route (routing) → admit quotas and
+place on a replica (admission) → relay (upstream, sse) → account (usage).
+Errors at any step are OpenAI-shaped (errors); every request that got past
+authentication finishes its Exchange exactly once, which releases its slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+
+import httpx
+from django.conf import settings
+from django.http import HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from inference.ratelimit import LeaseKeeper, RateLimiter, Scope
+
+from .admission import admit_and_place, check_admission, check_placement, parse, place
+from .auth import authenticate, ensure_usable
+from .errors import GatewayError, error_response
+from .routing import route_for, served_models
+from .sse import RelayResponse, RelayStream
+from .tokens import prompt_tokens
+from .upstream import UPSTREAM_ERRORS, open_stream
+from .usage import Exchange
+
+log = logging.getLogger("portal.gateway")
+
+_state: dict[int, tuple[RateLimiter, LeaseKeeper]] = {}
+
+
+def _limiter() -> tuple[RateLimiter, LeaseKeeper]:
+    """One Redis client, limiter and lease keeper per event loop (uvicorn runs one)."""
+    from redis.asyncio import Redis
+
+    loop = asyncio.get_running_loop()
+    found = _state.get(id(loop))
+    if found is None:
+        redis = Redis.from_url(settings.GATEWAY_REDIS_URL)
+        limiter = RateLimiter(redis, prefix="gw", lease_ms=int(settings.GATEWAY_SLOT_LEASE_S * 1000))
+        found = _state[id(loop)] = (limiter, LeaseKeeper(limiter))
+    return found
+
+
+def _method_not_allowed(allowed: str) -> HttpResponse:
+    response = error_response(GatewayError(405, f"Use {allowed}.", code="method_not_allowed"))
+    response["Allow"] = allowed
+    return response
+
+
+@csrf_exempt
+async def models(request):
+    if request.method != "GET":
+        return _method_not_allowed("GET")
+    try:
+        caller = await authenticate(request)
+        ensure_usable(caller)
+    except GatewayError as error:
+        return error_response(error)
+    if caller.models is None:
+        names = await served_models()
+    else:  # a scoped key: its models that have a serving replica (each route cached on its own)
+        names = sorted([m for m in caller.models if (await route_for(m)).replicas])
+    created = int(time.time())
+    return JsonResponse(
+        {
+            "object": "list",
+            "data": [{"id": m, "object": "model", "created": created, "owned_by": "portal"} for m in names],
+        }
+    )
+
+
+@csrf_exempt
+async def chat_completions(request):
+    return await _proxy(request, chat=True)
+
+
+@csrf_exempt
+async def completions(request):
+    return await _proxy(request, chat=False)
+
+
+async def _proxy(request, *, chat: bool):
+    if request.method != "POST":
+        return _method_not_allowed("POST")
+    limiter, keeper = _limiter()
+    # Random ids without a getrandom() syscall per request (they are ids, not secrets).
+    ex = Exchange(f"{random.getrandbits(128):032x}", "chat" if chat else "completions", limiter, keeper)
+    try:
+        ex.caller = await authenticate(request)
+    except GatewayError as error:
+        return error_response(error, request_id=ex.request_id)
+    try:
+        return await _serve(request, ex, chat=chat)
+    except GatewayError as error:
+        await ex.finish_shielded(error.usage_status, error.status, error.code)
+        return error_response(error, request_id=ex.request_id)
+    except asyncio.CancelledError:
+        # The client went away while queued or waiting for upstream: nothing reaches (or stays on) vLLM.
+        await ex.finish_shielded("client_cancelled", 499, "client_disconnected")
+        raise
+    except Exception:
+        log.exception("gateway request %s failed", ex.request_id)
+        await ex.finish_shielded("upstream_error", 500, "internal_error")
+        return error_response(
+            GatewayError(500, "Internal gateway error.", code="internal_error"), request_id=ex.request_id
+        )
+
+
+async def _serve(request, ex: Exchange, *, chat: bool):
+    caller = ex.caller
+    ensure_usable(caller)
+    limiter = ex.limiter
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    if declared > settings.GATEWAY_MAX_BODY_BYTES:
+        raise GatewayError(
+            413, f"Request body is over {settings.GATEWAY_MAX_BODY_BYTES} bytes.", code="request_too_large"
+        )
+    try:
+        raw = request.body
+    except Exception:  # RequestDataTooBig and friends
+        raise GatewayError(413, "Request body is too large.", code="request_too_large") from None
+    parsed = parse(raw, chat=chat, caller=caller)
+    ex.model, ex.stream = parsed.model, parsed.stream
+
+    route = await route_for(parsed.model)
+    if not route.registered:
+        raise GatewayError(
+            404, f"The model `{parsed.model}` does not exist.", code="model_not_found", param="model"
+        )
+    if not route.replicas:
+        raise GatewayError(
+            503, f"No replica of `{parsed.model}` is serving.", code="no_replica", retry_after=5
+        )
+
+    ex.prompt_tokens = prompt_tokens(parsed.body, chat=chat, tokenizer_path=route.tokenizer_path)
+    ex.team = Scope("team", caller.team_id, caller.team_limits)
+    ex.key = Scope("key", caller.key_id, caller.key_limits)
+    long_prompt = ex.prompt_tokens > settings.GATEWAY_LONG_PROMPT_TOKENS
+    remaining = list(route.replicas)
+    ex.admission, placement = await admit_and_place(
+        limiter,
+        request_id=ex.request_id,
+        team=ex.team,
+        key=ex.key,
+        tokens=ex.prompt_tokens + parsed.max_tokens * parsed.n,
+        model=parsed.model,
+        candidates=[(r.id, r.cap) for r in remaining],
+        long_prompt=long_prompt,
+    )
+    check_admission(ex.admission)
+    ex.hold([limiter.concurrency_key(s) for s in (ex.team, ex.key) if s.limits.max_concurrent])
+
+    first_token_timeout = (
+        settings.GATEWAY_FIRST_TOKEN_TIMEOUT_LONG_S if long_prompt else settings.GATEWAY_FIRST_TOKEN_TIMEOUT_S
+    )
+    body = parsed.encode()
+    failure: GatewayError | None = None
+    while remaining:
+        if placement is None:  # a retry after a replica failed before its first byte
+            placement = await place(
+                limiter,
+                request_id=ex.request_id,
+                model=parsed.model,
+                candidates=[(r.id, r.cap) for r in remaining],
+                long_prompt=long_prompt,
+            )
+        replica = remaining.pop(check_placement(placement, parsed.model))
+        placement = None
+        ex.deployment_id = replica.id
+        ex.hold([limiter.inflight_key(replica.id), limiter.long_key(replica.id)])
+        first = b""
+        chunks = None
+        try:
+            if parsed.stream:
+                # Tiered first-token timeout (FIELD_NOTES: short 30 s, long 60 s).
+                async with asyncio.timeout(first_token_timeout):
+                    ex.upstream = response = await open_stream(
+                        replica.chat_url if chat else replica.completions_url, body, ex.request_id
+                    )
+                    if response.status_code == 200:
+                        # The transport's byte stream itself: httpx's aiter_raw() adds a chunker
+                        # and a context manager per chunk, which this pass-through does not need.
+                        chunks = aiter(response.stream)
+                        first = await _first_chunk(chunks)
+            else:
+                ex.upstream = response = await open_stream(
+                    replica.chat_url if chat else replica.completions_url, body, ex.request_id
+                )
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+                failure = GatewayError(
+                    502,
+                    f"Could not reach a replica of `{parsed.model}`.",
+                    code="upstream_unreachable",
+                    usage_status="upstream_error",
+                )
+                await _leave(ex, replica.id)
+                continue
+            raise GatewayError(
+                504, "Upstream sent no first token in time.", code="upstream_timeout", usage_status="timeout"
+            ) from None
+        except UPSTREAM_ERRORS:
+            # Retry on another replica only before the first byte.
+            failure = GatewayError(
+                502,
+                f"Could not reach a replica of `{parsed.model}`.",
+                code="upstream_unreachable",
+                usage_status="upstream_error",
+            )
+            await _leave(ex, replica.id)
+            continue
+
+        if response.status_code >= 500:
+            failure = GatewayError(
+                502,
+                f"Upstream answered {response.status_code}.",
+                code="upstream_error",
+                usage_status="upstream_error",
+            )
+            await _leave(ex, replica.id)
+            continue
+        if response.status_code != 200:
+            # Upstream refused the request itself (e.g. prompt over the context): its OpenAI error, as is.
+            content = await _read(response)
+            await ex.finish("rejected", response.status_code, f"upstream_{response.status_code}")
+            return _passthrough(response, content, ex.request_id)
+
+        if not parsed.stream:
+            content = await _read(response)
+            ex.mark_first_byte()
+            _account_json(ex, content)
+            await ex.finish("completed", 200)
+            return _passthrough(response, content, ex.request_id)
+
+        ex.mark_first_byte()
+        stream = RelayStream(ex, chunks, first, strip_usage=not parsed.client_wants_usage)
+        out = RelayResponse(stream, content_type=response.headers.get("content-type", "text/event-stream"))
+        out["Cache-Control"] = "no-cache"
+        out["X-Accel-Buffering"] = "no"
+        out["X-Request-Id"] = ex.request_id
+        return out
+    raise failure or GatewayError(
+        502, "No replica answered.", code="upstream_error", usage_status="upstream_error"
+    )
+
+
+async def _first_chunk(chunks) -> bytes:
+    while True:
+        try:
+            chunk = await anext(chunks)
+        except StopAsyncIteration:
+            return b""
+        if chunk:
+            return chunk
+
+
+async def _read(response: httpx.Response) -> bytes:
+    try:
+        return await response.aread()
+    except httpx.ReadTimeout:
+        raise GatewayError(
+            504, "Upstream did not finish in time.", code="upstream_timeout", usage_status="timeout"
+        ) from None
+    except UPSTREAM_ERRORS:
+        raise GatewayError(
+            502, "Upstream failed while answering.", code="upstream_error", usage_status="upstream_error"
+        ) from None
+
+
+async def _leave(ex: Exchange, deployment_id: int) -> None:
+    if ex.upstream is not None:
+        await ex.upstream.aclose()
+        ex.upstream = None
+    await ex.limiter.release_replica(request_id=ex.request_id, deployment_id=deployment_id)
+    ex.deployment_id = None
+
+
+def _account_json(ex: Exchange, content: bytes) -> None:
+    try:
+        usage = json.loads(content).get("usage") or {}
+    except (ValueError, AttributeError):
+        return
+    ex.prompt_tokens = int(usage.get("prompt_tokens") or ex.prompt_tokens)
+    ex.completion_tokens = int(usage.get("completion_tokens") or 0)
+
+
+def _passthrough(response: httpx.Response, content: bytes, request_id: str) -> HttpResponse:
+    out = HttpResponse(
+        content,
+        status=response.status_code,
+        content_type=response.headers.get("content-type", "application/json"),
+    )
+    out["X-Request-Id"] = request_id
+    return out

@@ -1,0 +1,35 @@
+"""The team page's form for creating an API key."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from django import forms
+from django.utils import timezone
+
+
+class ApiKeyCreateForm(forms.Form):
+    name = forms.CharField(max_length=100, required=False, help_text="What the key is for.")
+    models = forms.CharField(
+        required=False, help_text="Comma-separated model names (blank: every model the team may use)."
+    )
+    expires_in_days = forms.IntegerField(
+        min_value=1, max_value=3650, required=False, help_text="Blank: never."
+    )
+    rpm_limit = forms.IntegerField(min_value=1, required=False, label="Requests per minute")
+    tpm_limit = forms.IntegerField(min_value=1, required=False, label="Tokens per minute")
+    tokens_per_day = forms.IntegerField(min_value=1, required=False, label="Tokens per day")
+    max_concurrent = forms.IntegerField(min_value=1, required=False, label="Concurrent requests")
+
+    def service_kwargs(self) -> dict:
+        data = self.cleaned_data
+        days = data.get("expires_in_days")
+        return {
+            "name": data.get("name", ""),
+            "allowed_models": [m for m in (data.get("models") or "").split(",") if m.strip()],
+            "expires_at": timezone.now() + dt.timedelta(days=days) if days else None,
+            "rpm_limit": data.get("rpm_limit"),
+            "tpm_limit": data.get("tpm_limit"),
+            "tokens_per_day": data.get("tokens_per_day"),
+            "max_concurrent": data.get("max_concurrent"),
+        }

@@ -1,0 +1,87 @@
+"""Reads for teams, scoped to what a user may see: staff see every team, members their own."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from django.db.models import Count, QuerySet, Sum
+from django.db.models.functions import TruncHour
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+
+from .models import ApiKey, Team, Usage, UsageDaily, UsageStatus
+
+
+def teams_visible_to(user) -> QuerySet[Team]:
+    teams = Team.objects.all()
+    return teams if user.is_staff else teams.filter(members=user)
+
+
+def team_get_for_user(user, slug: str) -> Team:
+    return get_object_or_404(teams_visible_to(user), slug=slug)
+
+
+def api_keys_of(team: Team) -> QuerySet[ApiKey]:
+    return team.api_keys.all().order_by("revoked_at", "-created_at")
+
+
+def api_key_get_for_team(team: Team, prefix: str) -> ApiKey:
+    return get_object_or_404(team.api_keys, prefix=prefix)
+
+
+def usage_daily_series(
+    team: Team, *, days: int = 30, today: dt.date | None = None
+) -> list[tuple[dt.date, int]]:
+    """(day, tokens) for each of the last `days` UTC days, zeros included."""
+    today = today or timezone.now().date()
+    start = today - dt.timedelta(days=days - 1)
+    totals = {
+        row["day"]: (row["p"] or 0) + (row["c"] or 0)
+        for row in UsageDaily.objects.filter(team=team, day__gte=start)
+        .values("day")
+        .annotate(p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
+    }
+    return [(start + dt.timedelta(days=i), totals.get(start + dt.timedelta(days=i), 0)) for i in range(days)]
+
+
+def usage_today(team: Team) -> dict:
+    """Today's totals straight from the usage records (the rollup may lag by minutes)."""
+    start = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    rows = Usage.objects.filter(team=team, created_at__gte=start)
+    totals = rows.aggregate(
+        requests=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens")
+    )
+    by_status = dict(rows.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
+    return {
+        "requests": totals["requests"] or 0,
+        "tokens": (totals["prompt"] or 0) + (totals["completion"] or 0),
+        "by_status": [(label, by_status.get(value, 0)) for value, label in UsageStatus.choices],
+    }
+
+
+def usage_hourly_series(team: Team, *, hours: int = 24) -> list[tuple[dt.datetime, int]]:
+    """(hour, requests) for each of the last `hours` hours, zeros included."""
+    now = timezone.now().replace(minute=0, second=0, microsecond=0)
+    start = now - dt.timedelta(hours=hours - 1)
+    counts = dict(
+        Usage.objects.filter(team=team, created_at__gte=start)
+        .annotate(hour=TruncHour("created_at"))
+        .values_list("hour")
+        .annotate(n=Count("id"))
+        .values_list("hour", "n")
+    )
+    return [
+        (start + dt.timedelta(hours=i), counts.get(start + dt.timedelta(hours=i), 0)) for i in range(hours)
+    ]
+
+
+def usage_daily_all_teams(*, days: int = 30) -> list[tuple[dt.date, int]]:
+    today = timezone.now().date()
+    start = today - dt.timedelta(days=days - 1)
+    totals = {
+        row["day"]: (row["p"] or 0) + (row["c"] or 0)
+        for row in UsageDaily.objects.filter(day__gte=start)
+        .values("day")
+        .annotate(p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
+    }
+    return [(start + dt.timedelta(days=i), totals.get(start + dt.timedelta(days=i), 0)) for i in range(days)]

@@ -1,0 +1,65 @@
+"""A team member creates an API key (shown once), revokes it, and looks at usage charts, in Chromium."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+from django.utils import timezone
+from playwright.sync_api import Page, expect
+
+from tests.browser.conftest import login, shot
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def gateway_redis_db(settings):
+    from portal.teams.services import gateway_redis
+
+    settings.GATEWAY_REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
+    gateway_redis.cache_clear()
+    yield
+    gateway_redis.cache_clear()
+
+
+def test_a_member_creates_sees_once_and_revokes_a_key(page: Page, live_server, bob, team):
+    login(page, live_server, "bob", "bob-password", next_path="/teams/search/keys/")
+    page.fill("#id_name", "notebook")
+    page.fill("#id_models", "llama-2-7b-chat-hf")
+    page.fill("#id_rpm_limit", "60")
+    page.get_by_role("button", name="Create key").click()
+    token = page.locator("#new-key").inner_text().strip()
+    assert token.startswith("sk-")
+    shot(page, "team-keys-created")
+    prefix = token.removeprefix("sk-").split(".")[0]
+    expect(page.locator("table")).to_contain_text(f"sk-{prefix}…")
+
+    page.goto(f"{live_server.url}/teams/search/keys/")
+    expect(page.locator("#new-key")).to_have_count(0)
+    assert token.split(".", 1)[1] not in page.content()
+    page.get_by_role("button", name="Revoke").click()
+    expect(page.locator("table")).to_contain_text("revoked")
+
+
+def test_a_member_sees_usage_against_quotas_as_charts(page: Page, live_server, bob, team):
+    from portal.teams.models import Usage, UsageDaily
+
+    team.tokens_per_day = 50_000
+    team.max_concurrent = 8
+    team.save()
+    today = timezone.now().date()
+    for days_ago, tokens in [(0, 32_000), (1, 41_000), (2, 12_000), (5, 55_000)]:
+        UsageDaily.objects.create(
+            day=today - timezone.timedelta(days=days_ago), team=team, model="m", requests=10, completed=10,
+            prompt_tokens=tokens // 2, completion_tokens=tokens // 2,
+        )  # fmt: skip
+    Usage.objects.create(
+        request_id=uuid.uuid4(), created_at=timezone.now(), team=team, model="m", status="completed",
+        http_status=200, prompt_tokens=10, completion_tokens=20, duration_ms=50,
+    )  # fmt: skip
+    login(page, live_server, "bob", "bob-password", next_path="/teams/search/usage/")
+    expect(page.locator("svg.chart")).to_have_count(2)
+    expect(page.locator("main")).to_contain_text("50000")
+    shot(page, "team-usage")

@@ -1,0 +1,226 @@
+"""The gateway under test runs as it does in production: uvicorn in its own process,
+against the test database and the real Redis, in front of a fake OpenAI-compatible
+upstream (bench/fake_upstream.py) in another process."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def run_async(coro):
+    """Run a coroutine on a fresh event loop in its own thread: a test thread may already have a
+    running loop (Playwright's sync API keeps one once the browser tests have run)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_up(url: str, process: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{url}: process exited with {process.returncode}")
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up in {timeout} s")
+
+
+def stop(process: subprocess.Popen) -> None:
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+@pytest.fixture(scope="session")
+def fake_upstream():
+    """A fast streaming upstream: 32 chunks 5 ms apart unless a request says otherwise."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.fake_upstream", "--port", str(port), "--interval-ms", "5"],
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_until_up(f"{url}/health", process)
+    yield url
+    stop(process)
+
+
+@dataclass
+class Gateway:
+    url: str
+    log_path: Path
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture(scope="session")
+def gateway(django_db_setup, django_db_blocker, tmp_path_factory):
+    """uvicorn serving portal.asgi against the test database (one process, as in production)."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("gateway") / "gateway.log"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "REDIS_URL": REDIS_URL,
+        "DATABASE_CONN_MAX_AGE": "0",
+        "LOG_LEVEL": "DEBUG",  # so the no-secret-in-logs test sees everything the process can log
+        "GATEWAY_CACHE_S": "30",  # revocation must work through the cache (tests use fresh model names)
+        "GATEWAY_QUEUE_TIMEOUT_S": "2",
+        "GATEWAY_FIRST_TOKEN_TIMEOUT_S": "1.5",
+        "GATEWAY_READ_TIMEOUT_S": "1.5",
+        "GATEWAY_SLOT_LEASE_S": "30",
+    }
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--port", str(port),
+             "--log-level", "debug", "--loop", "uvloop", "--http", "httptools"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_up(f"{url}/v1/models", process)
+        yield Gateway(url, log_path)
+    finally:
+        stop(process)
+
+
+@pytest.fixture
+def gw_redis():
+    """The gateway's Redis, emptied of gateway state (slots, queues, usage) before the test."""
+    client = redis.Redis.from_url(REDIS_URL)
+    stale = list(client.scan_iter("gw:*"))
+    if stale:
+        client.delete(*stale)
+    yield client
+    client.close()
+
+
+@dataclass
+class Setup:
+    team: object
+    key: object
+    token: str
+    model: str
+    deployment: object
+    upstream: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+
+@pytest.fixture
+def serving(transactional_db, team, cpu_node, fake_upstream, gw_redis):
+    """Team "search" with a key for a fresh model served by one deployment on the fake upstream."""
+    return make_setup(team=team, node=cpu_node, upstream=fake_upstream)
+
+
+def make_setup(*, team, node, upstream: str, cap: int | None = None, key_kwargs: dict | None = None) -> Setup:
+    from portal.deployments.models import Deployment, DeploymentProfile
+    from portal.registry.services import model_version_create
+    from portal.teams.services import api_key_create
+    from tests.conftest import bundled_config
+
+    name = f"m-{uuid.uuid4().hex[:8]}"
+    version = model_version_create(name=name, config=bundled_config("llama-2-7b-chat-hf"))
+    profile = DeploymentProfile.objects.create(name=f"p-{name}", model_version=version)
+    deployment = Deployment.objects.create(
+        name=f"d-{name}",
+        team=team,
+        model_version=version,
+        profile=profile,
+        node=node,
+        desired_state="running",
+        state="serving",
+        endpoint_url=upstream,
+        concurrency_cap=cap,
+    )
+    key, token = api_key_create(team=team, name="tests", allowed_models=[name], **(key_kwargs or {}))
+    return Setup(team, key, token, name, deployment, upstream)
+
+
+def add_replica(setup: Setup, *, endpoint_url: str, cap: int | None = None, name: str = ""):
+    from portal.deployments.models import Deployment
+
+    return Deployment.objects.create(
+        name=name or f"r-{uuid.uuid4().hex[:8]}",
+        team=setup.team,
+        model_version=setup.deployment.model_version,
+        profile=setup.deployment.profile,
+        node=setup.deployment.node,
+        desired_state="running",
+        state="serving",
+        endpoint_url=endpoint_url,
+        concurrency_cap=cap,
+    )
+
+
+def chat_body(model: str, content: str = "Hello there", **extra) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": content}], **extra}
+
+
+def slots_in_use(client: redis.Redis, setup: Setup) -> dict[str, int]:
+    """Members of every concurrency set the request could have held."""
+    now_ms = time.time() * 1000
+    names = {
+        "team": f"gw:conc:team:{setup.team.pk}",
+        "key": f"gw:conc:key:{setup.key.pk}",
+        "deployment": f"gw:inflight:{setup.deployment.pk}",
+        "long": f"gw:long:{setup.deployment.pk}",
+    }
+    return {label: client.zcount(name, now_ms, "+inf") for label, name in names.items()}
+
+
+def wait_for_slots_free(client: redis.Redis, setup: Setup, timeout: float = 5.0) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        held = slots_in_use(client, setup)
+        if not any(held.values()) or time.monotonic() > deadline:
+            return held
+        time.sleep(0.05)
+
+
+def upstream_stats(upstream: str) -> dict:
+    return httpx.get(f"{upstream}/stats").json()
+
+
+def upstream_reset(upstream: str) -> None:
+    httpx.post(f"{upstream}/stats/reset")

@@ -1,0 +1,160 @@
+"""Quotas and per-deployment admission through the real gateway, against the real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from .conftest import (
+    add_replica,
+    chat_body,
+    free_port,
+    run_async,
+    upstream_reset,
+    upstream_stats,
+    wait_for_slots_free,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+
+
+async def send_many(gateway, setup, bodies: list[dict]) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=len(bodies) + 5)
+    async with httpx.AsyncClient(limits=limits, timeout=30) as client:
+        return await asyncio.gather(
+            *[
+                client.post(f"{gateway.url}/v1/chat/completions", headers=setup.headers, json=b)
+                for b in bodies
+            ]
+        )
+
+
+def test_it_admits_exactly_10_of_50_simultaneous_requests_against_a_limit_of_10(gateway, serving, gw_redis):
+    serving.team.max_concurrent = 10
+    serving.team.save()
+    body = chat_body(serving.model, "FAKE chunks=80 interval=50", stream=True)  # each holds its slot ~4 s
+    responses = run_async(send_many(gateway, serving, [body] * 50))
+    statuses = [r.status_code for r in responses]
+    assert statuses.count(200) == 10
+    assert statuses.count(429) == 40
+    refused = next(r for r in responses if r.status_code == 429)
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert int(refused.headers["retry-after"]) >= 1
+    assert not any(wait_for_slots_free(gw_redis, serving).values())
+
+
+def test_it_limits_requests_per_minute_per_key(gateway, team, cpu_node, fake_upstream, gw_redis):
+    from .conftest import make_setup
+
+    setup = make_setup(team=team, node=cpu_node, upstream=fake_upstream, key_kwargs={"rpm_limit": 3})
+    statuses = [
+        httpx.post(
+            f"{gateway.url}/v1/chat/completions", headers=setup.headers, json=chat_body(setup.model)
+        ).status_code
+        for _ in range(4)
+    ]
+    assert statuses == [200, 200, 200, 429]
+
+
+def test_it_refuses_a_request_whose_reservation_exceeds_the_token_quota(gateway, serving, gw_redis):
+    serving.team.tpm_limit = 500
+    serving.team.save()
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        headers=serving.headers,
+        json=chat_body(serving.model, max_tokens=1000),
+    )
+    assert response.status_code == 429
+    assert response.json()["error"]["code"] == "tokens_exceed_quota"
+
+
+def test_it_queues_the_excess_over_a_deployment_cap(gateway, serving, gw_redis):
+    serving.deployment.concurrency_cap = 2
+    serving.deployment.save()
+    upstream_reset(serving.upstream)
+    body = chat_body(serving.model, "FAKE chunks=20 interval=50", stream=True)  # ~1 s each
+    started = time.monotonic()
+    responses = run_async(send_many(gateway, serving, [body] * 4))
+    assert [r.status_code for r in responses] == [200] * 4
+    assert upstream_stats(serving.upstream)["max_in_flight"] == 2
+    assert time.monotonic() - started >= 2.0  # two waves
+    assert not any(wait_for_slots_free(gw_redis, serving).values())
+
+
+def test_it_answers_503_when_the_queue_wait_runs_out(gateway, serving, gw_redis):
+    serving.deployment.concurrency_cap = 1
+    serving.deployment.save()
+    slow = chat_body(serving.model, "FAKE chunks=60 interval=50", stream=True)  # 3 s > the 2 s queue timeout
+
+    async def go():
+        async with httpx.AsyncClient(timeout=30) as client:
+            first = asyncio.create_task(
+                client.post(f"{gateway.url}/v1/chat/completions", headers=serving.headers, json=slow)
+            )
+            await asyncio.sleep(0.5)  # the slow one holds the only slot
+            second = await client.post(
+                f"{gateway.url}/v1/chat/completions", headers=serving.headers, json=chat_body(serving.model)
+            )
+            return await first, second
+
+    first, second = run_async(go())
+    assert first.status_code == 200
+    assert second.status_code == 503
+    assert second.json()["error"]["code"] == "queue_timeout"
+    assert second.headers["retry-after"]
+
+
+def test_it_lets_at_most_two_long_prompts_into_prefill_per_deployment(gateway, serving, gw_redis):
+    upstream_reset(serving.upstream)
+    long_prompt = "word " * 2000 + "FAKE chunks=20 interval=50"  # ~2500 tokens by the chars/4 estimate
+    responses = run_async(
+        send_many(gateway, serving, [chat_body(serving.model, long_prompt, stream=True)] * 3)
+    )
+    assert [r.status_code for r in responses] == [200] * 3
+    assert upstream_stats(serving.upstream)["max_in_flight"] == 2
+
+
+def test_it_retries_on_another_replica_before_the_first_byte(
+    gateway, team, cpu_node, fake_upstream, gw_redis
+):
+    from .conftest import make_setup
+
+    # The first (lowest id, so first choice at equal load) replica is down.
+    setup = make_setup(team=team, node=cpu_node, upstream=f"http://127.0.0.1:{free_port()}")
+    add_replica(setup, endpoint_url=fake_upstream)
+    for stream in (True, False):
+        response = httpx.post(
+            f"{gateway.url}/v1/chat/completions",
+            headers=setup.headers,
+            json=chat_body(setup.model, stream=stream),
+        )
+        assert response.status_code == 200
+
+
+def test_it_answers_502_when_every_replica_is_down(gateway, team, cpu_node, gw_redis):
+    from .conftest import make_setup
+
+    setup = make_setup(team=team, node=cpu_node, upstream=f"http://127.0.0.1:{free_port()}")
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions", headers=setup.headers, json=chat_body(setup.model)
+    )
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "upstream_unreachable"
+    assert not any(wait_for_slots_free(gw_redis, setup).values())
+
+
+def test_it_spreads_requests_over_replicas_by_least_in_flight(gateway, serving, fake_upstream, gw_redis):
+    second = add_replica(serving, endpoint_url=fake_upstream)
+    body = chat_body(serving.model, "FAKE chunks=20 interval=50", stream=True)
+    run_async(send_many(gateway, serving, [body] * 6))
+    from portal.teams.models import Usage
+    from portal.teams.services import usage_flush
+
+    usage_flush()
+    per_replica = {
+        d: Usage.objects.filter(deployment_id=d).count() for d in (serving.deployment.pk, second.pk)
+    }
+    assert per_replica == {serving.deployment.pk: 3, second.pk: 3}

@@ -1,0 +1,117 @@
+"""A client that goes away at any point: slots are released, upstream is closed or never reached."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+
+import pytest
+
+from .conftest import chat_body, run_async, upstream_reset, upstream_stats, wait_for_slots_free
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+
+
+def raw_request(gateway_url: str, setup, body: dict) -> socket.socket:
+    host, port = gateway_url.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: " + host.encode() + b"\r\n"
+        + f"Authorization: Bearer {setup.token}\r\n".encode()
+        + b"Content-Type: application/json\r\n"
+        + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload
+    )  # fmt: skip
+    return sock
+
+
+def wait_for(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def usage_statuses(setup) -> list[str]:
+    from portal.teams.models import Usage
+    from portal.teams.services import usage_flush
+
+    usage_flush()
+    return list(Usage.objects.filter(team=setup.team).order_by("created_at").values_list("status", flat=True))
+
+
+def test_it_releases_the_slot_when_the_client_leaves_before_the_first_byte(gateway, serving, gw_redis):
+    serving.team.max_concurrent = 3
+    serving.team.save()
+    sock = raw_request(gateway.url, serving, chat_body(serving.model, "FAKE delay=1", stream=True))
+    time.sleep(0.4)
+    sock.close()
+    assert not any(wait_for_slots_free(gw_redis, serving).values())
+    assert wait_for(lambda: usage_statuses(serving) == ["client_cancelled"])
+
+
+def test_it_closes_the_upstream_stream_when_the_client_leaves_mid_stream(gateway, serving, gw_redis):
+    serving.team.max_concurrent = 3
+    serving.team.save()
+    upstream_reset(serving.upstream)
+    sock = raw_request(
+        gateway.url, serving, chat_body(serving.model, "FAKE chunks=200 interval=20", stream=True)
+    )
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    sock.close()
+    assert not any(wait_for_slots_free(gw_redis, serving).values())
+    # Upstream saw the disconnect long before its 4 s stream would have ended.
+    assert wait_for(lambda: upstream_stats(serving.upstream)["disconnected"] == 1, timeout=2)
+    assert upstream_stats(serving.upstream)["completed"] == 0
+    assert wait_for(lambda: usage_statuses(serving) == ["client_cancelled"])
+
+
+def test_it_never_sends_upstream_a_request_whose_client_left_while_queued(gateway, serving, gw_redis):
+    serving.deployment.concurrency_cap = 1
+    serving.deployment.save()
+    upstream_reset(serving.upstream)
+    first = raw_request(
+        gateway.url, serving, chat_body(serving.model, "FAKE chunks=20 interval=50", stream=True)
+    )
+    assert first.recv(4096).startswith(b"HTTP/1.1 200")
+    queued = raw_request(gateway.url, serving, chat_body(serving.model, stream=True))
+    time.sleep(0.3)
+    assert gw_redis.zcard(f"gw:queue:{serving.model}") == 1
+    queued.close()
+    assert wait_for(lambda: gw_redis.zcard(f"gw:queue:{serving.model}") == 0, timeout=2)
+    while first.recv(65536):  # let the first stream finish
+        pass
+    first.close()
+    assert not any(wait_for_slots_free(gw_redis, serving).values())
+    assert upstream_stats(serving.upstream)["started"] == 1
+    assert wait_for(lambda: sorted(usage_statuses(serving)) == ["client_cancelled", "completed"])
+
+
+async def _open_and_drop(gateway_url, setup, n: int) -> None:
+    host, port = gateway_url.removeprefix("http://").split(":")
+    body = json.dumps(chat_body(setup.model, "FAKE chunks=100 interval=10", stream=True)).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {setup.token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+
+    async def one(i: int) -> None:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(head + body)
+        await writer.drain()
+        if i % 2:
+            await reader.read(100)  # some leave after the first byte, some before
+        writer.close()
+
+    await asyncio.gather(*[one(i) for i in range(n)])
+
+
+def test_it_releases_every_slot_when_many_clients_leave_at_once(gateway, serving, gw_redis):
+    serving.team.max_concurrent = 100
+    serving.team.save()
+    run_async(_open_and_drop(gateway.url, serving, 30))
+    assert not any(wait_for_slots_free(gw_redis, serving, timeout=10).values())

@@ -1,0 +1,36 @@
+"""Prompt token counts: the model's tokenizer.json when readable, else 4 characters per token."""
+
+from __future__ import annotations
+
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from portal.gateway.tokens import MESSAGE_OVERHEAD_TOKENS, prompt_tokens
+
+
+def word_tokenizer(path) -> str:
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(path))
+    return str(path)
+
+
+def test_it_counts_with_the_models_tokenizer(tmp_path):
+    path = word_tokenizer(tmp_path / "tokenizer.json")
+    body = {"prompt": "hello world hello"}
+    assert prompt_tokens(body, chat=False, tokenizer_path=path) == 3
+
+
+def test_it_counts_chat_messages_with_a_per_message_overhead(tmp_path):
+    path = word_tokenizer(tmp_path / "tokenizer.json")
+    body = {"messages": [{"role": "system", "content": "hello"}, {"role": "user", "content": [
+        {"type": "text", "text": "world world"}]}]}  # fmt: skip
+    assert prompt_tokens(body, chat=True, tokenizer_path=path) == 3 + 2 * MESSAGE_OVERHEAD_TOKENS
+
+
+def test_it_estimates_four_characters_per_token_without_a_tokenizer(tmp_path):
+    assert prompt_tokens({"prompt": "x" * 4000}, chat=False, tokenizer_path=None) == 1000
+    assert prompt_tokens({"prompt": "x" * 10}, chat=False, tokenizer_path=str(tmp_path / "missing.json")) == 3
+
+
+def test_it_counts_token_id_prompts_as_given():
+    assert prompt_tokens({"prompt": [1, 2, 3, 4]}, chat=False, tokenizer_path=None) == 4

