@@ -7,7 +7,8 @@ hop to a worker thread, and starts a new thread per request for them
 `/v1/models`, most of it those hops. The gateway needs none of the page
 middleware (sessions, CSRF, messages, login: it authenticates by API key), so
 `/v1/` is served by this handler: the same URLconf, the same async views, no
-middleware, no per-request signals. Database connections are used only on cache
+middleware, no per-request signals; it still refuses a Host that ALLOWED_HOSTS
+does not list. Database connections are used only on cache
 misses, from `sync_to_async` helpers that call `close_old_connections` first.
 """
 
@@ -16,10 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from django.core.exceptions import RequestAborted
+from django.core.exceptions import DisallowedHost, RequestAborted
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
 from django.urls import set_script_prefix
+
+from .errors import GatewayError
+from .errors import error_response as gateway_error_response
 
 
 class GatewayHandler(ASGIHandler):
@@ -45,6 +49,14 @@ class GatewayHandler(ASGIHandler):
         if request is None:
             body_file.close()
             await self.send_response(error_response, send)
+            return
+        try:
+            # ALLOWED_HOSTS, which CommonMiddleware checks for the pages: a cheap pure check.
+            request.get_host()
+        except DisallowedHost:
+            body_file.close()
+            refusal = GatewayError(400, "Invalid Host header.", code="invalid_host")
+            await self.send_response(gateway_error_response(refusal), send)
             return
 
         async def process_request():

@@ -139,3 +139,8 @@ def test_it_sends_one_error_event_when_upstream_dies_mid_stream(gateway, serving
     assert len(events) == 4
     assert events[-1].startswith(b'data: {"error"')
     assert not any(wait_for_slots_free(gw_redis, serving).values())
+
+
+def test_it_refuses_a_host_that_allowed_hosts_does_not_list(gateway, serving):
+    response = post(gateway, serving, chat_body(serving.model), headers={"Host": "evil.example"})
+    assert_error(response, 400, "invalid_host")
