@@ -54,23 +54,39 @@ class PlannerForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.fields["model"].choices = _model_choices()
 
+    # The profile knobs the form carries, by ProfileSettings' names.
+    SETTINGS_FIELDS = (
+        "dtype",
+        "tensor_parallel_size",
+        "quantization",
+        "max_model_len",
+        "gpu_memory_utilization",
+        "max_num_seqs",
+        "block_size",
+        "enforce_eager",
+        "enable_prefix_caching",
+        "enable_chunked_prefill",
+    )
+
+    def target_values(self) -> dict:
+        """Keyword arguments naming the model and GPUs, as the planning services take them."""
+        data = self.cleaned_data
+        return {
+            "model": data["model"],
+            "gpu": data["gpu"],
+            "gpus": data["gpus"],
+            "nvlink": {"nvlink": True, "pcie": False}.get(data["interconnect"]),
+        }
+
+    def settings_values(self) -> dict:
+        """The profile knobs of a valid form (blank quantization means none)."""
+        values = {name: self.cleaned_data[name] for name in self.SETTINGS_FIELDS}
+        values["quantization"] = values["quantization"] or None
+        return values
+
     @classmethod
     def initial_from_profile(cls, profile: DeploymentProfile) -> dict:
-        initial = {
-            name: getattr(profile, name)
-            for name in (
-                "dtype",
-                "tensor_parallel_size",
-                "quantization",
-                "max_model_len",
-                "gpu_memory_utilization",
-                "max_num_seqs",
-                "block_size",
-                "enforce_eager",
-                "enable_prefix_caching",
-                "enable_chunked_prefill",
-            )
-        }
+        initial = {name: getattr(profile, name) for name in cls.SETTINGS_FIELDS}
         if profile.model_version:
             initial["model"] = profile.model_version.name
         if profile.target_gpu:

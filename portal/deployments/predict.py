@@ -90,7 +90,6 @@ def predict(request):
     predict_form = PredictForm(request.GET if "mix" in request.GET else None)
     result, error = None, None
     if planner_form.is_valid():
-        data = planner_form.cleaned_data
         mix = request.GET.get("mix") or "field-mix"
         try:
             levels = parse_concurrency(
@@ -98,23 +97,11 @@ def predict(request):
             )
             per_level = max(PAGE_MIN_REQUESTS, PAGE_REQUESTS_PER_USER * max(levels))
             result = predict_sweep(
-                model=data["model"],
-                gpu=data["gpu"],
-                gpus=data["gpus"],
+                **planner_form.target_values(),
                 mix=mix,
                 concurrency=levels,
-                nvlink={"nvlink": True, "pcie": False}.get(data["interconnect"]),
                 requests_per_level=per_level,
-                dtype=data["dtype"],
-                tensor_parallel_size=data["tensor_parallel_size"],
-                quantization=data["quantization"] or None,
-                max_model_len=data["max_model_len"],
-                gpu_memory_utilization=data["gpu_memory_utilization"],
-                max_num_seqs=data["max_num_seqs"],
-                block_size=data["block_size"],
-                enforce_eager=data["enforce_eager"],
-                enable_prefix_caching=data["enable_prefix_caching"],
-                enable_chunked_prefill=data["enable_chunked_prefill"],
+                **planner_form.settings_values(),
             )
         except ApplicationError as exc:
             error = f"{exc.field}: {exc.message}" if exc.field else exc.message

@@ -133,27 +133,12 @@ def planner(request):
     if "model" in request.GET:
         form = PlannerForm(request.GET)
         if form.is_valid():
-            plan, error = _plan_or_error(lambda: _plan_from_form(form.cleaned_data))
+            plan, error = _plan_or_error(lambda: _plan_from_form(form))
     else:
         profile = DeploymentProfile.objects.filter(name=request.GET.get("profile", "")).first()
         form = PlannerForm(initial=PlannerForm.initial_from_profile(profile) if profile else None)
     return render(request, "deployments/planner.html", {"form": form, "plan": plan, "plan_error": error})
 
 
-def _plan_from_form(data: dict):
-    return services.plan_on_catalog_gpus(
-        model=data["model"],
-        gpu=data["gpu"],
-        gpus=data["gpus"],
-        nvlink={"nvlink": True, "pcie": False}.get(data["interconnect"]),
-        dtype=data["dtype"],
-        tensor_parallel_size=data["tensor_parallel_size"],
-        quantization=data["quantization"] or None,
-        max_model_len=data["max_model_len"],
-        gpu_memory_utilization=data["gpu_memory_utilization"],
-        max_num_seqs=data["max_num_seqs"],
-        block_size=data["block_size"],
-        enforce_eager=data["enforce_eager"],
-        enable_prefix_caching=data["enable_prefix_caching"],
-        enable_chunked_prefill=data["enable_chunked_prefill"],
-    )
+def _plan_from_form(form: PlannerForm):
+    return services.plan_on_catalog_gpus(**form.target_values(), **form.settings_values())
