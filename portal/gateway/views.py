@@ -199,12 +199,7 @@ async def _serve(request, ex: Exchange, *, chat: bool):
                 )
         except (TimeoutError, httpx.TimeoutException) as exc:
             if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
-                failure = GatewayError(
-                    502,
-                    f"Could not reach a replica of `{parsed.model}`.",
-                    code="upstream_unreachable",
-                    usage_status="upstream_error",
-                )
+                failure = _unreachable(parsed.model)
                 await _leave(ex, replica.id)
                 continue
             raise GatewayError(
@@ -212,12 +207,7 @@ async def _serve(request, ex: Exchange, *, chat: bool):
             ) from None
         except UPSTREAM_ERRORS:
             # Retry on another replica only before the first byte.
-            failure = GatewayError(
-                502,
-                f"Could not reach a replica of `{parsed.model}`.",
-                code="upstream_unreachable",
-                usage_status="upstream_error",
-            )
+            failure = _unreachable(parsed.model)
             await _leave(ex, replica.id)
             continue
 
@@ -303,3 +293,12 @@ def _passthrough(response: httpx.Response, content: bytes, request_id: str) -> H
     )
     out["X-Request-Id"] = request_id
     return out
+
+
+def _unreachable(model: str) -> GatewayError:
+    return GatewayError(
+        502,
+        f"Could not reach a replica of `{model}`.",
+        code="upstream_unreachable",
+        usage_status="upstream_error",
+    )
