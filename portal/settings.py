@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "portal.deployments",
     "portal.gateway",
     "portal.benchmarks",
+    "portal.observability",
 ]
 
 MIDDLEWARE = [
@@ -243,6 +244,17 @@ CELERY_BEAT_SCHEDULE.update(
         "gateway-usage-rollup": {"task": "portal.teams.tasks.usage_rollup", "schedule": 300.0},
     }
 )
+
+# --- Observability (portal/observability): /metrics and the dashboard's traffic history ---
+# Bearer token a Prometheus scraper sends to /metrics; unset, /metrics answers 404 (off).
+PORTAL_METRICS_TOKEN = env.str("PORTAL_METRICS_TOKEN", default="")
+# How often each process adds its in-memory counts to Redis (what a scrape can lag by).
+PORTAL_METRICS_FLUSH_S = env.float("PORTAL_METRICS_FLUSH_S", default=1.0)
+CELERY_BEAT_SCHEDULE["observability-sample-queues"] = {
+    "task": "observability.sample_queues",
+    "schedule": 15.0,
+    "options": {"queue": "control", "expires": 15.0},
+}
 
 LOGGING = {
     "version": 1,

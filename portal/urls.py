@@ -22,6 +22,7 @@ router.register("benchmark-runs", BenchmarkRunViewSet, basename="benchmark-run")
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/", include("portal.gateway.urls")),
+    path("", include("portal.observability.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/plan/", PlanApi.as_view(), name="api-plan"),
     path("api/v1/", include(router.urls)),

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from inference.ratelimit import Admission, LeaseKeeper, RateLimiter, Scope
+from portal.observability import metrics
 
 from .auth import Caller
 
@@ -62,6 +63,7 @@ class Exchange:
         await asyncio.shield(self._finish(status, http_status, error_code))
 
     async def _finish(self, status: str, http_status: int, error_code: str) -> None:
+        metrics.exchange_ended(self, status, http_status, error_code)  # in memory; flushed in the background
         self.keeper.drop(self.leases, self.request_id)
         if self.upstream is not None:
             # Closing a half-read response drops its connection: vLLM sees the disconnect and aborts.

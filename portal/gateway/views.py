@@ -21,6 +21,7 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from inference.ratelimit import LeaseKeeper, RateLimiter, Scope
+from portal.observability import metrics
 
 from .admission import admit_and_place, check_admission, check_placement, parse, place
 from .auth import authenticate, ensure_usable
@@ -96,6 +97,7 @@ async def _proxy(request, *, chat: bool):
     try:
         ex.caller = await authenticate(request)
     except GatewayError as error:
+        metrics.unauthenticated(ex.endpoint, error)
         return error_response(error, request_id=ex.request_id)
     try:
         return await _serve(request, ex, chat=chat)

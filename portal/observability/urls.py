@@ -1,0 +1,6 @@
+from django.urls import path
+
+from . import views
+
+app_name = "observability"
+urlpatterns = [path("metrics", views.metrics, name="metrics")]
