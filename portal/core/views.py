@@ -1,28 +1,71 @@
-"""The front page."""
+"""The front page: the ops dashboard for staff, the team front page for everyone else."""
 
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
-from portal.deployments.models import DeploymentProfile
+from portal.deployments.models import DeploymentProfile, DeploymentState
 from portal.deployments.selectors import deployments_visible_to
-from portal.inventory.selectors import node_list
+from portal.observability.selectors import traffic_last_hour
 from portal.registry.models import ModelVersion
+from portal.teams.charts import bar_chart_svg
+
+from .selectors import deployment_health, node_occupancy, recent_benchmark_runs, team_fronts
 
 
 @login_required
 def home(request):
-    nodes = node_list()
+    if request.user.is_staff:
+        return _ops_dashboard(request)
+    return render(request, "core/team_home.html", {"fronts": team_fronts(request.user)})
+
+
+def _ops_dashboard(request):
+    occupancy = node_occupancy()
+    deployments = deployment_health(deployments_visible_to(request.user))
+    traffic = traffic_last_hour()
     return render(
         request,
         "core/home.html",
         {
-            "nodes": nodes,
-            "gpu_total": sum(node.gpu_count for node in nodes),
+            "occupancy": occupancy,
+            "gpu_total": sum(o.gpus for o in occupancy),
+            "gpu_held": sum(o.held for o in occupancy),
             "model_count": ModelVersion.objects.count(),
             "profile_count": DeploymentProfile.objects.count(),
-            "deployments": deployments_visible_to(request.user),
+            "deployments": deployments,
+            "serving_count": sum(1 for d in deployments if d.deployment.state == DeploymentState.SERVING),
+            "failing_count": sum(1 for d in deployments if d.health == "failing"),
+            "traffic": traffic,
+            "traffic_totals": _totals(traffic),
+            "charts": _traffic_charts(traffic) if traffic is not None else [],
+            "runs": recent_benchmark_runs(),
             "teams": request.user.teams.all(),
         },
     )
+
+
+def _totals(traffic) -> dict | None:
+    if traffic is None:
+        return None
+    return {
+        "requests": sum(m.requests for m in traffic),
+        "tokens": sum(m.tokens for m in traffic),
+        "errors": sum(m.errors for m in traffic),
+        "rejected": sum(m.rejected for m in traffic),
+    }
+
+
+def _traffic_charts(traffic) -> list:
+    def chart(title: str, values: list[float]):
+        points = [(m.start.strftime("%H:%M"), round(v, 2)) for m, v in zip(traffic, values, strict=True)]
+        return bar_chart_svg(points, title=title, width=560, height=170, label_every=10)
+
+    return [
+        chart("Requests per second", [m.requests_per_s for m in traffic]),
+        chart("Tokens per second (prompt + completion)", [m.tokens_per_s for m in traffic]),
+        chart("Upstream errors per minute (failures, timeouts)", [m.errors for m in traffic]),
+        chart("Rejections per minute (keys, quotas, queue, bad input)", [m.rejected for m in traffic]),
+        chart("Queue depth (largest sample per minute)", [m.queue_depth or 0 for m in traffic]),
+    ]

@@ -1,0 +1,183 @@
+"""Reads for the front page: the ops dashboard (staff) and the team front page (members).
+
+Each read is a fixed number of queries whatever the number of nodes, deployments,
+teams or keys (the tests bound them), plus one Redis pipeline for live figures.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import redis
+from django.db.models import Count, Max, Q, Sum
+from django.utils import timezone
+
+from portal.benchmarks.models import BenchmarkRun
+from portal.deployments.models import Deployment, DeploymentState, DesiredState, MetricsSample
+from portal.inventory.models import Node
+from portal.inventory.selectors import node_list
+from portal.observability import metrics
+from portal.teams.models import ApiKey, Team, Usage, UsageStatus
+from portal.teams.services import REDIS_PREFIX
+
+
+@dataclass
+class NodeOccupancy:
+    node: Node
+    gpus: int
+    held: int
+    gpu_name: str
+
+    @property
+    def share(self) -> float:
+        return self.held / self.gpus if self.gpus else 0.0
+
+
+def node_occupancy() -> list[NodeOccupancy]:
+    """GPUs held by deployments that should be running, per node (3 queries)."""
+    held: dict[int, set[int]] = defaultdict(set)
+    for node_id, indices in Deployment.objects.filter(
+        desired_state=DesiredState.RUNNING, node__isnull=False
+    ).values_list("node_id", "gpu_indices"):
+        held[node_id].update(indices or [])
+    out = []
+    for node in node_list():
+        gpus = list(node.gpus.all())  # prefetched
+        out.append(NodeOccupancy(node, len(gpus), len(held[node.pk]), gpus[0].name if gpus else ""))
+    return out
+
+
+@dataclass
+class DeploymentHealth:
+    deployment: Deployment
+    sample: MetricsSample | None
+    in_flight: int | None
+
+    @property
+    def health(self) -> str:
+        """ok / failing / unknown, from the last supervision sample of a serving deployment."""
+        if self.deployment.state != DeploymentState.SERVING:
+            return ""
+        if self.sample is None:
+            return "unknown"
+        return "ok" if self.sample.healthy else "failing"
+
+
+def _in_flight(deployment_ids: list[int]) -> dict[int, int] | None:
+    if not deployment_ids:
+        return {}
+    now_ms = int(time.time() * 1000)
+    try:
+        with metrics.client().pipeline(transaction=False) as pipe:
+            for pk in deployment_ids:
+                pipe.zcount(f"{REDIS_PREFIX}:inflight:{pk}", now_ms, "+inf")
+            return dict(zip(deployment_ids, pipe.execute(), strict=True))
+    except redis.RedisError:
+        return None
+
+
+def deployment_health(deployments) -> list[DeploymentHealth]:
+    """Each deployment with its last supervision sample and gateway requests in flight (3 queries)."""
+    deployments = list(deployments)
+    last_ids = (
+        MetricsSample.objects.filter(deployment__in=[d.pk for d in deployments])
+        .values("deployment_id")
+        .annotate(last=Max("id"))
+        .values_list("last", flat=True)
+    )
+    samples = {s.deployment_id: s for s in MetricsSample.objects.filter(id__in=list(last_ids))}
+    serving = [d.pk for d in deployments if d.state == DeploymentState.SERVING]
+    in_flight = _in_flight(serving) or {}
+    return [DeploymentHealth(d, samples.get(d.pk), in_flight.get(d.pk)) for d in deployments]
+
+
+def recent_benchmark_runs(*, limit: int = 8) -> list[BenchmarkRun]:
+    return list(
+        BenchmarkRun.objects.select_related("deployment", "profile")
+        .annotate(level_count=Count("levels"))
+        .order_by("-created_at", "-id")[:limit]
+    )
+
+
+# --- the team front page ------------------------------------------------------------
+
+
+@dataclass
+class TeamFront:
+    team: Team
+    models: list[tuple[str, int]]  # (model, serving replicas) the team's keys can call
+    keys: list[ApiKey]
+    requests_today: int
+    tokens_today: int
+    failed_today: int
+    in_flight: int | None
+
+    @property
+    def tokens_share(self) -> float | None:
+        return self.tokens_today / self.team.tokens_per_day if self.team.tokens_per_day else None
+
+
+def served_models() -> dict[str, int]:
+    """Model name → serving replicas the gateway routes to (as portal.gateway.routing sees them)."""
+    return dict(
+        Deployment.objects.filter(state=DeploymentState.SERVING)
+        .exclude(endpoint_url="")
+        .values_list("model_version__name")
+        .annotate(n=Count("id"))
+        .values_list("model_version__name", "n")
+    )
+
+
+def team_fronts(user) -> list[TeamFront]:
+    """For each of the user's teams (never another's): callable models, keys, quotas, usage today.
+    Four queries and one Redis pipeline, whatever the number of teams and keys."""
+    teams = list(Team.objects.filter(members=user).order_by("name"))
+    if not teams:
+        return []
+    served = served_models()
+    keys: dict[int, list[ApiKey]] = defaultdict(list)
+    for key in ApiKey.objects.filter(team__in=teams).order_by("revoked_at", "-created_at"):
+        keys[key.team_id].append(key)
+    midnight = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    usage = {
+        row["team_id"]: row
+        for row in Usage.objects.filter(team__in=teams, created_at__gte=midnight)
+        .values("team_id")
+        .annotate(
+            requests=Count("id"),
+            prompt=Sum("prompt_tokens"),
+            completion=Sum("completion_tokens"),
+            failed=Count("id", filter=~Q(status__in=[UsageStatus.COMPLETED, UsageStatus.REJECTED])),
+        )
+    }
+    in_flight = _team_in_flight([t.pk for t in teams])
+    out = []
+    for team in teams:
+        allowed = set(team.allowed_models)
+        models = sorted((m, n) for m, n in served.items() if not allowed or m in allowed)
+        row = usage.get(team.pk, {})
+        out.append(
+            TeamFront(
+                team=team,
+                models=models,
+                keys=keys[team.pk],
+                requests_today=row.get("requests", 0),
+                tokens_today=(row.get("prompt") or 0) + (row.get("completion") or 0),
+                failed_today=row.get("failed", 0),
+                in_flight=None if in_flight is None else in_flight[team.pk],
+            )
+        )
+    return out
+
+
+def _team_in_flight(team_ids: list[int]) -> dict[int, int] | None:
+    now_ms = int(time.time() * 1000)
+    try:
+        with metrics.client().pipeline(transaction=False) as pipe:
+            for pk in team_ids:
+                pipe.zcount(f"{REDIS_PREFIX}:conc:team:{pk}", now_ms, "+inf")
+            return dict(zip(team_ids, pipe.execute(), strict=True))
+    except redis.RedisError:
+        return None
