@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import redis
-from django.db.models import Count, Max, Q, Sum
+from django.db.models import Count, F, Max, Q, Sum
 from django.utils import timezone
 
 from portal.benchmarks.models import BenchmarkRun
@@ -138,7 +138,10 @@ def team_fronts(user) -> list[TeamFront]:
         return []
     served = served_models()
     keys: dict[int, list[ApiKey]] = defaultdict(list)
-    for key in ApiKey.objects.filter(team__in=teams).order_by("revoked_at", "-created_at"):
+    # Live keys first (PostgreSQL sorts NULLs last by default), newest first.
+    for key in ApiKey.objects.filter(team__in=teams).order_by(
+        F("revoked_at").asc(nulls_first=True), "-created_at"
+    ):
         keys[key.team_id].append(key)
     midnight = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
     usage = {

@@ -178,3 +178,14 @@ def test_it_counts_celery_task_outcomes_from_a_real_worker(client, metrics_redis
         time.sleep(0.5)
     assert seen == expected, log_path.read_text()[-3000:]
     assert value(samples, "portal_celery_tasks_total", task="metrics_test.boom", outcome="succeeded") == 0
+
+
+def test_the_beat_schedule_samples_queues_with_a_registered_task():
+    from django.conf import settings
+
+    from portal.celery import app
+
+    app.loader.import_default_modules()
+    entry = settings.CELERY_BEAT_SCHEDULE["observability-sample-queues"]
+    assert entry["task"] in app.tasks
+    assert entry["options"]["queue"] == "control"
