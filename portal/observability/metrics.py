@@ -74,6 +74,7 @@ class Recorder:
     def _reset(self) -> None:
         # Also the child's state after a fork (prefork Celery): the parent flushes what it had.
         self._lock = threading.Lock()
+        self._sending = threading.Lock()  # one flush at a time: a caller's flush waits for the thread's
         self._counters: dict[tuple, float] = {}
         self._minutes: dict[tuple[int, str], int] = {}
         self._pid: int | None = None
@@ -104,6 +105,10 @@ class Recorder:
 
     def flush(self) -> bool:
         """Add the deltas to Redis; on failure keep them for the next try. True if all went."""
+        with self._sending:
+            return self._flush()
+
+    def _flush(self) -> bool:
         with self._lock:
             counters, self._counters = self._counters, {}
             minutes, self._minutes = self._minutes, {}

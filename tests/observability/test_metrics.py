@@ -93,6 +93,7 @@ def test_a_client_cannot_mint_a_series_with_an_unknown_model_name(client, metric
 
 def test_counts_survive_a_redis_outage_and_land_once(client, metrics_redis, settings):
     good = settings.GATEWAY_REDIS_URL
+    key = (metrics.REQUESTS, "m", "completions", "completed", "200")
     settings.GATEWAY_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there: a real refused connection
     metrics.gateway_request_ended(endpoint="completions", model="m", status="completed", http_status=200)
     assert metrics.recorder.flush() is False
@@ -100,10 +101,11 @@ def test_counts_survive_a_redis_outage_and_land_once(client, metrics_redis, sett
     assert b"portal_metrics_redis_up 0.0" in response.content  # the scrape still answers
     metrics.gateway_request_ended(endpoint="completions", model="m", status="completed", http_status=200)
     settings.GATEWAY_REDIS_URL = good
+    assert key not in read_counters(metrics_redis)
     assert metrics.recorder.flush() is True
+    assert read_counters(metrics_redis)[key] == 2
     assert metrics.recorder.flush() is True  # nothing left to send twice
-    counters = read_counters(metrics_redis)
-    assert counters[(metrics.REQUESTS, "m", "completions", "completed", "200")] == 2
+    assert read_counters(metrics_redis)[key] == 2
 
 
 def _flush_in_child(queue) -> None:
