@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, F, QuerySet, Sum
 from django.db.models.functions import TruncHour
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
@@ -22,7 +22,8 @@ def team_get_for_user(user, slug: str) -> Team:
 
 
 def api_keys_of(team: Team) -> QuerySet[ApiKey]:
-    return team.api_keys.all().order_by("revoked_at", "-created_at")
+    # Live keys first: PostgreSQL sorts NULLs last unless told otherwise.
+    return team.api_keys.all().order_by(F("revoked_at").asc(nulls_first=True), "-created_at")
 
 
 def api_key_get_for_team(team: Team, prefix: str) -> ApiKey:
