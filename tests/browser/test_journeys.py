@@ -257,7 +257,7 @@ def test_team_journey(page: Page, stack, bob, team, shared_tiny_endpoint):
     model = shared_tiny_endpoint
     login(page, stack, "bob", "bob-password")
     shot(page, "journey-team-01-home")
-    page.get_by_role("link", name="Search", exact=True).click()
+    page.locator("header.top").get_by_role("link", name="Search", exact=True).click()
     expect(page.locator("h1")).to_contain_text("Team Search")
     shot(page, "journey-team-02-team")
     page.locator("p.subnav").get_by_role("link", name="API keys").click()
