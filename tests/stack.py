@@ -78,6 +78,19 @@ def stack_env(*, database: dict, redis_url: str, run_dir: Path) -> dict[str, str
     }
 
 
+def clear_gateway_state(redis_url: str) -> None:
+    """Forget the gateway's Redis state (slots, queues, usage, blocked keys and teams).
+
+    A new test database numbers keys and teams from 1 again, so a block left by an
+    earlier session would refuse this session's key with the same id.
+    """
+    client = redis.Redis.from_url(redis_url)
+    stale = list(client.scan_iter("gw:*"))
+    if stale:
+        client.delete(*stale)
+    client.close()
+
+
 def _celery(*args: str) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "portal", *args, "--loglevel", "INFO"]
 
@@ -91,6 +104,7 @@ def start_stack(*, database: dict, redis_url: str, tmp: Path) -> Stack:
     broker = redis.Redis.from_url(redis_url)
     broker.delete("control", f"node.{LOCAL_NODE}")
     broker.close()
+    clear_gateway_state(redis_url)
     port = _free_port()
     tag = f"journeys-{os.getpid()}"
     commands = {

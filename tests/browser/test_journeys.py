@@ -219,11 +219,14 @@ def test_ops_journey(page: Page, stack, reap_deployments, alice, team, tiny_mode
 
 
 @pytest.fixture
-def shared_tiny_endpoint(stack, team, vllm_server):
+def shared_tiny_endpoint(stack, team, vllm_server, settings):
     """The session's vLLM-CPU server, registered as an adopted endpoint of team "search"."""
     from portal.deployments.models import Deployment
     from portal.deployments.services import endpoint_register
     from portal.registry.services import model_version_create
+    from tests.stack import clear_gateway_state
+
+    clear_gateway_state(settings.CELERY_BROKER_URL)  # the gateway's state of earlier tests
 
     version = model_version_create(
         name=vllm_server.model,
