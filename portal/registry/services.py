@@ -137,6 +137,23 @@ def model_version_hash_files(*, model_version: ModelVersion, path: str | None = 
     return model_version_record_hashes(model_version=model_version, hashes=hashes)
 
 
+def model_version_request_hashes(*, model_version: ModelVersion, node) -> None:
+    """Ask `node`'s agent to hash the files at the version's path and record them as the release.
+
+    The files live on the node, so the hashing happens there (a 70B model is minutes of reading);
+    the version's page shows the digests once the agent has written them.
+    """
+    if not model_version.path:
+        raise ApplicationError(f"{model_version.name} has no path to its files", field="path")
+    if model_version.weights_sha256:
+        # The release hashes are what a start checks the files against: never overwrite them
+        # from whatever the files are now (`manage.py hash_model --model` can, deliberately).
+        raise ApplicationError(f"{model_version.name} already has release hashes", field="path")
+    from .tasks import hash_model_version
+
+    transaction.on_commit(lambda: hash_model_version.apply_async(args=[model_version.pk], queue=node.queue))
+
+
 # --- bf16 → fp16 conversion ---------------------------------------------------------
 
 # A hidden file in each converted directory naming the job that wrote it. Not a

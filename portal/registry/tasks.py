@@ -17,3 +17,23 @@ def convert_model_version(job_id: int) -> str:
     from .services import conversion_job_run
 
     return conversion_job_run(job_id=job_id).state
+
+
+@shared_task(name="registry.hash_model_version")
+def hash_model_version(version_id: int) -> str:
+    """Hash the version's files on this node and record them as its release hashes.
+
+    Send it with `queue=node.queue` of the node holding the files. A missing directory is
+    returned (and logged by the worker), not raised: there is nothing to retry.
+    """
+    from portal.core.errors import ApplicationError
+
+    from .models import ModelVersion
+    from .services import model_version_hash_files
+
+    version = ModelVersion.objects.get(pk=version_id)
+    try:
+        version = model_version_hash_files(model_version=version)
+    except ApplicationError as error:
+        return f"not hashed: {error.message}"
+    return version.weights_sha256

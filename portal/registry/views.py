@@ -13,7 +13,7 @@ from portal.core.errors import ApplicationError
 from portal.inventory.models import Node
 
 from .models import ConversionJob, ModelVersion, WeightDtype
-from .services import conversion_job_start
+from .services import conversion_job_start, model_version_request_hashes
 
 
 class ConvertForm(forms.Form):
@@ -22,6 +22,17 @@ class ConvertForm(forms.Form):
     )
     name = forms.CharField(required=False, help_text="New version's name (default: <name>-fp16).")
     clamp = forms.BooleanField(required=False, help_text="Clamp values beyond ±65504 instead of stopping.")
+
+
+class HashForm(forms.Form):
+    node = forms.ModelChoiceField(
+        queryset=Node.objects.all(), to_field_name="name", help_text="The node holding the files."
+    )
+
+
+def _only_node_initial() -> dict:
+    only = list(Node.objects.all()[:2])
+    return {"node": only[0] if len(only) == 1 else None}
 
 
 @login_required
@@ -33,9 +44,10 @@ def model_list(request):
 def model_detail(request, name: str):
     model = get_object_or_404(ModelVersion, name=name)
     context = {"model": model, "conversions": model.conversions.select_related("result", "node")[:10]}
+    if request.user.is_staff and model.path and not model.weights_sha256:
+        context["hash_form"] = HashForm(initial=_only_node_initial())
     if request.user.is_staff and model.weight_dtype == WeightDtype.BFLOAT16 and not model.quantization:
-        only = list(Node.objects.all()[:2])
-        context["convert_form"] = ConvertForm(initial={"node": only[0] if len(only) == 1 else None})
+        context["convert_form"] = ConvertForm(initial=_only_node_initial())
     return render(request, "registry/model_detail.html", context)
 
 
@@ -59,6 +71,24 @@ def model_convert(request, name: str):
             return redirect(job)
     else:
         messages.error(request, "Not started: " + "; ".join(f"{f}: {e[0]}" for f, e in form.errors.items()))
+    return redirect(model)
+
+
+@require_POST
+@staff_member_required
+def model_hash(request, name: str):
+    model = get_object_or_404(ModelVersion, name=name)
+    form = HashForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Not hashed: " + "; ".join(f"{f}: {e[0]}" for f, e in form.errors.items()))
+        return redirect(model)
+    node = form.cleaned_data["node"]
+    try:
+        model_version_request_hashes(model_version=model, node=node)
+    except ApplicationError as error:
+        messages.error(request, f"Not hashed: {error.message}")
+    else:
+        messages.info(request, f"The agent on {node.name} is hashing {model.path}: reload in a moment.")
     return redirect(model)
 
 

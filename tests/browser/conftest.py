@@ -70,3 +70,36 @@ def shot(page: Page, name: str) -> Path:
     path = SCREENSHOTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+@pytest.fixture(scope="module")
+def stack(django_db_setup, django_db_blocker, tmp_path_factory):
+    """The running stack (tests/stack.py) against the test database, once per module.
+
+    Its tests must be transactional, so what they write is committed where the stack's
+    processes can read it. A failing test's report ends with every process's log tail
+    (see pytest_runtest_makereport below).
+    """
+    from django.conf import settings
+    from django.db import connection
+
+    from tests.stack import start_stack, stop_stack
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the stack's processes need a database they can share (PostgreSQL)")
+    started = start_stack(
+        database=connection.settings_dict,
+        redis_url=settings.CELERY_BROKER_URL,
+        tmp=tmp_path_factory.mktemp("stack"),
+    )
+    yield started
+    stop_stack(started)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    running = item.funcargs.get("stack") if hasattr(item, "funcargs") else None
+    if report.failed and running is not None:
+        report.sections.append(("stack logs (tails)", running.log_tails()))

@@ -114,3 +114,51 @@ def test_it_registers_and_hashes_from_the_command_line_or_not_at_all(tmp_path, c
     with pytest.raises(CommandError):
         call_command("register_model", "--name", "tiny2", "--path", str(model_dir), "--hash")
     assert not ModelVersion.objects.filter(name="tiny2").exists()
+
+
+def test_staff_ask_the_node_holding_the_files_to_record_the_release_hashes(
+    tmp_path, alice, client, settings, django_capture_on_commit_callbacks
+):
+    import redis
+
+    from portal.inventory.services import node_create
+    from portal.registry.tasks import hash_model_version
+
+    node = node_create(name="hash-node", hostname="127.0.0.1")
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    broker.delete(node.queue)
+    version = model_version_create(
+        name="llama-local", config=bundled_config("llama-2-7b-chat-hf"), path=str(_fake_model_dir(tmp_path))
+    )
+    client.force_login(alice)
+    page = client.get(f"/models/{version.name}/").content.decode()
+    assert "Record release hashes" in page and "not hashed" in page
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(f"/models/{version.name}/hash/", {"node": node.name}, follow=True)
+    assert "The agent on hash-node is hashing" in response.content.decode()
+    messages = broker.lrange(node.queue, 0, -1)
+    assert len(messages) == 1
+    headers = json.loads(messages[0])["headers"]
+    assert headers["task"] == "registry.hash_model_version" and headers["argsrepr"] == f"[{version.pk}]"
+
+    # What the agent on hash-node does with the message.
+    assert len(hash_model_version(version.pk)) == 64
+    version.refresh_from_db()
+    assert "model-00001-of-00001.safetensors" in version.weight_files
+    page = client.get(f"/models/{version.name}/").content.decode()
+    assert version.weights_sha256 in page and "Record release hashes" not in page
+    # Release hashes are never overwritten from the page.
+    response = client.post(f"/models/{version.name}/hash/", {"node": node.name}, follow=True)
+    assert "already has release hashes" in response.content.decode()
+    broker.delete(node.queue)
+
+
+def test_a_member_cannot_ask_for_hashes(tmp_path, bob, client):
+    version = model_version_create(
+        name="llama-local", config=bundled_config("llama-2-7b-chat-hf"), path=str(tmp_path)
+    )
+    client.force_login(bob)
+    assert "Record release hashes" not in client.get(f"/models/{version.name}/").content.decode()
+    response = client.post(f"/models/{version.name}/hash/", {"node": "x"})
+    assert response.status_code == 302 and "/admin/login/" in response["Location"]

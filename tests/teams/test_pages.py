@@ -102,3 +102,9 @@ def test_the_admin_never_shows_a_keys_digest(alice, team):
     key, _ = api_key_create(team=team)
     page = logged_in(alice).get(reverse("admin:teams_apikey_change", args=[key.pk])).content.decode()
     assert key.digest not in page
+
+
+def test_every_page_links_a_member_to_their_team(bob, charlie, team):
+    link = '<a href="/teams/search/" class="team-link"'
+    assert link in logged_in(bob).get("/nodes/").content.decode()
+    assert link not in logged_in(charlie).get("/nodes/").content.decode()
