@@ -249,3 +249,24 @@ def test_it_leaves_a_stop_of_a_running_server_to_the_agent(alice, deployment):
 def test_it_refuses_a_bad_samples_limit(bob, deployment):
     response = api_client(bob).get(f"/api/v1/deployments/{deployment.name}/samples/?limit=lots")
     assert response.status_code == 400 and "limit" in response.json()
+
+
+@pytest.mark.parametrize(
+    ("desired", "state", "buttons"),
+    [
+        ("stopped", "stopped", ["start"]),
+        ("running", "serving", ["restart", "stop"]),
+        ("running", "failed", ["start", "restart", "stop"]),
+    ],
+)
+def test_the_page_offers_only_the_actions_that_change_something(
+    client, alice, team, dgx, profile_tp1, desired, state, buttons
+):
+    deployment = Deployment.objects.create(
+        name="llama7b-x", team=team, profile=profile_tp1, model_version=profile_tp1.model_version,
+        node=dgx, gpu_indices=[0], desired_state=desired, state=state,
+    )  # fmt: skip
+    client.force_login(alice)
+    html = client.get(f"/deployments/{deployment.name}/").content.decode()
+    shown = [verb for verb in ("start", "restart", "stop") if f"/deployments/llama7b-x/{verb}/" in html]
+    assert shown == buttons
