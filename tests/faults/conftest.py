@@ -23,6 +23,15 @@ import httpx
 import pytest
 import redis
 
+# Fixtures shared with the gateway and deployment tests.
+from tests.deployments.conftest import (  # noqa: F401
+    fake_engine,
+    fake_node,
+    reap_servers,
+    run_dir,
+    tiny_profile,
+    tiny_version,
+)
 from tests.gateway.conftest import fake_upstream, free_port, gw_redis, stop, wait_until_up  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
