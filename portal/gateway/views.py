@@ -78,12 +78,12 @@ async def models(request):
     try:
         caller = await authenticate(request)
         ensure_usable(caller)
+        if caller.models is None:
+            names = await served_models()
+        else:  # a scoped key: its models that have a serving replica (each route cached on its own)
+            names = sorted([m for m in caller.models if (await route_for(m)).replicas])
     except GatewayError as error:
         return error_response(error)
-    if caller.models is None:
-        names = await served_models()
-    else:  # a scoped key: its models that have a serving replica (each route cached on its own)
-        names = sorted([m for m in caller.models if (await route_for(m)).replicas])
     created = int(time.time())
     return JsonResponse(
         {

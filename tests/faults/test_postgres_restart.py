@@ -1,12 +1,16 @@
 """PostgreSQL restarts under a running web process and worker; neither is restarted.
 
 A private cluster (the shared one is never touched) holds the portal's schema; uvicorn (pages,
-REST API, gateway) and a Celery `control` worker keep persistent connections to it
-(DATABASE_CONN_MAX_AGE=60, the default). `pg_ctl restart -m fast` terminates every one of
-those connections. The next page, API call, gateway request that misses its cache, and task
-must each succeed: CONN_HEALTH_CHECKS makes Django test a reused connection before its first
-query (request start, `close_old_connections` in the gateway's loaders, Celery's Django fixup
-before each task) and replace a dead one.
+REST API, gateway) and a Celery `control` worker run against it with DATABASE_CONN_MAX_AGE=60
+(the default). `pg_ctl restart -m fast` terminates every connection. The next page, API call,
+gateway request that misses its cache, and task must each succeed at the first attempt.
+
+What makes each one work: pages and the API run each request in a fresh thread under ASGI, so
+a fresh connection; Celery's Django fixup closes connections before every task; the gateway's
+loaders reuse one long-lived thread and its connection, and CONN_HEALTH_CHECKS tests that
+connection before its first query after `close_old_connections` (without it, measured: the
+first cache miss after the restart failed). While PostgreSQL is down, the gateway serves what
+it has cached and answers 503 `database_unavailable` for what it has not.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ Deployment.objects.create(
     name="d-pg", team=team, model_version=version, profile=profile, node=node,
     desired_state="running", state="serving", endpoint_url="{upstream}",
 )
-keys = [api_key_create(team=team, name=f"k{{i}}", allowed_models=["m-pg"])[1] for i in range(2)]
+keys = [api_key_create(team=team, name=f"k{{i}}", allowed_models=["m-pg"])[1] for i in range(3)]
 print(json.dumps({{"keys": keys}}))
 """
 
@@ -180,6 +184,24 @@ def test_web_and_worker_reconnect_by_themselves_after_postgres_restarts(
             results, "first attempt"
         )
         assert results["task (writes)"][1] == 3  # the two gateway requests after the restart, written
+
+        # While it is down (stopped, not restarting): the gateway goes on serving keys and routes it
+        # has cached; one it has not seen is a clear 503 (OpenAI-shaped), not an HTML 500.
+        private_postgres.ctl("-m", "fast", "stop")
+        cached = gateway(keys[0])()
+        unseen = httpx.post(
+            f"{web.url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {keys[2]}"},
+            json={"model": "m-pg", "messages": [{"role": "user", "content": "Hi"}]},
+            timeout=30,
+        )
+        page_down = session.get("/nodes/").status_code
+        private_postgres.start()
+        print(f"while down: cached key {cached}, unseen key {unseen.status_code} {unseen.text[:100]}")
+        print(f"while down: a page {page_down} (Django's error page)")
+        assert unseen.status_code == 503 and unseen.json()["error"]["code"] == "database_unavailable"
+        assert int(unseen.headers["retry-after"]) >= 1
+        assert gateway(keys[2])() == 200 and page() == 200 and task() == 1  # back: first attempt again
     finally:
         session.close()
         stop(web.process)
