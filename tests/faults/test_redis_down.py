@@ -165,3 +165,46 @@ def test_redis_stopping_under_load_gives_clear_503s_then_service_resumes_by_itse
     }
     assert sum(r["status"] == "completed" for r in records) >= len([o for o in after if o.status == 200])
     client.close()
+
+
+def test_a_hung_redis_gives_503s_after_one_timeout_not_a_hang(
+    transactional_db, team, cpu_node, fake_upstream, private_redis, tmp_path
+):
+    """SIGSTOP: Redis accepts connections but never answers (a partition, a frozen VM)."""
+    setup = make_setup(team=team, node=cpu_node, upstream=fake_upstream)
+    web = start_web(
+        tmp_path / "web.log",
+        {
+            "DATABASE_URL": shared_database_url(),
+            "REDIS_URL": private_redis.url,
+            "GATEWAY_REDIS_TIMEOUT_S": "1",
+        },
+    )
+
+    async def burst(n: int) -> list[Outcome]:
+        body = chat_body(setup.model, STREAM, stream=True)
+        async with httpx.AsyncClient(timeout=15) as client:
+            return await asyncio.gather(
+                *[one_request(client, web.url, setup.headers, body) for _ in range(n)]
+            )
+
+    try:
+        assert [o.status for o in run_async(burst(4))] == [200] * 4
+        private_redis.kill(signal.SIGSTOP)
+        frozen = run_async(burst(8))
+        private_redis.kill(signal.SIGCONT)
+        thawed = time.monotonic()
+        recovered = wait_for(
+            lambda: all(o.status == 200 for o in run_async(burst(4))), timeout_s=10, what="admitted again"
+        )
+        print(
+            f"\nRedis frozen: {[o.status for o in frozen]} in "
+            f"{max(o.ended - o.started for o in frozen):.2f} s at most; admitted again "
+            f"{time.monotonic() - thawed:.2f} s after SIGCONT"
+        )
+    finally:
+        stop(web.process)
+    assert all(o.status == 503 and o.code == "rate_limiter_unavailable" and o.retry_after for o in frozen)
+    # Two 1 s timeouts at most (admission, then the closing record); a timed-out script is not retried.
+    assert all(o.ended - o.started < 4 for o in frozen)
+    assert recovered
