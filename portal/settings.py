@@ -237,6 +237,8 @@ GATEWAY_READ_TIMEOUT_S = env.float("GATEWAY_READ_TIMEOUT_S", default=60.0)
 GATEWAY_CONNECT_TIMEOUT_S = env.float("GATEWAY_CONNECT_TIMEOUT_S", default=5.0)
 GATEWAY_MAX_CONNECTIONS = env.int("GATEWAY_MAX_CONNECTIONS", default=1000)
 GATEWAY_SLOT_LEASE_S = env.float("GATEWAY_SLOT_LEASE_S", default=30.0)
+# Connect and read timeout of the gateway's Redis calls: a hung Redis answers 503, not a hang.
+GATEWAY_REDIS_TIMEOUT_S = env.float("GATEWAY_REDIS_TIMEOUT_S", default=2.0)
 CELERY_BEAT_SCHEDULE = globals().get("CELERY_BEAT_SCHEDULE", {})
 CELERY_BEAT_SCHEDULE.update(
     {

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 
 from django.conf import settings
+from redis.exceptions import RedisError
 
 from inference.ratelimit import Admission, Placement, RateLimiter, Scope
 
@@ -128,6 +129,16 @@ RETRY_MESSAGES = {
 }
 
 
+def limiter_unavailable() -> GatewayError:
+    """Without Redis no quota or slot can be checked: refuse (never admit unlimited), retry soon."""
+    return GatewayError(
+        503,
+        "The rate limiter is unavailable; retry shortly.",
+        code="rate_limiter_unavailable",
+        retry_after=2,
+    )
+
+
 async def admit_and_place(
     limiter: RateLimiter,
     *,
@@ -140,18 +151,21 @@ async def admit_and_place(
     long_prompt: bool,
 ) -> tuple[Admission, Placement | None]:
     """Quotas, then a replica slot: one Redis round trip when both say yes at once."""
-    return await limiter.admit_and_place(
-        request_id=request_id,
-        team=team,
-        key=key,
-        tokens=tokens,
-        model=model,
-        candidates=candidates,
-        long_prompt=long_prompt,
-        long_cap=settings.GATEWAY_LONG_PROMPT_MAX_INFLIGHT,
-        queue_max=settings.GATEWAY_QUEUE_MAX,
-        timeout_s=settings.GATEWAY_QUEUE_TIMEOUT_S,
-    )
+    try:
+        return await limiter.admit_and_place(
+            request_id=request_id,
+            team=team,
+            key=key,
+            tokens=tokens,
+            model=model,
+            candidates=candidates,
+            long_prompt=long_prompt,
+            long_cap=settings.GATEWAY_LONG_PROMPT_MAX_INFLIGHT,
+            queue_max=settings.GATEWAY_QUEUE_MAX,
+            timeout_s=settings.GATEWAY_QUEUE_TIMEOUT_S,
+        )
+    except RedisError:
+        raise limiter_unavailable() from None
 
 
 def check_admission(admission: Admission) -> None:
@@ -210,12 +224,15 @@ async def place(
     candidates: list[tuple[int, int | None]],
     long_prompt: bool,
 ) -> Placement:
-    return await limiter.acquire_replica(
-        request_id=request_id,
-        model=model,
-        candidates=candidates,
-        long_prompt=long_prompt,
-        long_cap=settings.GATEWAY_LONG_PROMPT_MAX_INFLIGHT,
-        queue_max=settings.GATEWAY_QUEUE_MAX,
-        timeout_s=settings.GATEWAY_QUEUE_TIMEOUT_S,
-    )
+    try:
+        return await limiter.acquire_replica(
+            request_id=request_id,
+            model=model,
+            candidates=candidates,
+            long_prompt=long_prompt,
+            long_cap=settings.GATEWAY_LONG_PROMPT_MAX_INFLIGHT,
+            queue_max=settings.GATEWAY_QUEUE_MAX,
+            timeout_s=settings.GATEWAY_QUEUE_TIMEOUT_S,
+        )
+    except RedisError:
+        raise limiter_unavailable() from None

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import Error as DatabaseError
 from django.db import close_old_connections
 
 from inference.ratelimit import Limits
@@ -21,7 +22,7 @@ from portal.teams.models import ApiKey
 from portal.teams.services import api_key_matches, api_key_prefix
 
 from .cache import TtlCache
-from .errors import GatewayError
+from .errors import GatewayError, database_unavailable
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,10 @@ async def authenticate(request) -> Caller:
     prefix = api_key_prefix(token.strip())
     if prefix is None:
         raise _invalid()
-    caller = await _load(prefix)
+    try:
+        caller = await _load(prefix)
+    except DatabaseError:  # not cached here and PostgreSQL is down: a clear 503, not an HTML 500
+        raise database_unavailable() from None
     if caller is None or not api_key_matches(token.strip(), caller.digest):
         raise _invalid()
     return caller

@@ -49,6 +49,12 @@ class GatewayError(Exception):
         return json.dumps({"error": error}).encode()
 
 
+def database_unavailable() -> GatewayError:
+    """A key or route the process has not cached, while PostgreSQL is unreachable (restarting)."""
+    message = "The portal's database is unavailable; retry shortly."
+    return GatewayError(503, message, code="database_unavailable", retry_after=2)
+
+
 def error_response(error: GatewayError, *, request_id: str | None = None) -> HttpResponse:
     response = HttpResponse(error.payload(), status=error.status, content_type="application/json")
     if error.retry_after is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import Error as DatabaseError
 from django.db import close_old_connections
 
 from portal.deployments.models import Deployment
@@ -21,6 +22,7 @@ from portal.deployments.selectors import serving_deployments_for_model
 from portal.registry.models import ModelVersion
 
 from .cache import TtlCache
+from .errors import database_unavailable
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,10 @@ def _load_route(model: str) -> Route:
 
 
 async def route_for(model: str) -> Route:
-    return await _routes.get(model, lambda: sync_to_async(_load_route)(model))
+    try:
+        return await _routes.get(model, lambda: sync_to_async(_load_route)(model))
+    except DatabaseError:
+        raise database_unavailable() from None
 
 
 def _load_served() -> list[str]:
@@ -82,4 +87,7 @@ def _load_served() -> list[str]:
 
 
 async def served_models() -> list[str]:
-    return await _served.get("all", sync_to_async(_load_served))
+    try:
+        return await _served.get("all", sync_to_async(_load_served))
+    except DatabaseError:
+        raise database_unavailable() from None

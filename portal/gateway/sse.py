@@ -28,17 +28,31 @@ def _has_usage(data: bytes) -> bool:
     return b'"usage":{' in data or b'"usage": {' in data
 
 
+def _role_only(event: bytes) -> bool:
+    """A chat stream's opening event (`"delta":{"role":"assistant","content":""}`): no token."""
+    return b'"role":' in event and (b'"content":""' in event or b'"content": ""' in event)
+
+
 class SseRelay:
     def __init__(self, *, strip_usage: bool) -> None:
         self.strip_usage = strip_usage
         self.usage: dict | None = None
         self.events = 0
+        self.non_token_events = 0  # the role-only opening event and `[DONE]`
         self._buffer = b""
+
+    def _count(self, complete: bytes) -> None:
+        """Count whole events; note the ones that carry no token, for the estimate."""
+        if not self.events and _role_only(complete.split(SEP, 1)[0]):
+            self.non_token_events += 1
+        self.events += complete.count(SEP)
+        if complete.endswith(b"[DONE]" + SEP):
+            self.non_token_events += 1
 
     def feed(self, chunk: bytes) -> bytes:
         """The bytes to send for this upstream chunk (whole events; a partial one waits)."""
         if not self._buffer and chunk.endswith(SEP) and not _has_usage(chunk):
-            self.events += chunk.count(SEP)
+            self._count(chunk)
             return chunk
         data = self._buffer + chunk
         end = data.rfind(SEP)
@@ -51,7 +65,7 @@ class SseRelay:
         self._buffer = data[end + 2 :]
         complete = data[: end + 2]
         if not _has_usage(complete):
-            self.events += complete.count(SEP)
+            self._count(complete)
             return complete
         out = []
         for event in complete.split(SEP)[:-1]:
@@ -79,10 +93,11 @@ class SseRelay:
         return rest
 
     def completion_tokens(self) -> int:
-        """From upstream's usage; else the number of content events (one token each, an estimate)."""
+        """From upstream's usage; else the number of token events seen (one token each, as vLLM
+        streams them): a stream cut mid-way (no usage chunk, no `[DONE]`) is billed what it got."""
         if self.usage is not None:
             return int(self.usage.get("completion_tokens") or 0)
-        return max(0, self.events - 1)  # minus the closing `[DONE]`
+        return max(0, self.events - self.non_token_events)
 
 
 class RelayStream:

@@ -19,11 +19,12 @@ import httpx
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
+from redis.exceptions import RedisError
 
 from inference.ratelimit import LeaseKeeper, RateLimiter, Scope
 from portal.observability import metrics
 
-from .admission import admit_and_place, check_admission, check_placement, parse, place
+from .admission import admit_and_place, check_admission, check_placement, limiter_unavailable, parse, place
 from .auth import authenticate, ensure_usable
 from .errors import GatewayError, error_response
 from .routing import route_for, served_models
@@ -40,11 +41,26 @@ _state: dict[int, tuple[RateLimiter, LeaseKeeper]] = {}
 def _limiter() -> tuple[RateLimiter, LeaseKeeper]:
     """One Redis client, limiter and lease keeper per event loop (uvicorn runs one)."""
     from redis.asyncio import Redis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialWithJitterBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
 
     loop = asyncio.get_running_loop()
     found = _state.get(id(loop))
     if found is None:
-        redis = Redis.from_url(settings.GATEWAY_REDIS_URL)
+        # Fail fast when Redis is down or hung: a 503 within a fraction of a second (refused) or
+        # one timeout (hung), not redis-py's ten retries nor a wait without end. Only refused or
+        # broken connections are retried: a timed-out admission script may have run already.
+        # The pool reconnects by itself once Redis is back.
+        timeout = settings.GATEWAY_REDIS_TIMEOUT_S
+        redis = Redis.from_url(
+            settings.GATEWAY_REDIS_URL,
+            socket_connect_timeout=timeout,
+            socket_timeout=timeout,
+            retry=Retry(
+                ExponentialWithJitterBackoff(cap=0.1, base=0.01), 2, supported_errors=(RedisConnectionError,)
+            ),
+        )
         limiter = RateLimiter(redis, prefix="gw", lease_ms=int(settings.GATEWAY_SLOT_LEASE_S * 1000))
         found = _state[id(loop)] = (limiter, LeaseKeeper(limiter))
     return found
@@ -63,12 +79,12 @@ async def models(request):
     try:
         caller = await authenticate(request)
         ensure_usable(caller)
+        if caller.models is None:
+            names = await served_models()
+        else:  # a scoped key: its models that have a serving replica (each route cached on its own)
+            names = sorted([m for m in caller.models if (await route_for(m)).replicas])
     except GatewayError as error:
         return error_response(error)
-    if caller.models is None:
-        names = await served_models()
-    else:  # a scoped key: its models that have a serving replica (each route cached on its own)
-        names = sorted([m for m in caller.models if (await route_for(m)).replicas])
     created = int(time.time())
     return JsonResponse(
         {
@@ -108,6 +124,12 @@ async def _proxy(request, *, chat: bool):
         # The client went away while queued or waiting for upstream: nothing reaches (or stays on) vLLM.
         await ex.finish_shielded("client_cancelled", 499, "client_disconnected")
         raise
+    except RedisError as error:
+        # Redis failed after admission (leaving a failed replica): no quota can be checked, so no request.
+        log.warning("gateway request %s: Redis unavailable: %r", ex.request_id, error)
+        refusal = limiter_unavailable()
+        await ex.finish_shielded(refusal.usage_status, refusal.status, refusal.code)
+        return error_response(refusal, request_id=ex.request_id)
     except Exception:
         log.exception("gateway request %s failed", ex.request_id)
         await ex.finish_shielded("upstream_error", 500, "internal_error")

@@ -53,3 +53,14 @@ def test_it_keeps_usage_on_a_chunk_that_also_has_choices():
     )
     relay = SseRelay(strip_usage=True)
     assert relay_all(relay, [both]) == both
+
+
+def test_it_counts_the_tokens_of_a_stream_cut_before_its_end():
+    # vLLM's chat stream opens with a role-only event; a dead upstream sends no usage and no [DONE].
+    role = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+    relay = SseRelay(strip_usage=False)
+    relay_all(relay, [role, CHUNK, CHUNK + CHUNK])
+    assert relay.completion_tokens() == 3
+    completion = SseRelay(strip_usage=False)
+    relay_all(completion, [CHUNK, CHUNK])
+    assert completion.completion_tokens() == 2

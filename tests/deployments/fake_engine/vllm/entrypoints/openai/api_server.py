@@ -11,7 +11,9 @@ vLLM forks `VLLM::EngineCore`, so stopping the group is tested for real.
 Behaviour switches (environment, read at start):
   FAKE_VLLM_STARTUP_S   seconds before the port opens (default 0.3)
   FAKE_VLLM_FAIL        print this text (e.g. a real vLLM error line) and exit 1
-Files in the working directory (the deployment's run dir), read per request:
+Files in the working directory (the deployment's run dir):
+  startup_s             read at start: overrides FAKE_VLLM_STARTUP_S
+read per request:
   hang                  /health answers 503 (an engine that is alive but stuck)
   in_flight             its number is reported as vllm:num_requests_running
 """
@@ -37,7 +39,9 @@ def main() -> None:
     if os.environ.get("FAKE_VLLM_FAIL"):
         print(os.environ["FAKE_VLLM_FAIL"], flush=True)
         sys.exit(1)
-    time.sleep(float(os.environ.get("FAKE_VLLM_STARTUP_S", "0.3")))
+    startup = Path("startup_s")  # a test can slow one start down without restarting its agent
+    default = os.environ.get("FAKE_VLLM_STARTUP_S", "0.3")
+    time.sleep(float(startup.read_text() if startup.exists() else default))
     # The engine-core child vLLM forks: same process group, outlives nothing if the group is stopped.
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     tokens = {"prompt": 0, "generation": 0}

@@ -1,0 +1,203 @@
+"""The vLLM process group dies (SIGKILL) while clients stream through the gateway.
+
+A real vLLM-CPU deployment started by portal.deployments.lifecycle, the gateway (uvicorn) in
+front, several clients streaming long generations. Killed mid-stream: every client gets one
+OpenAI-style error event and its stream closes; each request leaves one usage row,
+`upstream_error`, with the tokens the client saw; no slot stays taken; and supervision (what
+beat runs) restarts the engine to `serving`, where the gateway routes to it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+import redis
+
+from inference import supervisor
+from portal.deployments import lifecycle
+from portal.teams.models import Usage
+from portal.teams.services import api_key_create, usage_flush
+from tests.deployments.conftest import cpu_node_with, make_deployment
+from tests.engines import require_vllm
+from tests.gateway.conftest import REDIS_URL, run_async
+
+from .conftest import shared_database_url, start_web, stop, wait_for
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.integration,
+    pytest.mark.vllm,
+    pytest.mark.faults,
+]
+
+CHAT_CLIENTS = 4
+COMPLETION_CLIENTS = 2
+MAX_TOKENS = 400
+
+
+@dataclass
+class Stream:
+    chat: bool
+    status: int = 0
+    tokens: int = 0  # token events the client received
+    events: list[str] = field(default_factory=list)
+    closed_at: float | None = None
+    error: dict | None = None
+
+
+async def stream_one(client: httpx.AsyncClient, url: str, token: str, stream: Stream, seen: asyncio.Event):
+    body = {"model": "tiny-llama", "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True}
+    if stream.chat:
+        body["messages"] = [{"role": "user", "content": "Tell me everything about Volta GPUs."}]
+    else:
+        body["prompt"] = "The V100 is a GPU that"
+    path = "/v1/chat/completions" if stream.chat else "/v1/completions"
+    headers = {"Authorization": f"Bearer {token}"}
+    async with client.stream("POST", url + path, json=body, headers=headers) as response:
+        stream.status = response.status_code
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line.removeprefix("data: ")
+            stream.events.append(data)
+            if data == "[DONE]":
+                continue
+            payload = json.loads(data)
+            if "error" in payload:
+                stream.error = payload["error"]
+                continue
+            choices = payload.get("choices") or []
+            opening = stream.chat and len(stream.events) == 1 and "role" in choices[0].get("delta", {})
+            if choices and not opening:
+                stream.tokens += 1  # one event per token (its text may be empty: a partial UTF-8 byte)
+            if stream.tokens >= 5:
+                seen.set()
+    stream.closed_at = time.monotonic()
+
+
+async def stream_and_kill(url: str, token: str, pgid: int) -> tuple[list[Stream], float]:
+    streams = [Stream(chat=True) for _ in range(CHAT_CLIENTS)] + [
+        Stream(chat=False) for _ in range(COMPLETION_CLIENTS)
+    ]
+    seen = [asyncio.Event() for _ in streams]
+    async with httpx.AsyncClient(timeout=httpx.Timeout(60, read=30)) as client:
+        tasks = [
+            asyncio.create_task(stream_one(client, url, token, s, e))
+            for s, e in zip(streams, seen, strict=True)
+        ]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in seen)), timeout=120)
+        os.killpg(pgid, signal.SIGKILL)  # the API server and its EngineCore, mid-generation
+        killed = time.monotonic()
+        # No hang: every stream ends well within the gateway's read timeout.
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=20)
+    return streams, killed
+
+
+@pytest.mark.timeout(900)  # two real vLLM starts on two shared cores
+def test_vllm_killed_mid_stream_gives_error_events_records_usage_and_is_restarted(
+    team,
+    tiny_version,
+    tiny_profile,
+    run_dir,
+    reap_servers,
+    settings,
+    tmp_path,
+):
+    settings.DEPLOYMENT_READY_TIMEOUT_S = 400
+    settings.DEPLOYMENT_RESTART_BACKOFF_S = 1
+    settings.GATEWAY_REDIS_URL = REDIS_URL
+    node = cpu_node_with("faults-vllm", str(require_vllm()))
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    gw = redis.Redis.from_url(REDIS_URL)
+    for stale in [node.queue, *gw.scan_iter("gw:*")]:
+        broker.delete(stale) if stale == node.queue else gw.delete(stale)
+
+    deployment = make_deployment(team, tiny_version, tiny_profile, node, name="tiny-faults")
+    broker.delete(node.queue)  # the start message: this test runs the agent's part in-process
+    began = time.monotonic()
+    assert lifecycle.deployment_start(deployment.pk, owner="faults-agent") == "serving"
+    first_start_s = time.monotonic() - began
+    deployment.refresh_from_db()
+    _key, token = api_key_create(team=team, name="faults", allowed_models=["tiny-llama"])
+
+    web = start_web(
+        tmp_path / "web.log",
+        {
+            "DATABASE_URL": shared_database_url(),
+            "REDIS_URL": REDIS_URL,
+            "GATEWAY_CACHE_S": "1",
+            "GATEWAY_FIRST_TOKEN_TIMEOUT_S": "60",
+            "GATEWAY_READ_TIMEOUT_S": "30",
+        },
+    )
+    try:
+        streams, killed = run_async(stream_and_kill(web.url, token, deployment.pgid))
+        after_kill = [s.closed_at - killed for s in streams]
+        print(
+            f"\nvLLM serving after {first_start_s:.1f} s; killed with "
+            f"{[s.tokens for s in streams]} tokens seen; streams closed "
+            f"{min(after_kill):.2f}-{max(after_kill):.2f} s after the kill; last events "
+            f"{[s.events[-1][:80] for s in streams][:2]}"
+        )
+        for s in streams:
+            assert s.status == 200
+            assert s.error is not None and s.error["code"] == "upstream_error", s.events[-3:]
+            assert set(s.error) >= {"message", "type", "code"}
+            assert s.events[-1].startswith('{"error"') and "[DONE]" not in s.events  # one error, the end
+            assert 0 < s.tokens < MAX_TOKENS
+
+        # One usage row per request: upstream_error, with the tokens the client saw.
+        wait_for(lambda: usage_flush() or Usage.objects.filter(team=team).count() >= len(streams),
+                 timeout_s=10, what="usage flushed")  # fmt: skip
+        rows = list(Usage.objects.filter(team=team))
+        assert len(rows) == len(streams)
+        assert {(r.status, r.http_status, r.error_code) for r in rows} == {
+            ("upstream_error", 502, "upstream_error")
+        }
+        assert sorted(r.completion_tokens for r in rows) == sorted(s.tokens for s in streams)
+        assert {r.deployment_id for r in rows} == {deployment.pk}
+
+        # No slot left taken in Redis (ratelimit.py's per-deployment and per-scope sets).
+        now_ms = time.time() * 1000
+        held = {
+            k.decode(): gw.zcount(k, now_ms, "+inf") for k in gw.scan_iter("gw:*") if gw.type(k) == b"zset"
+        }
+        assert not any(held.values()), held
+
+        # Supervision finds the dead engine, restarts it (the agent runs the start it queues).
+        assert not supervisor.group_alive(deployment.pgid)
+        assert lifecycle.deployment_supervise(deployment.pk, owner="beat") == "restart scheduled"
+        deployment.refresh_from_db()
+        assert deployment.state == "pending" and "is gone" in deployment.state_reason
+        message = json.loads(broker.lpop(node.queue))
+        assert message["headers"]["task"] == "deployments.start"
+        time.sleep(settings.DEPLOYMENT_RESTART_BACKOFF_S)
+        began = time.monotonic()
+        assert lifecycle.deployment_start(deployment.pk, owner="faults-agent") == "serving"
+        restart_s = time.monotonic() - began
+        deployment.refresh_from_db()
+        assert deployment.state == "serving" and supervisor.group_alive(deployment.pgid)
+
+        # The gateway routes to it again (its route cache is 1 s).
+        time.sleep(1.5)
+        body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
+        response = httpx.post(
+            f"{web.url}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=60,
+        )
+        assert response.status_code == 200, response.text
+        print(f"restarted to serving in {restart_s:.1f} s; the gateway answers again")
+    finally:
+        stop(web.process)
+        broker.delete(node.queue)
+        broker.close()
+        gw.close()
