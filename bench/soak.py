@@ -213,6 +213,7 @@ class Result:
     expected: int = 0
     status: int = 0
     error: str = ""  # its kind; "" when the stream was whole
+    long_prompt: bool = False  # over the gateway's long-prompt threshold (its limiter applies)
 
     @property
     def tpot(self) -> float | None:
@@ -221,10 +222,14 @@ class Result:
         return (self.total - self.ttft) / (self.tokens - 1)
 
 
-def prompt_pool(mix_name: str, *, seed: int, max_model_len: int) -> list[tuple[int, bytes]]:
-    """(forced output tokens, encoded request body) for PROMPT_POOL draws of the mix."""
+def prompt_pool(
+    mix_name: str, *, seed: int, max_model_len: int, long_prompt_tokens: int
+) -> list[tuple[int, bool, bytes]]:
+    """(forced output tokens, long prompt?, encoded request body) for PROMPT_POOL draws of the mix;
+    a prompt is long as the gateway counts it (`portal.gateway.tokens`, no tokenizer here)."""
     from inference.bench.prompts import EstimatingPromptBuilder
     from inference.bench.workloads import fit_to_context, load_mix
+    from portal.gateway.tokens import prompt_tokens
 
     # The simulator counts 4 characters per token without a tokenizer; so does this builder.
     builder = EstimatingPromptBuilder()
@@ -239,7 +244,8 @@ def prompt_pool(mix_name: str, *, seed: int, max_model_len: int) -> list[tuple[i
             "temperature": 0.0,
             "stream": True,
         }
-        pool.append((spec.output_tokens, json.dumps(body).encode()))
+        long = prompt_tokens(body, chat=True, tokenizer_path=None) > long_prompt_tokens
+        pool.append((spec.output_tokens, long, json.dumps(body).encode()))
     return pool
 
 
@@ -335,7 +341,7 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def run_load(world: World, args, pool: list[tuple[int, bytes]]) -> dict:
+async def run_load(world: World, args, pool: list[tuple[int, bool, bytes]]) -> dict:
     import aiohttp
 
     from inference.bench.loadgen import SelfWatch
@@ -363,8 +369,8 @@ async def run_load(world: World, args, pool: list[tuple[int, bytes]]) -> dict:
             url = f"{root}/v1/chat/completions"
             headers = {**headers, "Content-Type": "application/json"}
             while time.perf_counter() < stop_at:
-                expected, body = pool[rng.randrange(len(pool))]
-                result = Result(group, time.perf_counter() - began)
+                expected, long_prompt, body = pool[rng.randrange(len(pool))]
+                result = Result(group, time.perf_counter() - began, long_prompt=long_prompt)
                 in_flight[group] += 1
                 try:
                     await one_request(session, url, headers, expected, body, result, args.request_timeout)
@@ -486,6 +492,22 @@ def summarize(load: dict, args, usage_rows: int | None) -> dict:
         name: _minus(paths["gateway"][name], paths["direct"][name])
         for name in ("ttft_p50_ms", "ttft_p99_ms", "total_p50_s", "total_p99_s", "tpot_p50_ms", "tpot_p99_ms")
     }
+    # TTFT split by prompt length: the gateway holds long prompts back while two others are in
+    # prefill (its long-prompt limiter, by design), which direct requests never wait for.
+    by_prompt: dict = {}
+    for kind, long in (("short", False), ("long", True)):
+        row: dict = {}
+        for group in ("direct", "gateway"):
+            ttft = [
+                r.ttft
+                for r in results
+                if r.group == group and r.long_prompt == long and warm <= r.started < stop_s
+                and not r.error and r.ttft is not None
+            ]  # fmt: skip
+            row[group] = {"requests": len(ttft), "p50_ms": _ms(_pct(ttft, 50)), "p99_ms": _ms(_pct(ttft, 99))}
+        row["added_p50_ms"] = _minus(row["gateway"]["p50_ms"], row["direct"]["p50_ms"])
+        row["added_p99_ms"] = _minus(row["gateway"]["p99_ms"], row["direct"]["p99_ms"])
+        by_prompt[kind] = row
 
     errors = Counter(f"{r.group}: {r.error}" for r in results if r.error)
     intended = Counter(
@@ -532,6 +554,8 @@ def summarize(load: dict, args, usage_rows: int | None) -> dict:
         "config": {name: getattr(args, name) for name in CONFIG_KEYS},
         "paths": paths,
         "added": added,
+        "ttft_by_prompt": by_prompt,
+        "long_prompt_tokens": args.long_prompt_tokens,
         "errors": {
             "not_intended": dict(unintended),
             "quota_intended": dict(intended),
@@ -590,6 +614,21 @@ def print_report(summary: dict) -> None:
               "total P99 s", "TPOT P50 ms", "TPOT P99 ms"]  # fmt: skip
     print(table(header, rows))
     print("(added: gateway − direct; requests started after the warm-up; tok/s over the measured seconds)")
+
+    print()
+    rows = []
+    for kind, row in summary["ttft_by_prompt"].items():
+        d, g = row["direct"], row["gateway"]
+        label = f"{'≤' if kind == 'short' else '>'} {summary['long_prompt_tokens']} ({kind})"
+        rows.append(
+            [label, str(d["requests"]), _f(d["p50_ms"], ".1f"), _f(d["p99_ms"], ".1f"), str(g["requests"]),
+             _f(g["p50_ms"], ".1f"), _f(g["p99_ms"], ".1f"), _f(row["added_p50_ms"], ".1f", True),
+             _f(row["added_p99_ms"], ".1f", True)]
+        )  # fmt: skip
+    header = ["TTFT by prompt tokens", "direct n", "P50 ms", "P99 ms", "gateway n", "P50 ms", "P99 ms",
+              "added P50", "added P99"]  # fmt: skip
+    print(table(header, rows))
+    print("(long prompts wait at the gateway while two others are in prefill: its limiter, by design)")
 
     m, e, client = summary["memory"], summary["engine"], summary["client"]
     print()
@@ -664,6 +703,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", default=None, help="also write the summary as JSON here (- for stdout)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, database)")
     parser.add_argument("--flusher", action="store_true", help=argparse.SUPPRESS)
+    parser.set_defaults(long_prompt_tokens=None)  # the gateway's setting, read once Django is set up
     args = parser.parse_args(argv)
     if args.warmup is None:
         args.warmup = min(30.0, args.duration / 4)
@@ -697,7 +737,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"soak: setting up in {directory}", flush=True)
         build_world(world, directory, args)
-        pool = prompt_pool(args.mix, seed=args.seed, max_model_len=profile().max_model_len)
+        from django.conf import settings
+
+        pool = prompt_pool(
+            args.mix,
+            seed=args.seed,
+            max_model_len=profile().max_model_len,
+            long_prompt_tokens=settings.GATEWAY_LONG_PROMPT_TOKENS,
+        )
+        args.long_prompt_tokens = settings.GATEWAY_LONG_PROMPT_TOKENS
         print(
             f"soak: gateway {world.gateway}, simulator {world.sim}; {args.clients} + {args.direct_clients} "
             f"direct + {args.quota_clients} low-quota clients for {args.warmup:g} + {args.duration:g} s",

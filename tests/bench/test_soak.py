@@ -24,7 +24,7 @@ def test_a_tiny_soak_runs_clean_prints_its_tables_and_cleans_up(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=90,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    for row in (r"\| gateway \|", r"\| direct +\|", r"\| added +\|", r"\| growth +\|",
+    for row in (r"\| gateway \|", r"\| direct +\|", r"\| added +\|", r"\| growth +\|", r"\| ≤ 2000 \(short\)",
                 r"\| not intended, total +\| +0 \|"):  # fmt: skip
         assert re.search(row, run.stdout), row
     summary = json.loads(out.read_text())
@@ -45,9 +45,12 @@ def test_a_tiny_soak_runs_clean_prints_its_tables_and_cleans_up(tmp_path):
 
 def test_only_the_low_quota_keys_429s_are_intended_and_a_missing_usage_record_is_an_error():
     args = parse_args(["--clients", "2", "--duration", "10", "--warmup", "2"])
+    args.long_prompt_tokens = 2000
     results = [
         Result("gateway", 3.0, ttft=0.05, total=1.0, tokens=10, expected=10, status=200),
         Result("direct", 3.0, ttft=0.04, total=1.0, tokens=10, expected=10, status=200),
+        Result("gateway", 3.5, ttft=0.3, total=1.2, tokens=10, expected=10, status=200, long_prompt=True),
+        Result("direct", 3.5, ttft=0.1, total=1.1, tokens=10, expected=10, status=200, long_prompt=True),
         Result("quota", 3.0, status=429, error="HTTP 429 rate_limit_exceeded"),
         Result("gateway", 4.0, status=429, error="HTTP 429 rate_limit_exceeded"),
         Result("gateway", 5.0, status=200, tokens=3, expected=10, error="stream ended without [DONE]"),
@@ -57,7 +60,7 @@ def test_only_the_low_quota_keys_429s_are_intended_and_a_missing_usage_record_is
     ]
     load = {"results": results, "samples": samples, "warm_s": 2.0, "stop_s": 12.0, "drained_s": 12.5,
             "idle_rss_mb": 90.0, "after_drain_rss_mb": 112.0, "client": {}}  # fmt: skip
-    summary = summarize(load, args, usage_rows=3)
+    summary = summarize(load, args, usage_rows=4)
     errors = summary["errors"]
     assert errors["quota_intended"] == {"quota: HTTP 429 rate_limit_exceeded": 1}
     assert errors["not_intended"] == {
@@ -66,8 +69,11 @@ def test_only_the_low_quota_keys_429s_are_intended_and_a_missing_usage_record_is
         "usage records missing (gateway requests without a row)": 1,
     }
     assert errors["not_intended_total"] == 3
-    assert summary["paths"]["gateway"]["requests"] == 1
-    assert summary["added"]["ttft_p50_ms"] == pytest.approx(10.0)
+    assert summary["paths"]["gateway"]["requests"] == 2
+    by_prompt = summary["ttft_by_prompt"]
+    assert by_prompt["short"]["added_p50_ms"] == pytest.approx(10.0)
+    assert by_prompt["long"]["added_p50_ms"] == pytest.approx(200.0)
+    assert by_prompt["long"]["gateway"]["requests"] == 1
     memory = summary["memory"]
     assert (memory["start_mb"], memory["end_mb"], memory["growth_mb"]) == (102.0, 111.0, 9.0)
     assert memory["slope_last_half_mb_min"] == pytest.approx(60.0)  # 1 MB/s over the second half
