@@ -26,6 +26,8 @@ client event loop at the same instant, so the difference between them is what
 the gateway path adds (its work, its wait for a core, one more hop), not the
 machine's load drifting between phases, which on a shared host moves TTFT more
 than the gateway does. Requests started during the warm-up are not measured.
+TTFT is also split at the gateway's long-prompt threshold: long prompts wait
+at the gateway while two others are in prefill (its limiter, by design).
 
 Memory: the gateway process's RSS (/proc) every `--sample-interval` seconds;
 start (after the warm-up), end, max, growth, and the slope over the second
@@ -613,7 +615,10 @@ def print_report(summary: dict) -> None:
     header = ["path", "clients", "requests", "tok/s", "TTFT P50 ms", "TTFT P99 ms", "total P50 s",
               "total P99 s", "TPOT P50 ms", "TPOT P99 ms"]  # fmt: skip
     print(table(header, rows))
-    print("(added: gateway − direct; requests started after the warm-up; tok/s over the measured seconds)")
+    print(
+        "(added: gateway − direct, over requests started after the warm-up; total depends on the output "
+        "lengths each group drew, TTFT and TPOT do not)"
+    )
 
     print()
     rows = []
