@@ -216,6 +216,7 @@ class Result:
     status: int = 0
     error: str = ""  # its kind; "" when the stream was whole
     long_prompt: bool = False  # over the gateway's long-prompt threshold (its limiter applies)
+    user: int = 0  # which user of its group sent it
 
     @property
     def tpot(self) -> float | None:
@@ -367,12 +368,14 @@ async def run_load(world: World, args, pool: list[tuple[int, bool, bytes]]) -> d
 
         async def user(group: str, index: int, count: int, root: str, headers: dict) -> None:
             await asyncio.sleep(ramp_s * index / max(1, count))
-            rng = random.Random(f"{group}-{index}")  # noqa: S311 (a reproducible walk, not security)
+            # Direct user i walks the same requests as gateway user i (a paired comparison).
+            walk = f"quota-{index}" if group == "quota" else str(index)
+            rng = random.Random(f"{walk}-{args.seed}")  # noqa: S311 (a reproducible walk, not security)
             url = f"{root}/v1/chat/completions"
             headers = {**headers, "Content-Type": "application/json"}
             while time.perf_counter() < stop_at:
                 expected, long_prompt, body = pool[rng.randrange(len(pool))]
-                result = Result(group, time.perf_counter() - began, long_prompt=long_prompt)
+                result = Result(group, time.perf_counter() - began, long_prompt=long_prompt, user=index)
                 in_flight[group] += 1
                 try:
                     await one_request(session, url, headers, expected, body, result, args.request_timeout)
@@ -474,8 +477,14 @@ def summarize(load: dict, args, usage_rows: int | None) -> dict:
     results: list[Result] = load["results"]
     warm, stop_s = load["warm_s"], load["stop_s"]
     paths = {}
-    for group in ("direct", "gateway"):
-        measured = [r for r in results if r.group == group and warm <= r.started < stop_s and not r.error]
+    # "paired": the gateway users that walk the same requests as the direct ones.
+    for group, users in (("direct", None), ("gateway", None), ("paired", args.direct_clients)):
+        measured = [
+            r
+            for r in results
+            if r.group == ("direct" if group == "direct" else "gateway") and warm <= r.started < stop_s
+            and not r.error and (users is None or r.user < users)
+        ]  # fmt: skip
         ttft = [r.ttft for r in measured if r.ttft is not None]
         total = [r.total for r in measured if r.total is not None]
         tpot = [r.tpot for r in measured if r.tpot is not None]
@@ -490,10 +499,10 @@ def summarize(load: dict, args, usage_rows: int | None) -> dict:
             "tpot_p50_ms": _ms(_pct(tpot, 50)),
             "tpot_p99_ms": _ms(_pct(tpot, 99)),
         }
-    added = {
-        name: _minus(paths["gateway"][name], paths["direct"][name])
-        for name in ("ttft_p50_ms", "ttft_p99_ms", "total_p50_s", "total_p99_s", "tpot_p50_ms", "tpot_p99_ms")
-    }
+    metrics = ("ttft_p50_ms", "ttft_p99_ms", "total_p50_s", "total_p99_s", "tpot_p50_ms", "tpot_p99_ms")
+    # The headline: the same requests at the same time, gateway − direct; and all gateway users − direct.
+    added = {name: _minus(paths["paired"][name], paths["direct"][name]) for name in metrics}
+    added_all = {name: _minus(paths["gateway"][name], paths["direct"][name]) for name in metrics}
     # TTFT split by prompt length: the gateway holds long prompts back while two others are in
     # prefill (its long-prompt limiter, by design), which direct requests never wait for.
     by_prompt: dict = {}
@@ -556,6 +565,7 @@ def summarize(load: dict, args, usage_rows: int | None) -> dict:
         "config": {name: getattr(args, name) for name in CONFIG_KEYS},
         "paths": paths,
         "added": added,
+        "added_all": added_all,
         "ttft_by_prompt": by_prompt,
         "long_prompt_tokens": args.long_prompt_tokens,
         "errors": {
@@ -600,24 +610,26 @@ def print_report(summary: dict) -> None:
         "one gateway process (uvicorn, uvloop, httptools; auth + quotas + usage on)"
     )
     rows = []
-    for name in ("direct", "gateway"):
+    labels = {"direct": "direct", "paired": "gateway, same requests", "gateway": "gateway, all"}
+    for name, label in labels.items():
         p = paths[name]
         rows.append(
-            [name, str(p["clients"]), str(p["requests"]), f"{p['tokens_s']:.0f}", _f(p["ttft_p50_ms"], ".1f"),
-             _f(p["ttft_p99_ms"], ".1f"), _f(p["total_p50_s"], ".2f"), _f(p["total_p99_s"], ".2f"),
-             _f(p["tpot_p50_ms"], ".1f"), _f(p["tpot_p99_ms"], ".1f")]
+            [label, str(p["clients"]), str(p["requests"]), f"{p['tokens_s']:.0f}",
+             _f(p["ttft_p50_ms"], ".1f"), _f(p["ttft_p99_ms"], ".1f"), _f(p["total_p50_s"], ".2f"),
+             _f(p["total_p99_s"], ".2f"), _f(p["tpot_p50_ms"], ".1f"), _f(p["tpot_p99_ms"], ".1f")]
         )  # fmt: skip
-    rows.append(
-        ["added", "", "", "", _f(added["ttft_p50_ms"], ".1f", True), _f(added["ttft_p99_ms"], ".1f", True),
-         _f(added["total_p50_s"], ".2f", True), _f(added["total_p99_s"], ".2f", True),
-         _f(added["tpot_p50_ms"], ".1f", True), _f(added["tpot_p99_ms"], ".1f", True)]
-    )  # fmt: skip
+    for label, diff in (("added, same requests", added), ("added, all", summary["added_all"])):
+        rows.append(
+            [label, "", "", "", _f(diff["ttft_p50_ms"], ".1f", True), _f(diff["ttft_p99_ms"], ".1f", True),
+             _f(diff["total_p50_s"], ".2f", True), _f(diff["total_p99_s"], ".2f", True),
+             _f(diff["tpot_p50_ms"], ".1f", True), _f(diff["tpot_p99_ms"], ".1f", True)]
+        )  # fmt: skip
     header = ["path", "clients", "requests", "tok/s", "TTFT P50 ms", "TTFT P99 ms", "total P50 s",
               "total P99 s", "TPOT P50 ms", "TPOT P99 ms"]  # fmt: skip
     print(table(header, rows))
     print(
-        "(added: gateway − direct, over requests started after the warm-up; total depends on the output "
-        "lengths each group drew, TTFT and TPOT do not)"
+        "(same requests: gateway user i sends what direct user i sends, at the same time; added: gateway − "
+        "direct, over requests started after the warm-up; `all` also differs by the lengths drawn)"
     )
 
     print()

@@ -24,8 +24,8 @@ def test_a_tiny_soak_runs_clean_prints_its_tables_and_cleans_up(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=90,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    for row in (r"\| gateway \|", r"\| direct +\|", r"\| added +\|", r"\| growth +\|", r"\| ≤ 2000 \(short\)",
-                r"\| not intended, total +\| +0 \|"):  # fmt: skip
+    for row in (r"\| gateway, all +\|", r"\| direct +\|", r"\| added, same requests +\|", r"\| growth +\|",
+                r"\| ≤ 2000 \(short\)", r"\| not intended, total +\| +0 \|"):  # fmt: skip
         assert re.search(row, run.stdout), row
     summary = json.loads(out.read_text())
     assert summary["errors"]["not_intended_total"] == 0
