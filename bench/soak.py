@@ -25,7 +25,10 @@ during the same run. Both groups share one engine batch, one machine and one
 client event loop at the same instant, so the difference between them is what
 the gateway path adds (its work, its wait for a core, one more hop), not the
 machine's load drifting between phases, which on a shared host moves TTFT more
-than the gateway does. Requests started during the warm-up are not measured.
+than the gateway does. Direct user i sends the same sequence of requests as
+gateway user i (the simulator is deterministic), so "added, same requests"
+compares like with like; "added, all" also differs by the lengths drawn.
+Requests started during the warm-up are not measured.
 TTFT is also split at the gateway's long-prompt threshold: long prompts wait
 at the gateway while two others are in prefill (its limiter, by design).
 
