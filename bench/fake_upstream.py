@@ -5,10 +5,11 @@
 Serves `/v1/chat/completions` and `/v1/completions` (stream and not, with vLLM's
 chunk shapes and the final usage chunk when `stream_options.include_usage`),
 `/v1/models`, `/health`, and `/stats` (counters the tests read: started,
-completed, disconnected, in_flight). A prompt containing `FAKE ` directives changes
-one request's behaviour, e.g. `FAKE status=500`, `FAKE delay=3` (seconds before
-the first chunk), `FAKE chunks=200 interval=20`, `FAKE die_after=3` (drop the
-connection after 3 chunks).
+completed, disconnected, in_flight, in_prefill: before the first chunk). A
+prompt containing `FAKE ` directives changes one request's behaviour, e.g.
+`FAKE status=500`, `FAKE delay=3` (seconds before the first chunk),
+`FAKE chunks=200 interval=20`, `FAKE die_after=3` (drop the connection after 3
+chunks).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class Fake:
         self.chunks = chunks
         self.interval_s = interval_s
         self.model = model
-        self.stats = {"started": 0, "completed": 0, "disconnected": 0, "in_flight": 0, "max_in_flight": 0}
+        self.stats = {"started": 0, "completed": 0, "disconnected": 0, "in_flight": 0, "max_in_flight": 0,
+                      "in_prefill": 0, "max_in_prefill": 0}  # fmt: skip
         self.last_body: dict | None = None
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -86,8 +88,14 @@ class Fake:
         self.stats["in_flight"] += 1
         self.stats["max_in_flight"] = max(self.stats["max_in_flight"], self.stats["in_flight"])
         try:
-            if d.get("delay"):
-                await asyncio.sleep(d["delay"])
+            # "Prefill": from arrival to the first chunk (the delay), as the long-prompt limiter sees it.
+            self.stats["in_prefill"] += 1
+            self.stats["max_in_prefill"] = max(self.stats["max_in_prefill"], self.stats["in_prefill"])
+            try:
+                if d.get("delay"):
+                    await asyncio.sleep(d["delay"])
+            finally:
+                self.stats["in_prefill"] -= 1
             if body.get("stream"):
                 return await self._stream(request, body, chat, n, interval, d)
             if interval:

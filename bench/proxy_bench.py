@@ -18,14 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench._common import flusher_loop, free_port, start, stop, table, wait_up
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 os.environ.setdefault("SECRET_KEY", "proxy-bench-only-secret-key-0123456789abcdefghijklmnop")
@@ -33,41 +29,6 @@ os.environ.setdefault("SECURE_SSL_REDIRECT", "false")
 os.environ.setdefault("LOG_LEVEL", "WARNING")
 
 MODEL = "bench-fake-model"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_up(url: str, process: subprocess.Popen, timeout: float = 60) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"{url}: process exited with {process.returncode}")
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise SystemExit(f"{url} did not come up")
-
-
-def start(args: list[str], **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *args], cwd=ROOT, start_new_session=True, **kwargs)  # noqa: S603
-
-
-def stop(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=10)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        os.killpg(process.pid, signal.SIGKILL)
 
 
 def setup_portal(upstream: str) -> str:
@@ -159,18 +120,6 @@ async def closed_loop(url: str, headers: dict, *, concurrency: int, duration: fl
     }
 
 
-def flusher_loop() -> None:
-    """The usage flusher (what the Celery beat task does every few seconds), as its own process."""
-    import django
-
-    django.setup()
-    from portal.teams.services import usage_flush
-
-    while True:
-        usage_flush()
-        time.sleep(2)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", default="64,8")
@@ -241,33 +190,27 @@ def print_table(results: dict, levels: list[int], args) -> None:
     def med(level: int, name: str, metric: str) -> float:
         return statistics.median(r[metric] for r in results[(level, name)])
 
+    rows = []
+    for level in levels:
+        for name in ("direct", "gateway"):
+            rows.append(
+                [str(level), name, f"{med(level, name, 'req_s'):.1f}", f"{med(level, name, 'chunks_s'):.0f}",
+                 f"{med(level, name, 'ttft_p50_ms'):.2f}", f"{med(level, name, 'ttft_p99_ms'):.2f}"]
+            )  # fmt: skip
+        ratio = med(level, "gateway", "req_s") / med(level, "direct", "req_s")
+        chunk_ratio = med(level, "gateway", "chunks_s") / med(level, "direct", "chunks_s")
+        added = med(level, "gateway", "ttft_p50_ms") - med(level, "direct", "ttft_p50_ms")
+        added99 = med(level, "gateway", "ttft_p99_ms") - med(level, "direct", "ttft_p99_ms")
+        rows.append(
+            [str(level), "ratio", f"{ratio:.2f}", f"{chunk_ratio:.2f}", f"{added:+.2f}", f"{added99:+.2f}"]
+        )
     print()
     print(
         f"Proxy benchmark: closed loop, {args.chunks} chunks {args.interval_ms:g} ms apart, "
         f"{args.duration:g} s per run, median of {args.repeats} runs; one gateway process "
         "(auth + quotas + usage on)"
     )
-    header = (
-        f"| {'streams':>7} | {'path':<8} | {'req/s':>8} | {'chunks/s':>9} | {'TTFT P50 ms':>11} "
-        f"| {'TTFT P99 ms':>11} |"
-    )
-    print(header)
-    print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
-    for level in levels:
-        for name in ("direct", "gateway"):
-            print(
-                f"| {level:>7} | {name:<8} | {med(level, name, 'req_s'):>8.1f} "
-                f"| {med(level, name, 'chunks_s'):>9.0f} "
-                f"| {med(level, name, 'ttft_p50_ms'):>11.2f} | {med(level, name, 'ttft_p99_ms'):>11.2f} |"
-            )
-        ratio = med(level, "gateway", "req_s") / med(level, "direct", "req_s")
-        chunk_ratio = med(level, "gateway", "chunks_s") / med(level, "direct", "chunks_s")
-        added = med(level, "gateway", "ttft_p50_ms") - med(level, "direct", "ttft_p50_ms")
-        added99 = med(level, "gateway", "ttft_p99_ms") - med(level, "direct", "ttft_p99_ms")
-        print(
-            f"| {level:>7} | {'ratio':<8} | {ratio:>8.2f} | {chunk_ratio:>9.2f} | {added:>+11.2f} "
-            f"| {added99:>+11.2f} |"
-        )
+    print(table(["streams", "path", "req/s", "chunks/s", "TTFT P50 ms", "TTFT P99 ms"], rows, left=(1,)))
     print("(ratio rows: gateway ÷ direct throughput; TTFT columns: gateway − direct, ms)")
 
 

@@ -434,6 +434,10 @@ class RateLimiter:
             pipe.zrem(self.long_key(deployment_id), request_id)
             await pipe.execute()
 
+    async def release_long(self, *, request_id: str, deployment_id: int | str) -> None:
+        """Leave a replica's long-prompt slot (its prefill is done) and keep the in-flight one."""
+        await self.redis.zrem(self.long_key(deployment_id), request_id)
+
     async def block(self, kind: str, id: int | str, *, reason: str, until_ms: int | None = None) -> None:
         """Refuse every new request of a key or team (until `until_ms`, epoch ms, or for good)."""
         if until_ms is None:

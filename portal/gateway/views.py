@@ -258,6 +258,11 @@ async def _serve(request, ex: Exchange, *, chat: bool):
             return _passthrough(response, content, ex.request_id)
 
         ex.mark_first_byte()
+        if long_prompt:
+            # The limiter bounds long prompts in prefill (FIELD_NOTES), not for their whole
+            # stream: the first byte means the first token, so prefill is over.
+            ex.keeper.drop([limiter.long_key(replica.id)], ex.request_id)
+            await limiter.release_long(request_id=ex.request_id, deployment_id=replica.id)
         stream = RelayStream(ex, chunks, first, strip_usage=not parsed.client_wants_usage)
         out = RelayResponse(stream, content_type=response.headers.get("content-type", "text/event-stream"))
         out["Cache-Control"] = "no-cache"

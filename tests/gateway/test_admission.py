@@ -109,12 +109,17 @@ def test_it_answers_503_when_the_queue_wait_runs_out(gateway, serving, gw_redis)
 
 def test_it_lets_at_most_two_long_prompts_into_prefill_per_deployment(gateway, serving, gw_redis):
     upstream_reset(serving.upstream)
-    long_prompt = "word " * 2000 + "FAKE chunks=20 interval=50"  # ~2500 tokens by the chars/4 estimate
+    # ~2500 tokens by the chars/4 estimate; 1 s of "prefill" before the first of 20 chunks 50 ms apart.
+    long_prompt = "word " * 2000 + "FAKE delay=1 chunks=20 interval=50"
     responses = run_async(
         send_many(gateway, serving, [chat_body(serving.model, long_prompt, stream=True)] * 3)
     )
     assert [r.status_code for r in responses] == [200] * 3
-    assert upstream_stats(serving.upstream)["max_in_flight"] == 2
+    stats = upstream_stats(serving.upstream)
+    assert stats["max_in_prefill"] == 2
+    # The third started when the first two sent their first token, not when their streams ended.
+    assert stats["max_in_flight"] == 3
+    assert not any(wait_for_slots_free(gw_redis, serving).values())
 
 
 def test_it_retries_on_another_replica_before_the_first_byte(
