@@ -104,6 +104,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "state_reason",
             "endpoint_url",
             "concurrency_cap",
+            "shared",
             "plan",
             "adopted",
             "engine",
@@ -174,6 +175,7 @@ class RegisterEndpointSerializer(serializers.Serializer):
     node = serializers.SlugRelatedField(
         slug_field="name", queryset=Node.objects.all(), required=False, allow_null=True, default=None
     )
+    shared = serializers.BooleanField(required=False, default=False)
 
 
 class DeploymentViewSet(viewsets.ModelViewSet):

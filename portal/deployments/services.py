@@ -24,7 +24,7 @@ from .models import Deployment, DeploymentEvent, DeploymentProfile, DeploymentSt
 
 # Where a deployment runs; fixed once it exists (a new placement is a new deployment).
 DEPLOYMENT_PLACEMENT_FIELDS = ("name", "team", "model_version", "profile", "node", "gpu_indices")
-DEPLOYMENT_CREATE_FIELDS = (*DEPLOYMENT_PLACEMENT_FIELDS, "desired_state", "concurrency_cap")
+DEPLOYMENT_CREATE_FIELDS = (*DEPLOYMENT_PLACEMENT_FIELDS, "desired_state", "concurrency_cap", "shared")
 
 
 def settings_from(**values) -> ProfileSettings:
@@ -186,6 +186,7 @@ def deployment_create(
     gpu_indices: list[int],
     desired_state: str = DesiredState.RUNNING,
     concurrency_cap: int | None = None,
+    shared: bool = False,
 ) -> Deployment:
     """Place a profile and model version on a node's GPUs after `deployment_check`.
 
@@ -214,6 +215,7 @@ def deployment_create(
         desired_state=desired_state,
         state=DeploymentState.PENDING if running else DeploymentState.STOPPED,
         concurrency_cap=concurrency_cap,
+        shared=shared,
         start_requested_at=timezone.now() if running else None,
     )
     clean_or_raise(deployment)
@@ -394,7 +396,13 @@ def endpoint_url_from(url: str) -> str:
 
 @transaction.atomic
 def endpoint_register(
-    *, name: str, team: Team, model_version: ModelVersion, url: str, node: Node | None = None
+    *,
+    name: str,
+    team: Team,
+    model_version: ModelVersion,
+    url: str,
+    node: Node | None = None,
+    shared: bool = False,
 ) -> Deployment:
     """Record a vLLM server the portal did not start (`register_endpoint`).
 
@@ -410,6 +418,7 @@ def endpoint_register(
         model_version=model_version,
         node=node,
         adopted=True,
+        shared=shared,
         desired_state=DesiredState.RUNNING,
         state=DeploymentState.PENDING,
         state_reason="adopted: waiting for the first health check",
