@@ -148,6 +148,10 @@ if env_bool("SECURE_PROXY_SSL", default=False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SILENCED_SYSTEM_CHECKS = env.list("SILENCED_SYSTEM_CHECKS", default=[])
 
+# The largest request body the pages and the REST API read (nothing here uploads files);
+# portal/asgi.py refuses a longer one with a 413 before reading it whole (Django's default).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=2_621_440)
+
 # --- REST API ----------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
