@@ -54,6 +54,16 @@ def _positive_int(body: dict, name: str) -> int | None:
     return value
 
 
+def _storable(text: str) -> bool:
+    if "\x00" in text:
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @dataclass
 class Parsed:
     body: dict
@@ -85,6 +95,8 @@ def parse(raw: bytes, *, chat: bool, caller) -> Parsed:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("`model` is required (a string).", "model", "missing_parameter")
+    if not _storable(model):  # it is looked up and recorded in usage: PostgreSQL text must hold it
+        raise _bad("`model` contains a NUL character or a lone surrogate.", "model")
     if caller.models is not None and model not in caller.models:
         raise GatewayError(
             403, f"This key may not use the model `{model}`.", code="model_not_allowed", param="model"

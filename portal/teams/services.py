@@ -135,6 +135,12 @@ def api_key_revoke(*, api_key: ApiKey) -> bool:
 USAGE_LIST = f"{REDIS_PREFIX}:usage"
 
 
+def _storable(text: object, limit: int) -> str:
+    """Text PostgreSQL can hold: one record with a NUL or a lone surrogate must not fail a whole batch."""
+    text = str(text or "").replace("\x00", "")
+    return text.encode("utf-8", "replace").decode()[:limit]
+
+
 def _usage_from_json(raw: bytes) -> Usage | None:
     try:
         data = json.loads(raw)
@@ -143,13 +149,13 @@ def _usage_from_json(raw: bytes) -> Usage | None:
             created_at=dt.datetime.fromtimestamp(data["created_at"], tz=dt.UTC),
             team_id=data["team_id"],
             api_key_id=data.get("api_key_id"),
-            model=data.get("model", "")[:100],
+            model=_storable(data.get("model"), 100),
             deployment_id=data.get("deployment_id"),
-            endpoint=data.get("endpoint", "")[:30],
+            endpoint=_storable(data.get("endpoint"), 30),
             stream=bool(data.get("stream")),
             status=data["status"],
             http_status=data["http_status"],
-            error_code=(data.get("error_code") or "")[:50],
+            error_code=_storable(data.get("error_code"), 50),
             prompt_tokens=max(0, int(data.get("prompt_tokens") or 0)),
             completion_tokens=max(0, int(data.get("completion_tokens") or 0)),
             ttft_ms=data.get("ttft_ms"),
