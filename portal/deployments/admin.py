@@ -76,7 +76,7 @@ class DeploymentForm(forms.ModelForm):
         if self.instance.pk is None and not self.errors:
             # The same checks as the API; DeploymentAdmin.save_model then creates it through the service.
             try:
-                checked = set(services.DEPLOYMENT_CREATE_FIELDS) - {"name", "concurrency_cap"}
+                checked = set(services.DEPLOYMENT_CREATE_FIELDS) - {"name", "concurrency_cap", "shared"}
                 services.deployment_check(**{k: cleaned[k] for k in checked})
             except ApplicationError as error:
                 raise forms.ValidationError(error.message) from error
