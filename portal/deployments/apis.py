@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 from inference.errors import InputError
 from inference.hardware import get_gpu
 from inference.planner import ProfileSettings
+from portal.audit.api import AuditedModelViewSetMixin
 from portal.core.api import ModelCleanMixin
 from portal.core.errors import ApplicationError
 from portal.inventory.models import Node
@@ -71,7 +72,7 @@ class ProfileSerializer(ModelCleanMixin, serializers.ModelSerializer):
             return None
 
 
-class ProfileViewSet(viewsets.ModelViewSet):
+class ProfileViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
     serializer_class = ProfileSerializer
     queryset = DeploymentProfile.objects.select_related("model_version")
     lookup_field = "name"

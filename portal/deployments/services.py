@@ -14,6 +14,7 @@ from inference.hf_config import resolve_model_config
 from inference.modelspec import ModelArch
 from inference.nvidia_smi import Topology
 from inference.planner import Placement, Plan, ProfileSettings, plan_deployment
+from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
 from portal.inventory.models import Node
 from portal.inventory.selectors import gpus_in_use
@@ -223,6 +224,11 @@ def deployment_create(
     _event(
         deployment, "created", f"on {node.name} GPUs {gpu_indices or 'none (CPU)'}, wanted {desired_state}"
     )
+    audit_event_record(
+        action="deployment.create",
+        target=deployment,
+        changes={"team": team.slug, "node": node.name, "gpu_indices": gpu_indices, "shared": shared},
+    )
     if running:
         _send(deployment, "start", reason="deployed")
     return deployment
@@ -276,7 +282,13 @@ def deployment_set_concurrency_cap(*, deployment: Deployment, cap: int | None, s
         raise ApplicationError(
             "The concurrency cap must be at least 1 (blank for none).", field="concurrency_cap"
         )
+    before = deployment.concurrency_cap
     Deployment.objects.filter(pk=deployment.pk).update(concurrency_cap=cap, concurrency_cap_source=source)
+    audit_event_record(
+        action="deployment.set_cap",
+        target=deployment,
+        changes={"concurrency_cap": [before, cap], "source": source},
+    )
     deployment.concurrency_cap = cap
     deployment.concurrency_cap_source = source
     return deployment
@@ -342,6 +354,7 @@ def deployment_request_start(*, deployment: Deployment, user=None) -> Deployment
     )
     Deployment.objects.filter(pk=deployment.pk).update(**updates)
     _event(deployment, "request", f"start requested{_who(user)}")
+    audit_event_record(action="deployment.start", target=deployment, actor=user)
     _send(deployment, "start", reason=f"start requested{_who(user)}")
     deployment.refresh_from_db()
     return deployment
@@ -362,6 +375,7 @@ def deployment_request_stop(*, deployment: Deployment, user=None) -> Deployment:
         state__in=[DeploymentState.PENDING, DeploymentState.FAILED],
     ).update(state=DeploymentState.STOPPED, state_reason=f"stopped{_who(user)}")
     _event(deployment, "request", f"stop requested{_who(user)}")
+    audit_event_record(action="deployment.stop", target=deployment, actor=user)
     _send(deployment, "stop")
     deployment.refresh_from_db()
     return deployment
@@ -374,6 +388,7 @@ def deployment_request_restart(*, deployment: Deployment, user=None) -> Deployme
         raise ApplicationError("the deployment is stopped: start it instead", field="desired_state")
     Deployment.objects.filter(pk=deployment.pk).update(restart_count=0, start_requested_at=timezone.now())
     _event(deployment, "request", f"restart requested{_who(user)}")
+    audit_event_record(action="deployment.restart", target=deployment, actor=user)
     _send(deployment, "restart", reason=f"restart requested{_who(user)}")
     deployment.refresh_from_db()
     return deployment
@@ -428,6 +443,11 @@ def endpoint_register(
     clean_or_raise(deployment)
     deployment.save()
     _event(deployment, "adopted", f"registered {endpoint} serving {model_version.name}")
+    audit_event_record(
+        action="deployment.register_endpoint",
+        target=deployment,
+        changes={"team": team.slug, "endpoint_url": endpoint, "shared": shared},
+    )
     from .tasks import check_adopted
 
     transaction.on_commit(lambda: check_adopted.delay(deployment.pk))
@@ -442,4 +462,6 @@ def deployment_delete(*, deployment: Deployment) -> None:
         or deployment.pid
     ):
         raise ApplicationError("stop the deployment first; its server may still be running", field="state")
+    target = {"target_type": deployment._meta.label_lower, "target_id": str(deployment.pk)}
     deployment.delete()
+    audit_event_record(action="deployment.delete", target_repr=deployment.name, **target)

@@ -21,6 +21,7 @@ from django.db import transaction
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
+from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError
 
 from .models import ApiKey, Team, Usage, UsageDaily, UsageStatus
@@ -104,6 +105,12 @@ def api_key_create(
         tokens_per_day=tokens_per_day,
         max_concurrent=max_concurrent,
     )
+    audit_event_record(
+        action="api_key.create",
+        target=key,
+        actor=created_by,
+        changes={"team": team.slug, "name": name, "allowed_models": models},
+    )
     return key, token
 
 
@@ -126,6 +133,7 @@ def api_key_revoke(*, api_key: ApiKey) -> bool:
     updated = ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
     if updated:
         transaction.on_commit(lambda: _block("key", api_key.pk, reason="revoked"))
+        audit_event_record(action="api_key.revoke", target=api_key, changes={"team": api_key.team.slug})
     return bool(updated)
 
 
