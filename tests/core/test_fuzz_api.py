@@ -17,7 +17,7 @@ from tests.fuzz import CHECKS, fuzz_schema
 
 pytestmark = [pytest.mark.django_db]
 
-EXAMPLES = 6
+EXAMPLES = 10
 
 
 def _basic(username: str, password: str) -> dict[str, str]:

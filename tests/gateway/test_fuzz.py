@@ -23,7 +23,7 @@ from .conftest import wait_for_slots_free
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
 
 SCHEMA = Path(__file__).resolve().parents[2] / "portal" / "gateway" / "openapi.json"
-EXAMPLES = 25
+EXAMPLES = 40
 
 
 def test_the_gateway_serves_its_openapi_description(gateway):
