@@ -88,6 +88,9 @@ class DeploymentSerializer(serializers.ModelSerializer):
     state = serializers.ChoiceField(choices=DeploymentState.choices, read_only=True)
     plan = serializers.SerializerMethodField()
     engine = serializers.CharField(source="effective_engine", read_only=True)
+    endpoint_url = serializers.CharField(
+        read_only=True, help_text="Server root (no /v1); blank until it serves."
+    )
     command_line = serializers.CharField(read_only=True)
 
     class Meta:
@@ -220,14 +223,14 @@ class DeploymentViewSet(viewsets.ModelViewSet):
         return self._requested(request, services.deployment_request_restart)
 
     @extend_schema(responses={200: EventSerializer(many=True)})
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)
     def timeline(self, request, name=None):
         """Every step of the deployment's life, oldest first."""
         events = self.get_object().events.all()
         return Response(EventSerializer(events, many=True).data)
 
     @extend_schema(responses={200: SampleSerializer(many=True)})
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)
     def samples(self, request, name=None):
         """The last supervision samples (health, vLLM gauges and counters, memory), oldest first."""
         try:
