@@ -1,5 +1,6 @@
-"""Answers that did not match the API's own schema (found by fuzzing on real rows), now documented
-as they are: each real response is validated against /api/schema/ by schemathesis."""
+"""What fuzzing the API on real rows found: answers that did not match the API's own schema (now
+documented as they are, each real response validated against /api/schema/ by schemathesis), and
+deletes of rows still in use (a 500, now a 409)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import schemathesis
 
 from portal.benchmarks.models import BenchmarkRun
 from portal.deployments.models import Deployment, MetricsSample
+from tests.conftest import api_client
 from tests.core.test_fuzz_api import _basic, wsgi_app  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.django_db
@@ -49,3 +51,16 @@ def test_a_run_without_profile_or_endpoint_matches_its_schema(schema):
     run = BenchmarkRun.objects.get()
     _validate(schema, "GET", "/api/v1/benchmark-runs/{id}/", id=run.pk)  # the export shape
     _validate(schema, "POST", "/api/v1/benchmark-runs/{id}/apply-cap/", id=run.pk)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["/api/v1/model-versions/llama-2-7b-chat-hf/", "/api/v1/nodes/dgx-v100-01/", "/api/v1/teams/search/",
+     "/api/v1/profiles/v100-7b-fp16-tp8/"],
+)  # fmt: skip
+def test_deleting_a_row_still_in_use_is_a_409_naming_what_uses_it(schema, alice, url):
+    """Was a 500 (ProtectedError), found by fuzzing the API on real rows."""
+    response = api_client(alice).delete(url)
+    assert response.status_code == 409, response.content
+    assert "search-llama" in response.json()["detail"] or "v100-7b-fp16-tp8" in response.json()["detail"]
+    assert Deployment.objects.filter(name="search-llama").exists()
