@@ -124,6 +124,9 @@ def parse(raw: bytes, *, chat: bool, caller) -> Parsed:
     asked = _positive_int(body, name)
     max_tokens = min(asked or caller.max_tokens_clamp, caller.max_tokens_clamp)
     body[name] = max_tokens
+    if name == "max_completion_tokens" and "max_tokens" in body:
+        # Both sent: the other is checked and clamped too, never passed upstream as it came.
+        body["max_tokens"] = min(_positive_int(body, "max_tokens") or max_tokens, caller.max_tokens_clamp)
 
     wants_usage = bool(stream and options and options.get("include_usage"))
     if stream:
