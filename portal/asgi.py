@@ -2,6 +2,7 @@
 
 `/v1/` (the OpenAI-compatible gateway) goes to a lean Django handler without the
 page middleware (portal.gateway.asgi explains why); everything else to Django's.
+Both refuse a body over their limit with a 413 before reading it whole.
 """
 
 import gc
@@ -12,9 +13,20 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 django_application = get_asgi_application()
 
-from portal.gateway.asgi import GatewayHandler  # noqa: E402  (needs the apps loaded)
+from django.conf import settings  # noqa: E402
 
-gateway_application = GatewayHandler()
+from portal.core.bodylimit import BodyLimit  # noqa: E402
+from portal.gateway.asgi import GatewayHandler, body_too_large  # noqa: E402  (needs the apps loaded)
+
+# Neither stack reads a body past its limit (portal.core.bodylimit): the gateway's answer is OpenAI-shaped.
+gateway_application = BodyLimit(
+    GatewayHandler(), limit=lambda: settings.GATEWAY_MAX_BODY_BYTES, refusal=body_too_large
+)
+django_application = BodyLimit(
+    django_application,
+    limit=lambda: settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
+    refusal=lambda limit: ("text/plain; charset=utf-8", f"Request body is over {limit} bytes.\n".encode()),
+)
 
 # Everything loaded so far (Django, the apps, their modules) lives as long as the process:
 # keep it out of the garbage collector's full passes, so they do not walk the whole startup

@@ -61,15 +61,18 @@ INSTALLED_APPS = [
     "portal.gateway",
     "portal.benchmarks",
     "portal.observability",
+    "portal.audit",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "servestatic.middleware.ServeStaticMiddleware",
+    "portal.core.middleware.RejectUnstorableTextMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "portal.audit.middleware.AuditContextMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -148,6 +151,10 @@ X_FRAME_OPTIONS = "DENY"
 if env_bool("SECURE_PROXY_SSL", default=False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SILENCED_SYSTEM_CHECKS = env.list("SILENCED_SYSTEM_CHECKS", default=[])
+
+# The largest request body the pages and the REST API read (nothing here uploads files);
+# portal/asgi.py refuses a longer one with a 413 before reading it whole (Django's default).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=2_621_440)
 
 # --- REST API ----------------------------------------------------------------
 REST_FRAMEWORK = {

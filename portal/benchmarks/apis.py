@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, PermissionDenied
@@ -17,8 +18,12 @@ from .selectors import run_export, runs_filtered
 
 
 class RunListSerializer(serializers.ModelSerializer):
-    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    profile = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    # Null for an imported table or a bare endpoint (and after the deployment is deleted).
+    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    profile = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    endpoint_url = serializers.CharField(
+        read_only=True, help_text="Server root (no /v1); blank for an import."
+    )
 
     class Meta:
         model = BenchmarkRun
@@ -67,6 +72,7 @@ class BenchmarkRunViewSet(viewsets.ReadOnlyModelViewSet):
         keys = ("deployment", "profile", "mix", "state", "kind")
         return runs_filtered(self.request.user, **{key: params.get(key, "") for key in keys})
 
+    @extend_schema(responses={200: OpenApiTypes.OBJECT}, description="The run in its JSON export shape.")
     def retrieve(self, request, *args, **kwargs):
         return Response(run_export(self.get_object()))
 
@@ -92,7 +98,17 @@ class BenchmarkRunViewSet(viewsets.ReadOnlyModelViewSet):
             raise PermissionDenied("only staff or the run's creator may cancel it")
         return Response(RunListSerializer(services.benchmark_run_cancel(run=run)).data)
 
-    @extend_schema(request=None, responses=RunListSerializer)
+    @extend_schema(
+        request=None,
+        responses=inline_serializer(
+            "AppliedCap",
+            {
+                "deployment": serializers.CharField(),
+                "concurrency_cap": serializers.IntegerField(allow_null=True),
+                "source": serializers.CharField(),
+            },
+        ),
+    )
     @action(detail=True, methods=["post"], url_path="apply-cap")
     def apply_cap(self, request, pk=None):
         run = self.get_object()

@@ -1,10 +1,12 @@
-"""DRF glue: ApplicationError and model ValidationError become 400s with the field named."""
+"""DRF glue: ApplicationError and model ValidationError become 400s with the field named; deleting a
+row that others still refer to is a 409 naming them."""
 
 from __future__ import annotations
 
 import copy
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import ProtectedError, RestrictedError
 from rest_framework import exceptions
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -13,7 +15,21 @@ from inference.errors import InputError
 from .errors import ApplicationError
 
 
+class InUse(exceptions.APIException):
+    status_code = 409
+    default_code = "in_use"
+
+
+def _in_use(exc: ProtectedError | RestrictedError) -> InUse:
+    blocking = getattr(exc, "protected_objects", None) or getattr(exc, "restricted_objects", ())
+    names = sorted({f"{obj._meta.verbose_name} {obj}" for obj in blocking})
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return InUse(f"Still in use by {shown}: delete or change those first.")
+
+
 def exception_handler(exc, context):
+    if isinstance(exc, ProtectedError | RestrictedError):  # was a 500 (found by fuzzing the API)
+        exc = _in_use(exc)
     if isinstance(exc, InputError):
         exc = ApplicationError.from_input_error(exc)
     if isinstance(exc, ApplicationError):

@@ -76,7 +76,7 @@ class DeploymentForm(forms.ModelForm):
         if self.instance.pk is None and not self.errors:
             # The same checks as the API; DeploymentAdmin.save_model then creates it through the service.
             try:
-                checked = set(services.DEPLOYMENT_CREATE_FIELDS) - {"name", "concurrency_cap"}
+                checked = set(services.DEPLOYMENT_CREATE_FIELDS) - {"name", "concurrency_cap", "shared"}
                 services.deployment_check(**{k: cleaned[k] for k in checked})
             except ApplicationError as error:
                 raise forms.ValidationError(error.message) from error
@@ -107,8 +107,9 @@ class DeploymentAdmin(admin.ModelAdmin):
         "gpu_indices",
         "desired_state",
         "state",
+        "shared",
     ]
-    list_filter = ["state", "desired_state", "adopted", "team", "node"]
+    list_filter = ["state", "desired_state", "adopted", "shared", "team", "node"]
     search_fields = ["name", "model_version__name", "profile__name", "node__name", "team__name"]
     readonly_fields = [
         "state",
@@ -182,7 +183,7 @@ class AdoptedEndpointForm(forms.ModelForm):
 
     class Meta:
         model = AdoptedEndpoint
-        fields = ["name", "team", "model_version", "node"]
+        fields = ["name", "team", "model_version", "node", "shared"]
 
     def clean(self):
         cleaned = super().clean()
@@ -199,7 +200,7 @@ class AdoptedEndpointAdmin(admin.ModelAdmin):
     """Servers the portal did not start (register_endpoint): health-checked, never started or stopped."""
 
     form = AdoptedEndpointForm
-    list_display = ["name", "team", "model_version", "endpoint_url", "state", "last_checked_at"]
+    list_display = ["name", "team", "model_version", "endpoint_url", "shared", "state", "last_checked_at"]
     readonly_fields = ["endpoint_url", "state", "state_reason", "last_checked_at"]
 
     def get_queryset(self, request):
@@ -207,8 +208,8 @@ class AdoptedEndpointAdmin(admin.ModelAdmin):
 
     def get_fields(self, request, obj=None):
         if obj is None:
-            return ["name", "team", "model_version", "node", "url"]
-        return ["name", "team", "model_version", "node", *self.readonly_fields]
+            return ["name", "team", "model_version", "node", "shared", "url"]
+        return ["name", "team", "model_version", "node", "shared", *self.readonly_fields]
 
     def save_model(self, request, obj, form, change) -> None:
         if change:
@@ -221,5 +222,6 @@ class AdoptedEndpointAdmin(admin.ModelAdmin):
             model_version=data["model_version"],
             url=data["url"],
             node=data.get("node"),
+            shared=data.get("shared", False),
         )
         obj.pk, obj._state.adding = created.pk, False

@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 from inference.errors import InputError
 from inference.hardware import get_gpu
 from inference.planner import ProfileSettings
+from portal.audit.api import AuditedModelViewSetMixin
 from portal.core.api import ModelCleanMixin
 from portal.core.errors import ApplicationError
 from portal.inventory.models import Node
@@ -71,7 +72,7 @@ class ProfileSerializer(ModelCleanMixin, serializers.ModelSerializer):
             return None
 
 
-class ProfileViewSet(viewsets.ModelViewSet):
+class ProfileViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
     serializer_class = ProfileSerializer
     queryset = DeploymentProfile.objects.select_related("model_version")
     lookup_field = "name"
@@ -87,6 +88,9 @@ class DeploymentSerializer(serializers.ModelSerializer):
     state = serializers.ChoiceField(choices=DeploymentState.choices, read_only=True)
     plan = serializers.SerializerMethodField()
     engine = serializers.CharField(source="effective_engine", read_only=True)
+    endpoint_url = serializers.CharField(
+        read_only=True, help_text="Server root (no /v1); blank until it serves."
+    )
     command_line = serializers.CharField(read_only=True)
 
     class Meta:
@@ -104,6 +108,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "state_reason",
             "endpoint_url",
             "concurrency_cap",
+            "shared",
             "plan",
             "adopted",
             "engine",
@@ -174,6 +179,7 @@ class RegisterEndpointSerializer(serializers.Serializer):
     node = serializers.SlugRelatedField(
         slug_field="name", queryset=Node.objects.all(), required=False, allow_null=True, default=None
     )
+    shared = serializers.BooleanField(required=False, default=False)
 
 
 class DeploymentViewSet(viewsets.ModelViewSet):
@@ -217,14 +223,14 @@ class DeploymentViewSet(viewsets.ModelViewSet):
         return self._requested(request, services.deployment_request_restart)
 
     @extend_schema(responses={200: EventSerializer(many=True)})
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)
     def timeline(self, request, name=None):
         """Every step of the deployment's life, oldest first."""
         events = self.get_object().events.all()
         return Response(EventSerializer(events, many=True).data)
 
     @extend_schema(responses={200: SampleSerializer(many=True)})
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)
     def samples(self, request, name=None):
         """The last supervision samples (health, vLLM gauges and counters, memory), oldest first."""
         try:

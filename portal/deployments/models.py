@@ -158,6 +158,11 @@ class Deployment(models.Model):
     # A server the portal did not start (register_endpoint): health-checked and
     # routed to, never started or stopped.
     adopted = models.BooleanField(default=False)
+    # The gateway routes a team's keys to its own deployments only, plus those ops share.
+    shared = models.BooleanField(
+        default=False,
+        help_text="Every team's keys may call it through the gateway (else only its own team's).",
+    )
 
     # --- What the node agent launched (written under the deployment's lease) ---
     engine_used = models.CharField(max_length=10, blank=True, help_text="Engine of the last launch.")

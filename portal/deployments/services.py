@@ -14,6 +14,7 @@ from inference.hf_config import resolve_model_config
 from inference.modelspec import ModelArch
 from inference.nvidia_smi import Topology
 from inference.planner import Placement, Plan, ProfileSettings, plan_deployment
+from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
 from portal.inventory.models import Node
 from portal.inventory.selectors import gpus_in_use
@@ -24,7 +25,7 @@ from .models import Deployment, DeploymentEvent, DeploymentProfile, DeploymentSt
 
 # Where a deployment runs; fixed once it exists (a new placement is a new deployment).
 DEPLOYMENT_PLACEMENT_FIELDS = ("name", "team", "model_version", "profile", "node", "gpu_indices")
-DEPLOYMENT_CREATE_FIELDS = (*DEPLOYMENT_PLACEMENT_FIELDS, "desired_state", "concurrency_cap")
+DEPLOYMENT_CREATE_FIELDS = (*DEPLOYMENT_PLACEMENT_FIELDS, "desired_state", "concurrency_cap", "shared")
 
 
 def settings_from(**values) -> ProfileSettings:
@@ -186,6 +187,7 @@ def deployment_create(
     gpu_indices: list[int],
     desired_state: str = DesiredState.RUNNING,
     concurrency_cap: int | None = None,
+    shared: bool = False,
 ) -> Deployment:
     """Place a profile and model version on a node's GPUs after `deployment_check`.
 
@@ -214,12 +216,18 @@ def deployment_create(
         desired_state=desired_state,
         state=DeploymentState.PENDING if running else DeploymentState.STOPPED,
         concurrency_cap=concurrency_cap,
+        shared=shared,
         start_requested_at=timezone.now() if running else None,
     )
     clean_or_raise(deployment)
     deployment.save()
     _event(
         deployment, "created", f"on {node.name} GPUs {gpu_indices or 'none (CPU)'}, wanted {desired_state}"
+    )
+    audit_event_record(
+        action="deployment.create",
+        target=deployment,
+        changes={"team": team.slug, "node": node.name, "gpu_indices": gpu_indices, "shared": shared},
     )
     if running:
         _send(deployment, "start", reason="deployed")
@@ -274,7 +282,13 @@ def deployment_set_concurrency_cap(*, deployment: Deployment, cap: int | None, s
         raise ApplicationError(
             "The concurrency cap must be at least 1 (blank for none).", field="concurrency_cap"
         )
+    before = deployment.concurrency_cap
     Deployment.objects.filter(pk=deployment.pk).update(concurrency_cap=cap, concurrency_cap_source=source)
+    audit_event_record(
+        action="deployment.set_cap",
+        target=deployment,
+        changes={"concurrency_cap": [before, cap], "source": source},
+    )
     deployment.concurrency_cap = cap
     deployment.concurrency_cap_source = source
     return deployment
@@ -340,6 +354,7 @@ def deployment_request_start(*, deployment: Deployment, user=None) -> Deployment
     )
     Deployment.objects.filter(pk=deployment.pk).update(**updates)
     _event(deployment, "request", f"start requested{_who(user)}")
+    audit_event_record(action="deployment.start", target=deployment, actor=user)
     _send(deployment, "start", reason=f"start requested{_who(user)}")
     deployment.refresh_from_db()
     return deployment
@@ -360,6 +375,7 @@ def deployment_request_stop(*, deployment: Deployment, user=None) -> Deployment:
         state__in=[DeploymentState.PENDING, DeploymentState.FAILED],
     ).update(state=DeploymentState.STOPPED, state_reason=f"stopped{_who(user)}")
     _event(deployment, "request", f"stop requested{_who(user)}")
+    audit_event_record(action="deployment.stop", target=deployment, actor=user)
     _send(deployment, "stop")
     deployment.refresh_from_db()
     return deployment
@@ -372,6 +388,7 @@ def deployment_request_restart(*, deployment: Deployment, user=None) -> Deployme
         raise ApplicationError("the deployment is stopped: start it instead", field="desired_state")
     Deployment.objects.filter(pk=deployment.pk).update(restart_count=0, start_requested_at=timezone.now())
     _event(deployment, "request", f"restart requested{_who(user)}")
+    audit_event_record(action="deployment.restart", target=deployment, actor=user)
     _send(deployment, "restart", reason=f"restart requested{_who(user)}")
     deployment.refresh_from_db()
     return deployment
@@ -394,7 +411,13 @@ def endpoint_url_from(url: str) -> str:
 
 @transaction.atomic
 def endpoint_register(
-    *, name: str, team: Team, model_version: ModelVersion, url: str, node: Node | None = None
+    *,
+    name: str,
+    team: Team,
+    model_version: ModelVersion,
+    url: str,
+    node: Node | None = None,
+    shared: bool = False,
 ) -> Deployment:
     """Record a vLLM server the portal did not start (`register_endpoint`).
 
@@ -410,6 +433,7 @@ def endpoint_register(
         model_version=model_version,
         node=node,
         adopted=True,
+        shared=shared,
         desired_state=DesiredState.RUNNING,
         state=DeploymentState.PENDING,
         state_reason="adopted: waiting for the first health check",
@@ -419,6 +443,11 @@ def endpoint_register(
     clean_or_raise(deployment)
     deployment.save()
     _event(deployment, "adopted", f"registered {endpoint} serving {model_version.name}")
+    audit_event_record(
+        action="deployment.register_endpoint",
+        target=deployment,
+        changes={"team": team.slug, "endpoint_url": endpoint, "shared": shared},
+    )
     from .tasks import check_adopted
 
     transaction.on_commit(lambda: check_adopted.delay(deployment.pk))
@@ -433,4 +462,6 @@ def deployment_delete(*, deployment: Deployment) -> None:
         or deployment.pid
     ):
         raise ApplicationError("stop the deployment first; its server may still be running", field="state")
+    target = {"target_type": deployment._meta.label_lower, "target_id": str(deployment.pk)}
     deployment.delete()
+    audit_event_record(action="deployment.delete", target_repr=deployment.name, **target)

@@ -55,6 +55,16 @@ def _positive_int(body: dict, name: str) -> int | None:
     return value
 
 
+def _storable(text: str) -> bool:
+    if "\x00" in text:
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @dataclass
 class Parsed:
     body: dict
@@ -86,6 +96,8 @@ def parse(raw: bytes, *, chat: bool, caller) -> Parsed:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("`model` is required (a string).", "model", "missing_parameter")
+    if not _storable(model):  # it is looked up and recorded in usage: PostgreSQL text must hold it
+        raise _bad("`model` contains a NUL character or a lone surrogate.", "model")
     if caller.models is not None and model not in caller.models:
         raise GatewayError(
             403, f"This key may not use the model `{model}`.", code="model_not_allowed", param="model"
@@ -113,6 +125,9 @@ def parse(raw: bytes, *, chat: bool, caller) -> Parsed:
     asked = _positive_int(body, name)
     max_tokens = min(asked or caller.max_tokens_clamp, caller.max_tokens_clamp)
     body[name] = max_tokens
+    if name == "max_completion_tokens" and "max_tokens" in body:
+        # Both sent: the other is checked and clamped too, never passed upstream as it came.
+        body["max_tokens"] = min(_positive_int(body, "max_tokens") or max_tokens, caller.max_tokens_clamp)
 
     wants_usage = bool(stream and options and options.get("include_usage"))
     if stream:

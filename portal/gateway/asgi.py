@@ -26,6 +26,12 @@ from .errors import GatewayError
 from .errors import error_response as gateway_error_response
 
 
+def body_too_large(limit: int) -> tuple[str, bytes]:
+    """The 413 that portal.core.bodylimit sends for a gateway request over GATEWAY_MAX_BODY_BYTES."""
+    error = GatewayError(413, f"Request body is over {limit} bytes.", code="request_too_large")
+    return "application/json", error.payload()
+
+
 class GatewayHandler(ASGIHandler):
     def load_middleware(self, is_async: bool = False) -> None:
         self._view_middleware = []

@@ -4,11 +4,17 @@ Read through `serving_deployments_for_model` and cached per process for
 GATEWAY_CACHE_S seconds, so the database is read once per model per interval.
 Which replica takes a request (least in flight, with room under its cap) is
 decided in Redis by the admission step, across every web process.
+
+A team's keys reach its own deployments and those marked `shared`, nothing else:
+`Route.for_team` filters the cached replicas once per (model, team) and keeps the
+result with the route. A model served only by another team's deployments looks
+exactly like a registered model nobody serves (503 `no_replica`; absent from
+`/v1/models`), so a key learns nothing about other teams' deployments.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -31,6 +37,8 @@ class Replica:
     name: str
     base_url: str
     cap: int | None
+    team_id: int
+    shared: bool
     # Parsed once per route load, not per request (httpx re-parses a string URL every time).
     chat_url: httpx.URL
     completions_url: httpx.URL
@@ -40,8 +48,18 @@ class Replica:
 class Route:
     model: str
     registered: bool
-    replicas: tuple[Replica, ...]
+    replicas: tuple[Replica, ...]  # every team's: use `for_team`
     tokenizer_path: str | None  # tokenizer.json of the model version, when it exists here
+    _by_team: dict[int, tuple[Replica, ...]] = field(default_factory=dict, compare=False, repr=False)
+
+    def for_team(self, team_id: int) -> tuple[Replica, ...]:
+        """The replicas a key of `team_id` may use: its team's and the shared ones."""
+        found = self._by_team.get(team_id)
+        if found is None:
+            found = self._by_team[team_id] = tuple(
+                r for r in self.replicas if r.shared or r.team_id == team_id
+            )
+        return found
 
 
 _routes = TtlCache(lambda: settings.GATEWAY_CACHE_S)
@@ -59,6 +77,8 @@ def _load_route(model: str) -> Route:
             d.name,
             d.endpoint_url.rstrip("/"),
             d.concurrency_cap,
+            d.team_id,
+            d.shared,
             httpx.URL(d.endpoint_url.rstrip("/") + "/v1/chat/completions"),
             httpx.URL(d.endpoint_url.rstrip("/") + "/v1/completions"),
         )
@@ -75,19 +95,21 @@ async def route_for(model: str) -> Route:
         raise database_unavailable() from None
 
 
-def _load_served() -> list[str]:
+def _load_served() -> list[tuple[str, int, bool]]:
     close_old_connections()
     return sorted(
         set(
             Deployment.objects.filter(state="serving")
             .exclude(endpoint_url="")
-            .values_list("model_version__name", flat=True)
+            .values_list("model_version__name", "team_id", "shared")
         )
     )
 
 
-async def served_models() -> list[str]:
+async def served_models(team_id: int) -> list[str]:
+    """Names of the models that `team_id`'s keys can reach (its own or shared replicas)."""
     try:
-        return await _served.get("all", sync_to_async(_load_served))
+        rows = await _served.get("all", sync_to_async(_load_served))
     except DatabaseError:
         raise database_unavailable() from None
+    return sorted({model for model, team, shared in rows if shared or team == team_id})

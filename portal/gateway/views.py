@@ -80,9 +80,9 @@ async def models(request):
         caller = await authenticate(request)
         ensure_usable(caller)
         if caller.models is None:
-            names = await served_models()
-        else:  # a scoped key: its models that have a serving replica (each route cached on its own)
-            names = sorted([m for m in caller.models if (await route_for(m)).replicas])
+            names = await served_models(caller.team_id)
+        else:  # a scoped key: its models that have a replica it may use (each route cached on its own)
+            names = sorted([m for m in caller.models if (await route_for(m)).for_team(caller.team_id)])
     except GatewayError as error:
         return error_response(error)
     created = int(time.time())
@@ -162,7 +162,8 @@ async def _serve(request, ex: Exchange, *, chat: bool):
         raise GatewayError(
             404, f"The model `{parsed.model}` does not exist.", code="model_not_found", param="model"
         )
-    if not route.replicas:
+    replicas = route.for_team(caller.team_id)  # other teams' unshared replicas do not exist here
+    if not replicas:
         raise GatewayError(
             503, f"No replica of `{parsed.model}` is serving.", code="no_replica", retry_after=5
         )
@@ -171,7 +172,7 @@ async def _serve(request, ex: Exchange, *, chat: bool):
     ex.team = Scope("team", caller.team_id, caller.team_limits)
     ex.key = Scope("key", caller.key_id, caller.key_limits)
     long_prompt = ex.prompt_tokens > settings.GATEWAY_LONG_PROMPT_TOKENS
-    remaining = list(route.replicas)
+    remaining = list(replicas)
     ex.admission, placement = await admit_and_place(
         limiter,
         request_id=ex.request_id,

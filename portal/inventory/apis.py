@@ -9,6 +9,8 @@ from rest_framework.response import Response
 
 from inference.errors import InputError
 from inference.hardware import get_gpu
+from portal.audit.api import AuditedModelViewSetMixin
+from portal.audit.services import audit_event_record
 from portal.core.api import ModelCleanMixin
 
 from . import services
@@ -100,7 +102,7 @@ class NvidiaSmiInputSerializer(serializers.Serializer):
     )
 
 
-class NodeViewSet(viewsets.ModelViewSet):
+class NodeViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
     serializer_class = NodeSerializer
     lookup_field = "name"
     queryset = node_list()
@@ -112,11 +114,12 @@ class NodeViewSet(viewsets.ModelViewSet):
         node = self.get_object()
         data = NvidiaSmiInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        services.node_apply_nvidia_smi_text(
+        gpus = services.node_apply_nvidia_smi_text(
             node=node,
             query_csv=data.validated_data["query_csv"],
             topology_text=data.validated_data["topology"],
         )
+        audit_event_record(action="node.apply_nvidia_smi", target=node, changes={"gpus": len(gpus)})
         return Response(NodeSerializer(node_list().get(pk=node.pk)).data)
 
     @extend_schema(request=None, responses={202: None})
@@ -125,6 +128,7 @@ class NodeViewSet(viewsets.ModelViewSet):
         """Ask the node's agent to read its GPUs with nvidia-smi."""
         node = self.get_object()
         result = discover_gpus.apply_async(args=[node.name], queue=node.queue)
+        audit_event_record(action="node.discover", target=node, changes={"task_id": result.id})
         return Response({"task_id": result.id, "queue": node.queue}, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={202: None})
@@ -133,9 +137,10 @@ class NodeViewSet(viewsets.ModelViewSet):
         """Ask the node's agent to report its vLLM environment (vLLM, torch, CUDA, kernels)."""
         node = self.get_object()
         result = probe_software_task.apply_async(args=[node.name], queue=node.queue)
+        audit_event_record(action="node.probe_software", target=node, changes={"task_id": result.id})
         return Response({"task_id": result.id, "queue": node.queue}, status=status.HTTP_202_ACCEPTED)
 
 
-class GpuViewSet(viewsets.ModelViewSet):
+class GpuViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
     serializer_class = GpuSerializer
     queryset = Gpu.objects.select_related("node")

@@ -8,6 +8,7 @@ from rest_framework.decorators import action
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 
+from portal.audit.api import AuditedModelViewSetMixin
 from portal.core.errors import ApplicationError
 from portal.inventory.models import Node
 
@@ -99,7 +100,7 @@ class ConvertRequestSerializer(serializers.Serializer):
     )
 
 
-class ModelVersionViewSet(viewsets.ModelViewSet):
+class ModelVersionViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
     serializer_class = ModelVersionSerializer
     queryset = ModelVersion.objects.all()
     lookup_field = "name"

@@ -21,6 +21,7 @@ from inference.errors import InputError
 from inference.hashing import ModelHashes, hash_model_dir
 from inference.hf_config import arch_from_config
 from inference.modelspec import ModelArch
+from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
 
 from .models import (
@@ -235,6 +236,17 @@ def conversion_job_start(
                 f"conversion job {running.pk if running else '?'} is already writing {new_name} ({output})",
                 field="name",
             ) from error
+        audit_event_record(
+            action="model_version.convert_fp16",
+            target=model_version,
+            actor=requested_by,
+            changes={
+                "job": job.pk,
+                "new_name": new_name,
+                "node": node.name if node else None,
+                "clamp": clamp,
+            },
+        )
         if node is not None and enqueue:
             from .tasks import convert_model_version
 

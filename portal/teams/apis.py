@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 from rest_framework import serializers, viewsets
 
+from portal.audit.api import AuditedModelViewSetMixin
 from portal.deployments.services import team_gpus_held
 
 from .models import Team
@@ -24,7 +25,7 @@ class TeamSerializer(serializers.ModelSerializer):
         return team_gpus_held(team)
 
 
-class TeamViewSet(viewsets.ModelViewSet):
+class TeamViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
     serializer_class = TeamSerializer
     lookup_field = "slug"
 

@@ -21,6 +21,7 @@ from django.db import transaction
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
+from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError
 
 from .models import ApiKey, Team, Usage, UsageDaily, UsageStatus
@@ -104,6 +105,12 @@ def api_key_create(
         tokens_per_day=tokens_per_day,
         max_concurrent=max_concurrent,
     )
+    audit_event_record(
+        action="api_key.create",
+        target=key,
+        actor=created_by,
+        changes={"team": team.slug, "name": name, "allowed_models": models},
+    )
     return key, token
 
 
@@ -126,6 +133,7 @@ def api_key_revoke(*, api_key: ApiKey) -> bool:
     updated = ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
     if updated:
         transaction.on_commit(lambda: _block("key", api_key.pk, reason="revoked"))
+        audit_event_record(action="api_key.revoke", target=api_key, changes={"team": api_key.team.slug})
     return bool(updated)
 
 
@@ -133,6 +141,12 @@ def api_key_revoke(*, api_key: ApiKey) -> bool:
 
 # Where the gateway's RateLimiter (prefix "gw") queues usage records.
 USAGE_LIST = f"{REDIS_PREFIX}:usage"
+
+
+def _storable(text: object, limit: int) -> str:
+    """Text PostgreSQL can hold: one record with a NUL or a lone surrogate must not fail a whole batch."""
+    text = str(text or "").replace("\x00", "")
+    return text.encode("utf-8", "replace").decode()[:limit]
 
 
 def _usage_from_json(raw: bytes) -> Usage | None:
@@ -143,13 +157,13 @@ def _usage_from_json(raw: bytes) -> Usage | None:
             created_at=dt.datetime.fromtimestamp(data["created_at"], tz=dt.UTC),
             team_id=data["team_id"],
             api_key_id=data.get("api_key_id"),
-            model=data.get("model", "")[:100],
+            model=_storable(data.get("model"), 100),
             deployment_id=data.get("deployment_id"),
-            endpoint=data.get("endpoint", "")[:30],
+            endpoint=_storable(data.get("endpoint"), 30),
             stream=bool(data.get("stream")),
             status=data["status"],
             http_status=data["http_status"],
-            error_code=(data.get("error_code") or "")[:50],
+            error_code=_storable(data.get("error_code"), 50),
             prompt_tokens=max(0, int(data.get("prompt_tokens") or 0)),
             completion_tokens=max(0, int(data.get("completion_tokens") or 0)),
             ttft_ms=data.get("ttft_ms"),

@@ -1,5 +1,6 @@
 """Production settings pass Django's deployment checks; a bad environment fails loudly."""
 
+import json
 import os
 import subprocess
 import sys
@@ -44,3 +45,30 @@ def test_it_refuses_to_start_without_a_secret_key_when_debug_is_off():
 def test_it_fails_loudly_on_a_malformed_boolean():
     result = _manage("check", env={**PRODUCTION, "DEBUG": "perhaps"})
     assert result.returncode != 0
+
+
+def test_check_deploy_reports_no_issue_and_silences_none():
+    result = _manage("check", "--deploy", "--fail-level", "WARNING", env=PRODUCTION)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "System check identified no issues (0 silenced)." in result.stdout
+    assert "WARNING" not in result.stderr
+
+
+def test_production_settings_bound_bodies_and_guard_input():
+    code = (
+        "import json; from django.conf import settings as s; print(json.dumps({"
+        "'debug': s.DEBUG, 'data_upload': s.DATA_UPLOAD_MAX_MEMORY_SIZE,"
+        "'gateway_body': s.GATEWAY_MAX_BODY_BYTES,"
+        "'middleware': s.MIDDLEWARE, 'hsts': s.SECURE_HSTS_SECONDS, 'ssl_redirect': s.SECURE_SSL_REDIRECT,"
+        "'cookies_secure': [s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE]}))"
+    )
+    result = _manage("shell", "--no-imports", "-c", code, env=PRODUCTION)
+    assert result.returncode == 0, result.stderr
+    values = json.loads(result.stdout)
+    assert values["debug"] is False
+    # Pages and the API read at most 2.5 MiB of body, the gateway 1 MiB (portal/asgi.py refuses more).
+    assert values["data_upload"] == 2_621_440 and values["gateway_body"] == 1024 * 1024
+    assert "portal.core.middleware.RejectUnstorableTextMiddleware" in values["middleware"]
+    assert "portal.audit.middleware.AuditContextMiddleware" in values["middleware"]
+    assert values["hsts"] >= 31536000 and values["ssl_redirect"] is True
+    assert values["cookies_secure"] == [True, True]

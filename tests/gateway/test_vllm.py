@@ -13,7 +13,11 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration, 
 @pytest.fixture
 def tiny_served(vllm_server, team, cpu_node, gw_redis):
     """The tiny model registered with its path (so the gateway counts tokens with its tokenizer)
-    and one deployment serving it: the real vLLM server."""
+    and one deployment serving it: the real vLLM server.
+
+    Shared: each test's team is new, but the session's gateway keeps the model's route (with the
+    previous test's deployment, same server) for GATEWAY_CACHE_S, and routes a key only to its own
+    team's deployments or shared ones."""
     from portal.deployments.models import Deployment, DeploymentProfile
     from portal.registry.services import model_version_create
     from portal.teams.services import api_key_create
@@ -24,6 +28,7 @@ def tiny_served(vllm_server, team, cpu_node, gw_redis):
     deployment = Deployment.objects.create(
         name="tiny-cpu", team=team, model_version=version, profile=profile, node=cpu_node,
         desired_state="running", state="serving", endpoint_url=vllm_server.base_url, concurrency_cap=4,
+        shared=True,
     )  # fmt: skip
     _key, token = api_key_create(team=team, allowed_models=[vllm_server.model])
     return vllm_server.model, token, deployment

@@ -128,3 +128,11 @@ def test_it_disables_a_team_and_a_key_over_their_daily_budget_until_midnight(tea
     ttl_ms = gw.pttl(f"gw:blocked:team:{team.pk}")
     assert 0 < ttl_ms <= (midnight.timestamp() - time.time()) * 1000 + 1000
     assert budgets_enforce(day=today) == []  # already disabled
+
+
+def test_a_record_with_unstorable_text_does_not_fail_the_batch(gw, team):
+    bad = {**record(team), "model": "m\x00\ud800x"}  # json.dumps keeps them as \u escapes
+    good = record(team)
+    push(gw, bad, good)
+    assert usage_flush() == 2
+    assert sorted(Usage.objects.values_list("model", flat=True)) == ["m1", "m?x"]

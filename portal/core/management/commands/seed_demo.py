@@ -210,6 +210,7 @@ class Command(BaseCommand):
                 profile=DeploymentProfile.objects.get(name="v100-7b-fp16-tp8"),
                 node=node,
                 gpu_indices=list(range(8)),
+                shared=True,  # the demo's models answer every team's keys
             )
             self.stdout.write(f"the dgx-v100-01 agent will start {SIM_DEPLOYMENT} (simulated V100s)")
         elif deployment.desired_state == "running" and deployment.state != "serving":
@@ -253,6 +254,7 @@ class Command(BaseCommand):
                 profile=profile,
                 node=node,
                 gpu_indices=[],
+                shared=True,
             )
             self.stdout.write("the local agent will start tiny-llama-local (vLLM-CPU) once it runs")
         elif deployment.desired_state == "running" and deployment.state != "serving":

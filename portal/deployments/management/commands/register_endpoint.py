@@ -24,6 +24,9 @@ class Command(BaseCommand):
         parser.add_argument("--team", default="platform", help="team that owns it (default: platform)")
         parser.add_argument("--name", help="deployment name (default: <model>-adopted)")
         parser.add_argument("--node", help="node it runs on, if the inventory has it")
+        parser.add_argument(
+            "--shared", action="store_true", help="every team's keys may call it (default: its team's only)"
+        )
 
     def handle(self, *args, **options) -> None:
         try:
@@ -45,7 +48,12 @@ class Command(BaseCommand):
         name = options["name"] or f"{model_version.name.replace('.', '-')}-adopted"[:100]
         try:
             deployment = endpoint_register(
-                name=name, team=team, model_version=model_version, url=options["url"], node=node
+                name=name,
+                team=team,
+                model_version=model_version,
+                url=options["url"],
+                node=node,
+                shared=options["shared"],
             )
         except ApplicationError as error:
             raise CommandError(f"--{error.field or 'url'}: {error.message}") from error
