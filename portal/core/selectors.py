@@ -119,15 +119,24 @@ class TeamFront:
         return self.tokens_today / self.team.tokens_per_day if self.team.tokens_per_day else None
 
 
-def served_models() -> dict[str, int]:
-    """Model name → serving replicas the gateway routes to (as portal.gateway.routing sees them)."""
-    return dict(
+def served_replicas() -> list[tuple[str, int, bool]]:
+    """(model, owning team, shared) of every serving replica the gateway routes to
+    (as portal.gateway.routing sees them: a team reaches its own and shared ones)."""
+    return list(
         Deployment.objects.filter(state=DeploymentState.SERVING)
         .exclude(endpoint_url="")
-        .values_list("model_version__name")
-        .annotate(n=Count("id"))
-        .values_list("model_version__name", "n")
+        .values_list("model_version__name", "team_id", "shared")
     )
+
+
+def models_callable_by(team: Team, replicas: list[tuple[str, int, bool]]) -> list[tuple[str, int]]:
+    """(model, replicas the team's keys reach), within the team's allowed models if it has any."""
+    allowed = set(team.allowed_models)
+    counts: dict[str, int] = defaultdict(int)
+    for model, owner, shared in replicas:
+        if (shared or owner == team.pk) and (not allowed or model in allowed):
+            counts[model] += 1
+    return sorted(counts.items())
 
 
 def team_fronts(user) -> list[TeamFront]:
@@ -136,7 +145,7 @@ def team_fronts(user) -> list[TeamFront]:
     teams = list(Team.objects.filter(members=user).order_by("name"))
     if not teams:
         return []
-    served = served_models()
+    replicas = served_replicas()
     keys: dict[int, list[ApiKey]] = defaultdict(list)
     # Live keys first (PostgreSQL sorts NULLs last by default), newest first.
     for key in ApiKey.objects.filter(team__in=teams).order_by(
@@ -158,8 +167,7 @@ def team_fronts(user) -> list[TeamFront]:
     in_flight = _team_in_flight([t.pk for t in teams])
     out = []
     for team in teams:
-        allowed = set(team.allowed_models)
-        models = sorted((m, n) for m, n in served.items() if not allowed or m in allowed)
+        models = models_callable_by(team, replicas)
         row = usage.get(team.pk, {})
         out.append(
             TeamFront(

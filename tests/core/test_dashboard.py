@@ -16,8 +16,10 @@ from portal.benchmarks.models import BenchmarkLevel, BenchmarkRun
 from portal.deployments.models import Deployment, MetricsSample
 from portal.observability import metrics
 from portal.observability.services import queue_depth_sample
+from portal.registry.services import model_version_create
 from portal.teams.models import Team, Usage
 from portal.teams.services import api_key_create
+from tests.conftest import bundled_config
 
 pytestmark = pytest.mark.django_db
 
@@ -33,9 +35,10 @@ def metrics_redis():
     client.close()
 
 
-def deploy(name, *, team, model, node=None, gpus=(), state="serving", profile=None, cap=None):
+def deploy(name, *, team, model, node=None, gpus=(), state="serving", profile=None, cap=None, shared=False):
     return Deployment.objects.create(
         name=name, team=team, model_version=model, profile=profile, node=node, gpu_indices=list(gpus),
+        shared=shared,
         desired_state="running" if state in ("serving", "starting") else "stopped", state=state,
         endpoint_url="http://127.0.0.1:9/" if state == "serving" else "", concurrency_cap=cap,
     )  # fmt: skip
@@ -173,7 +176,11 @@ def two_teams(team, llama7b, qwen_bf16, fleet):
     team.save()
     search_key, search_token = api_key_create(team=team, name="notebook", rpm_limit=60)
     ads_key, _ = api_key_create(team=ads, name="ads-batch")
-    deploy("qwen", team=ads, model=qwen_bf16)
+    deploy("qwen", team=ads, model=qwen_bf16, shared=True)  # ops share it with every team
+    mistral = model_version_create(
+        name="mistral-7b-instruct", config=bundled_config("mistral-7b-instruct-v0.3")
+    )
+    deploy("mistral-ads", team=ads, model=mistral)  # ads' own: search's keys cannot reach it
     for t, key, tokens in [(team, search_key, 2_500), (ads, ads_key, 77_777)]:
         Usage.objects.create(
             request_id=uuid.uuid4(), created_at=timezone.now(), team=t, api_key=key,
@@ -197,7 +204,8 @@ def test_a_member_sees_their_teams_models_keys_quotas_and_usage_today(client, bo
     assert f"sk-{search_key.prefix}…" in page and "notebook" in page
     assert "2500 / 10000" in page  # tokens today against the daily quota
     assert '<meter min="0" max="10000"' in page
-    assert "llama-2-7b-chat-hf" in page and "qwen2.5-7b-instruct" in page  # the served models
+    assert "llama-2-7b-chat-hf" in page and "qwen2.5-7b-instruct" in page  # its own and shared replicas
+    assert "mistral-7b-instruct" not in page  # another team's unshared deployment
     # No secret: neither the key nor its digest.
     assert search_token.split(".", 1)[1] not in page and search_key.digest not in page
     assert next(t.name for t in response.templates) == "core/team_home.html"
