@@ -65,17 +65,22 @@ class DeploymentHealth:
         return "ok" if self.sample.healthy else "failing"
 
 
-def _in_flight(deployment_ids: list[int]) -> dict[int, int] | None:
-    if not deployment_ids:
+def _live_slots(key_template: str, ids: list[int]) -> dict[int, int] | None:
+    """Unexpired gateway slots per id (one pipelined ZCOUNT each); None when Redis is unreachable."""
+    if not ids:
         return {}
     now_ms = int(time.time() * 1000)
     try:
         with metrics.client().pipeline(transaction=False) as pipe:
-            for pk in deployment_ids:
-                pipe.zcount(f"{REDIS_PREFIX}:inflight:{pk}", now_ms, "+inf")
-            return dict(zip(deployment_ids, pipe.execute(), strict=True))
+            for pk in ids:
+                pipe.zcount(key_template.format(prefix=REDIS_PREFIX, pk=pk), now_ms, "+inf")
+            return dict(zip(ids, pipe.execute(), strict=True))
     except redis.RedisError:
         return None
+
+
+def _in_flight(deployment_ids: list[int]) -> dict[int, int] | None:
+    return _live_slots("{prefix}:inflight:{pk}", deployment_ids)
 
 
 def deployment_health(deployments) -> list[DeploymentHealth]:
@@ -184,11 +189,4 @@ def team_fronts(user) -> list[TeamFront]:
 
 
 def _team_in_flight(team_ids: list[int]) -> dict[int, int] | None:
-    now_ms = int(time.time() * 1000)
-    try:
-        with metrics.client().pipeline(transaction=False) as pipe:
-            for pk in team_ids:
-                pipe.zcount(f"{REDIS_PREFIX}:conc:team:{pk}", now_ms, "+inf")
-            return dict(zip(team_ids, pipe.execute(), strict=True))
-    except redis.RedisError:
-        return None
+    return _live_slots("{prefix}:conc:team:{pk}", team_ids)

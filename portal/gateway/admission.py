@@ -175,12 +175,19 @@ async def admit_and_place(
             model=model,
             candidates=candidates,
             long_prompt=long_prompt,
-            long_cap=settings.GATEWAY_LONG_PROMPT_MAX_INFLIGHT,
-            queue_max=settings.GATEWAY_QUEUE_MAX,
-            timeout_s=settings.GATEWAY_QUEUE_TIMEOUT_S,
+            **_queue_limits(),
         )
     except RedisError:
         raise limiter_unavailable() from None
+
+
+def _queue_limits() -> dict:
+    """The per-deployment limits every placement applies (read per call: tests override settings)."""
+    return {
+        "long_cap": settings.GATEWAY_LONG_PROMPT_MAX_INFLIGHT,
+        "queue_max": settings.GATEWAY_QUEUE_MAX,
+        "timeout_s": settings.GATEWAY_QUEUE_TIMEOUT_S,
+    }
 
 
 def check_admission(admission: Admission) -> None:
@@ -245,9 +252,7 @@ async def place(
             model=model,
             candidates=candidates,
             long_prompt=long_prompt,
-            long_cap=settings.GATEWAY_LONG_PROMPT_MAX_INFLIGHT,
-            queue_max=settings.GATEWAY_QUEUE_MAX,
-            timeout_s=settings.GATEWAY_QUEUE_TIMEOUT_S,
+            **_queue_limits(),
         )
     except RedisError:
         raise limiter_unavailable() from None
