@@ -109,7 +109,8 @@ def test_web_and_worker_reconnect_by_themselves_after_postgres_restarts(
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )  # fmt: skip
-    app = Celery("faults-client", broker=private_redis.url, backend=private_redis.url)
+    # Not the current app: the portal's own app must keep its broker for the tests that follow.
+    app = Celery("faults-client", broker=private_redis.url, backend=private_redis.url, set_as_current=False)
     session = httpx.Client(base_url=web.url, timeout=30)
     try:
         # Before: a signed-in session, a page, the API, the gateway and a task, each using the database.
@@ -204,6 +205,7 @@ def test_web_and_worker_reconnect_by_themselves_after_postgres_restarts(
         assert gateway(keys[2])() == 200 and page() == 200 and task() == 1  # back: first attempt again
     finally:
         session.close()
+        app.close()
         stop(web.process)
         stop(worker)
         worker_log.close()

@@ -17,7 +17,8 @@ from portal.gateway.asgi import GatewayHandler
 
 
 def _live_requests() -> int:
-    return sum(1 for o in gc.get_objects() if isinstance(o, ASGIRequest))
+    # type(), not isinstance(): isinstance() on a dead weakref.proxy elsewhere in the heap raises.
+    return sum(1 for o in gc.get_objects() if issubclass(type(o), ASGIRequest))
 
 
 async def _one_request(handler: GatewayHandler) -> list[dict]:
