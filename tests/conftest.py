@@ -7,6 +7,7 @@ team and must see nothing that is not public.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,17 @@ def profile_tp1(llama7b):
         gpu_memory_utilization=0.93,
         enforce_eager=True,
     )
+
+
+@pytest.fixture
+def gateway_redis_db(settings):
+    """The gateway's Redis (revocation blocks, usage queue) on the test run's Redis database."""
+    from portal.teams.services import gateway_redis
+
+    settings.GATEWAY_REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
+    gateway_redis.cache_clear()
+    yield
+    gateway_redis.cache_clear()
 
 
 def api_client(user=None) -> APIClient:

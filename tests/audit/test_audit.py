@@ -4,7 +4,6 @@ log itself is append-only (the model refuses changes; the admin only lists)."""
 from __future__ import annotations
 
 import io
-import os
 
 import pytest
 from django.core.management import call_command
@@ -14,18 +13,11 @@ from portal.audit.models import AppendOnlyError, AuditEvent
 from portal.benchmarks.models import BenchmarkRun
 from portal.deployments.models import Deployment
 from portal.teams.models import ApiKey, Team
-from portal.teams.services import api_key_create, gateway_redis
+from portal.teams.services import api_key_create
 from tests.conftest import api_client, bundled_config, nvidia_smi_sample
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("gateway_redis_db")]
 
-
-@pytest.fixture(autouse=True)
-def gateway_redis_db(settings):
-    settings.GATEWAY_REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
-    gateway_redis.cache_clear()
-    yield
-    gateway_redis.cache_clear()
 
 
 @pytest.fixture

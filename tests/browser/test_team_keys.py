@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import pytest
@@ -11,17 +10,12 @@ from playwright.sync_api import Page, expect
 
 from tests.browser.conftest import login, shot
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("gateway_redis_db"),
+]
 
-
-@pytest.fixture(autouse=True)
-def gateway_redis_db(settings):
-    from portal.teams.services import gateway_redis
-
-    settings.GATEWAY_REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
-    gateway_redis.cache_clear()
-    yield
-    gateway_redis.cache_clear()
 
 
 def test_a_member_creates_sees_once_and_revokes_a_key(page: Page, live_server, bob, team):

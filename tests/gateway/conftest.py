@@ -59,17 +59,23 @@ def stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
-@pytest.fixture(scope="session")
-def fake_upstream():
-    """A fast streaming upstream: 32 chunks 5 ms apart unless a request says otherwise."""
+def spawn_fake_upstream(interval_ms: int) -> tuple[str, subprocess.Popen]:
+    """bench/fake_upstream.py on a free loopback port, up and answering; stop it with `stop()`."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "bench.fake_upstream", "--port", str(port), "--interval-ms", "5"],
+        [sys.executable, "-m", "bench.fake_upstream", "--port", str(port), "--interval-ms", str(interval_ms)],
         cwd=ROOT,
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     wait_until_up(f"{url}/health", process)
+    return url, process
+
+
+@pytest.fixture(scope="session")
+def fake_upstream():
+    """A fast streaming upstream: 32 chunks 5 ms apart unless a request says otherwise."""
+    url, process = spawn_fake_upstream(5)
     yield url
     stop(process)
 

@@ -6,23 +6,12 @@ registered model that nobody serves: 503 `no_replica`, and it is not listed.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 
 import httpx
 import pytest
 
-from .conftest import (
-    ROOT,
-    chat_body,
-    free_port,
-    make_setup,
-    stop,
-    upstream_reset,
-    upstream_stats,
-    wait_until_up,
-)
+from .conftest import chat_body, make_setup, spawn_fake_upstream, stop, upstream_reset, upstream_stats
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
 
@@ -30,14 +19,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
 @pytest.fixture(scope="module")
 def second_upstream():
     """Another fake upstream, so a test can tell which team's replica took a request."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "bench.fake_upstream", "--port", str(port), "--interval-ms", "1"],
-        cwd=ROOT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_until_up(f"{url}/health", process)
+    url, process = spawn_fake_upstream(1)
     yield url
     stop(process)
 

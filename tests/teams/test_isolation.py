@@ -6,8 +6,6 @@ B's data is unchanged. The gateway's side is tests/gateway/test_isolation.py.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from django.test import Client
 from django.utils import timezone
@@ -15,18 +13,11 @@ from django.utils import timezone
 from portal.benchmarks.models import BenchmarkRun
 from portal.deployments.models import Deployment
 from portal.teams.models import ApiKey, Team, Usage
-from portal.teams.services import api_key_create, gateway_redis
+from portal.teams.services import api_key_create
 from tests.conftest import api_client
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("gateway_redis_db")]
 
-
-@pytest.fixture(autouse=True)
-def gateway_redis_db(settings):
-    settings.GATEWAY_REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
-    gateway_redis.cache_clear()
-    yield
-    gateway_redis.cache_clear()
 
 
 def _deployment(team, name, llama7b, profile_tp1, dgx, gpu):

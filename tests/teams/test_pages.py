@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from django.test import Client
 from django.urls import reverse
 
 from portal.teams.models import ApiKey
-from portal.teams.services import api_key_create, api_key_matches, gateway_redis
+from portal.teams.services import api_key_create, api_key_matches
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("gateway_redis_db")]
 
-
-@pytest.fixture(autouse=True)
-def gateway_redis_db(settings):
-    settings.GATEWAY_REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
-    gateway_redis.cache_clear()
-    yield
-    gateway_redis.cache_clear()
 
 
 def logged_in(user) -> Client:
