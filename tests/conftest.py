@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 
 import pytest
+import redis
+from django.conf import settings
 from rest_framework.test import APIClient
 
 from inference.hf_config import known_configs
@@ -137,6 +139,17 @@ def gateway_redis_db(settings):
     gateway_redis.cache_clear()
     yield
     gateway_redis.cache_clear()
+
+
+@pytest.fixture
+def metrics_redis():
+    """The metrics and gateway keys of this test's Redis, emptied before the test."""
+    client = redis.Redis.from_url(settings.GATEWAY_REDIS_URL)
+    stale = [*client.scan_iter("metrics:*"), *client.scan_iter("gw:*")]
+    if stale:
+        client.delete(*stale)
+    yield client
+    client.close()
 
 
 def api_client(user=None) -> APIClient:

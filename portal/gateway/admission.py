@@ -17,6 +17,7 @@ from django.conf import settings
 from redis.exceptions import RedisError
 
 from inference.ratelimit import Admission, Placement, RateLimiter, Scope
+from portal.core.middleware import bad_text
 
 from .errors import GatewayError
 
@@ -55,16 +56,6 @@ def _positive_int(body: dict, name: str) -> int | None:
     return value
 
 
-def _storable(text: str) -> bool:
-    if "\x00" in text:
-        return False
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 @dataclass
 class Parsed:
     body: dict
@@ -96,7 +87,7 @@ def parse(raw: bytes, *, chat: bool, caller) -> Parsed:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("`model` is required (a string).", "model", "missing_parameter")
-    if not _storable(model):  # it is looked up and recorded in usage: PostgreSQL text must hold it
+    if bad_text(model):  # it is looked up and recorded in usage: PostgreSQL text must hold it
         raise _bad("`model` contains a NUL character or a lone surrogate.", "model")
     if caller.models is not None and model not in caller.models:
         raise GatewayError(

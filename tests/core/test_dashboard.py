@@ -6,8 +6,6 @@ import time
 import uuid
 
 import pytest
-import redis
-from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -21,18 +19,7 @@ from portal.teams.models import Team, Usage
 from portal.teams.services import api_key_create
 from tests.conftest import bundled_config
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def metrics_redis():
-    """The metrics and gateway keys of this test's Redis, emptied before the test."""
-    client = redis.Redis.from_url(settings.GATEWAY_REDIS_URL)
-    stale = [*client.scan_iter("metrics:*"), *client.scan_iter("gw:*")]
-    if stale:
-        client.delete(*stale)
-    yield client
-    client.close()
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("metrics_redis")]
 
 
 def deploy(name, *, team, model, node=None, gpus=(), state="serving", profile=None, cap=None, shared=False):

@@ -1,21 +1,5 @@
 from __future__ import annotations
 
-import pytest
-import redis
-from django.conf import settings
-
-
-@pytest.fixture
-def metrics_redis():
-    """The metrics keys of this test's Redis, emptied before the test."""
-    client = redis.Redis.from_url(settings.GATEWAY_REDIS_URL)
-    stale = [*client.scan_iter("metrics:*"), *client.scan_iter("gw:*")]
-    if stale:
-        client.delete(*stale)
-    yield client
-    client.close()
-
-
 TOKEN = "s3cret-metrics-token"
 
 
