@@ -47,6 +47,8 @@ SAMPLES_KEPT = timedelta(days=7)
 # How far back a failed start's log is read for a known cause: vLLM prints the
 # real error before pages of engine-core shutdown noise.
 CLASSIFY_BYTES = 256 * 1024
+# What a deployment row says about its server once there is none (stopped, failed, restarting).
+NO_PROCESS = {"endpoint_url": "", "pid": None, "pgid": None, "serving_since": None}
 
 
 class LeaseLost(Exception):
@@ -209,10 +211,7 @@ def _start(lease: Lease, *, reason: str = "") -> str:
         state=DeploymentState.STARTING,
         state_reason=reason,
         failure_code="",
-        endpoint_url="",
-        pid=None,
-        pgid=None,
-        serving_since=None,
+        **NO_PROCESS,
         health_failures=0,
         baseline_memory_mb=None,
         baseline_preemptions=None,
@@ -565,10 +564,7 @@ def _fail(lease: Lease, deployment: Deployment, failure: StepFailed, launch: _La
         state=DeploymentState.FAILED,
         state_reason=failure.message,
         failure_code=failure.code,
-        endpoint_url="",
-        pid=None,
-        pgid=None,
-        serving_since=None,
+        **NO_PROCESS,
         log_tail=tail,
     )
     event(deployment.pk, "failed", EventStatus.FAILED, f"[{failure.code}] {failure.message}")
@@ -607,10 +603,7 @@ def _stop(lease: Lease, deployment: Deployment, *, drain: bool, reason: str) -> 
             lease.write(
                 state=DeploymentState.STOPPED,
                 state_reason=reason,
-                endpoint_url="",
-                pid=None,
-                pgid=None,
-                serving_since=None,
+                **NO_PROCESS,
             )
             event(did, "stop", EventStatus.OK, "no server process was running")
         return "stopped"
@@ -640,10 +633,7 @@ def _stop(lease: Lease, deployment: Deployment, *, drain: bool, reason: str) -> 
     lease.write(
         state=DeploymentState.STOPPED,
         state_reason=reason if port_free else f"{reason}; port {deployment.port} is held by another process",
-        endpoint_url="",
-        pid=None,
-        pgid=None,
-        serving_since=None,
+        **NO_PROCESS,
         log_tail=supervisor.log_tail(deployment.log_path),
     )
     return "stopped"
@@ -835,10 +825,7 @@ def _schedule_restart(lease: Lease, deployment: Deployment, why: str) -> str:
             state=DeploymentState.FAILED,
             state_reason=message,
             failure_code="restart_limit",
-            endpoint_url="",
-            pid=None,
-            pgid=None,
-            serving_since=None,
+            **NO_PROCESS,
         )
         event(did, "failed", EventStatus.FAILED, message)
         return "failed"
@@ -848,10 +835,7 @@ def _schedule_restart(lease: Lease, deployment: Deployment, why: str) -> str:
         state=DeploymentState.PENDING,
         state_reason=message,
         restart_count=attempt,
-        endpoint_url="",
-        pid=None,
-        pgid=None,
-        serving_since=None,
+        **NO_PROCESS,
         start_requested_at=timezone.now(),
     )
     event(did, "supervise", EventStatus.FAILED, message)
