@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,8 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench._common import free_port  # noqa: E402  (run as a script: the repo is on the path only now)
 
 VLLM_PYTHON = Path(os.environ.get("VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
 OUR_PYTHON = Path(sys.executable)
@@ -89,12 +90,6 @@ COLUMNS = (
     ("mean ITL ms", "mean_itl_ms", "{:.2f}"),
     ("mean E2EL ms", "mean_e2el_ms", "{:.1f}"),
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_healthy(url: str, process: subprocess.Popen, deadline_s: float, log: Path) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from bench._common import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL_NAME = "tiny-llama"
@@ -37,12 +38,6 @@ def require_vllm() -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return python
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -8,7 +8,6 @@ import asyncio
 import concurrent.futures
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ import httpx
 import pytest
 import redis
 
+from bench._common import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 
@@ -29,12 +30,6 @@ def run_async(coro):
     running loop (Playwright's sync API keeps one once the browser tests have run)."""
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coro).result()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until_up(url: str, process: subprocess.Popen, timeout: float = 30) -> None:

@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 
 import pytest
 from aiohttp import web
 
+from bench._common import free_port
 from inference.bench.fake_server import FakeServer
 from inference.bench.loadgen import BenchConfig, LevelPlan, NoHooks, judge_client, run_blocking, run_sweep
 from inference.bench.workloads import load_mix
 from inference.errors import InputError
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def sweep_against(server: FakeServer, **config) -> tuple:
