@@ -262,9 +262,9 @@ def serve(options: argparse.Namespace) -> None:
             )
             report["engine"] = record
             (out / f"bench-{options.shape}-{mode}.json").write_text(json.dumps(report, indent=2))
-            if options.parity and mode == options.parity_mode:
-                c = options.parity
-                parity = {
+            parity: dict = {}
+            for c in [int(x) for x in options.parity.split(",") if x] if mode == options.parity_mode else []:
+                parity[c] = {
                     "vllm": vllm_bench_serve(base_url, options.shape, model_dir, out, concurrency=c,
                                              prompts=4 * c, input_len=1000, output_len=300),
                     "portal": bench(base_url, options.shape, model_dir, mix="fixed:1000:300",
@@ -296,7 +296,7 @@ def main() -> None:
     s.add_argument("--levels", default="1,16,64,256")
     s.add_argument("--requests", default="3,32,128,256")
     s.add_argument("--mix", default="field-mix")
-    s.add_argument("--parity", type=int, default=0, help="also run vLLM's bench serve at this concurrency")
+    s.add_argument("--parity", default="", help="also run vLLM's bench serve at these concurrencies")
     s.add_argument("--parity-mode", default="graphs")
     s.add_argument("--vllm-python", default=sys.executable)
     options = parser.parse_args()
