@@ -5,6 +5,10 @@ the inputs are resolved exactly as the planner resolves them (registered or
 bundled model, catalog GPUs, settings through `settings_from`), then
 `inference.sim.virtual.sweep` runs the same scheduler as the simulated server
 on a virtual clock.
+
+A node's calibration (the host-side constants `inference.sim.calibration` fits from
+levels measured on it) is applied with `calibration=`; `calibrate_sweep` fits one from a
+`manage.py bench --json` report and predicts with it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from inference.bench.metrics import format_table
 from inference.bench.sla import Sla
 from inference.bench.workloads import PRESETS, load_mix
 from inference.errors import InputError
+from inference.sim.calibration import fit_host_costs, measured_levels
+from inference.sim.costs import HostCosts
 from inference.sim.engine import EngineConfig, EngineRefused
 from inference.sim.virtual import sweep
 from portal.core.errors import ApplicationError
@@ -42,6 +48,34 @@ def parse_concurrency(text: str) -> list[int]:
     return levels
 
 
+def _engine_config(
+    *,
+    model: str,
+    gpu: str,
+    gpus: int,
+    nvlink: bool | None,
+    allow_paths: bool,
+    host: HostCosts,
+    settings_values: dict,
+) -> EngineConfig:
+    placement = target_placement(gpu_key=gpu, gpu_count=gpus, nvlink_connected=nvlink)
+    arch = resolve_model(model, allow_paths=allow_paths)
+    if not settings_values.get("tensor_parallel_size"):
+        settings_values["tensor_parallel_size"] = gpus
+    profile = settings_from(**settings_values)
+    return EngineConfig(
+        model=arch, profile=profile, gpu=placement.gpu, nvlink=placement.nvlink_connected, host=host
+    )
+
+
+def host_costs(calibration: dict[str, float] | None) -> HostCosts:
+    """A calibration object (as `simulate --json` prints it) → HostCosts; None → the defaults."""
+    try:
+        return HostCosts() if calibration is None else HostCosts.from_dict(calibration)
+    except InputError as error:
+        raise ApplicationError.from_input_error(error) from error
+
+
 def predict_sweep(
     *,
     model: str,
@@ -54,18 +88,25 @@ def predict_sweep(
     requests_per_level: int | None = None,
     seed: int = 0,
     sla: Sla | None = None,
+    calibration: dict[str, float] | None = None,
     **settings_values,
 ) -> dict:
-    """{"levels": [...], "sla_concurrency": N, "sla_reason": str} for a profile on catalog GPUs.
+    """{"levels": [...], "sla_concurrency": N, "sla_reason": str, "calibration": {name: s}}.
 
-    The tensor-parallel size defaults to all the GPUs, as the planner's does.
+    The tensor-parallel size defaults to all the GPUs, as the planner's does. `calibration`
+    is a node's fitted host costs (names missing from it keep their defaults); None
+    predicts with the uncalibrated defaults, and "calibration" in the result says which.
     """
-    placement = target_placement(gpu_key=gpu, gpu_count=gpus, nvlink_connected=nvlink)
-    arch = resolve_model(model, allow_paths=allow_paths)
-    if not settings_values.get("tensor_parallel_size"):
-        settings_values["tensor_parallel_size"] = gpus
-    profile = settings_from(**settings_values)
-    config = EngineConfig(model=arch, profile=profile, gpu=placement.gpu, nvlink=placement.nvlink_connected)
+    host = host_costs(calibration)
+    config = _engine_config(
+        model=model,
+        gpu=gpu,
+        gpus=gpus,
+        nvlink=nvlink,
+        allow_paths=allow_paths,
+        host=host,
+        settings_values=settings_values,
+    )
     try:
         workload = load_mix(mix)
         result = sweep(
@@ -75,6 +116,67 @@ def predict_sweep(
         raise ApplicationError.from_input_error(error) from error
     except EngineRefused as error:
         raise ApplicationError(f"vLLM would not start this profile: {error}", field="profile") from error
+    result["calibration"] = host.as_dict()
+    return result
+
+
+def calibrate_sweep(
+    *,
+    measured: dict,
+    fit_levels: list[int] | None = None,
+    calibration: dict[str, float] | None = None,
+    model: str,
+    gpu: str,
+    gpus: int,
+    mix: str,
+    concurrency: list[int],
+    nvlink: bool | None = None,
+    allow_paths: bool = False,
+    requests_per_level: int | None = None,
+    seed: int = 0,
+    sla: Sla | None = None,
+    **settings_values,
+) -> dict:
+    """Fit the host costs to `measured` (a `manage.py bench --json` report), then predict.
+
+    The other arguments are `predict_sweep`'s, and the profile and workload must be those
+    the report was measured with. `fit_levels` picks the report's levels to fit on
+    (default: all its closed-loop levels); `calibration` is the starting point, e.g. the
+    node's calibration from a CUDA-graph run when fitting an eager one. Returns
+    `predict_sweep`'s result for `concurrency`, whose "calibration" is the fitted one, plus
+    "fit": the fitted names and measured vs predicted on the fit levels.
+    """
+    config = _engine_config(
+        model=model,
+        gpu=gpu,
+        gpus=gpus,
+        nvlink=nvlink,
+        allow_paths=allow_paths,
+        host=host_costs(calibration),
+        settings_values=dict(settings_values),
+    )
+    try:
+        levels = measured_levels(measured, only=fit_levels)
+        fit = fit_host_costs(config, load_mix(mix), levels, seed=seed)
+    except InputError as error:
+        raise ApplicationError.from_input_error(error) from error
+    except EngineRefused as error:
+        raise ApplicationError(f"vLLM would not start this profile: {error}", field="profile") from error
+    result = predict_sweep(
+        model=model,
+        gpu=gpu,
+        gpus=gpus,
+        mix=mix,
+        concurrency=concurrency,
+        nvlink=nvlink,
+        allow_paths=allow_paths,
+        requests_per_level=requests_per_level,
+        seed=seed,
+        sla=sla,
+        calibration=fit.host.as_dict(),
+        **settings_values,
+    )
+    result["fit"] = {"fitted": list(fit.fitted), "levels": fit.levels, "evaluations": fit.evaluations}
     return result
 
 
