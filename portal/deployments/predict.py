@@ -76,6 +76,22 @@ def host_costs(calibration: dict[str, float] | None) -> HostCosts:
         raise ApplicationError.from_input_error(error) from error
 
 
+def node_calibration(node_name: str) -> dict[str, float] | None:
+    """The calibration of the named node's latest acceptance, or None when it has none (yet).
+
+    The record and its selector come with node acceptance (`node_latest_calibration` in
+    portal/inventory/selectors.py); a build without them predicts uncalibrated.
+    """
+    from portal.inventory import selectors
+    from portal.inventory.models import Node
+
+    node = Node.objects.filter(name=node_name).first()
+    if node is None:
+        raise ApplicationError(f"no node is named {node_name!r}", field="node")
+    latest = getattr(selectors, "node_latest_calibration", None)
+    return latest(node) if latest is not None else None
+
+
 def predict_sweep(
     *,
     model: str,
@@ -183,6 +199,19 @@ def calibrate_sweep(
 class PredictForm(forms.Form):
     mix = forms.CharField(initial="field-mix", help_text=", ".join(PRESETS) + " or fixed:<in>:<out>")
     concurrency = forms.CharField(initial=",".join(map(str, DEFAULT_CONCURRENCY)))
+    node = forms.ChoiceField(
+        required=False,
+        choices=(),
+        help_text="calibrate with this node's latest acceptance (blank: the uncalibrated defaults)",
+    )
+
+    def __init__(self, *args, **kwargs) -> None:
+        from portal.inventory.models import Node
+
+        super().__init__(*args, **kwargs)
+        self.fields["node"].choices = [("", "none")] + [
+            (name, name) for name in Node.objects.order_by("name").values_list("name", flat=True)
+        ]
 
 
 @login_required
@@ -190,10 +219,14 @@ def predict(request):
     """The planner's inputs plus a mix and levels → the simulated sweep (GET, linkable)."""
     planner_form = PlannerForm(request.GET)
     predict_form = PredictForm(request.GET if "mix" in request.GET else None)
-    result, error = None, None
+    result, error, calibrated_by = None, None, None
     if planner_form.is_valid():
         mix = request.GET.get("mix") or "field-mix"
+        node_name = request.GET.get("node") or ""
         try:
+            calibration = node_calibration(node_name) if node_name else None
+            if calibration is not None:
+                calibrated_by = node_name
             levels = parse_concurrency(
                 request.GET.get("concurrency") or ",".join(map(str, DEFAULT_CONCURRENCY))
             )
@@ -203,13 +236,16 @@ def predict(request):
                 mix=mix,
                 concurrency=levels,
                 requests_per_level=per_level,
+                calibration=calibration,
                 **planner_form.settings_values(),
             )
         except ApplicationError as exc:
             error = f"{exc.field}: {exc.message}" if exc.field else exc.message
     else:
         error = "; ".join(f"{field}: {' '.join(errors)}" for field, errors in planner_form.errors.items())
-    hidden = [(key, value) for key, value in request.GET.items() if key not in ("mix", "concurrency")]
+    hidden = [
+        (key, value) for key, value in request.GET.items() if key not in ("mix", "concurrency", "node")
+    ]
     return render(
         request,
         "deployments/predict.html",
@@ -217,6 +253,8 @@ def predict(request):
             "result": result,
             "table": format_table(result["levels"]) if result else "",
             "error": error,
+            "calibrated_by": calibrated_by,
+            "node_asked": request.GET.get("node") or "",
             "predict_form": predict_form,
             "hidden": hidden,
             "query": request.GET.urlencode(),

@@ -144,3 +144,59 @@ def test_it_raises_an_application_error_naming_the_calibration():
         predict_sweep(**PROFILE, concurrency=[1], calibration={"step_overhead_s": 5.0})
 
     assert caught.value.field == "calibration"
+
+
+# --- a node's acceptance calibration (the record and its selector come with node acceptance) ---
+
+
+@pytest.fixture
+def accepted(monkeypatch, cpu_node):
+    """`cpu_node` ("local") as if its latest acceptance had fitted SLOW_HOST."""
+    from portal.inventory import selectors
+
+    def latest(node):
+        return dict(SLOW_HOST) if node.pk == cpu_node.pk else None
+
+    monkeypatch.setattr(selectors, "node_latest_calibration", latest, raising=False)
+    return cpu_node
+
+
+def test_it_applies_the_nodes_acceptance_calibration(capsys, accepted, tmp_path):
+    by_node = simulate_json(capsys, "--concurrency", "4", "--node", "local")
+    saved = tmp_path / "calibration.json"
+    saved.write_text(json.dumps(SLOW_HOST))
+    by_file = simulate_json(capsys, "--concurrency", "4", "--calibration", str(saved))
+
+    assert by_node["calibration"] == HostCosts.from_dict(SLOW_HOST).as_dict()
+    assert by_node["levels"][0]["output_throughput"] == by_file["levels"][0]["output_throughput"]
+
+
+def test_it_predicts_uncalibrated_for_a_node_without_an_acceptance(capsys, accepted, dgx):
+    result = simulate_json(capsys, "--concurrency", "1", "--node", "dgx-v100-01")
+
+    assert result["calibration"] == HostCosts().as_dict()
+
+
+def test_it_names_the_node_flag_for_a_node_it_does_not_know(accepted):
+    with pytest.raises(CommandError, match=r"^--node: no node is named 'nope'"):
+        call_command("simulate", *H200_7B, "--concurrency", "1", "--node", "nope")
+
+
+def test_it_predicts_on_the_planner_page_with_the_nodes_calibration(client, bob, accepted):
+    client.force_login(bob)
+    query = {
+        "model": "llama-2-7b-chat-hf", "gpu": "h200-sxm-141gb", "gpus": 1, "dtype": "float16",
+        "max_model_len": 4096, "gpu_memory_utilization": 0.9, "max_num_seqs": 256, "block_size": 16,
+        "enforce_eager": "on", "mix": MIX, "concurrency": "1",
+    }  # fmt: skip
+
+    plain = client.get("/planner/predict/", query)
+    calibrated = client.get("/planner/predict/", {**query, "node": "local"})
+
+    assert "Uncalibrated host costs" in plain.content.decode()
+    assert "calibrated on node local" in calibrated.content.decode()
+    assert plain.context["result"]["calibration"] == HostCosts().as_dict()
+    assert calibrated.context["result"]["calibration"] == HostCosts.from_dict(SLOW_HOST).as_dict()
+    # A slow host's eager launches make one user's stream several times slower.
+    slow, fast = (page.context["result"]["levels"][0]["output_throughput"] for page in (calibrated, plain))
+    assert slow < fast / 2

@@ -11,7 +11,8 @@ The host-side costs are the uncalibrated defaults unless `--calibration FILE` ap
 saved calibration (the "calibration" object of an earlier `--json`), or
 `--calibrate-from FILE` fits one to a `manage.py bench --json` report measured with the
 same profile and workload (on all its levels, or those of `--fit-levels`). Given both,
-the saved calibration is where the fit starts.
+the saved calibration is where the fit starts. `--node NAME` applies the calibration of
+the node's latest acceptance instead of a file.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from inference.bench.metrics import format_table
 from portal.core.errors import ApplicationError
 from portal.deployments.management.commands.plan import Command as PlanCommand
 from portal.deployments.management.commands.plan import _flag
-from portal.deployments.predict import calibrate_sweep, parse_concurrency, predict_sweep
+from portal.deployments.predict import calibrate_sweep, node_calibration, parse_concurrency, predict_sweep
 
 
 def _read_json(path: str, flag: str) -> object:
@@ -73,12 +74,24 @@ class Command(BaseCommand):
             metavar="JSON",
             help='apply a saved calibration: the "calibration" object of an earlier --json',
         )
+        parser.add_argument(
+            "--node", default=None, help="apply the calibration of this node's latest acceptance"
+        )
 
     def handle(self, *args, **options) -> None:
         started = time.perf_counter()
         calibration = None
+        if options["calibration"] and options["node"]:
+            raise CommandError("--node: give either --node or --calibration")
         if options["calibration"]:
             calibration = _read_json(options["calibration"], "--calibration")
+        elif options["node"]:
+            try:
+                calibration = node_calibration(options["node"])
+            except ApplicationError as error:
+                raise CommandError(f"--node: {error.message}") from error
+            if calibration is None:
+                self.stderr.write(f"node {options['node']} has no acceptance calibration: uncalibrated")
         fit_levels = None
         if options["fit_levels"]:
             if not options["calibrate_from"]:
@@ -142,6 +155,8 @@ class Command(BaseCommand):
                     f"{level['predicted_mean_tpot_ms'] or 0:.2f}"
                 )
         calibrated = "fitted" if "fit" in result else ("saved" if calibration is not None else "uncalibrated")
+        if options["node"] and calibration is not None and "fit" not in result:
+            calibrated = f"node {options['node']}'s acceptance"
         self.stdout.write(
             f"host costs ({calibrated}): "
             + ", ".join(f"{name} {value * 1e6:.1f} µs" for name, value in result["calibration"].items())
