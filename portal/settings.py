@@ -259,6 +259,11 @@ BENCHMARK_MEMBER_MAX_REQUESTS_PER_LEVEL = env_number(
 )
 # Bounds a member's duration per level and level timeout; a member's level without a timeout gets this one.
 BENCHMARK_MEMBER_MAX_LEVEL_S = env_number("BENCHMARK_MEMBER_MAX_LEVEL_S", default=600.0, minimum=1.0)
+# --- The planner's "predict this profile" page: it simulates inside the web process ---------
+PREDICT_MAX_LEVELS = env_number("PREDICT_MAX_LEVELS", default=8, minimum=1)
+PREDICT_MAX_CONCURRENCY = env_number("PREDICT_MAX_CONCURRENCY", default=1024, minimum=1)
+# Sync views share one thread per ASGI web process: a prediction holds every page of it that long.
+PREDICT_TIME_BUDGET_S = env_number("PREDICT_TIME_BUDGET_S", default=10.0, minimum=0.01)
 
 # --- Gateway (portal/gateway): the OpenAI-compatible proxy -------------------------
 # Key digests are HMAC-SHA256 under this secret; by default derived from SECRET_KEY

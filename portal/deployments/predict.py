@@ -9,7 +9,10 @@ on a virtual clock.
 
 from __future__ import annotations
 
+import time
+
 from django import forms
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
@@ -18,7 +21,7 @@ from inference.bench.sla import Sla
 from inference.bench.workloads import PRESETS, load_mix
 from inference.errors import InputError
 from inference.sim.engine import EngineConfig, EngineRefused
-from inference.sim.virtual import sweep
+from inference.sim.virtual import OutOfTime, sweep
 from portal.core.errors import ApplicationError
 
 from .forms import PlannerForm
@@ -36,9 +39,28 @@ def parse_concurrency(text: str) -> list[int]:
     levels = []
     for part in (text or "").split(","):
         part = part.strip()
-        if not part.isdigit() or int(part) < 1:
-            raise ApplicationError(f"levels must be whole numbers ≥ 1, got {part!r}", field="concurrency")
+        # ASCII digits only ("²".isdigit() is true) and few of them (int() refuses 4300+ digits).
+        if not (part.isascii() and part.isdigit() and len(part) <= 9) or int(part) < 1:
+            raise ApplicationError(
+                f"levels must be whole numbers ≥ 1, got {part[:20]!r}", field="concurrency"
+            )
         levels.append(int(part))
+    return levels
+
+
+def page_levels(text: str) -> list[int]:
+    """The page's levels, bounded: it simulates inside the web process (PREDICT_MAX_*)."""
+    levels = parse_concurrency(text)
+    if len(levels) > settings.PREDICT_MAX_LEVELS:
+        raise ApplicationError(
+            f"at most {settings.PREDICT_MAX_LEVELS} levels here; `manage.py simulate` takes more",
+            field="concurrency",
+        )
+    if max(levels) > settings.PREDICT_MAX_CONCURRENCY:
+        raise ApplicationError(
+            f"levels are at most {settings.PREDICT_MAX_CONCURRENCY} here; `manage.py simulate` goes higher",
+            field="concurrency",
+        )
     return levels
 
 
@@ -54,11 +76,13 @@ def predict_sweep(
     requests_per_level: int | None = None,
     seed: int = 0,
     sla: Sla | None = None,
+    time_budget_s: float | None = None,
     **settings_values,
 ) -> dict:
     """{"levels": [...], "sla_concurrency": N, "sla_reason": str} for a profile on catalog GPUs.
 
-    The tensor-parallel size defaults to all the GPUs, as the planner's does.
+    The tensor-parallel size defaults to all the GPUs, as the planner's does. With
+    `time_budget_s`, a sweep still running after that many seconds is an ApplicationError.
     """
     placement = target_placement(gpu_key=gpu, gpu_count=gpus, nvlink_connected=nvlink)
     arch = resolve_model(model, allow_paths=allow_paths)
@@ -67,10 +91,24 @@ def predict_sweep(
     profile = settings_from(**settings_values)
     config = EngineConfig(model=arch, profile=profile, gpu=placement.gpu, nvlink=placement.nvlink_connected)
     try:
-        workload = load_mix(mix)
+        workload = load_mix(mix, allow_files=allow_paths)
+        deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
         result = sweep(
-            config, workload, concurrency, requests_per_level=requests_per_level, seed=seed, sla=sla
+            config,
+            workload,
+            concurrency,
+            requests_per_level=requests_per_level,
+            seed=seed,
+            sla=sla,
+            deadline=deadline,
         )
+    except OutOfTime as error:
+        raise ApplicationError(
+            f"the prediction ran out of its {time_budget_s:g} s budget during level {error.concurrency} "
+            f"({len(error.levels)} of {len(concurrency)} levels done): ask for fewer or lower levels, "
+            "or run `manage.py simulate`",
+            field="concurrency",
+        ) from None
     except InputError as error:
         raise ApplicationError.from_input_error(error) from error
     except EngineRefused as error:
@@ -92,15 +130,15 @@ def predict(request):
     if planner_form.is_valid():
         mix = request.GET.get("mix") or "field-mix"
         try:
-            levels = parse_concurrency(
-                request.GET.get("concurrency") or ",".join(map(str, DEFAULT_CONCURRENCY))
-            )
+            levels = page_levels(request.GET.get("concurrency") or ",".join(map(str, DEFAULT_CONCURRENCY)))
+            # Bounded through the levels: at most 10 × PREDICT_MAX_CONCURRENCY requests per level.
             per_level = max(PAGE_MIN_REQUESTS, PAGE_REQUESTS_PER_USER * max(levels))
             result = predict_sweep(
                 **planner_form.target_values(),
                 mix=mix,
                 concurrency=levels,
                 requests_per_level=per_level,
+                time_budget_s=settings.PREDICT_TIME_BUDGET_S,
                 **planner_form.settings_values(),
             )
         except ApplicationError as exc:
@@ -119,4 +157,6 @@ def predict(request):
             "hidden": hidden,
             "query": request.GET.urlencode(),
         },
+        # A bare visit (nothing asked yet) is no bad request; a refused or over-budget one is.
+        status=400 if error and request.GET else 200,
     )
