@@ -194,3 +194,16 @@ def test_it_keeps_a_members_load_on_a_shared_deployment_within_its_cap(bob, alic
 def test_it_leaves_the_cap_of_an_unshared_deployment_to_its_own_team(bob, deployment):
     Deployment.objects.filter(pk=deployment.pk).update(shared=False, concurrency_cap=4)
     assert start(bob, concurrencies=[8]).status_code == 201
+
+
+def test_it_says_on_the_form_which_run_is_still_active(client, bob, deployment):
+    first = start(bob).json()["id"]
+    client.force_login(bob)
+    page = client.post(
+        "/benchmarks/new/",
+        {"deployment": "search-7b", "mix": "fixed:16:8", "concurrencies": "2", "requests_per_level": 4,
+         "seed": 0},
+    )  # fmt: skip
+    assert page.status_code == 200
+    assert f"you already have benchmark run {first} queued" in page.content.decode()
+    assert BenchmarkRun.objects.count() == 1
