@@ -240,7 +240,7 @@ def prompt_pool(
     # The simulator counts 4 characters per token without a tokenizer; so does this builder.
     builder = EstimatingPromptBuilder()
     pool = []
-    for index, spec in enumerate(load_mix(mix_name).sample(PROMPT_POOL, seed=seed)):
+    for index, spec in enumerate(load_mix(mix_name, allow_files=True).sample(PROMPT_POOL, seed=seed)):
         spec = fit_to_context(spec, max_model_len - CHAT_FRAMING_TOKENS)
         body = {
             "model": MODEL,

@@ -1,4 +1,4 @@
-"""The Celery app: Redis broker, a `control` queue and one queue per GPU node.
+"""The Celery app: Redis broker, a `control` queue, a `benchmarks` queue and one queue per GPU node.
 
 A task meant for a node is sent to `node.<name>`; only the node agent started
 on that machine consumes it, so the work (starting vLLM, reading nvidia-smi)
@@ -18,6 +18,9 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 CONTROL_QUEUE = "control"
+# Benchmarks run for minutes to hours: on their own queue and worker, so a sweep never holds
+# up supervision or the usage flush (which share `control`).
+BENCHMARK_QUEUE = "benchmarks"
 
 
 def node_queue(node_name: str) -> str:

@@ -7,6 +7,7 @@ start instead of running with a silent default. The README lists every variable.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import environ
@@ -193,6 +194,8 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_EXPIRES = 3600
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Benchmarks have their own worker (`celery -A portal worker -Q benchmarks`); see portal/celery.py.
+CELERY_TASK_ROUTES = {"benchmarks.run": {"queue": "benchmarks"}}
 
 # --- The portal itself ------------------------------------------------------------
 # Name of the node this process runs on when it acts as a node agent.
@@ -227,6 +230,41 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"queue": "control", "expires": DEPLOYMENT_SUPERVISE_INTERVAL_S},
     },
 }
+
+
+def env_number(name: str, *, default: int | float, minimum: int | float) -> int | float:
+    """An int (or, with a float default, a finite float) variable of at least `minimum`, strictly:
+    "15s" or "1e" stops the start (django-environ would strip the letters), and so does a 0
+    limit, which would refuse everything."""
+    raw = env.str(name, default="").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw) if isinstance(default, float) else int(raw)
+    except ValueError as error:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from error
+    if not math.isfinite(value) or value < minimum:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be a number of at least {minimum}")
+    return value
+
+
+# --- Benchmarks (portal/benchmarks): what a non-staff user may ask of one run -------------
+BENCHMARK_MEMBER_MAX_LEVELS = env_number("BENCHMARK_MEMBER_MAX_LEVELS", default=8, minimum=1)
+BENCHMARK_MEMBER_MAX_CONCURRENCY = env_number("BENCHMARK_MEMBER_MAX_CONCURRENCY", default=64, minimum=1)
+BENCHMARK_MEMBER_MAX_REQUEST_RATE = env_number(
+    "BENCHMARK_MEMBER_MAX_REQUEST_RATE", default=16.0, minimum=0.01
+)
+BENCHMARK_MEMBER_MAX_REQUESTS_PER_LEVEL = env_number(
+    "BENCHMARK_MEMBER_MAX_REQUESTS_PER_LEVEL", default=1000, minimum=1
+)
+# Bounds a member's duration per level and level timeout; a member's level without a timeout gets this one.
+BENCHMARK_MEMBER_MAX_LEVEL_S = env_number("BENCHMARK_MEMBER_MAX_LEVEL_S", default=600.0, minimum=1.0)
+# --- The planner's "predict this profile" page: it simulates inside the web process ---------
+PREDICT_MAX_LEVELS = env_number("PREDICT_MAX_LEVELS", default=8, minimum=1)
+PREDICT_MAX_CONCURRENCY = env_number("PREDICT_MAX_CONCURRENCY", default=1024, minimum=1)
+# Sync views share one thread per ASGI web process: a prediction holds every page of it that long.
+PREDICT_TIME_BUDGET_S = env_number("PREDICT_TIME_BUDGET_S", default=10.0, minimum=0.01)
+
 # --- Gateway (portal/gateway): the OpenAI-compatible proxy -------------------------
 # Key digests are HMAC-SHA256 under this secret; by default derived from SECRET_KEY
 # (so rotating SECRET_KEY invalidates every API key unless this is set on its own).

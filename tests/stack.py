@@ -1,7 +1,7 @@
 """The whole stack as `make run` starts it, against the test database: for journeys through it.
 
 uvicorn (pages, admin and the gateway on one port), a Celery worker on `control`,
-the node agent of the local node (`node.local`, PORTAL_LOCAL_NODE=local) and beat,
+one on `benchmarks`, the node agent of the local node (`node.local`, PORTAL_LOCAL_NODE=local) and beat,
 each a subprocess in its own process group with its log in a file. The vLLM
 servers the agent starts run in PORTAL_RUN_DIR (a temporary directory), in
 their own process groups; `stop_stack` stops those too, whatever the database
@@ -96,13 +96,13 @@ def _celery(*args: str) -> list[str]:
 
 
 def start_stack(*, database: dict, redis_url: str, tmp: Path) -> Stack:
-    """Start the four processes and wait until each is ready (raises with their logs if not)."""
+    """Start the five processes and wait until each is ready (raises with their logs if not)."""
     run_dir = tmp / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     env = stack_env(database=database, redis_url=redis_url, run_dir=run_dir)
     # Messages an earlier run (or another test of this session) left on the queues this stack consumes.
     broker = redis.Redis.from_url(redis_url)
-    broker.delete("control", f"node.{LOCAL_NODE}")
+    broker.delete("control", "benchmarks", f"node.{LOCAL_NODE}")
     broker.close()
     clear_gateway_state(redis_url)
     port = _free_port()
@@ -114,6 +114,10 @@ def start_stack(*, database: dict, redis_url: str, tmp: Path) -> Stack:
         ],
         "control": _celery(
             "worker", "-Q", "control", "-n", f"control-{tag}@%h", "--pool", "solo",
+            "--without-mingle", "--without-gossip",
+        ),
+        "benchmarks": _celery(
+            "worker", "-Q", "benchmarks", "-n", f"benchmarks-{tag}@%h", "--pool", "solo",
             "--without-mingle", "--without-gossip",
         ),
         "agent": _celery(
@@ -132,7 +136,7 @@ def start_stack(*, database: dict, redis_url: str, tmp: Path) -> Stack:
             )
     try:
         _wait_ready(stack, "web", lambda: _answers(f"{stack.url}/accounts/login/"))
-        for name in ("control", "agent"):
+        for name in ("control", "benchmarks", "agent"):
             _wait_ready(stack, name, lambda n=name: " ready." in stack.logs[n].read_text(errors="replace"))
         _wait_ready(stack, "beat", lambda: "beat: Starting" in stack.logs["beat"].read_text(errors="replace"))
     except BaseException:

@@ -80,7 +80,7 @@ def run(options: dict, out=sys.stdout) -> dict:
     config = BenchConfig(
         base_url=options["url"],
         model=options["model"],
-        mix=load_mix(options["mix"]),
+        mix=load_mix(options["mix"], allow_files=True),
         levels=plans,
         seed=options["seed"],
         tokenizer=options["tokenizer"],

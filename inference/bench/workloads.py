@@ -21,6 +21,13 @@ from pathlib import Path
 from inference.errors import InputError
 
 SHARE_TOLERANCE = 1e-6
+# Bounds on what a mix may ask for, wherever it comes from: 128k tokens is the longest context
+# of the bundled models, and a prompt is built in memory by the load generator.
+MAX_MIX_TOKENS = 131_072
+MAX_BUCKETS = 32
+MAX_NAME_CHARS = 100
+# An inline JSON mix (the web pages and the API) is a short object, not a file's worth of text.
+MAX_INLINE_CHARS = 4096
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,10 @@ class Mix:
     def __post_init__(self) -> None:
         if not self.buckets:
             raise InputError("mix", f"mix {self.name!r} has no buckets")
+        if len(self.buckets) > MAX_BUCKETS:
+            raise InputError("mix", f"a mix has at most {MAX_BUCKETS} buckets, not {len(self.buckets)}")
+        if len(self.name) > MAX_NAME_CHARS:
+            raise InputError("mix", f"a mix name has at most {MAX_NAME_CHARS} characters")
         for index, bucket in enumerate(self.buckets):
             if not bucket.share > 0:
                 raise InputError("mix", f"bucket {index + 1} of {self.name!r}: share must be > 0")
@@ -66,6 +77,12 @@ class Mix:
                         f"bucket {index + 1} of {self.name!r}: {label} range {low}–{high} must be "
                         "whole numbers ≥ 1 with low ≤ high",
                     )
+                if high > MAX_MIX_TOKENS:
+                    raise InputError(
+                        "mix",
+                        f"bucket {index + 1} of {self.name!r}: {label} lengths are at most "
+                        f"{MAX_MIX_TOKENS} tokens, got {high}",
+                    )
         total = sum(bucket.share for bucket in self.buckets)
         if abs(total - 1.0) > SHARE_TOLERANCE:
             raise InputError(
@@ -73,8 +90,8 @@ class Mix:
                 f"the shares of {self.name!r} add to {total * 100:.4g} %, they must add to 100 % "
                 "(shares are fractions: 0.4 for 40 %)",
             )
-        if self.shared_prefix_tokens < 0:
-            raise InputError("mix", "shared_prefix_tokens must be ≥ 0")
+        if not 0 <= self.shared_prefix_tokens <= MAX_MIX_TOKENS:
+            raise InputError("mix", f"shared_prefix_tokens must be between 0 and {MAX_MIX_TOKENS}")
 
     def bucket_counts(self, n: int) -> list[int]:
         """How many of n requests each bucket gets: exact shares, largest remainder."""
@@ -146,8 +163,9 @@ PRESETS: dict[str, Mix] = {
 }
 
 
-def _known() -> str:
-    return ", ".join(PRESETS) + ", fixed:<in>:<out>, or a path to a mix JSON file"
+def _known(allow_files: bool) -> str:
+    files = "a path to a mix JSON file" if allow_files else "an inline JSON mix ({\"buckets\": [...]})"
+    return ", ".join(PRESETS) + f", fixed:<in>:<out>, or {files}"
 
 
 def _range(value: object, what: str) -> tuple[int, int]:
@@ -180,8 +198,12 @@ def mix_from_dict(data: object, *, default_name: str = "custom") -> Mix:
     return Mix(str(data.get("name") or default_name), tuple(buckets), shared_prefix_tokens=prefix)
 
 
-def load_mix(spec: str) -> Mix:
-    """A preset name, `fixed:<in>:<out>`, or a path to a mix JSON file."""
+def load_mix(spec: str, *, allow_files: bool = False) -> Mix:
+    """A preset name, `fixed:<in>:<out>`, an inline JSON mix, or (`allow_files`) a path to a mix JSON file.
+
+    Files are for the command line only: from HTTP a path would make the server say which of
+    its files exist and read any of them, however large, into the web process.
+    """
     spec = (spec or "").strip()
     if spec in PRESETS:
         return PRESETS[spec]
@@ -191,6 +213,17 @@ def load_mix(spec: str) -> Mix:
             raise InputError("mix", f"{spec!r}: write fixed lengths as fixed:<in>:<out>, e.g. fixed:256:64")
         prompt, output = int(parts[1]), int(parts[2])
         return Mix(spec, (Bucket(1.0, (prompt, prompt), (output, output)),))
+    if spec.startswith("{"):
+        if len(spec) > MAX_INLINE_CHARS:
+            raise InputError("mix", f"an inline JSON mix has at most {MAX_INLINE_CHARS} characters")
+        try:
+            data = json.loads(spec)
+        except json.JSONDecodeError as error:
+            raise InputError("mix", f"the inline mix is not valid JSON: {error}") from error
+        return mix_from_dict(data, default_name="inline")
+    if not allow_files:
+        # The same answer whether or not such a file exists: no oracle for the server's files.
+        raise InputError("mix", f"unknown mix {spec[:100]!r}; known: {_known(False)}")
     path = Path(spec)
     if spec.endswith(".json") or path.is_file():
         try:
@@ -200,7 +233,7 @@ def load_mix(spec: str) -> Mix:
         except json.JSONDecodeError as error:
             raise InputError("mix", f"mix file {spec} is not valid JSON: {error}") from error
         return mix_from_dict(data, default_name=path.stem)
-    raise InputError("mix", f"unknown mix {spec!r}; known: {_known()}")
+    raise InputError("mix", f"unknown mix {spec!r}; known: {_known(True)}")
 
 
 def fit_to_context(spec: RequestSpec, max_model_len: int | None) -> RequestSpec:

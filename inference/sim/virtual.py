@@ -12,6 +12,7 @@ which is when the server would stream them. The records are the benchmark's
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -23,6 +24,15 @@ from inference.sim.engine import EngineConfig, SimEngine
 from inference.sim.scheduler import SimRequest
 
 _MAX_REQUESTS_PER_LEVEL = 100_000
+
+
+class OutOfTime(InputError):
+    """The sweep passed its deadline; `levels` holds the levels it finished before."""
+
+    def __init__(self, *, concurrency: int, levels: list[dict]) -> None:
+        self.concurrency = concurrency
+        self.levels = levels
+        super().__init__("concurrency", f"out of time during level {concurrency}")
 
 
 def prompt_block_hashes(spec: RequestSpec, request_index: int, block_size: int) -> list[int]:
@@ -52,11 +62,13 @@ def run_level(
     *,
     concurrency: int,
     warmup: int = 0,
+    deadline: float | None = None,
 ) -> LevelResult:
     """Run `specs` through a fresh engine with `concurrency` closed-loop users.
 
     The first `warmup` requests (one per user at most is typical) are sent but left
-    out of the statistics, as the benchmark leaves its warm-up out.
+    out of the statistics, as the benchmark leaves its warm-up out. Past `deadline`
+    (`time.monotonic()`) it raises OutOfTime: a caller on a web request has a budget.
     """
     if concurrency < 1:
         raise InputError("concurrency", f"must be at least 1, got {concurrency}")
@@ -98,6 +110,8 @@ def run_level(
 
     preemptions_at_start = 0
     while True:
+        if deadline is not None and time.monotonic() > deadline:
+            raise OutOfTime(concurrency=concurrency, levels=[])
         while sends and sends[0][0] <= now and next_spec < len(specs):
             heapq.heappop(sends)
             send(now)
@@ -144,8 +158,12 @@ def sweep(
     seed: int = 0,
     sla: Sla | None = None,
     on_level: Callable[[dict], None] | None = None,
+    deadline: float | None = None,
 ) -> dict:
-    """Every level of a closed-loop sweep: {"levels": [...], "sla_concurrency": N, "sla_reason": str}."""
+    """Every level of a closed-loop sweep: {"levels": [...], "sla_concurrency": N, "sla_reason": str}.
+
+    Past `deadline` (`time.monotonic()`) it raises OutOfTime with the levels finished so far.
+    """
     if not concurrencies:
         raise InputError("concurrency", "give at least one concurrency level")
     for concurrency in concurrencies:
@@ -163,7 +181,10 @@ def sweep(
         warmup = min(concurrency, n)
         # As the load generator does: prompts shortened to fit the context, outputs kept.
         specs = [fit_to_context(spec, engine.max_model_len) for spec in mix.sample(n + warmup, seed=seed)]
-        result = run_level(config, specs, concurrency=concurrency, warmup=warmup)
+        try:
+            result = run_level(config, specs, concurrency=concurrency, warmup=warmup, deadline=deadline)
+        except OutOfTime as error:
+            raise OutOfTime(concurrency=error.concurrency, levels=levels) from None
         levels.append(result.level)
         if on_level is not None:
             on_level(result.level)

@@ -10,11 +10,20 @@ from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
+from inference.bench.workloads import MAX_INLINE_CHARS
 from portal.deployments.selectors import deployments_visible_to
 
 from . import services
 from .models import BenchmarkRun
 from .selectors import run_export, runs_filtered
+from .services import (
+    MAX_CONCURRENCY,
+    MAX_LEVEL_S,
+    MAX_LEVELS,
+    MAX_REQUEST_RATE,
+    MAX_REQUESTS_PER_LEVEL,
+    MAX_SEED,
+)
 
 
 class RunListSerializer(serializers.ModelSerializer):
@@ -50,13 +59,30 @@ class RunCreateSerializer(serializers.Serializer):
     deployment = serializers.CharField(required=False, allow_blank=True)
     endpoint_url = serializers.URLField(required=False, allow_blank=True)
     model_name = serializers.CharField(required=False, allow_blank=True)
-    mix = serializers.CharField(default="field-mix")
-    concurrencies = serializers.ListField(child=serializers.IntegerField(min_value=1), required=False)
-    request_rates = serializers.ListField(child=serializers.FloatField(min_value=0.001), required=False)
-    requests_per_level = serializers.IntegerField(min_value=1, required=False, allow_null=True)
-    duration_s = serializers.FloatField(min_value=0.1, required=False, allow_null=True)
-    seed = serializers.IntegerField(default=0)
-    level_timeout_s = serializers.FloatField(min_value=1, required=False, allow_null=True)
+    mix = serializers.CharField(
+        default="field-mix",
+        max_length=MAX_INLINE_CHARS,
+        help_text="A preset, fixed:<in>:<out>, or an inline JSON mix; never a file path.",
+    )
+    # Bounds for everyone; non-staff users get the tighter BENCHMARK_MEMBER_* settings (the service).
+    concurrencies = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=MAX_CONCURRENCY),
+        required=False,
+        max_length=MAX_LEVELS,
+    )
+    request_rates = serializers.ListField(
+        child=serializers.FloatField(min_value=0.001, max_value=MAX_REQUEST_RATE),
+        required=False,
+        max_length=MAX_LEVELS,
+    )
+    requests_per_level = serializers.IntegerField(
+        min_value=1, max_value=MAX_REQUESTS_PER_LEVEL, required=False, allow_null=True
+    )
+    duration_s = serializers.FloatField(min_value=0.1, max_value=MAX_LEVEL_S, required=False, allow_null=True)
+    seed = serializers.IntegerField(default=0, min_value=0, max_value=MAX_SEED)
+    level_timeout_s = serializers.FloatField(
+        min_value=1, max_value=MAX_LEVEL_S, required=False, allow_null=True
+    )
     title = serializers.CharField(required=False, allow_blank=True, max_length=200)
 
 

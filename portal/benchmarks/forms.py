@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from django import forms
 
-from inference.bench.workloads import PRESETS
+from inference.bench.workloads import MAX_INLINE_CHARS, PRESETS
 
-from .services import FIELD_NOTES_7B_TABLE
+from .services import FIELD_NOTES_7B_TABLE, MAX_SEED
 
 
 def _numbers(text: str, kind, field: str) -> list:
@@ -27,9 +27,11 @@ class RunForm(forms.Form):
     model_name = forms.CharField(required=False, label="Model name (with an endpoint URL)")
     mix = forms.CharField(
         initial="field-mix",
+        max_length=MAX_INLINE_CHARS,
         help_text="A preset ("
         + ", ".join(PRESETS)
-        + "), fixed:<in>:<out>, or a mix JSON file on the worker.",
+        + '), fixed:<in>:<out>, or an inline JSON mix {"buckets": [{"share": 1, "prompt": [100, 300], '
+        '"output": [200, 500]}]}.',
     )
     concurrencies = forms.CharField(
         initial="16,32", required=False, help_text="Closed-loop levels, e.g. 16,32,64."
@@ -39,7 +41,7 @@ class RunForm(forms.Form):
     )
     requests_per_level = forms.IntegerField(min_value=1, required=False, initial=64)
     duration_s = forms.FloatField(min_value=0.1, required=False, label="Or seconds per level")
-    seed = forms.IntegerField(initial=0)
+    seed = forms.IntegerField(initial=0, min_value=0, max_value=MAX_SEED)
     level_timeout_s = forms.FloatField(min_value=1, required=False, label="Level timeout (s)")
     title = forms.CharField(required=False, max_length=200)
 

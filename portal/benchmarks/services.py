@@ -19,6 +19,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import httpx
+from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -26,9 +28,10 @@ from django.utils import timezone
 from inference.bench.loadgen import BenchConfig, LevelPlan, SweepResult, run_sweep
 from inference.bench.metrics import little_law_from_table
 from inference.bench.sla import Sla, operating_point
-from inference.bench.workloads import load_mix
+from inference.bench.workloads import load_mix, mix_from_dict
 from inference.errors import InputError
 from inference.planner import GB
+from portal.celery import BENCHMARK_QUEUE
 from portal.core.errors import ApplicationError
 from portal.deployments.models import Deployment, DeploymentState
 from portal.deployments.services import deployment_plan, deployment_set_concurrency_cap
@@ -39,8 +42,14 @@ logger = logging.getLogger(__name__)
 
 LEASE = timedelta(minutes=2)
 PROGRESS_EVERY_S = 0.5
+# Bounds for everyone, staff included: past these the load generator itself is the problem
+# (one task per virtual user, a day-long level). Members get the tighter BENCHMARK_MEMBER_* settings.
 MAX_LEVELS = 16
 MAX_REQUESTS_PER_LEVEL = 100_000
+MAX_CONCURRENCY = 4096
+MAX_REQUEST_RATE = 10_000.0
+MAX_LEVEL_S = 86_400.0
+MAX_SEED = 2**31 - 1
 
 
 def _input_error(error: InputError) -> ApplicationError:
@@ -75,6 +84,96 @@ def _level_plans(
     except InputError as error:
         raise _input_error(error) from error
     return plans
+
+
+def _check_bounds(
+    *,
+    user,
+    deployment: Deployment | None,
+    concurrencies: list[int],
+    request_rates: list[float],
+    requests_per_level: int | None,
+    duration_s: float | None,
+    level_timeout_s: float | None,
+    seed: int,
+) -> float | None:
+    """Refuse what nobody may ask, then what a non-staff user may not; returns the level timeout.
+
+    A member's levels always end: without a timeout of their own they get the longest a member's
+    level may run. On a *shared* deployment with a gateway cap, a member's load stays within the
+    cap: closed-loop levels up to it, and no open-loop level, whose in-flight count nothing bounds
+    (docs/decisions.md, "Benchmarks: their own queue, and what a member may ask").
+    """
+    if any(not c <= MAX_CONCURRENCY for c in concurrencies):
+        raise ApplicationError(f"concurrency levels are at most {MAX_CONCURRENCY}", field="concurrencies")
+    if any(not r <= MAX_REQUEST_RATE for r in request_rates):
+        raise ApplicationError(f"request rates are at most {MAX_REQUEST_RATE:g}/s", field="request_rates")
+    if duration_s is not None and not duration_s <= MAX_LEVEL_S:
+        raise ApplicationError(f"a level lasts at most {MAX_LEVEL_S:g} s", field="duration_s")
+    if level_timeout_s is not None and not 0 < level_timeout_s <= MAX_LEVEL_S:
+        raise ApplicationError(f"a level timeout is at most {MAX_LEVEL_S:g} s", field="level_timeout_s")
+    if not 0 <= seed <= MAX_SEED:
+        raise ApplicationError(f"the seed is between 0 and {MAX_SEED}", field="seed")
+    if user.is_staff:
+        return level_timeout_s
+    limit = settings.BENCHMARK_MEMBER_MAX_LEVELS
+    if len(concurrencies) + len(request_rates) > limit:
+        raise ApplicationError(
+            f"at most {limit} levels per run for non-staff users (BENCHMARK_MEMBER_MAX_LEVELS)",
+            field="concurrencies",
+        )
+    limit = settings.BENCHMARK_MEMBER_MAX_CONCURRENCY
+    if any(not c <= limit for c in concurrencies):
+        raise ApplicationError(
+            f"concurrency levels are at most {limit} for non-staff users (BENCHMARK_MEMBER_MAX_CONCURRENCY)",
+            field="concurrencies",
+        )
+    limit = settings.BENCHMARK_MEMBER_MAX_REQUEST_RATE
+    if any(not r <= limit for r in request_rates):
+        raise ApplicationError(
+            f"request rates are at most {limit:g}/s for non-staff users (BENCHMARK_MEMBER_MAX_REQUEST_RATE)",
+            field="request_rates",
+        )
+    limit = settings.BENCHMARK_MEMBER_MAX_REQUESTS_PER_LEVEL
+    if requests_per_level is not None and not requests_per_level <= limit:
+        raise ApplicationError(
+            f"at most {limit} requests per level for non-staff users "
+            "(BENCHMARK_MEMBER_MAX_REQUESTS_PER_LEVEL)",
+            field="requests_per_level",
+        )
+    limit = settings.BENCHMARK_MEMBER_MAX_LEVEL_S
+    if duration_s is not None and not duration_s <= limit:
+        raise ApplicationError(
+            f"a level lasts at most {limit:g} s for non-staff users (BENCHMARK_MEMBER_MAX_LEVEL_S)",
+            field="duration_s",
+        )
+    if level_timeout_s is not None and not level_timeout_s <= limit:
+        raise ApplicationError(
+            f"a level timeout is at most {limit:g} s for non-staff users (BENCHMARK_MEMBER_MAX_LEVEL_S)",
+            field="level_timeout_s",
+        )
+    if deployment is not None and deployment.shared and deployment.concurrency_cap is not None:
+        cap = deployment.concurrency_cap
+        above = [c for c in concurrencies if c > cap]
+        if above:
+            raise ApplicationError(
+                f"{deployment.name} is shared and its gateway cap is {cap}: a member's levels stay within it "
+                f"({', '.join(map(str, above))} {'is' if len(above) == 1 else 'are'} above)",
+                field="concurrencies",
+            )
+        if request_rates:
+            raise ApplicationError(
+                f"{deployment.name} is shared and capped at {cap} in flight: members run closed-loop "
+                "levels there (an open-loop rate has no in-flight bound)",
+                field="request_rates",
+            )
+    return level_timeout_s if level_timeout_s is not None else limit
+
+
+def _active_run(user) -> BenchmarkRun | None:
+    """The user's run that is queued, or running under a live lease (a dead worker's run does not count)."""
+    live = Q(state=RunState.QUEUED) | Q(state=RunState.RUNNING, lease_expires_at__gte=timezone.now())
+    return BenchmarkRun.objects.filter(live, created_by=user, kind=RunKind.MEASURED).order_by("pk").first()
 
 
 def _plan_to_dict(plan: LevelPlan) -> dict:
@@ -162,13 +261,30 @@ def benchmark_run_create(
     tokenizer: str = "",
     title: str = "",
 ) -> BenchmarkRun:
-    """Queue a benchmark of a serving deployment (or, staff only, of any endpoint) on the control queue."""
+    """Queue a benchmark of a serving deployment (or, staff only, of any endpoint) on the benchmarks queue.
+
+    `mix` is a preset, `fixed:<in>:<out>` or inline JSON, never a file: this is what HTTP reaches.
+    A user has one run queued or running at a time.
+    """
     try:
-        mix_definition = load_mix(mix).to_dict()
+        mix_object = load_mix(mix)
     except InputError as error:
         raise _input_error(error) from error
+    mix_definition = mix_object.to_dict()
+    # What the history filters by: the preset or fixed spec, or the inline mix's name (marked).
+    mix_label = f"json:{mix_object.name}" if mix.strip().startswith("{") else mix_object.name
     if requests_per_level is None and duration_s is None:
         requests_per_level = 64
+    level_timeout_s = _check_bounds(
+        user=user,
+        deployment=deployment,
+        concurrencies=list(concurrencies or []),
+        request_rates=list(request_rates or []),
+        requests_per_level=requests_per_level,
+        duration_s=duration_s,
+        level_timeout_s=level_timeout_s,
+        seed=seed,
+    )
     plans = _level_plans(
         concurrencies=concurrencies,
         request_rates=request_rates,
@@ -206,26 +322,37 @@ def benchmark_run_create(
         "level_timeout_s": level_timeout_s,
         "tokenizer": tokenizer,
     }
-    run = BenchmarkRun.objects.create(
-        kind=RunKind.MEASURED,
-        title=title,
-        deployment=deployment,
-        profile=profile,
-        endpoint_url=endpoint_url.rstrip("/"),
-        model_name=model_name,
-        mix=mix,
-        mix_definition=mix_definition,
-        config=config,
-        snapshot=snapshot,
-        sla_p95_ttft_s=sla.p95_ttft_s,
-        sla_p95_tpot_s=sla.p95_tpot_s,
-        progress={"levels": len(plans), "level": None, "done": 0, "planned": None},
-        created_by=user,
-    )
-    from .tasks import run_benchmark
+    with transaction.atomic():
+        # The user's row is the lock: two requests at once cannot both find no active run.
+        get_user_model().objects.select_for_update().filter(pk=user.pk).first()
+        active = _active_run(user)
+        if active is not None:
+            raise ApplicationError(
+                f"you already have benchmark run {active.pk} {active.state}: one run at a time per user; "
+                "wait for it to end or cancel it",
+                extra={"active_run": active.pk},
+            )
+        run = BenchmarkRun.objects.create(
+            kind=RunKind.MEASURED,
+            title=title,
+            deployment=deployment,
+            profile=profile,
+            endpoint_url=endpoint_url.rstrip("/"),
+            model_name=model_name,
+            mix=mix_label,
+            mix_definition=mix_definition,
+            config=config,
+            snapshot=snapshot,
+            sla_p95_ttft_s=sla.p95_ttft_s,
+            sla_p95_tpot_s=sla.p95_tpot_s,
+            progress={"levels": len(plans), "level": None, "done": 0, "planned": None},
+            created_by=user,
+        )
+        from .tasks import run_benchmark
 
-    run_id = run.pk
-    transaction.on_commit(lambda: run_benchmark.apply_async(args=[run_id], queue="control"))
+        run_id = run.pk
+        # Its own queue and worker: a long sweep never delays supervision or the usage flush on `control`.
+        transaction.on_commit(lambda: run_benchmark.apply_async(args=[run_id], queue=BENCHMARK_QUEUE))
     return run
 
 
@@ -340,7 +467,8 @@ def _execute(run: BenchmarkRun) -> None:
     saved = set(run.levels.values_list("index", flat=True))
     try:
         plans = [LevelPlan(**plan) for plan in run.config["levels"]]
-        mix = load_mix(run.mix)
+        # The definition frozen at creation, not the spec again: no file is read here.
+        mix = mix_from_dict(run.mix_definition, default_name=run.mix)
     except InputError as error:
         _finish(run, RunState.FAILED, str(error))
         return

@@ -13,7 +13,10 @@ levels measured on it) is applied with `calibration=`; `calibrate_sweep` fits on
 
 from __future__ import annotations
 
+import time
+
 from django import forms
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
@@ -24,7 +27,7 @@ from inference.errors import InputError
 from inference.sim.calibration import fit_host_costs, measured_levels
 from inference.sim.costs import HostCosts
 from inference.sim.engine import EngineConfig, EngineRefused
-from inference.sim.virtual import sweep
+from inference.sim.virtual import OutOfTime, sweep
 from portal.core.errors import ApplicationError
 
 from .forms import PlannerForm
@@ -42,8 +45,11 @@ def parse_concurrency(text: str) -> list[int]:
     levels = []
     for part in (text or "").split(","):
         part = part.strip()
-        if not part.isdigit() or int(part) < 1:
-            raise ApplicationError(f"levels must be whole numbers ≥ 1, got {part!r}", field="concurrency")
+        # ASCII digits only ("²".isdigit() is true) and few of them (int() refuses 4300+ digits).
+        if not (part.isascii() and part.isdigit() and len(part) <= 9) or int(part) < 1:
+            raise ApplicationError(
+                f"levels must be whole numbers ≥ 1, got {part[:20]!r}", field="concurrency"
+            )
         levels.append(int(part))
     return levels
 
@@ -92,6 +98,22 @@ def node_calibration(node_name: str) -> dict[str, float] | None:
     return latest(node) if latest is not None else None
 
 
+def page_levels(text: str) -> list[int]:
+    """The page's levels, bounded: it simulates inside the web process (PREDICT_MAX_*)."""
+    levels = parse_concurrency(text)
+    if len(levels) > settings.PREDICT_MAX_LEVELS:
+        raise ApplicationError(
+            f"at most {settings.PREDICT_MAX_LEVELS} levels here; `manage.py simulate` takes more",
+            field="concurrency",
+        )
+    if max(levels) > settings.PREDICT_MAX_CONCURRENCY:
+        raise ApplicationError(
+            f"levels are at most {settings.PREDICT_MAX_CONCURRENCY} here; `manage.py simulate` goes higher",
+            field="concurrency",
+        )
+    return levels
+
+
 def predict_sweep(
     *,
     model: str,
@@ -105,6 +127,7 @@ def predict_sweep(
     seed: int = 0,
     sla: Sla | None = None,
     calibration: dict[str, float] | None = None,
+    time_budget_s: float | None = None,
     **settings_values,
 ) -> dict:
     """{"levels": [...], "sla_concurrency": N, "sla_reason": str, "calibration": {name: s}}.
@@ -112,6 +135,7 @@ def predict_sweep(
     The tensor-parallel size defaults to all the GPUs, as the planner's does. `calibration`
     is a node's fitted host costs (names missing from it keep their defaults); None
     predicts with the uncalibrated defaults, and "calibration" in the result says which.
+    With `time_budget_s`, a sweep still running after that many seconds is an ApplicationError.
     """
     host = host_costs(calibration)
     config = _engine_config(
@@ -124,10 +148,24 @@ def predict_sweep(
         settings_values=settings_values,
     )
     try:
-        workload = load_mix(mix)
+        workload = load_mix(mix, allow_files=allow_paths)
+        deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
         result = sweep(
-            config, workload, concurrency, requests_per_level=requests_per_level, seed=seed, sla=sla
+            config,
+            workload,
+            concurrency,
+            requests_per_level=requests_per_level,
+            seed=seed,
+            sla=sla,
+            deadline=deadline,
         )
+    except OutOfTime as error:
+        raise ApplicationError(
+            f"the prediction ran out of its {time_budget_s:g} s budget during level {error.concurrency} "
+            f"({len(error.levels)} of {len(concurrency)} levels done): ask for fewer or lower levels, "
+            "or run `manage.py simulate`",
+            field="concurrency",
+        ) from None
     except InputError as error:
         raise ApplicationError.from_input_error(error) from error
     except EngineRefused as error:
@@ -173,7 +211,7 @@ def calibrate_sweep(
     )
     try:
         levels = measured_levels(measured, only=fit_levels)
-        fit = fit_host_costs(config, load_mix(mix), levels, seed=seed)
+        fit = fit_host_costs(config, load_mix(mix, allow_files=allow_paths), levels, seed=seed)
     except InputError as error:
         raise ApplicationError.from_input_error(error) from error
     except EngineRefused as error:
@@ -227,9 +265,8 @@ def predict(request):
             calibration = node_calibration(node_name) if node_name else None
             if calibration is not None:
                 calibrated_by = node_name
-            levels = parse_concurrency(
-                request.GET.get("concurrency") or ",".join(map(str, DEFAULT_CONCURRENCY))
-            )
+            levels = page_levels(request.GET.get("concurrency") or ",".join(map(str, DEFAULT_CONCURRENCY)))
+            # Bounded through the levels: at most 10 × PREDICT_MAX_CONCURRENCY requests per level.
             per_level = max(PAGE_MIN_REQUESTS, PAGE_REQUESTS_PER_USER * max(levels))
             result = predict_sweep(
                 **planner_form.target_values(),
@@ -237,6 +274,7 @@ def predict(request):
                 concurrency=levels,
                 requests_per_level=per_level,
                 calibration=calibration,
+                time_budget_s=settings.PREDICT_TIME_BUDGET_S,
                 **planner_form.settings_values(),
             )
         except ApplicationError as exc:
@@ -259,4 +297,6 @@ def predict(request):
             "hidden": hidden,
             "query": request.GET.urlencode(),
         },
+        # A bare visit (nothing asked yet) is no bad request; a refused or over-budget one is.
+        status=400 if error and request.GET else 200,
     )

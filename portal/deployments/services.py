@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from inference.errors import InputError
 from inference.hardware import GpuSpec, get_gpu
-from inference.hf_config import resolve_model_config
+from inference.hf_config import known_configs, resolve_model_config
 from inference.modelspec import ModelArch
 from inference.nvidia_smi import Topology
 from inference.planner import Placement, Plan, ProfileSettings, plan_deployment
@@ -261,9 +261,14 @@ def resolve_model(name_or_path: str, *, allow_paths: bool = False) -> ModelArch:
     version = ModelVersion.objects.filter(name=name_or_path).first()
     if version is not None:
         return version.arch()
-    looks_like_path = "/" in name_or_path or name_or_path.endswith(".json")
-    if looks_like_path and not allow_paths:
-        raise ApplicationError("give a registered model name, not a path", field="model")
+    if not allow_paths and name_or_path not in known_configs():
+        # Only names: a relative path ("models", "..") would still reach the filesystem, and
+        # the answer would say which of the server's directories exist.
+        raise ApplicationError(
+            f"'{name_or_path[:100]}' is neither a registered model version nor a bundled config; "
+            f"bundled: {', '.join(known_configs())}",
+            field="model",
+        )
     try:
         return resolve_model_config(name_or_path)
     except InputError as error:

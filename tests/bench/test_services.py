@@ -49,7 +49,7 @@ def test_it_snapshots_what_is_measured(bob, deployment):
     }
 
 
-def test_it_queues_the_job_on_the_control_queue_after_commit(
+def test_it_queues_the_job_on_the_benchmarks_queue_after_commit(
     bob, deployment, django_capture_on_commit_callbacks, monkeypatch
 ):
     from portal.benchmarks import tasks
@@ -58,7 +58,14 @@ def test_it_queues_the_job_on_the_control_queue_after_commit(
     monkeypatch.setattr(tasks.run_benchmark, "apply_async", lambda args, queue: sent.append((args, queue)))
     with django_capture_on_commit_callbacks(execute=True):
         run = create(bob, deployment)
-    assert sent == [([run.pk], "control")]
+    assert sent == [([run.pk], "benchmarks")]
+
+
+def test_it_routes_the_benchmark_task_to_its_own_queue_however_it_is_sent():
+    from portal.celery import app
+
+    assert app.amqp.router.route({}, "benchmarks.run")["queue"].name == "benchmarks"
+    assert app.amqp.router.route({}, "deployments.supervise_all")["queue"].name == "control"
 
 
 def test_it_refuses_a_deployment_that_is_not_serving(bob, deployment):
@@ -68,15 +75,34 @@ def test_it_refuses_a_deployment_that_is_not_serving(bob, deployment):
     assert caught.value.field == "deployment"
 
 
-def test_it_refuses_a_mix_whose_shares_do_not_add_up(bob, deployment, tmp_path):
-    mix = tmp_path / "mix.json"
-    mix.write_text(
-        '{"buckets": [{"share": 0.5, "prompt": 10, "output": 5}, {"share": 0.3, "prompt": 10, "output": 5}]}'
-    )
+def test_it_refuses_a_mix_whose_shares_do_not_add_up(bob, deployment):
+    half, third = '{"share": 0.5, "prompt": 10, "output": 5}', '{"share": 0.3, "prompt": 10, "output": 5}'
+    mix = f'{{"buckets": [{half}, {third}]}}'
     with pytest.raises(ApplicationError) as caught:
-        create(bob, deployment, mix=str(mix))
+        create(bob, deployment, mix=mix)
     assert caught.value.field == "mix"
     assert "80 %" in caught.value.message
+
+
+def test_it_reads_no_mix_file_even_for_staff(alice, deployment, tmp_path):
+    mix = tmp_path / "mix.json"
+    mix.write_text('{"buckets": [{"share": 1, "prompt": 10, "output": 5}]}')
+    with pytest.raises(ApplicationError) as caught:
+        create(alice, deployment, mix=str(mix))
+    assert caught.value.field == "mix"
+    assert "unknown mix" in caught.value.message
+
+
+def test_it_runs_an_inline_json_mix_from_its_frozen_definition(bob, deployment):
+    mix = '{"name": "tiny", "buckets": [{"share": 1, "prompt": 16, "output": [4, 8]}]}'
+    run = create(bob, deployment, mix=mix)
+    assert run.mix == "json:tiny"
+    assert run.mix_definition["buckets"] == [{"share": 1.0, "prompt": [16, 16], "output": [4, 8]}]
+    benchmark_run_execute(run_id=run.pk)
+    run.refresh_from_db()
+    assert run.state == RunState.DONE, run.state_reason
+    for level in run.levels.all():
+        assert 4 * 8 <= level.results["total_output_tokens"] <= 8 * 8  # 8 requests, 4–8 tokens each
 
 
 def test_it_lets_only_staff_benchmark_a_bare_endpoint(bob, alice, fake_server):

@@ -78,7 +78,7 @@ def test_it_reads_a_mix_file(tmp_path):
             }
         )
     )
-    mix = load_mix(str(path))
+    mix = load_mix(str(path), allow_files=True)
     assert mix.name == "chat"
     assert mix.buckets[0] == Bucket(0.75, (10, 20), (5, 5))
     assert len(mix.sample(8)) == 8
@@ -88,12 +88,51 @@ def test_it_refuses_a_mix_file_whose_shares_do_not_add_up(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps({"buckets": [{"share": 0.7, "prompt": 10, "output": 5}]}))
     with pytest.raises(InputError, match="70 %"):
-        load_mix(str(path))
+        load_mix(str(path), allow_files=True)
 
 
 def test_it_says_when_a_mix_file_is_missing(tmp_path):
     with pytest.raises(InputError, match="cannot read mix file"):
-        load_mix(str(tmp_path / "nope.json"))
+        load_mix(str(tmp_path / "nope.json"), allow_files=True)
+
+
+def test_it_reads_no_file_unless_the_caller_allows_files(tmp_path):
+    """From HTTP a path must neither be read nor tell whether it exists."""
+    path = tmp_path / "chat.json"
+    path.write_text(json.dumps({"buckets": [{"share": 1, "prompt": 10, "output": 5}]}))
+    answers = []
+    for spec in (str(path), str(tmp_path / "nope.json"), str(tmp_path)):
+        with pytest.raises(InputError) as caught:
+            load_mix(spec)
+        assert caught.value.field == "mix"
+        answers.append(str(caught.value).replace(spec, "<spec>"))
+    assert len(set(answers)) == 1
+    assert "inline JSON" in answers[0] and "path" not in answers[0]
+
+
+def test_it_reads_an_inline_json_mix():
+    mix = load_mix('{"name": "chat", "buckets": [{"share": 0.5, "prompt": 10, "output": 5}, '
+                   '{"share": 0.5, "prompt": [20, 30], "output": 7}]}')  # fmt: skip
+    assert mix.name == "chat"
+    assert mix.buckets[1] == Bucket(0.5, (20, 30), (7, 7))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "fixed:9999999999:64",
+        "fixed:64:200000",
+        '{"buckets": [{"share": 1, "prompt": [1, 10000000], "output": 5}]}',
+        '{"buckets": [{"share": 1, "prompt": 1, "output": 5}], "shared_prefix_tokens": 10000000}',
+        '{"buckets": [' + ", ".join(['{"share": 0.025, "prompt": 1, "output": 1}'] * 40) + "]}",
+        '{"buckets": [{"share": 1, "prompt": 1, "output": 1}], "pad": "' + "x" * 5000 + '"}',
+        "{not json",
+    ],
+)
+def test_it_bounds_what_a_mix_may_ask_for(spec):
+    with pytest.raises(InputError) as caught:
+        load_mix(spec)
+    assert caught.value.field == "mix"
 
 
 def test_it_shortens_prompts_to_fit_the_context_and_keeps_outputs():

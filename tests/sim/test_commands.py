@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from django.core.management import call_command
@@ -119,6 +120,50 @@ def test_it_shows_the_refusal_instead_of_a_prediction(client, bob, demo):
          "gpu_memory_utilization": 0.9, "max_num_seqs": 16, "block_size": 16},
     ).content.decode()  # fmt: skip
     assert "Bfloat16" in page
+
+
+PREDICT = {"model": "llama-2-7b-chat-hf", "gpu": "v100-sxm2-32gb", "gpus": 8, "dtype": "float16",
+           "max_model_len": 4096, "gpu_memory_utilization": 0.93, "max_num_seqs": 256, "block_size": 16,
+           "enforce_eager": "on", "enable_chunked_prefill": "on", "mix": "short-qa"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "says"),
+    [
+        ("100000,100000", "at most 1024"),
+        ("4,8,16,32,64,128,256,512,1024", "at most 8 levels"),
+        ("1" * 5000, "whole numbers"),
+        ("²", "whole numbers"),
+    ],
+)
+def test_it_bounds_the_predicted_levels_before_simulating_anything(client, bob, demo, concurrency, says):
+    client.force_login(bob)
+    started = time.monotonic()
+    page = client.get("/planner/predict/", PREDICT | {"concurrency": concurrency})
+    assert page.status_code == 400
+    assert says in page.content.decode()
+    assert time.monotonic() - started < 5  # refused, not simulated
+
+
+def test_it_stops_a_prediction_at_its_time_budget(client, bob, demo, settings):
+    settings.PREDICT_TIME_BUDGET_S = 0.2
+    client.force_login(bob)
+    started = time.monotonic()
+    page = client.get("/planner/predict/", PREDICT | {"mix": "field-mix", "concurrency": "256,512,1024"})
+    elapsed = time.monotonic() - started
+    assert page.status_code == 400
+    text = page.content.decode()
+    assert "ran out of its 0.2 s budget during level 256" in text and "0 of 3 levels done" in text
+    assert elapsed < 10, elapsed  # the whole sweep takes minutes on this machine
+
+
+def test_it_reads_no_mix_file_from_the_prediction_page(client, bob, demo, tmp_path):
+    mix = tmp_path / "mix.json"
+    mix.write_text('{"buckets": [{"share": 1, "prompt": 10, "output": 5}]}')
+    client.force_login(bob)
+    page = client.get("/planner/predict/", PREDICT | {"mix": str(mix), "concurrency": "4"})
+    assert page.status_code == 400
+    assert "unknown mix" in page.content.decode()
 
 
 def test_it_sends_anonymous_visitors_of_the_prediction_to_log_in(client, demo):
