@@ -44,6 +44,7 @@ from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
 
 from .models import AcceptanceState, Node, NodeAcceptance
+from .selectors import gpus_in_use
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +149,14 @@ def node_acceptance_request(
         raise ApplicationError(
             f"node {node.name} has no GPU {gpu_index} (it has {indices or 'none'})", field="gpu_index"
         )
-    gpu_indices = [gpu_index if gpu_index is not None else indices[0]] if indices else []
+    if gpu_index is None and indices:
+        held = gpus_in_use(node)
+        free = [i for i in indices if i not in held]
+        if not free:
+            listing = ", ".join(f"GPU {i} ({name})" for i, name in sorted(held.items()))
+            raise ApplicationError(f"every GPU of {node.name} is held: {listing}", field="gpu_index")
+        gpu_index = free[0]
+    gpu_indices = [gpu_index] if indices else []
     cpu = not gpu_indices
     _expire_stale(node)
     try:

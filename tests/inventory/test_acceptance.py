@@ -177,6 +177,13 @@ def test_it_takes_over_from_an_acceptance_whose_agent_went_silent(dgx, settings)
     assert node_acceptance_run(acceptance_id=stale.pk).state == AcceptanceState.FAILED
 
 
+def test_it_takes_the_first_gpu_no_running_deployment_holds(dgx, team, llama7b, profile_tp1):
+    from tests.deployments.conftest import make_deployment
+
+    make_deployment(team, llama7b, profile_tp1, dgx, name="busy", desired_state="running", gpus=[0])
+    assert node_acceptance_request(node=dgx, shape="tiny", send=False).gpu_indices == [1]
+
+
 def test_it_accepts_a_cpu_node_in_float32_and_eager(cpu_node):
     acceptance = node_acceptance_request(node=cpu_node, shape="tiny", enforce_eager=False, send=False)
     assert acceptance.gpu_indices == [] and acceptance.dtype == "float32" and acceptance.enforce_eager
