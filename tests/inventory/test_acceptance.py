@@ -7,6 +7,7 @@ real GPU where one is present (marker `gpu`, skipped elsewhere).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -303,6 +304,40 @@ def test_the_latest_calibration_is_the_nodes_as_long_as_its_vllm_is_the_same(dgx
     Node.objects.filter(pk=dgx.pk).update(vllm_version="0.27.0")
     dgx.refresh_from_db()
     assert node_latest_calibration(dgx) is None
+
+
+def test_the_command_prints_the_comparison_writes_json_and_exits_2_when_slow(dgx, tmp_path, monkeypatch):
+    from django.core.management.base import CommandError
+
+    def run(*, acceptance_id, on_progress):
+        on_progress({"step": "bench", "status": "ok", "message": "done", "seconds": 1.0})
+        record = NodeAcceptance.objects.get(pk=acceptance_id)
+        record.levels = compare(
+            [_level(1, 50, 20), _level(8, 300, 25)], [_level(1, 100, 10), _level(8, 700, 11)], None
+        )
+        record.state, record.verdict = judge(record.levels, margin=record.margin)
+        record.save()
+        return record
+
+    monkeypatch.setattr("portal.inventory.management.commands.accept_node.node_acceptance_run", run)
+    out = io.StringIO()
+    with pytest.raises(CommandError) as error:
+        call_command(
+            "accept_node", dgx.name, "--shape", "tiny", "--json", str(tmp_path / "a.json"), stdout=out
+        )
+    assert error.value.returncode == 2 and "slower than predicted" in str(error.value)
+    assert "    1 | 50.0 | 100.0 | — | 0.50 | 20.0 | 10.0 | —" in out.getvalue()
+    saved = json.loads((tmp_path / "a.json").read_text())
+    assert saved["state"] == "slow" and saved["node"] == dgx.name and len(saved["levels"]) == 2
+
+
+def test_the_command_names_a_bad_flag(dgx):
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="concurrency: give 2 to 4"):
+        call_command("accept_node", dgx.name, "--concurrency", "8")
+    with pytest.raises(CommandError, match="node: no node named 'nope'"):
+        call_command("accept_node", "nope")
 
 
 # --- The whole flow on a simulated node ----------------------------------------------------------------
