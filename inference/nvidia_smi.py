@@ -51,6 +51,9 @@ _GPU_LABEL_RE = re.compile(r"^GPU(\d+)$")
 # SOC is what drivers before the SYS/NODE split printed for a cross-socket path.
 _LINK_RE = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
 _NVLINK_RE = re.compile(r"^NV\d+$")
+# Driver 580 underlines the topology header with ANSI escapes (ESC[4m … ESC[0m), even
+# when stdout is a pipe; they would glue themselves to the first and last column names.
+_ANSI_ESCAPE_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 
 @dataclass(frozen=True)
@@ -217,8 +220,10 @@ def parse_topology(text: str) -> Topology:
     """Parse the matrix `nvidia-smi topo -m` prints.
 
     Only the GPU-by-GPU block is kept: NIC rows and columns (NIC0… or mlx5_…), the
-    affinity columns and the legends that follow the matrix are skipped.
+    affinity columns (CPU, NUMA, GPU NUMA ID) and the legends that follow the matrix
+    are skipped. Terminal escapes (driver 580's underlined header) are removed first.
     """
+    text = _ANSI_ESCAPE_RE.sub("", text)
     if not text.strip() or text.strip().startswith(_NO_DEVICES):
         return Topology()
 

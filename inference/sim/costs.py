@@ -1,10 +1,13 @@
 """How long one engine step takes on the simulated GPUs.
 
 A step runs one forward pass over every token the scheduler picked (decode
-tokens of running requests plus prefill chunks). Its time is the roofline of the
-TP group, max(FLOPs ÷ effective compute, bytes ÷ effective bandwidth), plus the
-tensor-parallel all-reduces, plus the engine's per-step overhead (kernel launches,
-larger in eager mode, and the CPU work of scheduling and streaming each sequence).
+tokens of running requests plus prefill chunks). The GPU's part is the roofline of
+the TP group, max(FLOPs ÷ effective compute, bytes ÷ effective bandwidth), plus the
+tensor-parallel all-reduces, plus the gaps it idles between small kernels. The
+host's part overlaps it: the CPU launching kernels (much larger in eager mode) and
+the API server streaming tokens cost time only when they outlast the GPU's part.
+The per-step scheduling is added to both. The host constants (`HostCosts`) are
+what a calibration fits for a node (`inference.sim.calibration`).
 
 Every efficiency factor below is a named constant with where its value came from.
 None is fitted per concurrency level: they scale with what drives them (layers,
@@ -13,9 +16,11 @@ TP size and link, tokens and sequences in the step, eager vs CUDA graphs).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from inference.errors import InputError
 from inference.hardware import GpuSpec
 from inference.modelspec import DTYPE_BYTES, ModelArch
 from inference.planner import EFFECTIVE_BANDWIDTH_FRACTION, ProfileSettings, Sizing, peak_tflops
@@ -59,16 +64,25 @@ ALLREDUCE_LAUNCH_S = 5e-6
 NVLINK_BUS_EFFICIENCY = 130 / 300
 PCIE_BUS_EFFICIENCY = 0.7
 
-# --- per-step overhead -----------------------------------------------------------
-# Eager mode launches every kernel of every layer from Python; ~10 of a decoder layer's
-# ~15–20 kernels (norms, rotary, adds, cache writes) are shorter on the GPU than their
-# ~6 µs launch, so the GPU waits ~60 µs per layer. FIELD_NOTES: "--enforce-eager ...
-# costs ~15–20 % throughput where graphs would have worked": 60 µs per layer is ~20 %
-# of a 7B TP8 decode step at batch 16 here (checked in tests/sim/test_costs.py).
+# --- host-side costs (the calibrated ones) ---------------------------------------------
+# The four constants below are what `inference.sim.calibration` fits from measured levels
+# of a node (`HostCosts`); their values here are the uncalibrated defaults. They belong to
+# the node's CPU and its vLLM version, not to one model: they are counted per step, per
+# layer and per streamed token, so a calibration made with one model carries to another.
+#
+# How they combine (docs/simulator.md, "Host costs and how they overlap"): kernel launches
+# are asynchronous, so the CPU's launch work for a step runs while the GPU executes what was
+# already launched. A step costs the larger of the CPU's launch work and the GPU's work (its
+# roofline plus the gaps it idles between small kernels), not their sum, plus the per-step
+# scheduling that neither overlaps.
+#
+# CPU time to launch one decoder layer's kernels in eager mode (PyTorch dispatch of
+# ~15-20 kernels). The default makes the CPU never the bottleneck of a V100 step, which is
+# what FIELD_NOTES' eager V100 figures show; a slow host CPU in front of a fast GPU is where
+# it dominates: an H200 behind a 16-core VM took ~22 ms per 7B decode step eager against
+# ~4.5 ms with CUDA graphs (vLLM 0.26), ~0.6 ms per layer.
 EAGER_LAUNCH_S_PER_LAYER = 60e-6
-# CUDA graphs replay a whole decode pass with one launch; what is left per layer is
-# small. Mixed prefill/decode steps are still run eagerly (vLLM V0 captures graphs
-# for decode batches only).
+# The same with CUDA graphs: one replay per pass (or per piece between attention calls).
 GRAPH_LAUNCH_S_PER_LAYER = 5e-6
 # Host work per step that does not depend on the batch and that the GPU waits for: the
 # scheduler, building and broadcasting the input tensors to the TP workers, the sampler.
@@ -77,11 +91,74 @@ GRAPH_LAUNCH_S_PER_LAYER = 5e-6
 # is ~1.5 ms, so its throughput is mostly overhead; docs/simulator.md shows what this
 # model predicts for that reference's three set-ups with 1.5 ms here.
 STEP_OVERHEAD_S = 1.5e-3
-# Host work per scheduled sequence and step: detokenizing and streaming its token and
-# updating its state. vLLM overlaps it with the next step's GPU work (async output
-# processing since 0.6; the V1 engine's separate frontend process), so it only costs
-# time when it outlasts the GPU step. Same source as STEP_OVERHEAD_S.
-SEQUENCE_OVERHEAD_S = 10e-6
+# API-server work per streamed token: detokenizing, building and sending its SSE chunk.
+# vLLM runs it beside the engine (async output processing since 0.6; the V1 engine's
+# separate frontend process), so it only costs time when it outlasts the GPU step.
+API_S_PER_TOKEN = 10e-6
+
+# --- GPU-side launch gaps (fixed) -----------------------------------------------------
+# Even when the CPU launches ahead of the GPU, ~10 of a decoder layer's ~15-20 kernels
+# (norms, rotary, adds, cache writes) are shorter on the GPU than their ~6 µs launch, so
+# the GPU idles ~60 µs per layer in eager mode. FIELD_NOTES: "--enforce-eager ... costs
+# ~15-20 % throughput where graphs would have worked": 60 µs per layer is ~20 % of a 7B
+# TP8 decode step at batch 16 here (checked in tests/sim/test_costs.py). Mixed
+# prefill/decode steps keep these gaps with CUDA graphs too (vLLM V0 captured decode
+# batches only; V1's piecewise graphs still run attention between the pieces).
+EAGER_GAP_S_PER_LAYER = 60e-6
+# A CUDA-graph replay of a decode pass leaves little idle time per layer.
+GRAPH_GAP_S_PER_LAYER = 5e-6
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """The host-side constants of one node and vLLM version (defaults: uncalibrated).
+
+    `as_dict()` is the `"calibration"` object of `manage.py simulate --json`, and
+    `from_dict` reads it back (missing names keep their defaults).
+    """
+
+    step_overhead_s: float = STEP_OVERHEAD_S
+    eager_launch_s_per_layer: float = EAGER_LAUNCH_S_PER_LAYER
+    graph_launch_s_per_layer: float = GRAPH_LAUNCH_S_PER_LAYER
+    api_s_per_token: float = API_S_PER_TOKEN
+
+    def as_dict(self) -> dict[str, float]:
+        return {name: getattr(self, name) for name in HOST_COST_BOUNDS}
+
+    @classmethod
+    def from_dict(cls, values: object) -> HostCosts:
+        """A calibration object as JSON holds it; InputError("calibration") names what is wrong."""
+        if not isinstance(values, dict):
+            raise InputError("calibration", f"must be an object of {{name: seconds}}, got {values!r}")
+        unknown = sorted(str(name) for name in values if name not in HOST_COST_BOUNDS)
+        if unknown:
+            raise InputError(
+                "calibration", f"unknown names {', '.join(unknown)}; known: {', '.join(HOST_COST_BOUNDS)}"
+            )
+        checked: dict[str, float] = {}
+        for name, value in values.items():
+            low, high = HOST_COST_BOUNDS[name]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise InputError("calibration", f"{name} must be a number of seconds, got {value!r}")
+            if not low <= value <= high:
+                raise InputError(
+                    "calibration", f"{name} must be between {low:g} and {high:g} s, got {value!r}"
+                )
+            checked[name] = float(value)
+        return cls(**checked)
+
+
+# What a calibration may set each constant to, in seconds. The upper ends are far above
+# anything seen (a 0.6 ms eager layer on a slow VM, 1-2 ms of scheduling per step) and keep
+# a fit from wandering into a model where one host cost explains everything.
+HOST_COST_BOUNDS: dict[str, tuple[float, float]] = {
+    "step_overhead_s": (0.0, 50e-3),
+    "eager_launch_s_per_layer": (0.0, 5e-3),
+    "graph_launch_s_per_layer": (0.0, 1e-3),
+    "api_s_per_token": (0.0, 1e-3),
+}
+
+DEFAULT_HOST_COSTS = HostCosts()
 
 
 @dataclass(frozen=True)
@@ -91,8 +168,9 @@ class StepTime:
     compute_s: float
     memory_s: float
     communication_s: float
-    overhead_s: float  # host time the GPU waits for: scheduling, eager kernel launches
-    host_overlapped_s: float = 0.0  # per-sequence host work hidden behind the GPU when shorter
+    overhead_s: float  # per-step scheduling: host time nothing overlaps
+    host_overlapped_s: float = 0.0  # kernel launches and API work: hidden behind the GPU when shorter
+    launch_gap_s: float = 0.0  # time the GPU idles between small kernels even when launched ahead
 
     @property
     def gpu_s(self) -> float:
@@ -100,7 +178,7 @@ class StepTime:
 
     @property
     def total_s(self) -> float:
-        return max(self.gpu_s, self.host_overlapped_s) + self.overhead_s
+        return max(self.gpu_s + self.launch_gap_s, self.host_overlapped_s) + self.overhead_s
 
 
 @dataclass(frozen=True)
@@ -144,8 +222,15 @@ class StepCostModel:
     """Step times for one model × profile on a TP group of one GPU type."""
 
     def __init__(
-        self, model: ModelArch, profile: ProfileSettings, gpu: GpuSpec, *, nvlink: bool | None = None
+        self,
+        model: ModelArch,
+        profile: ProfileSettings,
+        gpu: GpuSpec,
+        *,
+        nvlink: bool | None = None,
+        host: HostCosts = DEFAULT_HOST_COSTS,
     ) -> None:
+        self.host = host
         sizing = Sizing(model, profile, gpu)
         tp = profile.tensor_parallel_size
         self.tp = tp
@@ -201,12 +286,14 @@ class StepCostModel:
             * self.layers
             * self.allreduce_s(batch.tokens * self.activation_bytes_per_token)
         )
-        graphs = not self.enforce_eager and batch.decode_only
-        launch = GRAPH_LAUNCH_S_PER_LAYER if graphs else EAGER_LAUNCH_S_PER_LAYER
+        host = self.host
+        launch = host.eager_launch_s_per_layer if self.enforce_eager else host.graph_launch_s_per_layer
+        gap = GRAPH_GAP_S_PER_LAYER if not self.enforce_eager and batch.decode_only else EAGER_GAP_S_PER_LAYER
         return StepTime(
             compute_s=flops / self.effective_flops,
             memory_s=memory_bytes / self.effective_bandwidth,
             communication_s=communication,
-            overhead_s=STEP_OVERHEAD_S + launch * self.layers,
-            host_overlapped_s=SEQUENCE_OVERHEAD_S * batch.sequences,
+            overhead_s=host.step_overhead_s,
+            host_overlapped_s=max(launch * self.layers, host.api_s_per_token * batch.samples),
+            launch_gap_s=gap * self.layers,
         )

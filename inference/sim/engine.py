@@ -19,7 +19,7 @@ from inference.hardware import GpuSpec
 from inference.modelspec import ModelArch
 from inference.planner import GB, Placement, Plan, ProfileSettings, Sizing, plan_deployment
 from inference.rules import tp_is_valid
-from inference.sim.costs import StepCostModel, StepTime
+from inference.sim.costs import DEFAULT_HOST_COSTS, HostCosts, StepCostModel, StepTime
 from inference.sim.kv_cache import KVCache
 from inference.sim.scheduler import Scheduler, SimRequest, StepOutcome, StepPlan
 
@@ -34,6 +34,7 @@ class EngineConfig:
     profile: ProfileSettings
     gpu: GpuSpec
     nvlink: bool | None = None  # None: SXM boards are NVLinked, PCIe cards are not
+    host: HostCosts = DEFAULT_HOST_COSTS  # the node's calibrated host costs, or the defaults
 
     @property
     def placement(self) -> Placement:
@@ -151,7 +152,7 @@ class SimEngine:
             enable_chunked_prefill=profile.enable_chunked_prefill,
         )
         self.costs = StepCostModel(
-            config.model, profile, config.gpu, nvlink=config.placement.nvlink_connected
+            config.model, profile, config.gpu, nvlink=config.placement.nvlink_connected, host=config.host
         )
 
     def describe(self) -> str:

@@ -5,6 +5,10 @@ the inputs are resolved exactly as the planner resolves them (registered or
 bundled model, catalog GPUs, settings through `settings_from`), then
 `inference.sim.virtual.sweep` runs the same scheduler as the simulated server
 on a virtual clock.
+
+A node's calibration (the host-side constants `inference.sim.calibration` fits from
+levels measured on it) is applied with `calibration=`; `calibrate_sweep` fits one from a
+`manage.py bench --json` report and predicts with it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from inference.bench.metrics import format_table
 from inference.bench.sla import Sla
 from inference.bench.workloads import PRESETS, load_mix
 from inference.errors import InputError
+from inference.sim.calibration import fit_host_costs, measured_levels
+from inference.sim.costs import HostCosts
 from inference.sim.engine import EngineConfig, EngineRefused
 from inference.sim.virtual import sweep
 from portal.core.errors import ApplicationError
@@ -42,6 +48,50 @@ def parse_concurrency(text: str) -> list[int]:
     return levels
 
 
+def _engine_config(
+    *,
+    model: str,
+    gpu: str,
+    gpus: int,
+    nvlink: bool | None,
+    allow_paths: bool,
+    host: HostCosts,
+    settings_values: dict,
+) -> EngineConfig:
+    placement = target_placement(gpu_key=gpu, gpu_count=gpus, nvlink_connected=nvlink)
+    arch = resolve_model(model, allow_paths=allow_paths)
+    if not settings_values.get("tensor_parallel_size"):
+        settings_values["tensor_parallel_size"] = gpus
+    profile = settings_from(**settings_values)
+    return EngineConfig(
+        model=arch, profile=profile, gpu=placement.gpu, nvlink=placement.nvlink_connected, host=host
+    )
+
+
+def host_costs(calibration: dict[str, float] | None) -> HostCosts:
+    """A calibration object (as `simulate --json` prints it) → HostCosts; None → the defaults."""
+    try:
+        return HostCosts() if calibration is None else HostCosts.from_dict(calibration)
+    except InputError as error:
+        raise ApplicationError.from_input_error(error) from error
+
+
+def node_calibration(node_name: str) -> dict[str, float] | None:
+    """The calibration of the named node's latest acceptance, or None when it has none (yet).
+
+    The record and its selector come with node acceptance (`node_latest_calibration` in
+    portal/inventory/selectors.py); a build without them predicts uncalibrated.
+    """
+    from portal.inventory import selectors
+    from portal.inventory.models import Node
+
+    node = Node.objects.filter(name=node_name).first()
+    if node is None:
+        raise ApplicationError(f"no node is named {node_name!r}", field="node")
+    latest = getattr(selectors, "node_latest_calibration", None)
+    return latest(node) if latest is not None else None
+
+
 def predict_sweep(
     *,
     model: str,
@@ -54,18 +104,25 @@ def predict_sweep(
     requests_per_level: int | None = None,
     seed: int = 0,
     sla: Sla | None = None,
+    calibration: dict[str, float] | None = None,
     **settings_values,
 ) -> dict:
-    """{"levels": [...], "sla_concurrency": N, "sla_reason": str} for a profile on catalog GPUs.
+    """{"levels": [...], "sla_concurrency": N, "sla_reason": str, "calibration": {name: s}}.
 
-    The tensor-parallel size defaults to all the GPUs, as the planner's does.
+    The tensor-parallel size defaults to all the GPUs, as the planner's does. `calibration`
+    is a node's fitted host costs (names missing from it keep their defaults); None
+    predicts with the uncalibrated defaults, and "calibration" in the result says which.
     """
-    placement = target_placement(gpu_key=gpu, gpu_count=gpus, nvlink_connected=nvlink)
-    arch = resolve_model(model, allow_paths=allow_paths)
-    if not settings_values.get("tensor_parallel_size"):
-        settings_values["tensor_parallel_size"] = gpus
-    profile = settings_from(**settings_values)
-    config = EngineConfig(model=arch, profile=profile, gpu=placement.gpu, nvlink=placement.nvlink_connected)
+    host = host_costs(calibration)
+    config = _engine_config(
+        model=model,
+        gpu=gpu,
+        gpus=gpus,
+        nvlink=nvlink,
+        allow_paths=allow_paths,
+        host=host,
+        settings_values=settings_values,
+    )
     try:
         workload = load_mix(mix)
         result = sweep(
@@ -75,12 +132,86 @@ def predict_sweep(
         raise ApplicationError.from_input_error(error) from error
     except EngineRefused as error:
         raise ApplicationError(f"vLLM would not start this profile: {error}", field="profile") from error
+    result["calibration"] = host.as_dict()
+    return result
+
+
+def calibrate_sweep(
+    *,
+    measured: dict,
+    fit_levels: list[int] | None = None,
+    calibration: dict[str, float] | None = None,
+    model: str,
+    gpu: str,
+    gpus: int,
+    mix: str,
+    concurrency: list[int],
+    nvlink: bool | None = None,
+    allow_paths: bool = False,
+    requests_per_level: int | None = None,
+    seed: int = 0,
+    sla: Sla | None = None,
+    **settings_values,
+) -> dict:
+    """Fit the host costs to `measured` (a `manage.py bench --json` report), then predict.
+
+    The other arguments are `predict_sweep`'s, and the profile and workload must be those
+    the report was measured with. `fit_levels` picks the report's levels to fit on
+    (default: all its closed-loop levels); `calibration` is the starting point, e.g. the
+    node's calibration from a CUDA-graph run when fitting an eager one. Returns
+    `predict_sweep`'s result for `concurrency`, whose "calibration" is the fitted one, plus
+    "fit": the fitted names and measured vs predicted on the fit levels.
+    """
+    config = _engine_config(
+        model=model,
+        gpu=gpu,
+        gpus=gpus,
+        nvlink=nvlink,
+        allow_paths=allow_paths,
+        host=host_costs(calibration),
+        settings_values=dict(settings_values),
+    )
+    try:
+        levels = measured_levels(measured, only=fit_levels)
+        fit = fit_host_costs(config, load_mix(mix), levels, seed=seed)
+    except InputError as error:
+        raise ApplicationError.from_input_error(error) from error
+    except EngineRefused as error:
+        raise ApplicationError(f"vLLM would not start this profile: {error}", field="profile") from error
+    result = predict_sweep(
+        model=model,
+        gpu=gpu,
+        gpus=gpus,
+        mix=mix,
+        concurrency=concurrency,
+        nvlink=nvlink,
+        allow_paths=allow_paths,
+        requests_per_level=requests_per_level,
+        seed=seed,
+        sla=sla,
+        calibration=fit.host.as_dict(),
+        **settings_values,
+    )
+    result["fit"] = {"fitted": list(fit.fitted), "levels": fit.levels, "evaluations": fit.evaluations}
     return result
 
 
 class PredictForm(forms.Form):
     mix = forms.CharField(initial="field-mix", help_text=", ".join(PRESETS) + " or fixed:<in>:<out>")
     concurrency = forms.CharField(initial=",".join(map(str, DEFAULT_CONCURRENCY)))
+    node = forms.ChoiceField(
+        required=False,
+        choices=(),
+        help_text="calibrate with this node's latest acceptance (blank: the uncalibrated defaults)",
+    )
+
+    def __init__(self, *args, **kwargs) -> None:
+        from portal.inventory.models import Node
+
+        super().__init__(*args, **kwargs)
+        self.fields["node"].choices = [("", "none")] + [
+            (name, name) for name in Node.objects.order_by("name").values_list("name", flat=True)
+        ]
 
 
 @login_required
@@ -88,10 +219,14 @@ def predict(request):
     """The planner's inputs plus a mix and levels → the simulated sweep (GET, linkable)."""
     planner_form = PlannerForm(request.GET)
     predict_form = PredictForm(request.GET if "mix" in request.GET else None)
-    result, error = None, None
+    result, error, calibrated_by = None, None, None
     if planner_form.is_valid():
         mix = request.GET.get("mix") or "field-mix"
+        node_name = request.GET.get("node") or ""
         try:
+            calibration = node_calibration(node_name) if node_name else None
+            if calibration is not None:
+                calibrated_by = node_name
             levels = parse_concurrency(
                 request.GET.get("concurrency") or ",".join(map(str, DEFAULT_CONCURRENCY))
             )
@@ -101,13 +236,16 @@ def predict(request):
                 mix=mix,
                 concurrency=levels,
                 requests_per_level=per_level,
+                calibration=calibration,
                 **planner_form.settings_values(),
             )
         except ApplicationError as exc:
             error = f"{exc.field}: {exc.message}" if exc.field else exc.message
     else:
         error = "; ".join(f"{field}: {' '.join(errors)}" for field, errors in planner_form.errors.items())
-    hidden = [(key, value) for key, value in request.GET.items() if key not in ("mix", "concurrency")]
+    hidden = [
+        (key, value) for key, value in request.GET.items() if key not in ("mix", "concurrency", "node")
+    ]
     return render(
         request,
         "deployments/predict.html",
@@ -115,6 +253,8 @@ def predict(request):
             "result": result,
             "table": format_table(result["levels"]) if result else "",
             "error": error,
+            "calibrated_by": calibrated_by,
+            "node_asked": request.GET.get("node") or "",
             "predict_form": predict_form,
             "hidden": hidden,
             "query": request.GET.urlencode(),

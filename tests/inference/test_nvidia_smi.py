@@ -306,6 +306,90 @@ def test_it_names_the_line_of_a_truncated_row():
         parse_topology(text)
 
 
+
+# --- driver 580's layout: an escaped, tab-led header and three affinity columns -----------
+
+
+def test_it_reads_the_real_h200_topology_from_driver_580():
+    # Byte for byte from an H200 VM: the header starts with a tab and ESC[4m … ESC[0m.
+    text = fixture("h200_sxm_1x_topo_r580.txt")
+    assert "\x1b[4m" in text
+
+    topology = parse_topology(text)
+
+    assert topology == Topology(links={}, gpus=(0,))
+    assert topology.interconnect_summary() == "none"
+
+
+def test_it_reads_eight_nvswitched_gpus_past_the_nic_and_affinity_columns_of_driver_580():
+    topology = parse_topology(fixture("h200_sxm_8x_topo_r580.txt"))
+
+    assert topology.indices == list(range(8))
+    assert set(topology.links.values()) == {"NV18"}
+    assert topology.nvlink_peers(5) == [0, 1, 2, 3, 4, 6, 7]
+    assert topology.interconnect_summary() == "nvlink"
+
+
+def test_it_reads_every_pcie_path_type_in_the_driver_580_layout():
+    topology = parse_topology(fixture("pcie_4x_topo_r580.txt"))
+
+    assert [topology.link(0, peer) for peer in (1, 2, 3)] == ["PIX", "PXB", "SYS"]
+    assert [topology.link(1, 2), topology.link(2, 3)] == ["PHB", "NODE"]
+    assert topology.interconnect_summary() == "pcie"
+    assert not topology.nvlink_connected([0, 1])
+
+
+def test_it_reads_nvlink_bridged_pairs_in_the_driver_580_layout():
+    topology = parse_topology(fixture("bridged_pairs_4x_topo_r580.txt"))
+
+    assert topology.nvlink_connected([0, 1]) and topology.nvlink_connected([2, 3])
+    assert not topology.nvlink_connected([0, 1, 2, 3])
+    assert topology.link(1, 2) == "SYS"
+
+
+def test_it_reads_escapes_anywhere_in_the_matrix():
+    text = (
+        "\t\x1b[4mGPU0\tGPU1\tCPU Affinity\x1b[0m\n"
+        "GPU0\t X \t\x1b[1mNV2\x1b[0m\t0-7\n"
+        "GPU1\tNV2\t X \t0-7\n"
+    )
+
+    assert parse_topology(text).links == {(0, 1): "NV2", (1, 0): "NV2"}
+
+
+def test_it_reads_the_real_h200_query_from_driver_580():
+    [reading] = parse_query_csv(fixture("h200_sxm_1x_query_r580.csv"))
+
+    assert (reading.name, reading.memory_total_mib, reading.compute_capability, reading.driver_version) == (
+        "NVIDIA H200",
+        143771,
+        "9.0",
+        "580.159.04",
+    )
+
+
+@pytest.mark.parametrize(
+    ("query", "topo", "count", "summary"),
+    [
+        ("h200_sxm_1x_query_r580.csv", "h200_sxm_1x_topo_r580.txt", 1, "none"),
+        ("h200_sxm_8x_query_r580.csv", "h200_sxm_8x_topo_r580.txt", 8, "nvlink"),
+        ("pcie_4x_query_r580.csv", "pcie_4x_topo_r580.txt", 4, "pcie"),
+    ],
+)
+def test_it_discovers_a_driver_580_machine_from_both_commands(query, topo, count, summary):
+    run = FakeRun(
+        {
+            tuple(QUERY_COMMAND): done(QUERY_COMMAND, stdout=fixture(query)),
+            tuple(TOPO_COMMAND): done(TOPO_COMMAND, stdout=fixture(topo)),
+        }
+    )
+
+    readings, topology = discover_local(run)
+
+    assert len(readings) == count
+    assert topology.indices == list(range(count))
+    assert topology.interconnect_summary() == summary
+
 # --- discovering the local machine --------------------------------------------------
 
 

@@ -29,6 +29,30 @@ def test_it_marks_a_pcie_box_as_pcie_only(pcie_box):
     assert all(g.nvlink_peers == [] for g in pcie_box.gpus.all())
 
 
+def test_it_records_a_real_h200_from_driver_580_output(cpu_node):
+    gpus = node_apply_nvidia_smi_text(
+        node=cpu_node,
+        query_csv=nvidia_smi_sample("h200_sxm_1x_query_r580.csv"),
+        topology_text=nvidia_smi_sample("h200_sxm_1x_topo_r580.txt"),
+    )
+
+    assert [(g.catalog_key, g.compute_capability) for g in gpus] == [("h200-sxm-141gb", "9.0")]
+    cpu_node.refresh_from_db()
+    assert (cpu_node.interconnect, cpu_node.driver_version) == (Interconnect.NONE, "580.159.04")
+
+
+def test_it_records_eight_nvswitched_h200s_from_driver_580_output(cpu_node):
+    node_apply_nvidia_smi_text(
+        node=cpu_node,
+        query_csv=nvidia_smi_sample("h200_sxm_8x_query_r580.csv"),
+        topology_text=nvidia_smi_sample("h200_sxm_8x_topo_r580.txt"),
+    )
+
+    cpu_node.refresh_from_db()
+    assert cpu_node.interconnect == Interconnect.NVLINK
+    assert cpu_node.gpus.get(index=3).nvlink_peers == [0, 1, 2, 4, 5, 6, 7]
+
+
 def test_it_accepts_a_node_without_gpus(cpu_node):
     gpus = node_apply_nvidia_smi_text(node=cpu_node, query_csv=nvidia_smi_sample("no_devices.txt"))
     assert gpus == []

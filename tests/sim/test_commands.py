@@ -9,6 +9,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from inference.sim.cli import build_parser, engine_from_args
+from inference.sim.costs import HostCosts
 from inference.sim.engine import EngineRefused
 from portal.core.management.commands.seed_demo import PROFILES, V100_DEFAULTS
 
@@ -30,7 +31,8 @@ def test_it_prints_the_benchmark_json_shape_with_the_sla_concurrency(capsys):
         "--json",
     )
     result = json.loads(capsys.readouterr().out)
-    assert set(result) == {"levels", "sla_concurrency"}
+    assert set(result) == {"levels", "sla_concurrency", "calibration"}
+    assert result["calibration"] == HostCosts().as_dict()  # uncalibrated: the defaults
     assert [level["concurrency"] for level in result["levels"]] == [8, 16]
     level = result["levels"][0]
     for key in (

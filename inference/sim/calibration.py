@@ -1,0 +1,314 @@
+"""Fit a node's host-side costs (`HostCosts`) to levels measured with the portal's bench.
+
+The simulator's GPU physics (roofline, all-reduces) come from the datasheet; what a
+datasheet cannot say is how fast the node's CPU and vLLM version schedule a step, launch
+a layer's kernels and stream a token. Those four constants are fitted here: the sweep is
+simulated at the measured levels for candidate constants, and the candidates move to
+where the predicted output tok/s and mean TPOT match the measured ones (squared log
+errors, so a 10 % miss weighs the same at 1 user and at 256).
+
+Only the constants the profile exercises are fitted: an eager run says nothing about
+CUDA-graph launches and vice versa; the others keep their starting values. A weak pull
+towards the starting values settles what the measurements leave open: at low levels of
+an eager run the CPU bounds every step, so only the sum of per-step scheduling and kernel
+launching is seen, and the pull keeps the scheduling near its default instead of
+drifting along that ridge (docs/simulator.md, "Calibration"). A calibration given as the
+starting point (say, from a CUDA-graph run of the same node) is what the pull holds to.
+
+The search is a bounded Nelder-Mead simplex in log space, written out here: SciPy is not
+a dependency of the project (docs/decisions.md, "Simulator calibration").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from inference.bench.workloads import Mix, fit_to_context
+from inference.errors import InputError
+from inference.sim.costs import DEFAULT_HOST_COSTS, HOST_COST_BOUNDS, HostCosts
+from inference.sim.engine import EngineConfig, SimEngine
+from inference.sim.virtual import run_level
+
+SOURCE = "calibrate_from"
+# A fit level is simulated with as many requests as were measured, but at most this many
+# per user (and at least MIN_FIT_REQUESTS): past a few requests per user a level's
+# throughput and TPOT move by a per cent or two, and the fit runs the level ~100 times.
+FIT_REQUESTS_PER_USER = 4
+MIN_FIT_REQUESTS = 16
+# Weight of the pull towards the starting constants, per squared log-ratio. Per-step
+# scheduling is the constant best known beforehand (1-2 ms on any host; a CUDA-graph run
+# pins it down) and the one an eager run at low levels cannot tell from kernel launching,
+# so it is held firmly: doubling it costs as much as a 15 % miss on one measured figure.
+# The launch costs are what differ most between a V100 node and a slow VM in front of an
+# H200 (10×), so they are held only loosely. The API work per token shows only at high
+# levels; a fit on low levels leaves it near its start.
+PRIOR_WEIGHTS: dict[str, float] = {
+    "step_overhead_s": 0.05,
+    "eager_launch_s_per_layer": 0.0005,
+    "graph_launch_s_per_layer": 0.0005,
+    "api_s_per_token": 0.01,
+}
+# Stop when the simplex's objective values agree this closely, or after this many runs.
+TOLERANCE = 1e-5
+MAX_EVALUATIONS = 120
+# Constants are searched as log(seconds); zero is a legal value, so the log is taken of
+# seconds + this floor (0.1 µs, far below any host cost worth modelling).
+_FLOOR_S = 1e-7
+
+
+@dataclass(frozen=True)
+class MeasuredLevel:
+    """What the fit uses from one closed-loop level of `manage.py bench --json`."""
+
+    concurrency: int
+    output_throughput: float  # tok/s
+    mean_tpot_ms: float
+    requests: int  # measured requests (completed + failed)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The fitted constants and how well they reproduce the levels they were fitted on."""
+
+    host: HostCosts
+    fitted: tuple[str, ...]
+    levels: list[dict]
+    evaluations: int
+
+    def as_dict(self) -> dict:
+        return {
+            "calibration": self.host.as_dict(),
+            "fitted": list(self.fitted),
+            "levels": self.levels,
+            "evaluations": self.evaluations,
+        }
+
+
+def measured_levels(report: object, *, only: Sequence[int] | None = None) -> list[MeasuredLevel]:
+    """The closed-loop levels of a bench report, optionally only those at `only`'s concurrencies.
+
+    Open-loop (request-rate) levels and levels where nothing completed are skipped; a
+    report with nothing left to fit is an InputError naming `calibrate_from`.
+    """
+    if not isinstance(report, dict) or not isinstance(report.get("levels"), list):
+        raise InputError(SOURCE, 'is not a report of `manage.py bench --json` (no "levels" list)')
+    levels: list[MeasuredLevel] = []
+    for number, level in enumerate(report["levels"], start=1):
+        if not isinstance(level, dict):
+            raise InputError(SOURCE, f"level {number} is not an object")
+        concurrency = level.get("concurrency")
+        if concurrency is None:
+            continue  # an open-loop level: no fixed number of users to simulate
+        throughput, tpot = level.get("output_throughput"), level.get("mean_tpot_ms")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise InputError(SOURCE, f"level {number}: concurrency {concurrency!r} is not a whole number ≥ 1")
+        if not level.get("completed") or not _positive(throughput) or not _positive(tpot):
+            continue  # nothing completed, or one-token outputs: no rate or TPOT to fit
+        requests = int(level.get("completed", 0)) + int(level.get("failed", 0) or 0)
+        levels.append(MeasuredLevel(concurrency, float(throughput), float(tpot), requests))
+    if only is not None:
+        missing = sorted(set(only) - {level.concurrency for level in levels})
+        if missing:
+            raise InputError(
+                SOURCE, f"has no measured level at concurrency {', '.join(map(str, missing))} to fit on"
+            )
+        levels = [level for level in levels if level.concurrency in set(only)]
+    if not levels:
+        raise InputError(SOURCE, "has no closed-loop level with completed requests to fit on")
+    return levels
+
+
+def _positive(value: object) -> bool:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return number and math.isfinite(value) and value > 0
+
+
+def fitted_names(config: EngineConfig) -> tuple[str, ...]:
+    """The constants a run of this profile exercises, hence can fit."""
+    launch = "eager_launch_s_per_layer" if config.profile.enforce_eager else "graph_launch_s_per_layer"
+    return ("step_overhead_s", launch, "api_s_per_token")
+
+
+def simulate_levels(
+    config: EngineConfig, mix: Mix, measured: Sequence[MeasuredLevel], *, seed: int = 0
+) -> list[dict]:
+    """The simulated level for each measured one, with the fit's request counts."""
+    engine = SimEngine(config)
+    results = []
+    for level in measured:
+        n = min(level.requests, max(MIN_FIT_REQUESTS, FIT_REQUESTS_PER_USER * level.concurrency))
+        warmup = min(level.concurrency, n)
+        specs = [fit_to_context(spec, engine.max_model_len) for spec in mix.sample(n + warmup, seed=seed)]
+        results.append(run_level(config, specs, concurrency=level.concurrency, warmup=warmup).level)
+    return results
+
+
+def _misses(predicted: Sequence[dict], measured: Sequence[MeasuredLevel]) -> list[float]:
+    """log(predicted ÷ measured) for output tok/s and mean TPOT of each level."""
+    misses = []
+    for guess, level in zip(predicted, measured, strict=True):
+        throughput, tpot = guess.get("output_throughput"), guess.get("mean_tpot_ms")
+        # A level the simulator could not complete is as wrong as a level can be.
+        misses.append(math.log(throughput / level.output_throughput) if _positive(throughput) else 10.0)
+        misses.append(math.log(tpot / level.mean_tpot_ms) if _positive(tpot) else 10.0)
+    return misses
+
+
+def fit_host_costs(
+    config: EngineConfig,
+    mix: Mix,
+    measured: Sequence[MeasuredLevel],
+    *,
+    seed: int = 0,
+    on_evaluation: Callable[[HostCosts, float], None] | None = None,
+) -> Fit:
+    """Host costs for `config` (its `host` is the starting point) that reproduce `measured`."""
+    if not measured:
+        raise InputError(SOURCE, "has no closed-loop level with completed requests to fit on")
+    start = config.host
+    names = fitted_names(config)
+    lows = [math.log(HOST_COST_BOUNDS[name][0] + _FLOOR_S) for name in names]
+    highs = [math.log(HOST_COST_BOUNDS[name][1] + _FLOOR_S) for name in names]
+    origin = [math.log(getattr(start, name) + _FLOOR_S) for name in names]
+    evaluations = 0
+
+    def costs_at(point: Sequence[float]) -> HostCosts:
+        values = {name: max(0.0, math.exp(x) - _FLOOR_S) for name, x in zip(names, point, strict=True)}
+        return replace(start, **values)
+
+    def objective(point: Sequence[float]) -> float:
+        nonlocal evaluations
+        evaluations += 1
+        host = costs_at(point)
+        predicted = simulate_levels(replace(config, host=host), mix, measured, seed=seed)
+        value = sum(miss * miss for miss in _misses(predicted, measured))
+        value += sum(
+            PRIOR_WEIGHTS[name] * (x - x0) ** 2 for name, x, x0 in zip(names, point, origin, strict=True)
+        )
+        if on_evaluation is not None:
+            on_evaluation(host, value)
+        return value
+
+    lowest = min(measured, key=lambda level: level.concurrency)
+    guess = simulate_levels(config, mix, [lowest], seed=seed)[0]
+    first = _informed_start(config, names, start, lowest, guess)
+    best = _nelder_mead(objective, [math.log(getattr(first, name) + _FLOOR_S) for name in names], lows, highs)
+    host = costs_at(best)
+    predicted = simulate_levels(replace(config, host=host), mix, measured, seed=seed)
+    levels = [
+        {
+            "concurrency": level.concurrency,
+            "measured_output_throughput": level.output_throughput,
+            "predicted_output_throughput": guess.get("output_throughput"),
+            "measured_mean_tpot_ms": level.mean_tpot_ms,
+            "predicted_mean_tpot_ms": guess.get("mean_tpot_ms"),
+        }
+        for guess, level in zip(predicted, measured, strict=True)
+    ]
+    return Fit(host=host, fitted=names, levels=levels, evaluations=evaluations)
+
+
+def _informed_start(
+    config: EngineConfig, names: Sequence[str], start: HostCosts, level: MeasuredLevel, predicted: dict
+) -> HostCosts:
+    """Where the search starts: the lowest level's TPOT explained by the host costs.
+
+    A step costs scheduling plus the larger of the GPU's part and the launch work. With the
+    starting constants the lowest level's TPOT predicts that step; a measured TPOT beyond the
+    GPU's part is launch work (the eager VM case), a shorter or slightly longer one is
+    scheduling. Without this the simplex, started at the V100-era constants, can settle on
+    the flat ridge where scheduling explains everything.
+    """
+    tpot_s, guess_ms = level.mean_tpot_ms / 1000, predicted.get("mean_tpot_ms")
+    if not _positive(guess_ms):
+        return start
+    launch_name = names[1]
+    layers = config.model.num_layers
+    scheduling = start.step_overhead_s
+    launch = getattr(start, launch_name) * layers
+    gpu = guess_ms / 1000 - scheduling  # the GPU's part, or the launch work if that bound the step
+    values: dict[str, float] = {}
+    if tpot_s - scheduling > max(gpu, launch) * 1.05:
+        values[launch_name] = (tpot_s - scheduling) / layers
+    else:
+        values["step_overhead_s"] = max(0.0, scheduling + tpot_s - guess_ms / 1000)
+    for name, value in values.items():
+        low, high = HOST_COST_BOUNDS[name]
+        values[name] = min(max(value, low), high)
+    return replace(start, **values)
+
+
+def _nelder_mead(
+    objective: Callable[[list[float]], float],
+    start: list[float],
+    lows: list[float],
+    highs: list[float],
+) -> list[float]:
+    """Minimise `objective` inside the box [lows, highs] (points are clipped into it)."""
+    dims = len(start)
+
+    def clip(point: list[float]) -> list[float]:
+        return [min(max(x, low), high) for x, low, high in zip(point, lows, highs, strict=True)]
+
+    # The first simplex reaches ×1.5 along each axis (towards the far side when a bound is near).
+    simplex = [clip(list(start))]
+    for axis in range(dims):
+        point = list(simplex[0])
+        step = math.log(1.5)
+        point[axis] += step if point[axis] + step <= highs[axis] else -step
+        simplex.append(clip(point))
+    values = [objective(point) for point in simplex]
+    evaluations = len(values)
+    while evaluations < MAX_EVALUATIONS:
+        order = sorted(range(dims + 1), key=values.__getitem__)
+        simplex = [simplex[i] for i in order]
+        values = [values[i] for i in order]
+        if values[-1] - values[0] <= TOLERANCE:
+            break
+        centroid = [sum(point[d] for point in simplex[:-1]) / dims for d in range(dims)]
+        worst = simplex[-1]
+
+        def toward(scale: float, *, centroid=centroid, worst=worst) -> list[float]:
+            return clip([c + scale * (c - w) for c, w in zip(centroid, worst, strict=True)])
+
+        reflected = toward(1.0)
+        reflected_value = objective(reflected)
+        evaluations += 1
+        if reflected_value < values[0]:
+            expanded = toward(2.0)
+            expanded_value = objective(expanded)
+            evaluations += 1
+            if expanded_value < reflected_value:
+                simplex[-1], values[-1] = expanded, expanded_value
+            else:
+                simplex[-1], values[-1] = reflected, reflected_value
+            continue
+        if reflected_value < values[-2]:
+            simplex[-1], values[-1] = reflected, reflected_value
+            continue
+        contracted = toward(-0.5) if reflected_value >= values[-1] else toward(0.5)
+        contracted_value = objective(contracted)
+        evaluations += 1
+        if contracted_value < min(values[-1], reflected_value):
+            simplex[-1], values[-1] = contracted, contracted_value
+            continue
+        # Shrink every point halfway towards the best one.
+        for index in range(1, dims + 1):
+            simplex[index] = clip([(b + p) / 2 for b, p in zip(simplex[0], simplex[index], strict=True)])
+            values[index] = objective(simplex[index])
+            evaluations += 1
+    best = min(range(len(values)), key=values.__getitem__)
+    return simplex[best]
+
+
+__all__ = [
+    "DEFAULT_HOST_COSTS",
+    "Fit",
+    "MeasuredLevel",
+    "fit_host_costs",
+    "fitted_names",
+    "measured_levels",
+    "simulate_levels",
+]
