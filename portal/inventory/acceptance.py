@@ -582,24 +582,35 @@ def _predict(run: _Run, context: dict) -> str:
 
 
 def _calibrate(run: _Run, context: dict) -> str:
-    from portal.deployments import predict
+    """Fit the node's host costs on the two lowest levels; the others are then predictions the
+    fit never saw (the record's evidence that the twin holds). The fit starts from the node's
+    previous calibration, so constants this mode cannot show (eager vs CUDA graphs) carry over."""
+    from portal.deployments.predict import calibrate_sweep
+
+    from .selectors import node_latest_calibration
 
     kwargs = _sweep_kwargs(run, context)
     if kwargs is None:
         return "skipped: nothing was predicted"
-    calibrate_sweep = getattr(predict, "calibrate_sweep", None)
-    if calibrate_sweep is None:
-        return "skipped: this build's simulator cannot be calibrated"
+    fit_levels = sorted(run.acceptance.concurrency)[:2]
     try:
-        fitted = calibrate_sweep(measured=context["measured"], **kwargs)
+        fitted = calibrate_sweep(
+            measured=context["measured"],
+            fit_levels=fit_levels,
+            calibration=node_latest_calibration(run.acceptance.node),
+            **kwargs,
+        )
     except ApplicationError as error:
         raise StepFailed(f"the fit failed: {error.field}: {error.message}") from error
     calibration = fitted["calibration"]
     run.write(
         calibration=calibration,
-        levels=compare(context["measured"]["levels"], context["predicted"], fitted["levels"]),
+        levels=compare(
+            context["measured"]["levels"], context["predicted"], fitted["levels"], fit_levels=fit_levels
+        ),
     )
-    return ", ".join(f"{name} {value:.4g}" for name, value in sorted(calibration.items())) or "no constants"
+    names = ", ".join(f"{name} {value:.4g}" for name, value in sorted(calibration.items()))
+    return f"fitted on {fit_levels} users: {names}"
 
 
 def _stop(run: _Run, deployment_id: int) -> str:
@@ -631,8 +642,15 @@ def _pick(level: dict | None) -> dict | None:
     return {key: level.get(key) for key in KEPT}
 
 
-def compare(measured: list[dict], predicted: list[dict] | None, calibrated: list[dict] | None) -> list[dict]:
-    """Per measured level: the measured, predicted and calibrated figures and measured ÷ predicted."""
+def compare(
+    measured: list[dict],
+    predicted: list[dict] | None,
+    calibrated: list[dict] | None,
+    *,
+    fit_levels: list[int] | None = None,
+) -> list[dict]:
+    """Per measured level: the measured, predicted and calibrated figures, measured ÷ predicted,
+    and whether the calibration was fitted on it (`fitted`)."""
 
     def by_level(levels):
         return {lv["concurrency"]: lv for lv in levels or []}
@@ -646,6 +664,7 @@ def compare(measured: list[dict], predicted: list[dict] | None, calibrated: list
             "measured": _pick(level),
             "predicted": _pick(predicted_at.get(c)),
             "calibrated": _pick(calibrated_at.get(c)),
+            "fitted": c in (fit_levels or ()),
         }
         for key, _, _ in COMPARED:
             expected = (row["predicted"] or {}).get(key)

@@ -344,7 +344,15 @@ def test_the_command_names_a_bad_flag(dgx):
 
 
 @pytest.fixture
-def sim_node(dgx, tmp_path, settings):
+def sim_node(dgx, tmp_path, settings, monkeypatch):
+    # The tiny model's KV cache on a 32 GB GPU is millions of blocks, which the simulator builds a
+    # free list of for every prediction and fit evaluation; a 7B has ~14 thousand. Fewer, bigger blocks.
+    profile_values = acceptance_module._profile_values
+    monkeypatch.setattr(
+        acceptance_module,
+        "_profile_values",
+        lambda *args: {**profile_values(*args), "gpu_memory_utilization": 0.05, "block_size": 128},
+    )
     settings.PORTAL_RUN_DIR = str(tmp_path / "run")
     settings.ACCEPTANCE_MODEL_DIR = str(tmp_path / "models")
     settings.DEPLOYMENT_STOP_GRACE_S = 5
@@ -358,25 +366,42 @@ def sim_node(dgx, tmp_path, settings):
         supervisor.stop_group(pgid, grace_s=2, kill_wait_s=5)
 
 
-SMALL = {"shape": "tiny", "concurrency": "1,4", "mix": "fixed:32:16", "requests_per_level": 8}
+SMALL = {"shape": "tiny", "concurrency": "1,2,4", "mix": "fixed:32:16", "requests_per_level": 8}
 
 
 @pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
-def test_it_accepts_a_simulated_node_end_to_end_and_stops_the_reference_server(sim_node):
+def test_it_accepts_a_simulated_node_end_to_end_and_stops_the_reference_server(sim_node, monkeypatch):
+    from portal.deployments import predict
     from portal.deployments.models import Deployment
 
+    # The node's previous calibration is where the fit starts (constants this run cannot see carry over).
+    previous = predict.host_costs(None).as_dict()
+    _finished(sim_node, state=AcceptanceState.PASSED, calibration=previous, vllm="")
+    fits = []
+
+    def calibrate_sweep(**kwargs):
+        fits.append(kwargs)
+        return real_calibrate_sweep(**kwargs)
+
+    real_calibrate_sweep = predict.calibrate_sweep
+    monkeypatch.setattr(predict, "calibrate_sweep", calibrate_sweep)
     steps = []
     acceptance = node_acceptance_request(node=sim_node, send=False, **SMALL)
     acceptance = node_acceptance_run(acceptance_id=acceptance.pk, on_progress=steps.append)
 
     assert acceptance.state in (AcceptanceState.PASSED, AcceptanceState.SLOW), acceptance.error
     assert acceptance.verdict == judge(acceptance.levels, margin=acceptance.margin)[1]
-    assert [row["concurrency"] for row in acceptance.levels] == [1, 4]
+    assert [row["concurrency"] for row in acceptance.levels] == [1, 2, 4]
     for row in acceptance.levels:
         assert row["measured"]["completed"] == 8 and row["measured"]["output_throughput"] > 0
         assert row["predicted"]["output_throughput"] > 0 and row["output_throughput_ratio"] > 0
-    assert [lv["concurrency"] for lv in acceptance.measured["levels"]] == [1, 4]
+        assert row["calibrated"]["output_throughput"] > 0
+    assert [lv["concurrency"] for lv in acceptance.measured["levels"]] == [1, 2, 4]
+    # Fitted on the two lowest levels only: the third is a prediction the fit never saw.
+    assert [row["fitted"] for row in acceptance.levels] == [True, True, False]
+    assert fits[0]["fit_levels"] == [1, 2] and fits[0]["calibration"] == previous
+    assert acceptance.calibration and node_latest_calibration(sim_node) == acceptance.calibration
     assert acceptance.engine_start_s > 0
     assert acceptance.versions["gpu_catalog_key"] == "v100-sxm2-32gb"
     ok = [entry["step"] for entry in steps if entry["status"] == "ok"]
@@ -385,14 +410,6 @@ def test_it_accepts_a_simulated_node_end_to_end_and_stops_the_reference_server(s
     deployment = Deployment.objects.get(name=acceptance.deployment_name)
     assert deployment.state == "stopped" and deployment.pgid is None
     assert deployment.team.slug == "acceptance" and deployment.model_version.name == "accept-tiny-fp16"
-    if _calibrates():
-        assert acceptance.calibration and node_latest_calibration(sim_node) == acceptance.calibration
-
-
-def _calibrates() -> bool:
-    from portal.deployments import predict
-
-    return hasattr(predict, "calibrate_sweep")
 
 
 @pytest.mark.integration
@@ -497,14 +514,17 @@ def test_staff_accept_a_real_vllm_cpu_node_from_its_page(cpu_agent, client, alic
     assert response.status_code == 302, response.content.decode()[:2000]
     acceptance = _wait_finished(NodeAcceptance.objects.get(node=cpu_agent).pk, timeout_s=800)
 
+    print(f"\nvLLM-CPU acceptance: {acceptance.state}, engine start {acceptance.engine_start_s:.1f} s")
+    for row in acceptance.levels:
+        print(row["concurrency"], row["measured"], row["predicted"], row["calibrated"], row["fitted"])
+    print(acceptance.calibration, acceptance.verdict)
     assert acceptance.state in (AcceptanceState.PASSED, AcceptanceState.SLOW), acceptance.error
     assert acceptance.verdict == judge(acceptance.levels, margin=acceptance.margin)[1]
     assert acceptance.versions["vllm"] and acceptance.versions["torch"] and not acceptance.versions["gpu"]
     assert acceptance.engine_start_s > 0
     assert [row["concurrency"] for row in acceptance.levels] == [1, 4]
     assert all(row["measured"]["completed"] == 8 and row["predicted"] for row in acceptance.levels)
-    if _calibrates():
-        assert acceptance.calibration and node_latest_calibration(cpu_agent) == acceptance.calibration
+    assert acceptance.calibration and node_latest_calibration(cpu_agent) == acceptance.calibration
     deployment = Deployment.objects.get(name=acceptance.deployment_name)
     assert deployment.state == "stopped" and deployment.engine_used == "vllm"
     assert [e.step for e in deployment.events.filter(status="ok")][:3] == ["validate", "quota", "environment"]
@@ -537,5 +557,7 @@ def test_it_accepts_this_machines_gpu(tmp_path, settings, capsys):
     assert acceptance.state in (AcceptanceState.PASSED, AcceptanceState.SLOW), acceptance.error
     assert acceptance.versions["torch_cuda"] and acceptance.versions["gpu"]
     assert acceptance.engine_start_s > 0
-    if _calibrates():
-        assert acceptance.calibration
+    assert acceptance.calibration
+    assert [row["fitted"] for row in acceptance.levels] == [True, True] + [False] * (
+        len(acceptance.levels) - 2
+    )
