@@ -55,6 +55,7 @@ MIN_LEVELS, MAX_LEVELS = 2, 4
 MAX_CONCURRENCY = 1024
 MAX_REQUESTS_PER_LEVEL = 100_000
 TEAM_SLUG = "acceptance"
+QUEUED = "queued"  # the step of a requested acceptance no runner has claimed yet
 SEED = 0
 # The figures compared per level: (key in a bench level, label, True when higher is better).
 COMPARED = (
@@ -175,7 +176,7 @@ def node_acceptance_request(
                 gpu_indices=gpu_indices,
                 predict_gpu=predict_gpu,
                 margin=settings.ACCEPTANCE_SLOW_MARGIN,
-                step="queued",
+                step=QUEUED,
             )
     except IntegrityError as error:
         running = NodeAcceptance.objects.filter(node=node, state=AcceptanceState.RUNNING).first()
@@ -247,9 +248,13 @@ def node_acceptance_run(
     *, acceptance_id: int, on_progress: Callable[[dict], None] | None = None
 ) -> NodeAcceptance:
     """Run the whole acceptance on this machine (it must be the node); returns the finished record."""
+    # The claim: only the first runner moves it off `queued` (a duplicate message does nothing).
+    claimed = NodeAcceptance.objects.filter(
+        pk=acceptance_id, state=AcceptanceState.RUNNING, step=QUEUED
+    ).update(step="claimed", updated_at=timezone.now())
     acceptance = NodeAcceptance.objects.select_related("node").get(pk=acceptance_id)
-    if acceptance.state != AcceptanceState.RUNNING:
-        return acceptance  # a duplicate message, or abandoned before it started
+    if not claimed:
+        return acceptance  # another runner has it, or it was abandoned before it started
     run = _Run(acceptance, on_progress)
     context: dict = {}
     error, crash, abandoned = "", None, False

@@ -178,6 +178,13 @@ def test_it_takes_over_from_an_acceptance_whose_agent_went_silent(dgx, settings)
     assert node_acceptance_run(acceptance_id=stale.pk).state == AcceptanceState.FAILED
 
 
+def test_a_second_runner_of_the_same_acceptance_does_nothing(dgx):
+    acceptance = node_acceptance_request(node=dgx, shape="tiny", send=False)
+    NodeAcceptance.objects.filter(pk=acceptance.pk).update(step="start", progress=[{"step": "start"}])
+    again = node_acceptance_run(acceptance_id=acceptance.pk)
+    assert again.state == AcceptanceState.RUNNING and again.progress == [{"step": "start"}]
+
+
 def test_it_takes_the_first_gpu_no_running_deployment_holds(dgx, team, llama7b, profile_tp1):
     from tests.deployments.conftest import make_deployment
 
