@@ -265,6 +265,18 @@ PREDICT_MAX_CONCURRENCY = env_number("PREDICT_MAX_CONCURRENCY", default=1024, mi
 # Sync views share one thread per ASGI web process: a prediction holds every page of it that long.
 PREDICT_TIME_BUDGET_S = env_number("PREDICT_TIME_BUDGET_S", default=10.0, minimum=0.01)
 
+# --- Node acceptance (portal/inventory/acceptance.py) -------------------------------
+# Measured output tok/s below, or mean TPOT above, the simulator's prediction by more than this
+# fraction at any level marks an acceptance `slow` (docs/decisions.md).
+ACCEPTANCE_SLOW_MARGIN = env.float("ACCEPTANCE_SLOW_MARGIN", default=0.25)
+if not 0 < ACCEPTANCE_SLOW_MARGIN < 1:
+    raise ImproperlyConfigured(f"ACCEPTANCE_SLOW_MARGIN={ACCEPTANCE_SLOW_MARGIN} must be between 0 and 1")
+# Where a node writes its reference models (a 7B shape is 13 GB; same seed, same bytes on every node).
+ACCEPTANCE_MODEL_DIR = env.str("ACCEPTANCE_MODEL_DIR", default=str(VAR_DIR / "acceptance"))
+# A running acceptance without a progress write for this long is taken as abandoned (its agent died).
+ACCEPTANCE_STALE_S = env.int("ACCEPTANCE_STALE_S", default=3600)
+if ACCEPTANCE_STALE_S < 60:
+    raise ImproperlyConfigured(f"ACCEPTANCE_STALE_S={ACCEPTANCE_STALE_S} must be at least 60")
 # --- Gateway (portal/gateway): the OpenAI-compatible proxy -------------------------
 # Key digests are HMAC-SHA256 under this secret; by default derived from SECRET_KEY
 # (so rotating SECRET_KEY invalidates every API key unless this is set on its own).

@@ -186,3 +186,10 @@ def pytest_collection_modifyitems(config, items):
     thread would then fail. After the browser starts, only browser tests follow.
     """
     items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu_tests:
+        from tests.engines import gpu_available
+
+        if not gpu_available():
+            for item in gpu_tests:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (nvidia-smi lists none)"))

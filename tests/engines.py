@@ -10,6 +10,7 @@ Without that environment the tests that need it are skipped, except in CI
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -38,6 +39,23 @@ def require_vllm() -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return python
+
+
+def gpu_available() -> bool:
+    """A CUDA GPU this machine's driver answers for (`nvidia-smi -L` lists one)."""
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return listed.returncode == 0 and "GPU " in listed.stdout
+
+
+def require_gpu() -> None:
+    """Skip the test where there is no CUDA GPU (CI has none; tests marked `gpu` use this)."""
+    if not gpu_available():
+        pytest.skip("needs a CUDA GPU (nvidia-smi lists none)")
 
 
 @dataclass

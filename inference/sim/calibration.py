@@ -175,7 +175,11 @@ def fit_host_costs(
     evaluations = 0
 
     def costs_at(point: Sequence[float]) -> HostCosts:
-        values = {name: max(0.0, math.exp(x) - _FLOOR_S) for name, x in zip(names, point, strict=True)}
+        # Clamped: exp(log(bound + floor)) − floor can land a rounding error past the bound itself.
+        values = {
+            name: min(max(HOST_COST_BOUNDS[name][0], math.exp(x) - _FLOOR_S), HOST_COST_BOUNDS[name][1])
+            for name, x in zip(names, point, strict=True)
+        }
         return replace(start, **values)
 
     def objective(point: Sequence[float]) -> float:

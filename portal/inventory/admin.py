@@ -3,7 +3,7 @@ from django.contrib import admin, messages
 
 from portal.core.errors import ApplicationError
 
-from .models import Gpu, Node
+from .models import Gpu, Node, NodeAcceptance
 from .services import node_apply_nvidia_smi_text
 
 
@@ -85,3 +85,21 @@ class GpuAdmin(admin.ModelAdmin):
     ]
     list_filter = ["catalog_key", "compute_capability", "node"]
     search_fields = ["name", "uuid", "node__name"]
+
+
+@admin.register(NodeAcceptance)
+class NodeAcceptanceAdmin(admin.ModelAdmin):
+    """Read-only: an acceptance is written by its run (the node page's button or `accept_node`)."""
+
+    list_display = ["id", "node", "state", "shape", "enforce_eager", "engine_start_s", "started_at"]
+    list_filter = ["state", "shape"]
+    search_fields = ["node__name", "verdict", "error"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

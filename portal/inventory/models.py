@@ -117,3 +117,67 @@ class Gpu(models.Model):
             nvidia_smi_names=(self.name,),
             **facts,
         )
+
+
+class AcceptanceState(models.TextChoices):
+    RUNNING = "running", "running"
+    PASSED = "passed", "passed"
+    SLOW = "slow", "slower than predicted"
+    FAILED = "failed", "failed"
+
+
+class NodeAcceptance(models.Model):
+    """One acceptance ("burn-in") of a node: a reference model started, benchmarked and compared
+    with the simulator's prediction for the same profile and workload (portal/inventory/acceptance.py)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="acceptances")
+    requested_by = models.CharField(max_length=150, blank=True, help_text="Username, or `system`.")
+    state = models.CharField(max_length=10, choices=AcceptanceState.choices, default=AcceptanceState.RUNNING)
+    step = models.CharField(max_length=40, blank=True, help_text="The step running now (or the last one).")
+    progress = models.JSONField(
+        default=list, blank=True, help_text="Every step as it happened: step, status, message, seconds."
+    )
+    # What was asked for.
+    shape = models.CharField(max_length=100, help_text="`tiny` or a bundled config's name.")
+    layers = models.PositiveIntegerField(null=True, blank=True, help_text="Blank: the shape's layers.")
+    dtype = models.CharField(max_length=10, default="float16")
+    enforce_eager = models.BooleanField(default=False)
+    mix = models.CharField(max_length=200)
+    concurrency = models.JSONField(default=list, help_text="The benchmarked levels.")
+    requests_per_level = models.PositiveIntegerField(null=True, blank=True, help_text="Blank: 4 per user.")
+    gpu_indices = models.JSONField(default=list, blank=True)
+    predict_gpu = models.CharField(
+        max_length=50, blank=True, help_text="GPU catalog key the simulator predicts for (blank: the node's)."
+    )
+    margin = models.FloatField(help_text="Slower than predicted by more than this fraction: `slow`.")
+    # What it found.
+    deployment_name = models.CharField(max_length=100, blank=True)
+    model_name = models.CharField(max_length=100, blank=True)
+    levels = models.JSONField(
+        default=list, blank=True, help_text="Per level: measured, predicted and calibrated figures."
+    )
+    measured = models.JSONField(null=True, blank=True, help_text="The bench report (`bench --json`).")
+    engine_start_s = models.FloatField(null=True, blank=True, help_text="Launch → model listed.")
+    calibration = models.JSONField(null=True, blank=True, help_text="The simulator's fitted constants.")
+    versions = models.JSONField(default=dict, blank=True, help_text="vLLM, torch, CUDA, driver, GPU.")
+    verdict = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    started_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        constraints = [
+            # The claim that makes "accept this node" safe to click twice: one running per node.
+            models.UniqueConstraint(
+                fields=["node"], condition=models.Q(state="running"), name="one_running_acceptance_per_node"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.name} acceptance {self.pk} ({self.state})"
+
+    @property
+    def finished(self) -> bool:
+        return self.state != AcceptanceState.RUNNING

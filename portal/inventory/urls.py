@@ -6,4 +6,5 @@ app_name = "inventory"
 urlpatterns = [
     path("", views.node_list_view, name="node-list"),
     path("<str:name>/", views.node_detail, name="node-detail"),
+    path("<str:name>/accept/", views.node_accept, name="node-accept"),
 ]
