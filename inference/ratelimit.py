@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
+from inference.redis_keys import RedisKeys
+
 DAY_MS = 86_400_000
 
 _NOW = """
@@ -222,38 +224,38 @@ class Placement:
 
 
 class RateLimiter:
-    def __init__(self, redis: Redis, *, prefix: str = "gw", lease_ms: int = 30_000) -> None:
+    def __init__(self, redis: Redis, *, keys: RedisKeys, lease_ms: int = 30_000) -> None:
         self.redis = redis
-        self.prefix = prefix
+        self.keys = keys
         self.lease_ms = lease_ms
         self._admit = redis.register_script(ADMIT)
         self._acquire = redis.register_script(ACQUIRE)
         self._admit_place = redis.register_script(ADMIT_PLACE)
         self._finish = redis.register_script(FINISH)
         self._renew = redis.register_script(RENEW)
-        self.usage_list = f"{prefix}:usage"
+        self.usage_list = keys.usage
 
-    # --- key names ---------------------------------------------------------------
+    # --- key names (inference/redis_keys.py spells them) ----------------------------
     def blocked_key(self, kind: str, id: int | str) -> str:
-        return f"{self.prefix}:blocked:{kind}:{id}"
+        return self.keys.blocked(kind, id)
 
     def concurrency_key(self, scope: Scope) -> str:
-        return f"{self.prefix}:conc:{scope.kind}:{scope.id}"
+        return self.keys.concurrency(scope.kind, scope.id)
 
     def tpm_key(self, scope: Scope) -> str:
-        return f"{self.prefix}:tpm:{scope.kind}:{scope.id}"
+        return self.keys.tpm(scope.kind, scope.id)
 
     def tpd_prefix(self, scope: Scope) -> str:
-        return f"{self.prefix}:tpd:{scope.kind}:{scope.id}:"
+        return self.keys.tpd_prefix(scope.kind, scope.id)
 
     def inflight_key(self, deployment_id: int | str) -> str:
-        return f"{self.prefix}:inflight:{deployment_id}"
+        return self.keys.inflight(deployment_id)
 
     def long_key(self, deployment_id: int | str) -> str:
-        return f"{self.prefix}:long:{deployment_id}"
+        return self.keys.long(deployment_id)
 
     def queue_key(self, model: str) -> str:
-        return f"{self.prefix}:queue:{model}"
+        return self.keys.queue(model)
 
     # --- admission -------------------------------------------------------------
     async def admit(self, *, request_id: str, team: Scope, key: Scope, tokens: int) -> Admission:
@@ -266,7 +268,7 @@ class RateLimiter:
         args: list = [request_id, tokens, self.lease_ms]
         for scope in (team, key):
             keys += [
-                f"{self.prefix}:rpm:{scope.kind}:{scope.id}",
+                self.keys.rpm(scope.kind, scope.id),
                 self.tpm_key(scope),
                 self.tpd_prefix(scope),
                 self.concurrency_key(scope),

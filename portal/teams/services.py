@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import time
 import uuid
 from functools import cache
 
@@ -23,11 +24,11 @@ from django.utils import timezone
 
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError
+from portal.core.redis_client import gateway_redis, redis_keys
 
 from .models import ApiKey, Team, Usage, UsageDaily, UsageStatus
 
 KEY_SCHEME = "sk-"
-REDIS_PREFIX = "gw"
 
 
 def api_key_hmac_secret() -> bytes:
@@ -114,13 +115,8 @@ def api_key_create(
     return key, token
 
 
-@cache
-def gateway_redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.GATEWAY_REDIS_URL)
-
-
 def _block(kind: str, id: int, *, reason: str, until: dt.datetime | None = None) -> None:
-    key = f"{REDIS_PREFIX}:blocked:{kind}:{id}"
+    key = redis_keys().blocked(kind, id)
     if until is None:
         gateway_redis().set(key, reason)
     else:
@@ -138,10 +134,6 @@ def api_key_revoke(*, api_key: ApiKey) -> bool:
 
 
 # --- usage ---------------------------------------------------------------------------
-
-# Where the gateway's RateLimiter (prefix "gw") queues usage records.
-USAGE_LIST = f"{REDIS_PREFIX}:usage"
-
 
 def _storable(text: object, limit: int) -> str:
     """Text PostgreSQL can hold: one record with a NUL or a lone surrogate must not fail a whole batch."""
@@ -181,9 +173,10 @@ def usage_flush(*, batch: int = 1000) -> int:
     request still has exactly one row.
     """
     client = gateway_redis()
+    keys = redis_keys()
     total = 0
     while True:
-        raws = client.lrange(USAGE_LIST, 0, batch - 1)
+        raws = client.lrange(keys.usage, 0, batch - 1)
         if not raws:
             return total
         rows = [row for row in map(_usage_from_json, raws) if row is not None]
@@ -209,7 +202,7 @@ def usage_flush(*, batch: int = 1000) -> int:
                 ApiKey.objects.filter(pk=key_id).filter(
                     Q(last_used_at__isnull=True) | Q(last_used_at__lt=when)
                 ).update(last_used_at=when)
-        client.ltrim(USAGE_LIST, len(raws), -1)
+        client.ltrim(keys.usage, len(raws), -1)
         total += len(rows)
 
 
@@ -286,11 +279,11 @@ def budgets_enforce(*, day: dt.date) -> list[str]:
     return done
 
 
-def team_in_flight(team: Team) -> int:
-    """Requests of the team in flight now, from the gateway's concurrency set (0 if Redis is down)."""
-    import time
-
+def team_in_flight(team: Team) -> int | None:
+    """Requests of the team in flight now, from the gateway's concurrency set (None if Redis is
+    down or hung: the client's timeout bounds the wait)."""
     try:
-        return gateway_redis().zcount(f"{REDIS_PREFIX}:conc:team:{team.pk}", int(time.time() * 1000), "+inf")
+        now_ms = int(time.time() * 1000)
+        return gateway_redis().zcount(redis_keys().concurrency("team", team.pk), now_ms, "+inf")
     except redis.RedisError:
-        return 0
+        return None

@@ -11,20 +11,21 @@ import pytest
 from redis.asyncio import Redis
 
 from inference.ratelimit import LeaseKeeper, Limits, RateLimiter, Scope
+from inference.redis_keys import RedisKeys
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
 def run(coro_fn):
-    """Run `coro_fn(limiter)` on a fresh event loop with a limiter under a unique prefix."""
+    """Run `coro_fn(limiter)` on a fresh event loop with a limiter under a unique namespace."""
 
     async def main():
         redis = Redis.from_url(REDIS_URL)
-        prefix = f"test-{uuid.uuid4().hex[:8]}"
+        namespace = f"test-{uuid.uuid4().hex[:8]}"
         try:
-            return await coro_fn(RateLimiter(redis, prefix=prefix, lease_ms=2000))
+            return await coro_fn(RateLimiter(redis, keys=RedisKeys(namespace), lease_ms=2000))
         finally:
-            keys = [k async for k in redis.scan_iter(f"{prefix}:*")]
+            keys = [k async for k in redis.scan_iter(f"{namespace}:*")]
             if keys:
                 await redis.delete(*keys)
             await redis.aclose()

@@ -12,28 +12,32 @@ import pytest
 import redis
 from django.utils import timezone
 
+from portal.core.redis_client import redis_keys
 from portal.teams.models import ApiKey, Team, Usage, UsageDaily
-from portal.teams.services import (
-    USAGE_LIST,
-    api_key_create,
-    budgets_enforce,
-    gateway_redis,
-    usage_flush,
-    usage_rollup,
-)
+from portal.teams.services import api_key_create, budgets_enforce, usage_flush, usage_rollup
 
 pytestmark = pytest.mark.django_db
+
+
+def _clear(client: redis.Redis) -> None:
+    stale = [*client.scan_iter(f"{redis_keys().gateway}*"), *client.scan_iter(f"{redis_keys().metrics}*")]
+    if stale:
+        client.delete(*stale)
 
 
 @pytest.fixture
 def gw(settings):
     settings.GATEWAY_REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
-    gateway_redis.cache_clear()
     client = redis.Redis.from_url(settings.GATEWAY_REDIS_URL)
-    client.delete(USAGE_LIST)
+    _clear(client)
     yield client
-    client.delete(USAGE_LIST)
-    gateway_redis.cache_clear()
+    _clear(client)
+    client.close()
+
+
+@pytest.fixture
+def key(team):
+    return api_key_create(team=team)[0]
 
 
 def record(
@@ -58,7 +62,8 @@ def record(
 
 
 def push(client, *records) -> None:
-    client.rpush(USAGE_LIST, *[json.dumps(r) for r in records])
+    client.rpush(redis_keys().usage, *[json.dumps(r) for r in records])
+
 
 
 def test_it_flushes_queued_records_into_the_database(team, gw):
@@ -66,14 +71,14 @@ def test_it_flushes_queued_records_into_the_database(team, gw):
     push(gw, record(team, key), record(team, key, status="rejected", prompt=0, completion=0))
     assert usage_flush() == 2
     assert sorted(Usage.objects.values_list("status", flat=True)) == ["completed", "rejected"]
-    assert gw.llen(USAGE_LIST) == 0
+    assert gw.llen(redis_keys().usage) == 0
     key.refresh_from_db()
     assert key.last_used_at is not None
 
 
-def test_it_writes_a_record_pushed_twice_only_once(team, gw):
+def test_it_writes_a_record_pushed_twice_only_once(team, key, gw):
     # A flusher that crashed after inserting but before trimming re-reads the same records.
-    same = record(team)
+    same = record(team, key)
     push(gw, same, same)
     usage_flush()
     push(gw, same)
@@ -81,10 +86,10 @@ def test_it_writes_a_record_pushed_twice_only_once(team, gw):
     assert Usage.objects.count() == 1
 
 
-def test_it_drops_records_of_deleted_teams_and_garbage(team, gw):
+def test_it_drops_records_of_deleted_teams_and_garbage(team, key, gw):
     gone = Team.objects.create(name="Gone", slug="gone")
-    push(gw, record(gone), record(team))
-    gw.rpush(USAGE_LIST, b"not json")
+    push(gw, record(gone), record(team, key))
+    gw.rpush(redis_keys().usage, b"not json")
     Team.objects.filter(pk=gone.pk).delete()
     usage_flush()
     assert list(Usage.objects.values_list("team_id", flat=True)) == [team.pk]
@@ -125,14 +130,15 @@ def test_it_disables_a_team_and_a_key_over_their_daily_budget_until_midnight(tea
     midnight = dt.datetime.combine(today + dt.timedelta(days=1), dt.time.min, tzinfo=dt.UTC)
     assert team.disabled_until == midnight and key.disabled_until == midnight
     assert not ApiKey.objects.get(pk=other.pk).is_disabled()
-    ttl_ms = gw.pttl(f"gw:blocked:team:{team.pk}")
+    ttl_ms = gw.pttl(redis_keys().blocked("team", team.pk))
     assert 0 < ttl_ms <= (midnight.timestamp() - time.time()) * 1000 + 1000
     assert budgets_enforce(day=today) == []  # already disabled
 
 
-def test_a_record_with_unstorable_text_does_not_fail_the_batch(gw, team):
-    bad = {**record(team), "model": "m\x00\ud800x"}  # json.dumps keeps them as \u escapes
-    good = record(team)
+def test_a_record_with_unstorable_text_does_not_fail_the_batch(gw, team, key):
+    bad = {**record(team, key), "model": "m\x00\ud800x"}  # json.dumps keeps them as \u escapes
+    good = record(team, key)
     push(gw, bad, good)
     assert usage_flush() == 2
     assert sorted(Usage.objects.values_list("model", flat=True)) == ["m1", "m?x"]
+
