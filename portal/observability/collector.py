@@ -83,6 +83,7 @@ class PortalCollector:
             client = m.client()
             counters = read_counters(client)
             queues, inflight = live_gauges(client, deployments)
+            dead_letters = client.llen(redis_keys().usage_dead)
         except redis.RedisError as error:
             log.warning("metrics scrape without Redis: %s", error)
             up.add_metric([], 0)
@@ -106,6 +107,11 @@ class PortalCollector:
         for name, n in inflight.items():
             flight.add_metric([name], n)
         yield flight
+        yield GaugeMetricFamily(
+            "portal_usage_dead_letter_records",
+            "Usage records the flush could not store, kept in Redis for inspection (README, Operations).",
+            value=dead_letters,
+        )
 
     def _counters(self, counters: dict[tuple, float]):
         families = {
@@ -128,6 +134,11 @@ class PortalCollector:
             ),
             m.CELERY: CounterMetricFamily(
                 "portal_celery_tasks", "Celery task outcomes.", labels=["task", "outcome"]
+            ),
+            m.USAGE_DEAD_LETTERS: CounterMetricFamily(
+                "portal_usage_dead_letters",
+                "Usage records the flush refused (dead-lettered), by reason.",
+                labels=["reason"],
             ),
         }  # fmt: skip
         parts: dict[str, dict[str, dict]] = {family: defaultdict(dict) for family in HISTOGRAMS}

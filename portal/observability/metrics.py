@@ -44,6 +44,7 @@ UPSTREAM_ERRORS = "upstream_errors"  # (model, reason)
 DURATION = "duration"  # histogram parts: (model, "b", bucket index) | (model, "sum") | (model, "count")
 TTFT = "ttft"
 CELERY = "celery"  # (task, outcome)
+USAGE_DEAD_LETTERS = "usage_dead_letters"  # (reason): usage records the flush could not store
 
 # Codes whose `model` is whatever the client typed: labelled "" so a client cannot mint series.
 UNROUTED_CODES = frozenset({"model_not_found", "model_not_allowed"})
