@@ -149,7 +149,9 @@ ADMIT_PLACE = (
 
 # KEYS: usage_list, then slot zsets to leave, then pairs (tpm_tat, tpd_key) to correct
 # ARGV: request_id, usage_json, n_slots, delta_tokens, then per pair: tokens-per-minute limit (0 = skip)
-FINISH = """
+FINISH = (
+    _NOW
+    + """
 local req, n_slots, delta = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
 for i = 2, 1 + n_slots do redis.call('ZREM', KEYS[i], req) end
 if delta ~= 0 then
@@ -159,7 +161,15 @@ if delta ~= 0 then
     if tpm > 0 then
       local tat = redis.call('GET', KEYS[i])
       if tat then
-        redis.call('SET', KEYS[i], string.format('%.3f', tonumber(tat) + delta * 60000 / tpm), 'KEEPTTL')
+        -- An over-use moves the clock past what admission's TTL covers: stretch the TTL with it,
+        -- or the key (and the debt) would vanish before the clock is reached.
+        local new_tat = tonumber(tat) + delta * 60000 / tpm
+        local ttl = math.ceil(new_tat - now) + 60000
+        if ttl > 0 and ttl > redis.call('PTTL', KEYS[i]) then
+          redis.call('SET', KEYS[i], string.format('%.3f', new_tat), 'PX', ttl)
+        else
+          redis.call('SET', KEYS[i], string.format('%.3f', new_tat), 'KEEPTTL')
+        end
       end
     end
     if KEYS[i+1] ~= '' and redis.call('EXISTS', KEYS[i+1]) == 1 then
@@ -170,6 +180,7 @@ end
 if ARGV[2] ~= '' then redis.call('RPUSH', KEYS[1], ARGV[2]) end
 return 1
 """
+)
 
 # KEYS: zsets; ARGV: lease_ms, then for each zset the number of members that follow, then members
 RENEW = (
