@@ -351,6 +351,37 @@ def _existing_deployments(ids: set[int]) -> set[int]:
     return set(Deployment.objects.filter(pk__in=ids).values_list("pk", flat=True)) if ids else set()
 
 
+# KEYS: dead-letter list, usage list. Moves every dead-lettered record back to the queue in one step.
+_USAGE_REPLAY = """
+local entries = redis.call('LRANGE', KEYS[1], 0, -1)
+for _, entry in ipairs(entries) do
+  redis.call('RPUSH', KEYS[2], cjson.decode(entry)['record'])
+end
+redis.call('DEL', KEYS[1])
+return #entries
+"""
+
+
+def usage_dead_letters_replay() -> int:
+    """Put every dead-lettered usage record back on the queue (after fixing what refused it: a
+    team or key restored, a column widened); the next flush stores it or dead-letters it again.
+    Returns how many went back."""
+    client = gateway_redis()
+    keys = redis_keys()
+    return int(client.register_script(_USAGE_REPLAY)(keys=[keys.usage_dead, keys.usage]))
+
+
+def usage_dead_letters_purge() -> int:
+    """Forget every dead-lettered usage record; returns how many there were."""
+    client = gateway_redis()
+    dead = redis_keys().usage_dead
+    with client.pipeline(transaction=True) as pipe:
+        pipe.llen(dead)
+        pipe.delete(dead)
+        count, _deleted = pipe.execute()
+    return int(count)
+
+
 def usage_rollup(*, day: dt.date) -> int:
     """Recompute the daily rows of `day` from the usage records; returns how many rows."""
     start = dt.datetime.combine(day, dt.time.min, tzinfo=dt.UTC)

@@ -313,3 +313,26 @@ def test_it_ignores_the_usage_records_of_another_installation_on_the_same_redis(
         assert Usage.objects.count() == 0 and gw.llen(theirs.usage) == 1
     finally:
         gw.delete(theirs.usage)
+
+
+def test_ops_inspect_replay_and_purge_the_dead_letters(team, key, gw):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    def command(*args: str) -> str:
+        out = StringIO()
+        call_command("usage_dead_letters", *args, stdout=out)
+        return out.getvalue()
+
+    refused = {**record(team, key), "api_key_id": 10**9}
+    push(gw, refused)
+    usage_flush()
+    shown = command("--show", "5")
+    assert "1 dead-lettered usage record(s)" in shown and "unknown_key: 1" in shown
+    assert refused["request_id"] in shown
+    assert command("--replay") == "1 record(s) back on the queue for the next flush\n"
+    assert [json.loads(r) for r in gw.lrange(redis_keys().usage, 0, -1)] == [refused]
+    usage_flush()  # still unknown: dead-lettered again
+    assert command("--purge") == "1 record(s) forgotten\n"
+    assert dead_letters(gw) == [] and Usage.objects.count() == 0
