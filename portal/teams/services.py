@@ -182,6 +182,10 @@ return #raws
 """
 
 
+# What storing a row can raise for a value it cannot hold: PostgreSQL's refusals, and Django's
+# own when a field's value is of the wrong type (an http_status of "abc").
+_REFUSED_ERRORS = (DataError, IntegrityError, ValueError, TypeError)
+
 # Why a usage record went to the dead-letter list (the `reason` label in /metrics).
 UNREADABLE = "unreadable"
 UNKNOWN_TEAM = "unknown_team"
@@ -215,7 +219,7 @@ def _usage_from_json(raw: bytes) -> Usage | None:
             ttft_ms=data.get("ttft_ms"),
             duration_ms=data.get("duration_ms") or 0.0,
         )
-    except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
+    except (KeyError, TypeError, ValueError, OverflowError, OSError):
         return None
 
 
@@ -317,7 +321,7 @@ def _usage_store(raws: list[bytes]) -> tuple[int, list[tuple[bytes, str]]]:
             Usage.objects.bulk_create([row for _raw, row in rows], ignore_conflicts=True)
             _touch_last_used([row for _raw, row in rows])
         return len(rows), dead
-    except (DataError, IntegrityError):
+    except _REFUSED_ERRORS:
         pass
     # One row PostgreSQL refuses (a token count over 2^31) must not stop the rest: row by row.
     stored = []
@@ -326,7 +330,7 @@ def _usage_store(raws: list[bytes]) -> tuple[int, list[tuple[bytes, str]]]:
             with transaction.atomic():
                 Usage.objects.bulk_create([row], ignore_conflicts=True)
             stored.append(row)
-        except (DataError, IntegrityError) as error:
+        except _REFUSED_ERRORS as error:
             log.warning("usage record %s refused by the database: %s", row.request_id, error)
             dead.append((raw, REFUSED))
     with transaction.atomic():

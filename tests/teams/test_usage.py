@@ -275,18 +275,19 @@ def test_a_record_postgresql_refuses_is_dead_lettered_counted_and_the_flush_goes
     from portal.observability.collector import exposition
 
     huge = record(team, key, prompt=2**31)  # over PostgreSQL's integer: an adopted upstream's count
+    wrong_type = {**record(team, key), "http_status": "abc"}
     before, after = record(team, key), record(team, key)
-    push(gw, before, huge, after)
+    push(gw, before, huge, wrong_type, after)
     assert usage_flush() == 2
     assert sorted(u.hex for u in Usage.objects.values_list("request_id", flat=True)) == sorted(
         [before["request_id"], after["request_id"]]
     )
-    assert dead_letters(gw) == [("refused_by_database", huge)]
+    assert dead_letters(gw) == [("refused_by_database", huge), ("refused_by_database", wrong_type)]
     push(gw, record(team, key))  # the next flush is not stuck behind it
     assert usage_flush() == 1
     text = exposition().decode()
-    assert 'portal_usage_dead_letters_total{reason="refused_by_database"} 1.0' in text
-    assert "portal_usage_dead_letter_records 1.0" in text
+    assert 'portal_usage_dead_letters_total{reason="refused_by_database"} 2.0' in text
+    assert "portal_usage_dead_letter_records 2.0" in text
 
 
 def test_it_dead_letters_records_of_keys_this_database_does_not_know(team, key, gw):
