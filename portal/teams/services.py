@@ -145,6 +145,8 @@ def api_key_revoke(*, api_key: ApiKey) -> bool:
 # queue (a worker that died mid-batch). A batch of 1000 takes well under a second to store;
 # a batch stored twice is harmless (one row per request id).
 USAGE_BATCH_LEASE_MS = 120_000
+# How far a web host's clock (a record's created_at) may lag the database's (a key's created_at).
+USAGE_CLOCK_SKEW = dt.timedelta(minutes=5)
 # The dead-letter list keeps the newest this many records (a flood of foreign records must
 # not fill Redis); every one is counted in /metrics whether or not it is kept.
 USAGE_DEAD_MAX = 100_000
@@ -297,20 +299,25 @@ def _usage_store(raws: list[bytes]) -> tuple[int, list[tuple[bytes, str]]]:
         else:
             parsed.append((raw, row))
     teams = set(Team.objects.filter(pk__in={r.team_id for _, r in parsed}).values_list("pk", flat=True))
-    key_teams = dict(
-        ApiKey.objects.filter(pk__in={r.api_key_id for _, r in parsed if isinstance(r.api_key_id, int)})
-        .values_list("pk", "team_id")
-    )
+    keys = {
+        pk: (team_id, created_at)
+        for pk, team_id, created_at in ApiKey.objects.filter(
+            pk__in={r.api_key_id for _, r in parsed if isinstance(r.api_key_id, int)}
+        ).values_list("pk", "team_id", "created_at")
+    }
     deployments = _existing_deployments(
         {r.deployment_id for _, r in parsed if isinstance(r.deployment_id, int)}
     )
     rows: list[tuple[bytes, Usage]] = []
     for raw, row in parsed:
         # Records of another installation (a shared Redis) or of a team deleted since: refused,
-        # not stored under a stranger's id or without a key.
+        # not stored under a stranger's id or without a key. A record older than its key is
+        # another installation's too (a database recreated beside the same Redis numbers keys
+        # from 1 again), allowing for the clocks of the web hosts.
+        team_id, key_created = keys.get(row.api_key_id, (None, None))
         if row.team_id not in teams:
             dead.append((raw, UNKNOWN_TEAM))
-        elif key_teams.get(row.api_key_id) != row.team_id:
+        elif team_id != row.team_id or row.created_at < key_created - USAGE_CLOCK_SKEW:
             dead.append((raw, UNKNOWN_KEY))
         else:
             if row.deployment_id not in deployments:

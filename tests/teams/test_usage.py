@@ -114,6 +114,7 @@ def test_it_dead_letters_records_of_deleted_teams_and_garbage(team, key, gw):
 def test_it_rolls_up_a_day_per_team_key_and_model(team, gw):
     key, _ = api_key_create(team=team)
     yesterday = timezone.now() - dt.timedelta(days=1)
+    ApiKey.objects.filter(pk=key.pk).update(created_at=yesterday - dt.timedelta(hours=1))
     push(
         gw,
         record(team, key),
@@ -297,11 +298,13 @@ def test_it_dead_letters_records_of_keys_this_database_does_not_know(team, key, 
     stranger = {**record(team, key), "api_key_id": 10**9}
     wrong_team = {**record(team, key), "api_key_id": other_key.pk}  # a key id of another team
     no_key = {**record(team, key), "api_key_id": None}
+    # Queued before this key existed: a recreated database numbers keys from 1 again.
+    before_the_key = record(team, key, when=key.created_at - dt.timedelta(hours=1))
     ours = record(team, key)
-    push(gw, stranger, wrong_team, no_key, ours)
+    push(gw, stranger, wrong_team, no_key, before_the_key, ours)
     assert usage_flush() == 1
     assert [u.hex for u in Usage.objects.values_list("request_id", flat=True)] == [ours["request_id"]]
-    assert dead_letters(gw) == [("unknown_key", r) for r in (stranger, wrong_team, no_key)]
+    assert dead_letters(gw) == [("unknown_key", r) for r in (stranger, wrong_team, no_key, before_the_key)]
 
 
 def test_it_ignores_the_usage_records_of_another_installation_on_the_same_redis(team, key, gw, settings):
