@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
+from inference.redis_keys import RedisKeys
+
 DAY_MS = 86_400_000
 
 _NOW = """
@@ -147,7 +149,9 @@ ADMIT_PLACE = (
 
 # KEYS: usage_list, then slot zsets to leave, then pairs (tpm_tat, tpd_key) to correct
 # ARGV: request_id, usage_json, n_slots, delta_tokens, then per pair: tokens-per-minute limit (0 = skip)
-FINISH = """
+FINISH = (
+    _NOW
+    + """
 local req, n_slots, delta = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
 for i = 2, 1 + n_slots do redis.call('ZREM', KEYS[i], req) end
 if delta ~= 0 then
@@ -157,7 +161,15 @@ if delta ~= 0 then
     if tpm > 0 then
       local tat = redis.call('GET', KEYS[i])
       if tat then
-        redis.call('SET', KEYS[i], string.format('%.3f', tonumber(tat) + delta * 60000 / tpm), 'KEEPTTL')
+        -- An over-use moves the clock past what admission's TTL covers: stretch the TTL with it,
+        -- or the key (and the debt) would vanish before the clock is reached.
+        local new_tat = tonumber(tat) + delta * 60000 / tpm
+        local ttl = math.ceil(new_tat - now) + 60000
+        if ttl > 0 and ttl > redis.call('PTTL', KEYS[i]) then
+          redis.call('SET', KEYS[i], string.format('%.3f', new_tat), 'PX', ttl)
+        else
+          redis.call('SET', KEYS[i], string.format('%.3f', new_tat), 'KEEPTTL')
+        end
       end
     end
     if KEYS[i+1] ~= '' and redis.call('EXISTS', KEYS[i+1]) == 1 then
@@ -168,6 +180,7 @@ end
 if ARGV[2] ~= '' then redis.call('RPUSH', KEYS[1], ARGV[2]) end
 return 1
 """
+)
 
 # KEYS: zsets; ARGV: lease_ms, then for each zset the number of members that follow, then members
 RENEW = (
@@ -222,38 +235,38 @@ class Placement:
 
 
 class RateLimiter:
-    def __init__(self, redis: Redis, *, prefix: str = "gw", lease_ms: int = 30_000) -> None:
+    def __init__(self, redis: Redis, *, keys: RedisKeys, lease_ms: int = 30_000) -> None:
         self.redis = redis
-        self.prefix = prefix
+        self.keys = keys
         self.lease_ms = lease_ms
         self._admit = redis.register_script(ADMIT)
         self._acquire = redis.register_script(ACQUIRE)
         self._admit_place = redis.register_script(ADMIT_PLACE)
         self._finish = redis.register_script(FINISH)
         self._renew = redis.register_script(RENEW)
-        self.usage_list = f"{prefix}:usage"
+        self.usage_list = keys.usage
 
-    # --- key names ---------------------------------------------------------------
+    # --- key names (inference/redis_keys.py spells them) ----------------------------
     def blocked_key(self, kind: str, id: int | str) -> str:
-        return f"{self.prefix}:blocked:{kind}:{id}"
+        return self.keys.blocked(kind, id)
 
     def concurrency_key(self, scope: Scope) -> str:
-        return f"{self.prefix}:conc:{scope.kind}:{scope.id}"
+        return self.keys.concurrency(scope.kind, scope.id)
 
     def tpm_key(self, scope: Scope) -> str:
-        return f"{self.prefix}:tpm:{scope.kind}:{scope.id}"
+        return self.keys.tpm(scope.kind, scope.id)
 
     def tpd_prefix(self, scope: Scope) -> str:
-        return f"{self.prefix}:tpd:{scope.kind}:{scope.id}:"
+        return self.keys.tpd_prefix(scope.kind, scope.id)
 
     def inflight_key(self, deployment_id: int | str) -> str:
-        return f"{self.prefix}:inflight:{deployment_id}"
+        return self.keys.inflight(deployment_id)
 
     def long_key(self, deployment_id: int | str) -> str:
-        return f"{self.prefix}:long:{deployment_id}"
+        return self.keys.long(deployment_id)
 
     def queue_key(self, model: str) -> str:
-        return f"{self.prefix}:queue:{model}"
+        return self.keys.queue(model)
 
     # --- admission -------------------------------------------------------------
     async def admit(self, *, request_id: str, team: Scope, key: Scope, tokens: int) -> Admission:
@@ -266,7 +279,7 @@ class RateLimiter:
         args: list = [request_id, tokens, self.lease_ms]
         for scope in (team, key):
             keys += [
-                f"{self.prefix}:rpm:{scope.kind}:{scope.id}",
+                self.keys.rpm(scope.kind, scope.id),
                 self.tpm_key(scope),
                 self.tpd_prefix(scope),
                 self.concurrency_key(scope),

@@ -13,6 +13,8 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from inference.redis_keys import NAMESPACE_RE, RedisKeys, namespace_for_database
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
@@ -176,6 +178,18 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
 }
 
+# --- Redis namespace ------------------------------------------------------------
+# Every Redis key of this installation (quotas, usage records, metrics, Celery queues) starts
+# with it (inference/redis_keys.py), so installations sharing a Redis server never mix data.
+# Unset: derived from the database's identity (engine, host, port, name).
+PORTAL_REDIS_NAMESPACE = env.str("PORTAL_REDIS_NAMESPACE", default="").strip() or namespace_for_database(
+    DATABASES["default"]
+)
+if not NAMESPACE_RE.fullmatch(PORTAL_REDIS_NAMESPACE):
+    raise ImproperlyConfigured(
+        f"PORTAL_REDIS_NAMESPACE={PORTAL_REDIS_NAMESPACE!r}: use 1-64 letters, digits, '_', '.' or '-'"
+    )
+
 # --- Celery --------------------------------------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
@@ -186,7 +200,12 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_LATE = False  # opted into per task, where a task is safe to repeat
 # Longer than the longest task (a model start can take many minutes), so Redis
 # does not redeliver a message whose task is still running.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=7200)}
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=7200),
+    # Queues keep their names (`control`, `node.<name>`); their Redis keys are namespaced.
+    "global_keyprefix": RedisKeys(PORTAL_REDIS_NAMESPACE).celery,
+}
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"global_keyprefix": RedisKeys(PORTAL_REDIS_NAMESPACE).celery}
 # A task that dies with its worker process goes back to the queue (only acks_late
 # tasks, which are the ones safe to run again: the deployment lease makes a
 # repeat a no-op or a resume).

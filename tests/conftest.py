@@ -16,6 +16,7 @@ from django.conf import settings
 from rest_framework.test import APIClient
 
 from inference.hf_config import known_configs
+from portal.core.redis_client import redis_keys
 
 NVIDIA_SMI = Path(__file__).resolve().parents[1] / "inference" / "data" / "nvidia_smi"
 
@@ -133,19 +134,15 @@ def profile_tp1(llama7b):
 @pytest.fixture
 def gateway_redis_db(settings):
     """The gateway's Redis (revocation blocks, usage queue) on the test run's Redis database."""
-    from portal.teams.services import gateway_redis
-
     settings.GATEWAY_REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
-    gateway_redis.cache_clear()
-    yield
-    gateway_redis.cache_clear()
 
 
 @pytest.fixture
 def metrics_redis():
     """The metrics and gateway keys of this test's Redis, emptied before the test."""
     client = redis.Redis.from_url(settings.GATEWAY_REDIS_URL)
-    stale = [*client.scan_iter("metrics:*"), *client.scan_iter("gw:*")]
+    keys = redis_keys()
+    stale = [*client.scan_iter(f"{keys.metrics}*"), *client.scan_iter(f"{keys.gateway}*")]
     if stale:
         client.delete(*stale)
     yield client

@@ -13,6 +13,9 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
 os.environ.setdefault("SECURE_SSL_REDIRECT", "false")
 os.environ.setdefault("SESSION_COOKIE_SECURE", "false")
 os.environ.setdefault("CSRF_COOKIE_SECURE", "false")
+# Pinned in the environment, so every process a test starts (uvicorn, Celery workers) shares the
+# test's keys and queues: derived from the database, it would differ, as pytest-django renames it.
+os.environ.setdefault("PORTAL_REDIS_NAMESPACE", "test")
 
 from portal.settings import *  # noqa: F403
 

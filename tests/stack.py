@@ -22,6 +22,7 @@ import httpx
 import redis
 
 from inference import supervisor
+from portal.core.redis_client import redis_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_NODE = "local"
@@ -85,7 +86,7 @@ def clear_gateway_state(redis_url: str) -> None:
     earlier session would refuse this session's key with the same id.
     """
     client = redis.Redis.from_url(redis_url)
-    stale = list(client.scan_iter("gw:*"))
+    stale = list(client.scan_iter(f"{redis_keys().gateway}*"))
     if stale:
         client.delete(*stale)
     client.close()
@@ -102,7 +103,8 @@ def start_stack(*, database: dict, redis_url: str, tmp: Path) -> Stack:
     env = stack_env(database=database, redis_url=redis_url, run_dir=run_dir)
     # Messages an earlier run (or another test of this session) left on the queues this stack consumes.
     broker = redis.Redis.from_url(redis_url)
-    broker.delete("control", "benchmarks", f"node.{LOCAL_NODE}")
+    queues = ("control", "benchmarks", f"node.{LOCAL_NODE}")
+    broker.delete(*[redis_keys().celery_key(queue) for queue in queues])
     broker.close()
     clear_gateway_state(redis_url)
     port = _free_port()

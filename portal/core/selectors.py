@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
@@ -15,12 +16,12 @@ from django.db.models import Count, F, Max, Q, Sum
 from django.utils import timezone
 
 from portal.benchmarks.models import BenchmarkRun
+from portal.core.redis_client import redis_keys
 from portal.deployments.models import Deployment, DeploymentState, DesiredState, MetricsSample
 from portal.inventory.models import Node
 from portal.inventory.selectors import node_list
 from portal.observability import metrics
 from portal.teams.models import ApiKey, Team, Usage, UsageStatus
-from portal.teams.services import REDIS_PREFIX
 
 
 @dataclass
@@ -65,7 +66,7 @@ class DeploymentHealth:
         return "ok" if self.sample.healthy else "failing"
 
 
-def _live_slots(key_template: str, ids: list[int]) -> dict[int, int] | None:
+def _live_slots(key_for: Callable[[int], str], ids: list[int]) -> dict[int, int] | None:
     """Unexpired gateway slots per id (one pipelined ZCOUNT each); None when Redis is unreachable."""
     if not ids:
         return {}
@@ -73,14 +74,14 @@ def _live_slots(key_template: str, ids: list[int]) -> dict[int, int] | None:
     try:
         with metrics.client().pipeline(transaction=False) as pipe:
             for pk in ids:
-                pipe.zcount(key_template.format(prefix=REDIS_PREFIX, pk=pk), now_ms, "+inf")
+                pipe.zcount(key_for(pk), now_ms, "+inf")
             return dict(zip(ids, pipe.execute(), strict=True))
     except redis.RedisError:
         return None
 
 
 def _in_flight(deployment_ids: list[int]) -> dict[int, int] | None:
-    return _live_slots("{prefix}:inflight:{pk}", deployment_ids)
+    return _live_slots(redis_keys().inflight, deployment_ids)
 
 
 def deployment_health(deployments) -> list[DeploymentHealth]:
@@ -189,4 +190,4 @@ def team_fronts(user) -> list[TeamFront]:
 
 
 def _team_in_flight(team_ids: list[int]) -> dict[int, int] | None:
-    return _live_slots("{prefix}:conc:team:{pk}", team_ids)
+    return _live_slots(lambda pk: redis_keys().concurrency("team", pk), team_ids)

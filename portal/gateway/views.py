@@ -22,6 +22,7 @@ from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
 from inference.ratelimit import LeaseKeeper, RateLimiter, Scope
+from portal.core.redis_client import redis_keys
 from portal.observability import metrics
 
 from .admission import admit_and_place, check_admission, check_placement, limiter_unavailable, parse, place
@@ -61,7 +62,7 @@ def _limiter() -> tuple[RateLimiter, LeaseKeeper]:
                 ExponentialWithJitterBackoff(cap=0.1, base=0.01), 2, supported_errors=(RedisConnectionError,)
             ),
         )
-        limiter = RateLimiter(redis, prefix="gw", lease_ms=int(settings.GATEWAY_SLOT_LEASE_S * 1000))
+        limiter = RateLimiter(redis, keys=redis_keys(), lease_ms=int(settings.GATEWAY_SLOT_LEASE_S * 1000))
         found = _state[id(loop)] = (limiter, LeaseKeeper(limiter))
     return found
 

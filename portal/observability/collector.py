@@ -18,8 +18,8 @@ from django.conf import settings
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from portal.core.redis_client import redis_keys
 from portal.deployments.models import Deployment, DeploymentState
-from portal.teams.services import REDIS_PREFIX
 
 from . import metrics as m
 
@@ -40,7 +40,7 @@ def _queue_stale_ms() -> int:
 
 def read_counters(client: redis.Redis) -> dict[tuple, float]:
     out = {}
-    for field, value in client.hgetall(m.COUNTERS_KEY).items():
+    for field, value in client.hgetall(redis_keys().metrics_counters).items():
         try:
             out[tuple(json.loads(field))] = float(value)
         except (ValueError, TypeError):
@@ -55,11 +55,12 @@ def live_gauges(client: redis.Redis, deployments: list[tuple[int, str, str, str]
         (pk, name, model) for pk, name, state, model in deployments if state == DeploymentState.SERVING
     ]
     models = sorted({model for _pk, _name, model in serving})
+    keys = redis_keys()
     with client.pipeline(transaction=False) as pipe:
         for model in models:
-            pipe.zcount(f"{REDIS_PREFIX}:queue:{model}", now_ms - _queue_stale_ms(), "+inf")
+            pipe.zcount(keys.queue(model), now_ms - _queue_stale_ms(), "+inf")
         for pk, _name, _model in serving:
-            pipe.zcount(f"{REDIS_PREFIX}:inflight:{pk}", now_ms, "+inf")
+            pipe.zcount(keys.inflight(pk), now_ms, "+inf")
         counts = pipe.execute()
     queues = dict(zip(models, counts[: len(models)], strict=True))
     inflight = {name: n for (_pk, name, _m), n in zip(serving, counts[len(models) :], strict=True)}
@@ -82,6 +83,7 @@ class PortalCollector:
             client = m.client()
             counters = read_counters(client)
             queues, inflight = live_gauges(client, deployments)
+            dead_letters = client.llen(redis_keys().usage_dead)
         except redis.RedisError as error:
             log.warning("metrics scrape without Redis: %s", error)
             up.add_metric([], 0)
@@ -105,6 +107,11 @@ class PortalCollector:
         for name, n in inflight.items():
             flight.add_metric([name], n)
         yield flight
+        yield GaugeMetricFamily(
+            "portal_usage_dead_letter_records",
+            "Usage records the flush could not store, kept in Redis for inspection (README, Operations).",
+            value=dead_letters,
+        )
 
     def _counters(self, counters: dict[tuple, float]):
         families = {
@@ -127,6 +134,11 @@ class PortalCollector:
             ),
             m.CELERY: CounterMetricFamily(
                 "portal_celery_tasks", "Celery task outcomes.", labels=["task", "outcome"]
+            ),
+            m.USAGE_DEAD_LETTERS: CounterMetricFamily(
+                "portal_usage_dead_letters",
+                "Usage records the flush refused (dead-lettered), by reason.",
+                labels=["reason"],
             ),
         }  # fmt: skip
         parts: dict[str, dict[str, dict]] = {family: defaultdict(dict) for family in HISTOGRAMS}

@@ -7,9 +7,9 @@ PORTAL_METRICS_FLUSH_S seconds in one pipeline. A scrape of `/metrics` on any we
 process reads the sums from Redis (`collector.py`), so one scrape target sees the
 whole portal. A process that dies loses at most one interval of counts.
 
-Redis layout (GATEWAY_REDIS_URL):
-- `metrics:counters`: one hash; field = JSON `[family, labels...]`, value = the running sum.
-- `metrics:minute:<epoch minute>`: per-minute traffic for the dashboard (requests,
+Redis layout (GATEWAY_REDIS_URL, keys from inference/redis_keys.py under the namespace):
+- `<ns>:metrics:counters`: one hash; field = JSON `[family, labels...]`, value = the running sum.
+- `<ns>:metrics:minute:<epoch minute>`: per-minute traffic for the dashboard (requests,
   tokens, errors, rejections, the largest queue depth sampled), kept two hours.
 """
 
@@ -22,15 +22,14 @@ import logging
 import os
 import threading
 import time
-from functools import cache
 
 import redis
 from django.conf import settings
 
+from portal.core.redis_client import gateway_redis, redis_keys
+
 log = logging.getLogger("portal.metrics")
 
-COUNTERS_KEY = "metrics:counters"
-MINUTE_PREFIX = "metrics:minute:"
 MINUTE_TTL_S = 2 * 3600
 
 # Upper bounds (seconds) of the latency histograms: a streamed answer runs for minutes on a V100.
@@ -45,20 +44,16 @@ UPSTREAM_ERRORS = "upstream_errors"  # (model, reason)
 DURATION = "duration"  # histogram parts: (model, "b", bucket index) | (model, "sum") | (model, "count")
 TTFT = "ttft"
 CELERY = "celery"  # (task, outcome)
+USAGE_DEAD_LETTERS = "usage_dead_letters"  # (reason): usage records the flush could not store
 
 # Codes whose `model` is whatever the client typed: labelled "" so a client cannot mint series.
 UNROUTED_CODES = frozenset({"model_not_found", "model_not_allowed"})
 UPSTREAM_STATUSES = frozenset({"upstream_error", "timeout"})
 
 
-@cache
-def metrics_redis(url: str) -> redis.Redis:
-    # Short timeouts: a scrape or a flush must not hang on a Redis that is gone.
-    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-
-
 def client() -> redis.Redis:
-    return metrics_redis(settings.GATEWAY_REDIS_URL)
+    # The client has timeouts: a scrape or a flush must not hang on a Redis that is gone.
+    return gateway_redis()
 
 
 def encode_field(key: tuple) -> str:
@@ -114,17 +109,18 @@ class Recorder:
             minutes, self._minutes = self._minutes, {}
         if not counters and not minutes:
             return True
+        keys = redis_keys()
         try:
             with client().pipeline(transaction=False) as pipe:
                 for key, value in counters.items():
                     if isinstance(value, float):
-                        pipe.hincrbyfloat(COUNTERS_KEY, encode_field(key), value)
+                        pipe.hincrbyfloat(keys.metrics_counters, encode_field(key), value)
                     else:
-                        pipe.hincrby(COUNTERS_KEY, encode_field(key), value)
+                        pipe.hincrby(keys.metrics_counters, encode_field(key), value)
                 for minute in {m for m, _ in minutes}:
-                    pipe.expire(f"{MINUTE_PREFIX}{minute}", MINUTE_TTL_S)
+                    pipe.expire(keys.metrics_minute(minute), MINUTE_TTL_S)
                 for (minute, name), value in minutes.items():
-                    pipe.hincrby(f"{MINUTE_PREFIX}{minute}", name, value)
+                    pipe.hincrby(keys.metrics_minute(minute), name, value)
                 pipe.execute()
         except redis.RedisError as error:
             self._requeue(counters, minutes, error)
@@ -231,7 +227,7 @@ def celery_task_outcome(task: str, outcome: str) -> None:
     """Count a task's outcome in Redis at once: tasks are rare next to requests, and a worker's child
     process may exit right after its task (a buffered count would go with it)."""
     try:
-        client().hincrby(COUNTERS_KEY, encode_field((CELERY, task, outcome)), 1)
+        client().hincrby(redis_keys().metrics_counters, encode_field((CELERY, task, outcome)), 1)
     except redis.RedisError as error:
         log.warning("task outcome %s %s not counted: %s", task, outcome, error)
 
@@ -247,4 +243,4 @@ return 1
 
 def minute_max(name: str, value: int, *, at: float | None = None) -> None:
     minute = int((time.time() if at is None else at) // 60)
-    client().eval(_MAX_SET, 1, f"{MINUTE_PREFIX}{minute}", name, value, MINUTE_TTL_S)
+    client().eval(_MAX_SET, 1, redis_keys().metrics_minute(minute), name, value, MINUTE_TTL_S)

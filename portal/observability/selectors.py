@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import redis
 
+from portal.core.redis_client import redis_keys
+
 from . import metrics
 
 
@@ -35,10 +37,11 @@ def traffic_last_hour(*, minutes: int = 60, now: float | None = None) -> list[Tr
     now = time.time() if now is None else now
     current = int(now // 60)
     wanted = list(range(current - minutes + 1, current + 1))
+    keys = redis_keys()
     try:
         with metrics.client().pipeline(transaction=False) as pipe:
             for minute in wanted:
-                pipe.hgetall(f"{metrics.MINUTE_PREFIX}{minute}")
+                pipe.hgetall(keys.metrics_minute(minute))
             rows = pipe.execute()
     except redis.RedisError:
         return None

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+from collections import Counter
 
 from django.db.models import Count, F, QuerySet, Sum
 from django.db.models.functions import TruncHour
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
+
+from portal.core.redis_client import gateway_redis, redis_keys
 
 from .models import ApiKey, Team, Usage, UsageDaily, UsageStatus
 
@@ -86,3 +90,12 @@ def usage_daily_all_teams(*, days: int = 30) -> list[tuple[dt.date, int]]:
         .annotate(p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
     }
     return [(start + dt.timedelta(days=i), totals.get(start + dt.timedelta(days=i), 0)) for i in range(days)]
+
+
+def usage_dead_letters(*, newest: int = 10) -> tuple[int, Counter, list[dict]]:
+    """The dead-letter list of the usage flush: its length, its reasons counted, and its newest
+    `newest` entries ({"reason", "at", "record"}), newest first."""
+    client = gateway_redis()
+    dead = redis_keys().usage_dead
+    entries = [json.loads(raw) for raw in client.lrange(dead, 0, -1)]
+    return len(entries), Counter(e["reason"] for e in entries), entries[::-1][:newest]

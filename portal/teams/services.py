@@ -7,27 +7,34 @@ key is returned once by `api_key_create` and never again.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import hmac
 import json
+import logging
 import secrets
+import time
 import uuid
+from collections import Counter
 from functools import cache
 
 import redis
 from django.conf import settings
-from django.db import transaction
+from django.db import DataError, IntegrityError, transaction
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
+from inference.redis_keys import RedisKeys
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError
+from portal.core.redis_client import gateway_redis, redis_keys
+from portal.observability import metrics
 
 from .models import ApiKey, Team, Usage, UsageDaily, UsageStatus
 
 KEY_SCHEME = "sk-"
-REDIS_PREFIX = "gw"
+log = logging.getLogger("portal.teams")
 
 
 def api_key_hmac_secret() -> bytes:
@@ -114,13 +121,8 @@ def api_key_create(
     return key, token
 
 
-@cache
-def gateway_redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.GATEWAY_REDIS_URL)
-
-
 def _block(kind: str, id: int, *, reason: str, until: dt.datetime | None = None) -> None:
-    key = f"{REDIS_PREFIX}:blocked:{kind}:{id}"
+    key = redis_keys().blocked(kind, id)
     if until is None:
         gateway_redis().set(key, reason)
     else:
@@ -139,8 +141,58 @@ def api_key_revoke(*, api_key: ApiKey) -> bool:
 
 # --- usage ---------------------------------------------------------------------------
 
-# Where the gateway's RateLimiter (prefix "gw") queues usage records.
-USAGE_LIST = f"{REDIS_PREFIX}:usage"
+# How long a flusher may hold a batch it took before another flusher puts it back on the
+# queue (a worker that died mid-batch). A batch of 1000 takes well under a second to store;
+# a batch stored twice is harmless (one row per request id).
+USAGE_BATCH_LEASE_MS = 120_000
+# How far a web host's clock (a record's created_at) may lag the database's (a key's created_at).
+USAGE_CLOCK_SKEW = dt.timedelta(minutes=5)
+# The dead-letter list keeps the newest this many records (a flood of foreign records must
+# not fill Redis); every one is counted in /metrics whether or not it is kept.
+USAGE_DEAD_MAX = 100_000
+
+# KEYS: usage list, flushers zset, this batch's list; ARGV: batch size, lease ms, flusher id.
+# Moves up to `batch` records from the queue to the flusher's own list in one step, so two
+# flushers never take the same records, and a dead flusher's batch can be put back.
+_USAGE_TAKE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local raws = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+if #raws == 0 then return raws end
+redis.call('LTRIM', KEYS[1], #raws, -1)
+for i = 1, #raws, 500 do
+  redis.call('RPUSH', KEYS[3], unpack(raws, i, math.min(i + 499, #raws)))
+end
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[3])
+return raws
+"""
+
+# KEYS: usage list, flushers zset, the batch's list; ARGV: flusher id, '1' = even if its lease runs.
+# Puts a batch back on the queue: its flusher's lease ran out (it died), or it gave up on it.
+_USAGE_GIVE_BACK = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease_end = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if ARGV[2] ~= '1' and lease_end and tonumber(lease_end) > now then return 0 end
+local raws = redis.call('LRANGE', KEYS[3], 0, -1)
+for i = 1, #raws, 500 do
+  redis.call('RPUSH', KEYS[1], unpack(raws, i, math.min(i + 499, #raws)))
+end
+redis.call('DEL', KEYS[3])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return #raws
+"""
+
+
+# What storing a row can raise for a value it cannot hold: PostgreSQL's refusals, and Django's
+# own when a field's value is of the wrong type (an http_status of "abc").
+_REFUSED_ERRORS = (DataError, IntegrityError, ValueError, TypeError)
+
+# Why a usage record went to the dead-letter list (the `reason` label in /metrics).
+UNREADABLE = "unreadable"
+UNKNOWN_TEAM = "unknown_team"
+UNKNOWN_KEY = "unknown_key"
+REFUSED = "refused_by_database"
 
 
 def _storable(text: object, limit: int) -> str:
@@ -155,7 +207,7 @@ def _usage_from_json(raw: bytes) -> Usage | None:
         return Usage(
             request_id=uuid.UUID(data["request_id"]),
             created_at=dt.datetime.fromtimestamp(data["created_at"], tz=dt.UTC),
-            team_id=data["team_id"],
+            team_id=int(data["team_id"]),
             api_key_id=data.get("api_key_id"),
             model=_storable(data.get("model"), 100),
             deployment_id=data.get("deployment_id"),
@@ -169,54 +221,176 @@ def _usage_from_json(raw: bytes) -> Usage | None:
             ttft_ms=data.get("ttft_ms"),
             duration_ms=data.get("duration_ms") or 0.0,
         )
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError, OSError):
         return None
 
 
 def usage_flush(*, batch: int = 1000) -> int:
-    """Move queued usage records from Redis into the database; returns how many were written.
+    """Move queued usage records from Redis into the database; returns how many were stored.
 
-    Read, insert, then trim: a crash between insert and trim re-reads the same records
-    next time, and the unique request id makes the second insert a no-op, so each
-    request still has exactly one row.
+    Safe to run in several workers at once: each batch is moved, in one step, from the queue
+    to a list of the flusher's own, and removed from there only after its rows are committed.
+    A flusher that dies leaves its batch there; the next flush puts it back on the queue once
+    the batch's lease ran out. A batch stored twice is harmless: the request id is unique and
+    a second insert of it is a no-op. A record that cannot be stored (unreadable, a team or key
+    this database does not know, a value PostgreSQL refuses) goes to the dead-letter list
+    (`RedisKeys.usage_dead`), is counted in /metrics, and the flush goes on.
     """
     client = gateway_redis()
+    keys = redis_keys()
+    take = client.register_script(_USAGE_TAKE)
+    give_back = client.register_script(_USAGE_GIVE_BACK)
+    _usage_requeue_abandoned(client, keys, give_back)
     total = 0
     while True:
-        raws = client.lrange(USAGE_LIST, 0, batch - 1)
+        flusher = uuid.uuid4().hex
+        taken = keys.usage_taken(flusher)
+        raws = take(
+            keys=[keys.usage, keys.usage_flushers, taken], args=[batch, USAGE_BATCH_LEASE_MS, flusher]
+        )
         if not raws:
             return total
-        rows = [row for row in map(_usage_from_json, raws) if row is not None]
-        known_keys = set(
-            ApiKey.objects.filter(pk__in={r.api_key_id for r in rows}).values_list("pk", flat=True)
-        )
-        known_teams = set(Team.objects.filter(pk__in={r.team_id for r in rows}).values_list("pk", flat=True))
-        rows = [r for r in rows if r.team_id in known_teams]
-        for row in rows:
-            if row.api_key_id not in known_keys:
-                row.api_key_id = None
-            if row.deployment_id is not None:
-                row.deployment_id = _existing_deployment(row.deployment_id)
+        try:
+            stored, dead = _usage_store(raws)
+        except BaseException:
+            # The database is down or the worker is stopping: the batch goes back to the queue now
+            # rather than after its lease (the failure is still raised).
+            with contextlib.suppress(redis.RedisError):
+                give_back(keys=[keys.usage, keys.usage_flushers, taken], args=[flusher, "1"])
+            raise
+        with client.pipeline(transaction=True) as pipe:
+            now = time.time()
+            if dead:
+                pipe.rpush(keys.usage_dead, *[_dead_entry(raw, reason, now) for raw, reason in dead])
+                pipe.ltrim(keys.usage_dead, -USAGE_DEAD_MAX, -1)
+                for reason, n in Counter(reason for _raw, reason in dead).items():
+                    field = metrics.encode_field((metrics.USAGE_DEAD_LETTERS, reason))
+                    pipe.hincrby(keys.metrics_counters, field, n)
+            pipe.delete(taken)
+            pipe.zrem(keys.usage_flushers, flusher)
+            pipe.execute()
+        if dead:
+            log.warning("usage flush: %d record(s) dead-lettered: %s", len(dead), Counter(r for _, r in dead))
+        total += stored
+
+
+def _dead_entry(raw: bytes, reason: str, at: float) -> str:
+    return json.dumps({"reason": reason, "at": at, "record": raw.decode("utf-8", "replace")})
+
+
+def _usage_requeue_abandoned(client: redis.Redis, keys: RedisKeys, give_back) -> None:
+    """Put back on the queue each batch whose flusher's lease ran out (it died before storing it).
+    The script judges the lease by Redis's clock; the set holds one member per running flusher."""
+    for flusher in client.zrange(keys.usage_flushers, 0, -1):
+        flusher = flusher.decode()
+        n = give_back(keys=[keys.usage, keys.usage_flushers, keys.usage_taken(flusher)], args=[flusher, "0"])
+        if n:
+            log.warning("usage flush: %d record(s) of an abandoned batch put back on the queue", n)
+
+
+def _usage_store(raws: list[bytes]) -> tuple[int, list[tuple[bytes, str]]]:
+    """Insert a batch; returns (rows stored, [(raw record, why not)] for the rest)."""
+    dead: list[tuple[bytes, str]] = []
+    parsed: list[tuple[bytes, Usage]] = []
+    for raw in raws:
+        row = _usage_from_json(raw)
+        if row is None:
+            dead.append((raw, UNREADABLE))
+        else:
+            parsed.append((raw, row))
+    teams = set(Team.objects.filter(pk__in={r.team_id for _, r in parsed}).values_list("pk", flat=True))
+    keys = {
+        pk: (team_id, created_at)
+        for pk, team_id, created_at in ApiKey.objects.filter(
+            pk__in={r.api_key_id for _, r in parsed if isinstance(r.api_key_id, int)}
+        ).values_list("pk", "team_id", "created_at")
+    }
+    deployments = _existing_deployments(
+        {r.deployment_id for _, r in parsed if isinstance(r.deployment_id, int)}
+    )
+    rows: list[tuple[bytes, Usage]] = []
+    for raw, row in parsed:
+        # Records of another installation (a shared Redis) or of a team deleted since: refused,
+        # not stored under a stranger's id or without a key. A record older than its key is
+        # another installation's too (a database recreated beside the same Redis numbers keys
+        # from 1 again), allowing for the clocks of the web hosts.
+        team_id, key_created = keys.get(row.api_key_id, (None, None))
+        if row.team_id not in teams:
+            dead.append((raw, UNKNOWN_TEAM))
+        elif team_id != row.team_id or row.created_at < key_created - USAGE_CLOCK_SKEW:
+            dead.append((raw, UNKNOWN_KEY))
+        else:
+            if row.deployment_id not in deployments:
+                row.deployment_id = None  # a deployment deleted since: the row stays, unlinked
+            rows.append((raw, row))
+    try:
         with transaction.atomic():
-            Usage.objects.bulk_create(rows, ignore_conflicts=True)
-            last_used: dict[int, dt.datetime] = {}
-            for row in rows:
-                if row.api_key_id is not None:
-                    last_used[row.api_key_id] = max(
-                        last_used.get(row.api_key_id, row.created_at), row.created_at
-                    )
-            for key_id, when in last_used.items():
-                ApiKey.objects.filter(pk=key_id).filter(
-                    Q(last_used_at__isnull=True) | Q(last_used_at__lt=when)
-                ).update(last_used_at=when)
-        client.ltrim(USAGE_LIST, len(raws), -1)
-        total += len(rows)
+            Usage.objects.bulk_create([row for _raw, row in rows], ignore_conflicts=True)
+            _touch_last_used([row for _raw, row in rows])
+        return len(rows), dead
+    except _REFUSED_ERRORS:
+        pass
+    # One row PostgreSQL refuses (a token count over 2^31) must not stop the rest: row by row.
+    stored = []
+    for raw, row in rows:
+        try:
+            with transaction.atomic():
+                Usage.objects.bulk_create([row], ignore_conflicts=True)
+            stored.append(row)
+        except _REFUSED_ERRORS as error:
+            log.warning("usage record %s refused by the database: %s", row.request_id, error)
+            dead.append((raw, REFUSED))
+    with transaction.atomic():
+        _touch_last_used(stored)
+    return len(stored), dead
 
 
-def _existing_deployment(deployment_id: int) -> int | None:
+def _touch_last_used(rows: list[Usage]) -> None:
+    last_used: dict[int, dt.datetime] = {}
+    for row in rows:
+        if row.api_key_id is not None:
+            last_used[row.api_key_id] = max(last_used.get(row.api_key_id, row.created_at), row.created_at)
+    for key_id, when in last_used.items():
+        ApiKey.objects.filter(pk=key_id).filter(
+            Q(last_used_at__isnull=True) | Q(last_used_at__lt=when)
+        ).update(last_used_at=when)
+
+
+def _existing_deployments(ids: set[int]) -> set[int]:
     from portal.deployments.models import Deployment
 
-    return deployment_id if Deployment.objects.filter(pk=deployment_id).exists() else None
+    return set(Deployment.objects.filter(pk__in=ids).values_list("pk", flat=True)) if ids else set()
+
+
+# KEYS: dead-letter list, usage list. Moves every dead-lettered record back to the queue in one step.
+_USAGE_REPLAY = """
+local entries = redis.call('LRANGE', KEYS[1], 0, -1)
+for _, entry in ipairs(entries) do
+  redis.call('RPUSH', KEYS[2], cjson.decode(entry)['record'])
+end
+redis.call('DEL', KEYS[1])
+return #entries
+"""
+
+
+def usage_dead_letters_replay() -> int:
+    """Put every dead-lettered usage record back on the queue (after fixing what refused it: a
+    team or key restored, a column widened); the next flush stores it or dead-letters it again.
+    Returns how many went back."""
+    client = gateway_redis()
+    keys = redis_keys()
+    return int(client.register_script(_USAGE_REPLAY)(keys=[keys.usage_dead, keys.usage]))
+
+
+def usage_dead_letters_purge() -> int:
+    """Forget every dead-lettered usage record; returns how many there were."""
+    client = gateway_redis()
+    dead = redis_keys().usage_dead
+    with client.pipeline(transaction=True) as pipe:
+        pipe.llen(dead)
+        pipe.delete(dead)
+        count, _deleted = pipe.execute()
+    return int(count)
 
 
 def usage_rollup(*, day: dt.date) -> int:
@@ -286,11 +460,11 @@ def budgets_enforce(*, day: dt.date) -> list[str]:
     return done
 
 
-def team_in_flight(team: Team) -> int:
-    """Requests of the team in flight now, from the gateway's concurrency set (0 if Redis is down)."""
-    import time
-
+def team_in_flight(team: Team) -> int | None:
+    """Requests of the team in flight now, from the gateway's concurrency set (None if Redis is
+    down or hung: the client's timeout bounds the wait)."""
     try:
-        return gateway_redis().zcount(f"{REDIS_PREFIX}:conc:team:{team.pk}", int(time.time() * 1000), "+inf")
+        now_ms = int(time.time() * 1000)
+        return gateway_redis().zcount(redis_keys().concurrency("team", team.pk), now_ms, "+inf")
     except redis.RedisError:
-        return 0
+        return None

@@ -13,6 +13,7 @@ from django.core.management import call_command
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
+from portal.core.redis_client import redis_keys
 from tests.browser.conftest import login, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -30,7 +31,8 @@ def busy_portal(team, alice):
     from portal.teams.services import api_key_create, api_key_revoke
 
     client = redis.Redis.from_url(settings.GATEWAY_REDIS_URL)
-    stale = [*client.scan_iter("metrics:*"), *client.scan_iter("gw:*")]
+    keys = redis_keys()
+    stale = [*client.scan_iter(f"{keys.metrics}*"), *client.scan_iter(f"{keys.gateway}*")]
     if stale:
         client.delete(*stale)
     call_command("seed_demo", verbosity=0)

@@ -11,6 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from portal.benchmarks.models import BenchmarkLevel, BenchmarkRun
+from portal.core.redis_client import redis_keys
 from portal.deployments.models import Deployment, MetricsSample
 from portal.observability import metrics
 from portal.observability.services import queue_depth_sample
@@ -122,7 +123,8 @@ def test_staff_see_the_last_hour_of_gateway_traffic(client, alice, fleet):
 def test_the_beat_task_samples_the_real_queue_depth(fleet, metrics_redis):
     _big, _small, _run = fleet
     now_ms = int(time.time() * 1000)
-    metrics_redis.zadd("gw:queue:llama-2-7b-chat-hf", {"a": now_ms, "b": now_ms, "c": now_ms - 10**7})
+    queue = redis_keys().queue("llama-2-7b-chat-hf")
+    metrics_redis.zadd(queue, {"a": now_ms, "b": now_ms, "c": now_ms - 10**7})
     assert queue_depth_sample() == 2  # the entry left by a process that died long ago is not counted
 
 

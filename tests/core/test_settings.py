@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from inference.redis_keys import namespace_for_database
+
 ROOT = Path(__file__).resolve().parents[2]
 
 PRODUCTION = {
@@ -72,3 +74,33 @@ def test_production_settings_bound_bodies_and_guard_input():
     assert "portal.audit.middleware.AuditContextMiddleware" in values["middleware"]
     assert values["hsts"] >= 31536000 and values["ssl_redirect"] is True
     assert values["cookies_secure"] == [True, True]
+
+
+def _redis_settings(**env: str) -> dict:
+    code = (
+        "import json; from django.conf import settings as s; print(json.dumps({"
+        "'namespace': s.PORTAL_REDIS_NAMESPACE,"
+        "'broker_prefix': s.CELERY_BROKER_TRANSPORT_OPTIONS['global_keyprefix'],"
+        "'results_prefix': s.CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS['global_keyprefix']}))"
+    )
+    # An empty PORTAL_REDIS_NAMESPACE is unset (the test run's own is replaced).
+    environment = {**PRODUCTION, "PORTAL_REDIS_NAMESPACE": "", **env}
+    result = _manage("shell", "--no-imports", "-c", code, env=environment)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_each_database_gets_its_own_redis_namespace_by_default():
+    engine = "django.db.backends.postgresql"
+    database = {"ENGINE": engine, "HOST": "db-a.internal", "PORT": 5432, "NAME": "portal"}
+    a = _redis_settings(DATABASE_URL="postgres://portal@db-a.internal:5432/portal")
+    b = _redis_settings(DATABASE_URL="postgres://portal@db-b.internal:5432/portal")
+    assert a["namespace"] == namespace_for_database(database) != b["namespace"]  # the same in every process
+    assert a["namespace"].startswith("portal-")
+    assert a["broker_prefix"] == a["results_prefix"] == f"{a['namespace']}:celery:"
+
+
+def test_it_refuses_a_malformed_redis_namespace():
+    result = _manage("check", env={**PRODUCTION, "PORTAL_REDIS_NAMESPACE": "two words"})
+    assert result.returncode != 0
+    assert "PORTAL_REDIS_NAMESPACE" in result.stderr

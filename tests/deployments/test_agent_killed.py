@@ -18,6 +18,7 @@ import redis
 from django.db import connection
 
 from inference import supervisor
+from portal.core.redis_client import redis_keys
 from portal.deployments import lifecycle
 from portal.deployments.models import Deployment
 from portal.deployments.tasks import start_deployment
@@ -35,7 +36,7 @@ def test_it_recovers_when_the_agent_dies_during_a_start(
         pytest.skip("the agent process needs a database it can share (PostgreSQL)")
     settings.DEPLOYMENT_LEASE_TTL_S = 3
     queue = fake_node.queue
-    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(queue)
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(redis_keys().celery_key(queue))
     db = connection.settings_dict
     env = {
         **os.environ,

@@ -27,6 +27,7 @@ from django.conf import settings
 from django.db import connection
 
 from inference import supervisor
+from portal.core.redis_client import redis_keys
 from portal.deployments import lifecycle
 from portal.deployments.models import Deployment, DeploymentProfile
 from portal.deployments.tasks import start_deployment, supervise_node
@@ -75,7 +76,7 @@ def agent(setup, tmp_path):
     """The node agent for `ci-deploy`, as `make run` starts one (solo pool, one task at a time)."""
     db = connection.settings_dict
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    broker.delete(f"node.{NODE}")  # stale messages from an earlier run
+    broker.delete(redis_keys().celery_key(f"node.{NODE}"))  # stale messages from an earlier run
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",

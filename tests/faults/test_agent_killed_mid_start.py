@@ -34,6 +34,7 @@ import redis
 from django.db import connection
 
 from inference import supervisor
+from portal.core.redis_client import redis_keys
 from portal.deployments import lifecycle
 from portal.deployments.models import Deployment
 from portal.deployments.tasks import start_deployment, supervise_node
@@ -111,7 +112,7 @@ def test_a_start_interrupted_by_a_killed_agent_ends_with_exactly_one_engine(
     settings.DEPLOYMENT_LEASE_TTL_S = LEASE_TTL_S
     queue = fake_node.queue
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    broker.delete(queue)
+    broker.delete(redis_keys().celery_key(queue))
     log_path = tmp_path / "agent.log"
     agent = start_agent(queue, run_dir, log_path)
     beat_stop = threading.Event()
@@ -134,7 +135,8 @@ def test_a_start_interrupted_by_a_killed_agent_ends_with_exactly_one_engine(
             os.killpg(agent.pid, signal.SIGKILL)  # the worker and its pool; the server has its own session
             agent.wait(timeout=10)
             # The start message is not lost: Redis keeps it, unacknowledged, for its late redelivery.
-            assert message_id in [json.loads(v)[0]["headers"]["id"] for v in broker.hvals("unacked")]
+            unacked = broker.hvals(redis_keys().celery_key("unacked"))
+            assert message_id in [json.loads(v)[0]["headers"]["id"] for v in unacked]
             agent = start_agent(queue, run_dir, log_path)  # the agent comes back (systemd, honcho, a person)
         else:
             (child,) = [
@@ -180,5 +182,5 @@ def test_a_start_interrupted_by_a_killed_agent_ends_with_exactly_one_engine(
         beat_stop.set()
         if agent.poll() is None:
             stop(agent)
-        broker.delete(queue, "unacked", "unacked_index")
+        broker.delete(*[redis_keys().celery_key(name) for name in (queue, "unacked", "unacked_index")])
         broker.close()

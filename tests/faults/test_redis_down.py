@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from portal.core.redis_client import redis_keys
 from tests.gateway.conftest import chat_body, make_setup, run_async, slots_in_use
 
 from .conftest import shared_database_url, start_web, stop, wait_for
@@ -158,7 +159,7 @@ def test_redis_stopping_under_load_gives_clear_503s_then_service_resumes_by_itse
     # The new Redis holds the admitted requests' records and no slot is left taken.
     client = private_redis.client()
     wait_for(lambda: not any(slots_in_use(client, setup).values()), timeout_s=5, what="slots free")
-    records = [json.loads(r) for r in client.lrange("gw:usage", 0, -1)]
+    records = [json.loads(r) for r in client.lrange(redis_keys().usage, 0, -1)]
     # (a refusal whose closing step ran once Redis answered again is recorded too, as rejected)
     assert {(r["status"], r["error_code"]) for r in records} <= {
         ("completed", ""),

@@ -21,6 +21,7 @@ import pytest
 import redis
 
 from inference import supervisor
+from portal.core.redis_client import redis_keys
 from portal.deployments import lifecycle
 from portal.teams.models import Usage
 from portal.teams.services import api_key_create, usage_flush
@@ -116,11 +117,14 @@ def test_vllm_killed_mid_stream_gives_error_events_records_usage_and_is_restarte
     node = cpu_node_with("faults-vllm", str(require_vllm()))
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     gw = redis.Redis.from_url(REDIS_URL)
-    for stale in [node.queue, *gw.scan_iter("gw:*")]:
-        broker.delete(stale) if stale == node.queue else gw.delete(stale)
+    keys = redis_keys()
+    broker.delete(keys.celery_key(node.queue))
+    for stale in gw.scan_iter(f"{keys.gateway}*"):
+        gw.delete(stale)
 
     deployment = make_deployment(team, tiny_version, tiny_profile, node, name="tiny-faults")
-    broker.delete(node.queue)  # the start message: this test runs the agent's part in-process
+    # The start message: this test runs the agent's part in-process.
+    broker.delete(keys.celery_key(node.queue))
     began = time.monotonic()
     assert lifecycle.deployment_start(deployment.pk, owner="faults-agent") == "serving"
     first_start_s = time.monotonic() - began
@@ -166,9 +170,8 @@ def test_vllm_killed_mid_stream_gives_error_events_records_usage_and_is_restarte
 
         # No slot left taken in Redis (ratelimit.py's per-deployment and per-scope sets).
         now_ms = time.time() * 1000
-        held = {
-            k.decode(): gw.zcount(k, now_ms, "+inf") for k in gw.scan_iter("gw:*") if gw.type(k) == b"zset"
-        }
+        zsets = [k for k in gw.scan_iter(f"{keys.gateway}*") if gw.type(k) == b"zset"]
+        held = {k.decode(): gw.zcount(k, now_ms, "+inf") for k in zsets}
         assert not any(held.values()), held
 
         # Supervision finds the dead engine, restarts it (the agent runs the start it queues).
@@ -178,7 +181,7 @@ def test_vllm_killed_mid_stream_gives_error_events_records_usage_and_is_restarte
         assert lifecycle.deployment_supervise(deployment.pk, owner="beat") == "restart scheduled"
         deployment.refresh_from_db()
         assert deployment.state == "pending" and "is gone" in deployment.state_reason
-        message = json.loads(broker.lpop(node.queue))
+        message = json.loads(broker.lpop(keys.celery_key(node.queue)))
         assert message["headers"]["task"] == "deployments.start"
         time.sleep(settings.DEPLOYMENT_RESTART_BACKOFF_S)
         began = time.monotonic()
@@ -200,6 +203,6 @@ def test_vllm_killed_mid_stream_gives_error_events_records_usage_and_is_restarte
         print(f"restarted to serving in {restart_s:.1f} s; the gateway answers again")
     finally:
         stop(web.process)
-        broker.delete(node.queue)
+        broker.delete(keys.celery_key(node.queue))
         broker.close()
         gw.close()

@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from bench._common import free_port
+from portal.core.redis_client import redis_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -127,7 +128,7 @@ def gateway(django_db_setup, django_db_blocker, tmp_path_factory):
 def gw_redis():
     """The gateway's Redis, emptied of gateway state (slots, queues, usage) before the test."""
     client = redis.Redis.from_url(REDIS_URL)
-    stale = list(client.scan_iter("gw:*"))
+    stale = list(client.scan_iter(f"{redis_keys().gateway}*"))
     if stale:
         client.delete(*stale)
     yield client
@@ -201,11 +202,12 @@ def chat_body(model: str, content: str = "Hello there", **extra) -> dict:
 def slots_in_use(client: redis.Redis, setup: Setup) -> dict[str, int]:
     """Members of every concurrency set the request could have held."""
     now_ms = time.time() * 1000
+    keys = redis_keys()
     names = {
-        "team": f"gw:conc:team:{setup.team.pk}",
-        "key": f"gw:conc:key:{setup.key.pk}",
-        "deployment": f"gw:inflight:{setup.deployment.pk}",
-        "long": f"gw:long:{setup.deployment.pk}",
+        "team": keys.concurrency("team", setup.team.pk),
+        "key": keys.concurrency("key", setup.key.pk),
+        "deployment": keys.inflight(setup.deployment.pk),
+        "long": keys.long(setup.deployment.pk),
     }
     return {label: client.zcount(name, now_ms, "+inf") for label, name in names.items()}
 

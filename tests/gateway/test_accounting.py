@@ -9,6 +9,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from portal.core.redis_client import redis_keys
+
 from .conftest import chat_body
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
@@ -68,7 +70,7 @@ def test_it_corrects_the_token_reservation_to_actual_use(gateway, serving, gw_re
     rows = flushed_usage(serving)
     used = rows[0].prompt_tokens + rows[0].completion_tokens
     day = int(timezone.now().timestamp() // 86400)
-    assert int(gw_redis.get(f"gw:tpd:team:{serving.team.pk}:{day}")) == used
+    assert int(gw_redis.get(redis_keys().tpd_prefix("team", serving.team.pk) + str(day))) == used
 
 
 def test_it_refuses_a_revoked_key_at_once_even_while_cached(gateway, serving, gw_redis):

@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from portal.core.redis_client import redis_keys
+
 from .conftest import chat_body, run_async, upstream_reset, upstream_stats, wait_for_slots_free
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
@@ -80,9 +82,9 @@ def test_it_never_sends_upstream_a_request_whose_client_left_while_queued(gatewa
     assert first.recv(4096).startswith(b"HTTP/1.1 200")
     queued = raw_request(gateway.url, serving, chat_body(serving.model, stream=True))
     time.sleep(0.3)
-    assert gw_redis.zcard(f"gw:queue:{serving.model}") == 1
+    assert gw_redis.zcard(redis_keys().queue(serving.model)) == 1
     queued.close()
-    assert wait_for(lambda: gw_redis.zcard(f"gw:queue:{serving.model}") == 0, timeout=2)
+    assert wait_for(lambda: gw_redis.zcard(redis_keys().queue(serving.model)) == 0, timeout=2)
     while first.recv(65536):  # let the first stream finish
         pass
     first.close()

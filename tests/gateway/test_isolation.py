@@ -11,6 +11,8 @@ import uuid
 import httpx
 import pytest
 
+from portal.core.redis_client import redis_keys
+
 from .conftest import chat_body, make_setup, spawn_fake_upstream, stop, upstream_reset, upstream_stats
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
@@ -127,7 +129,7 @@ def test_usage_is_billed_to_the_callers_team_only(gateway, serving, other_team, 
     import time
 
     deadline = time.monotonic() + 5
-    while gw_redis.llen("gw:usage") < 3 and time.monotonic() < deadline:
+    while gw_redis.llen(redis_keys().usage) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     usage_flush()
     ours = Usage.objects.filter(team=serving.team)

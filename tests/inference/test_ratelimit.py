@@ -11,20 +11,21 @@ import pytest
 from redis.asyncio import Redis
 
 from inference.ratelimit import LeaseKeeper, Limits, RateLimiter, Scope
+from inference.redis_keys import RedisKeys
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
 def run(coro_fn):
-    """Run `coro_fn(limiter)` on a fresh event loop with a limiter under a unique prefix."""
+    """Run `coro_fn(limiter)` on a fresh event loop with a limiter under a unique namespace."""
 
     async def main():
         redis = Redis.from_url(REDIS_URL)
-        prefix = f"test-{uuid.uuid4().hex[:8]}"
+        namespace = f"test-{uuid.uuid4().hex[:8]}"
         try:
-            return await coro_fn(RateLimiter(redis, prefix=prefix, lease_ms=2000))
+            return await coro_fn(RateLimiter(redis, keys=RedisKeys(namespace), lease_ms=2000))
         finally:
-            keys = [k async for k in redis.scan_iter(f"{prefix}:*")]
+            keys = [k async for k in redis.scan_iter(f"{namespace}:*")]
             if keys:
                 await redis.delete(*keys)
             await redis.aclose()
@@ -135,6 +136,25 @@ def test_it_reserves_tokens_and_corrects_them_to_actual_use():
         return first.ok, refused.reason, after.ok
 
     assert run(go) == (True, "team_tpm", True)
+
+
+def test_it_remembers_a_tokens_per_minute_over_use_until_its_clock_has_passed():
+    async def go(limiter):
+        scope = team(tpm=60)  # one token a second
+        first = await limiter.admit(request_id="a", team=scope, key=KEY, tokens=1)
+        # It used three minutes of budget: the clock moves far past the TTL set at admission (~61 s).
+        await limiter.finish(request_id="a", team=scope, key=KEY, admission=first, used_tokens=180)
+        seconds, micros = await limiter.redis.time()
+        now_ms = seconds * 1000 + micros // 1000
+        ahead_ms = float(await limiter.redis.get(limiter.tpm_key(scope))) - now_ms
+        ttl_ms = await limiter.redis.pttl(limiter.tpm_key(scope))
+        refused = await limiter.admit(request_id="b", team=scope, key=KEY, tokens=1)
+        return ahead_ms, ttl_ms, refused
+
+    ahead_ms, ttl_ms, refused = run(go)
+    assert ahead_ms > 170_000
+    assert ttl_ms >= ahead_ms  # the key, and the debt it records, outlives the clock
+    assert (refused.reason, refused.retry_after_s > 100) == ("team_tpm", True)
 
 
 def test_it_refuses_a_request_larger_than_the_whole_minute_budget_for_good():

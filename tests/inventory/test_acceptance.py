@@ -480,7 +480,9 @@ def cpu_agent(tmp_path, settings):
     settings.PORTAL_RUN_DIR = str(tmp_path / "run")
     node = Node.objects.create(name="ci-accept", hostname="127.0.0.1", vllm_python=python)
     db = connection.settings_dict
-    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete("node.ci-accept")
+    from portal.core.redis_client import redis_keys
+
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(redis_keys().celery_key(node.queue))
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",

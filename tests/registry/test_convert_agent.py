@@ -22,6 +22,7 @@ from django.db import connection
 
 from inference.convert import bf16_bits_to_fp16
 from inference.hashing import hash_model_dir
+from portal.core.redis_client import redis_keys
 from portal.inventory.services import node_create
 from portal.registry.models import ConversionJob, ConversionState, ModelVersion
 from portal.registry.services import conversion_job_start, model_version_create
@@ -87,7 +88,7 @@ def agents():
     # A task whose worker was killed stays unacked in the broker and would be
     # redelivered after the visibility timeout: drop it with this test's Redis db.
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    client.delete("unacked", "unacked_index", f"node.{NODE}")
+    client.delete(*[redis_keys().celery_key(name) for name in ("unacked", "unacked_index", f"node.{NODE}")])
 
 
 def bf16_model(root: Path, *, tensors: int, elements: int) -> tuple[ModelVersion, list[np.ndarray]]:

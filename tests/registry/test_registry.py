@@ -6,6 +6,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from portal.core.errors import ApplicationError
+from portal.core.redis_client import redis_keys
 from portal.registry.models import ModelVersion
 from portal.registry.services import model_version_create
 from tests.conftest import api_client, bundled_config
@@ -126,7 +127,8 @@ def test_staff_ask_the_node_holding_the_files_to_record_the_release_hashes(
 
     node = node_create(name="hash-node", hostname="127.0.0.1")
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    broker.delete(node.queue)
+    queue = redis_keys().celery_key(node.queue)
+    broker.delete(queue)
     version = model_version_create(
         name="llama-local", config=bundled_config("llama-2-7b-chat-hf"), path=str(_fake_model_dir(tmp_path))
     )
@@ -137,7 +139,7 @@ def test_staff_ask_the_node_holding_the_files_to_record_the_release_hashes(
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post(f"/models/{version.name}/hash/", {"node": node.name}, follow=True)
     assert "The agent on hash-node is hashing" in response.content.decode()
-    messages = broker.lrange(node.queue, 0, -1)
+    messages = broker.lrange(queue, 0, -1)
     assert len(messages) == 1
     headers = json.loads(messages[0])["headers"]
     assert headers["task"] == "registry.hash_model_version" and headers["argsrepr"] == f"[{version.pk}]"
@@ -151,7 +153,7 @@ def test_staff_ask_the_node_holding_the_files_to_record_the_release_hashes(
     # Release hashes are never overwritten from the page.
     response = client.post(f"/models/{version.name}/hash/", {"node": node.name}, follow=True)
     assert "already has release hashes" in response.content.decode()
-    broker.delete(node.queue)
+    broker.delete(queue)
 
 
 def test_a_member_cannot_ask_for_hashes(tmp_path, bob, client):

@@ -14,6 +14,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from portal.core.errors import ApplicationError
+from portal.core.redis_client import redis_keys
 from portal.teams.models import ApiKey
 from portal.teams.services import (
     api_key_create,
@@ -71,14 +72,11 @@ def test_it_refuses_a_past_expiry_and_non_positive_limits(team):
 @pytest.mark.django_db(transaction=True)
 def test_revoking_blocks_the_key_in_redis_at_once(team, settings):
     settings.GATEWAY_REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
-    from portal.teams.services import gateway_redis
-
-    gateway_redis.cache_clear()
     key, _token = api_key_create(team=team)
     assert api_key_revoke(api_key=key) is True
     assert api_key_revoke(api_key=key) is False  # a second revoke is a no-op
     client = redis.Redis.from_url(settings.GATEWAY_REDIS_URL)
-    assert client.get(f"gw:blocked:key:{key.pk}") == b"revoked"
+    assert client.get(redis_keys().blocked("key", key.pk)) == b"revoked"
     key.refresh_from_db()
     assert key.revoked_at is not None and not key.is_active
 

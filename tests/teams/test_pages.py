@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+
 import pytest
 from django.test import Client
 from django.urls import reverse
@@ -99,3 +103,29 @@ def test_every_page_links_a_member_to_their_team(bob, charlie, team):
     link = '<a href="/teams/search/" class="team-link"'
     assert link in logged_in(bob).get("/nodes/").content.decode()
     assert link not in logged_in(charlie).get("/nodes/").content.decode()
+
+
+@pytest.fixture
+def hung_redis(settings):
+    """A Redis that takes connections and never answers; closed after 15 s so nothing waits forever."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)  # the kernel completes each connect; nobody ever reads or writes
+    settings.GATEWAY_REDIS_URL = f"redis://127.0.0.1:{server.getsockname()[1]}/0"
+    settings.GATEWAY_REDIS_TIMEOUT_S = 0.5
+    watchdog = threading.Timer(15, server.close)
+    watchdog.start()
+    yield
+    watchdog.cancel()
+    server.close()
+
+
+def test_the_usage_page_answers_at_once_while_redis_hangs(bob, team, hung_redis):
+    team.max_concurrent = 4
+    team.save()
+    started = time.monotonic()
+    response = logged_in(bob).get(reverse("teams:usage", args=["search"]))
+    elapsed = time.monotonic() - started
+    assert response.status_code == 200
+    assert elapsed < 5, f"the page waited {elapsed:.1f} s on a hung Redis"
+    assert "— / 4" in response.content.decode()  # in flight: unknown, not a made-up 0

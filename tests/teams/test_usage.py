@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import threading
 import time
 import uuid
 
@@ -12,28 +13,32 @@ import pytest
 import redis
 from django.utils import timezone
 
+from portal.core.redis_client import redis_keys
 from portal.teams.models import ApiKey, Team, Usage, UsageDaily
-from portal.teams.services import (
-    USAGE_LIST,
-    api_key_create,
-    budgets_enforce,
-    gateway_redis,
-    usage_flush,
-    usage_rollup,
-)
+from portal.teams.services import api_key_create, budgets_enforce, usage_flush, usage_rollup
 
 pytestmark = pytest.mark.django_db
+
+
+def _clear(client: redis.Redis) -> None:
+    stale = [*client.scan_iter(f"{redis_keys().gateway}*"), *client.scan_iter(f"{redis_keys().metrics}*")]
+    if stale:
+        client.delete(*stale)
 
 
 @pytest.fixture
 def gw(settings):
     settings.GATEWAY_REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
-    gateway_redis.cache_clear()
     client = redis.Redis.from_url(settings.GATEWAY_REDIS_URL)
-    client.delete(USAGE_LIST)
+    _clear(client)
     yield client
-    client.delete(USAGE_LIST)
-    gateway_redis.cache_clear()
+    _clear(client)
+    client.close()
+
+
+@pytest.fixture
+def key(team):
+    return api_key_create(team=team)[0]
 
 
 def record(
@@ -58,7 +63,20 @@ def record(
 
 
 def push(client, *records) -> None:
-    client.rpush(USAGE_LIST, *[json.dumps(r) for r in records])
+    client.rpush(redis_keys().usage, *[json.dumps(r) for r in records])
+
+
+def dead_letters(client) -> list[tuple[str, dict | str]]:
+    """(reason, the record as queued) of each dead-lettered record, oldest first."""
+    out = []
+    for raw in client.lrange(redis_keys().usage_dead, 0, -1):
+        entry = json.loads(raw)
+        try:
+            record = json.loads(entry["record"])
+        except ValueError:
+            record = entry["record"]
+        out.append((entry["reason"], record))
+    return out
 
 
 def test_it_flushes_queued_records_into_the_database(team, gw):
@@ -66,14 +84,14 @@ def test_it_flushes_queued_records_into_the_database(team, gw):
     push(gw, record(team, key), record(team, key, status="rejected", prompt=0, completion=0))
     assert usage_flush() == 2
     assert sorted(Usage.objects.values_list("status", flat=True)) == ["completed", "rejected"]
-    assert gw.llen(USAGE_LIST) == 0
+    assert gw.llen(redis_keys().usage) == 0
     key.refresh_from_db()
     assert key.last_used_at is not None
 
 
-def test_it_writes_a_record_pushed_twice_only_once(team, gw):
+def test_it_writes_a_record_pushed_twice_only_once(team, key, gw):
     # A flusher that crashed after inserting but before trimming re-reads the same records.
-    same = record(team)
+    same = record(team, key)
     push(gw, same, same)
     usage_flush()
     push(gw, same)
@@ -81,18 +99,22 @@ def test_it_writes_a_record_pushed_twice_only_once(team, gw):
     assert Usage.objects.count() == 1
 
 
-def test_it_drops_records_of_deleted_teams_and_garbage(team, gw):
+def test_it_dead_letters_records_of_deleted_teams_and_garbage(team, key, gw):
     gone = Team.objects.create(name="Gone", slug="gone")
-    push(gw, record(gone), record(team))
-    gw.rpush(USAGE_LIST, b"not json")
+    gone_key, _ = api_key_create(team=gone)
+    lost = record(gone, gone_key)
+    push(gw, lost, record(team, key))
+    gw.rpush(redis_keys().usage, b"not json")
     Team.objects.filter(pk=gone.pk).delete()
-    usage_flush()
+    assert usage_flush() == 1
     assert list(Usage.objects.values_list("team_id", flat=True)) == [team.pk]
+    assert sorted(dead_letters(gw), key=str) == [("unknown_team", lost), ("unreadable", "not json")]
 
 
 def test_it_rolls_up_a_day_per_team_key_and_model(team, gw):
     key, _ = api_key_create(team=team)
     yesterday = timezone.now() - dt.timedelta(days=1)
+    ApiKey.objects.filter(pk=key.pk).update(created_at=yesterday - dt.timedelta(hours=1))
     push(
         gw,
         record(team, key),
@@ -125,14 +147,196 @@ def test_it_disables_a_team_and_a_key_over_their_daily_budget_until_midnight(tea
     midnight = dt.datetime.combine(today + dt.timedelta(days=1), dt.time.min, tzinfo=dt.UTC)
     assert team.disabled_until == midnight and key.disabled_until == midnight
     assert not ApiKey.objects.get(pk=other.pk).is_disabled()
-    ttl_ms = gw.pttl(f"gw:blocked:team:{team.pk}")
+    ttl_ms = gw.pttl(redis_keys().blocked("team", team.pk))
     assert 0 < ttl_ms <= (midnight.timestamp() - time.time()) * 1000 + 1000
     assert budgets_enforce(day=today) == []  # already disabled
 
 
-def test_a_record_with_unstorable_text_does_not_fail_the_batch(gw, team):
-    bad = {**record(team), "model": "m\x00\ud800x"}  # json.dumps keeps them as \u escapes
-    good = record(team)
+def test_a_record_with_unstorable_text_does_not_fail_the_batch(gw, team, key):
+    bad = {**record(team, key), "model": "m\x00\ud800x"}  # json.dumps keeps them as \u escapes
+    good = record(team, key)
     push(gw, bad, good)
     assert usage_flush() == 2
     assert sorted(Usage.objects.values_list("model", flat=True)) == ["m1", "m?x"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_stores_every_record_exactly_once_with_two_flushers_racing_new_arrivals(team, key, gw):
+    # Beat's flush and the rollup's flush run at once on the control worker (two tasks at a time).
+    from django.db import connection
+
+    ids = [uuid.uuid4().hex for _ in range(10_000)]
+    arrived = threading.Event()
+    errors: list[BaseException] = []
+
+    def arrive() -> None:
+        for start in range(0, len(ids), 100):
+            push(gw, *[record(team, key, request_id=i) for i in ids[start : start + 100]])
+        arrived.set()
+
+    def flush() -> None:
+        try:
+            while not arrived.is_set():
+                usage_flush(batch=10)
+            usage_flush(batch=10)
+        except BaseException as error:  # reported by the test's thread
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=target) for target in (arrive, flush, flush)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not errors and not any(t.is_alive() for t in threads)
+    usage_flush()
+    stored = {u.hex for u in Usage.objects.values_list("request_id", flat=True)}
+    lost = set(ids) - stored
+    assert not lost, f"{len(lost)} of {len(ids)} records lost"
+    assert Usage.objects.count() == len(ids)
+    assert gw.llen(redis_keys().usage) == 0 and dead_letters(gw) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_flushers_holding_a_batch_at_the_same_moment_hold_different_records(team, key, gw, monkeypatch):
+    from django.db import connection
+
+    records = [record(team, key) for _ in range(30)]
+    push(gw, *records)
+    both_hold_one = threading.Barrier(2, timeout=10)
+    first_batches: dict[int, set[str]] = {}
+    insert = Usage.objects.bulk_create
+
+    def insert_once_both_hold_a_batch(rows, **kwargs):
+        if threading.get_ident() not in first_batches:  # each flusher's first batch: wait for the other's
+            first_batches[threading.get_ident()] = {r.request_id.hex for r in rows}
+            both_hold_one.wait()
+        return insert(rows, **kwargs)
+
+    monkeypatch.setattr(Usage.objects, "bulk_create", insert_once_both_hold_a_batch)
+
+    def flush() -> None:
+        try:
+            usage_flush(batch=10)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=flush) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    first, second = first_batches.values()
+    assert len(first) == len(second) == 10 and not first & second
+    assert sorted(u.hex for u in Usage.objects.values_list("request_id", flat=True)) == sorted(
+        r["request_id"] for r in records
+    )
+
+
+def test_it_puts_back_the_batch_of_a_flusher_that_died_holding_it(team, key, gw, monkeypatch):
+    from portal.teams import services
+
+    records = [record(team, key) for _ in range(3)]
+    push(gw, *records)
+    # A flusher takes the batch and dies before storing it (its lease: 1 ms).
+    keys = redis_keys()
+    take = gw.register_script(services._USAGE_TAKE)
+    taken = take(keys=[keys.usage, keys.usage_flushers, keys.usage_taken("dead")], args=[10, 1, "dead"])
+    assert len(taken) == 3
+    assert gw.llen(keys.usage) == 0
+    deadline = time.monotonic() + 5
+    while usage_flush() == 0 and time.monotonic() < deadline:  # the lease ends within a millisecond
+        time.sleep(0.01)
+    assert sorted(u.hex for u in Usage.objects.values_list("request_id", flat=True)) == sorted(
+        r["request_id"] for r in records
+    )
+    assert not gw.exists(keys.usage_taken("dead")) and gw.zcard(keys.usage_flushers) == 0
+
+
+def test_a_batch_the_database_could_not_take_goes_back_on_the_queue(team, key, gw, monkeypatch):
+    from django.db import OperationalError
+
+    from portal.teams import services
+
+    push(gw, record(team, key), record(team, key))
+
+    def database_down(raws):
+        raise OperationalError("the database is restarting")
+
+    monkeypatch.setattr(services, "_usage_store", database_down)
+    with pytest.raises(OperationalError):
+        usage_flush()
+    assert gw.llen(redis_keys().usage) == 2 and gw.zcard(redis_keys().usage_flushers) == 0
+    monkeypatch.undo()
+    assert usage_flush() == 2
+
+
+def test_a_record_postgresql_refuses_is_dead_lettered_counted_and_the_flush_goes_on(team, key, gw, client):
+    from portal.observability.collector import exposition
+
+    huge = record(team, key, prompt=2**31)  # over PostgreSQL's integer: an adopted upstream's count
+    wrong_type = {**record(team, key), "http_status": "abc"}
+    before, after = record(team, key), record(team, key)
+    push(gw, before, huge, wrong_type, after)
+    assert usage_flush() == 2
+    assert sorted(u.hex for u in Usage.objects.values_list("request_id", flat=True)) == sorted(
+        [before["request_id"], after["request_id"]]
+    )
+    assert dead_letters(gw) == [("refused_by_database", huge), ("refused_by_database", wrong_type)]
+    push(gw, record(team, key))  # the next flush is not stuck behind it
+    assert usage_flush() == 1
+    text = exposition().decode()
+    assert 'portal_usage_dead_letters_total{reason="refused_by_database"} 2.0' in text
+    assert "portal_usage_dead_letter_records 2.0" in text
+
+
+def test_it_dead_letters_records_of_keys_this_database_does_not_know(team, key, gw):
+    # Records queued by another portal on the same Redis: its team and key ids mean nothing here.
+    other = Team.objects.create(name="Other", slug="other")
+    other_key, _ = api_key_create(team=other)
+    stranger = {**record(team, key), "api_key_id": 10**9}
+    wrong_team = {**record(team, key), "api_key_id": other_key.pk}  # a key id of another team
+    no_key = {**record(team, key), "api_key_id": None}
+    # Queued before this key existed: a recreated database numbers keys from 1 again.
+    before_the_key = record(team, key, when=key.created_at - dt.timedelta(hours=1))
+    ours = record(team, key)
+    push(gw, stranger, wrong_team, no_key, before_the_key, ours)
+    assert usage_flush() == 1
+    assert [u.hex for u in Usage.objects.values_list("request_id", flat=True)] == [ours["request_id"]]
+    assert dead_letters(gw) == [("unknown_key", r) for r in (stranger, wrong_team, no_key, before_the_key)]
+
+
+def test_it_ignores_the_usage_records_of_another_installation_on_the_same_redis(team, key, gw, settings):
+    from inference.redis_keys import RedisKeys
+
+    theirs = RedisKeys("another-portal")
+    try:
+        gw.rpush(theirs.usage, json.dumps(record(team, key)))
+        assert usage_flush() == 0
+        assert Usage.objects.count() == 0 and gw.llen(theirs.usage) == 1
+    finally:
+        gw.delete(theirs.usage)
+
+
+def test_ops_inspect_replay_and_purge_the_dead_letters(team, key, gw):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    def command(*args: str) -> str:
+        out = StringIO()
+        call_command("usage_dead_letters", *args, stdout=out)
+        return out.getvalue()
+
+    refused = {**record(team, key), "api_key_id": 10**9}
+    push(gw, refused)
+    usage_flush()
+    shown = command("--show", "5")
+    assert "1 dead-lettered usage record(s)" in shown and "unknown_key: 1" in shown
+    assert refused["request_id"] in shown
+    assert command("--replay") == "1 record(s) back on the queue for the next flush\n"
+    assert [json.loads(r) for r in gw.lrange(redis_keys().usage, 0, -1)] == [refused]
+    usage_flush()  # still unknown: dead-lettered again
+    assert command("--purge") == "1 record(s) forgotten\n"
+    assert dead_letters(gw) == [] and Usage.objects.count() == 0
