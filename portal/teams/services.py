@@ -24,7 +24,7 @@ from django.utils import timezone
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError
 
-from .models import ApiKey, Team, Usage, UsageDaily, UsageStatus
+from .models import BIGINT_MAX, INT_MAX, ApiKey, Team, Usage, UsageDaily, UsageStatus
 
 KEY_SCHEME = "sk-"
 REDIS_PREFIX = "gw"
@@ -75,14 +75,16 @@ def api_key_create(
     max_concurrent: int | None = None,
 ) -> tuple[ApiKey, str]:
     """Create a key; returns the row and the key itself, which is never shown again."""
-    for field, value in [
-        ("rpm_limit", rpm_limit),
-        ("tpm_limit", tpm_limit),
-        ("tokens_per_day", tokens_per_day),
-        ("max_concurrent", max_concurrent),
+    for field, value, most in [
+        ("rpm_limit", rpm_limit, INT_MAX),
+        ("tpm_limit", tpm_limit, INT_MAX),
+        ("tokens_per_day", tokens_per_day, BIGINT_MAX),
+        ("max_concurrent", max_concurrent, INT_MAX),
     ]:
         if value is not None and value < 1:
             raise ApplicationError("Must be at least 1 (leave blank for no per-key limit).", field=field)
+        if value is not None and value > most:
+            raise ApplicationError(f"Must be at most {most}.", field=field)
     if expires_at is not None and expires_at <= timezone.now():
         raise ApplicationError("The expiry is in the past.", field="expires_at")
     models = _clean_models(allowed_models)

@@ -99,3 +99,15 @@ def test_every_page_links_a_member_to_their_team(bob, charlie, team):
     link = '<a href="/teams/search/" class="team-link"'
     assert link in logged_in(bob).get("/nodes/").content.decode()
     assert link not in logged_in(charlie).get("/nodes/").content.decode()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("rpm_limit", "2147483648"), ("tpm_limit", "99999999999"), ("tokens_per_day", "9223372036854775808")],
+)
+def test_the_key_form_answers_400_naming_a_limit_too_large_for_its_column(bob, team, field, value):
+    response = logged_in(bob).post(reverse("teams:keys", args=["search"]), {"name": "big", field: value})
+    assert response.status_code == 400
+    assert list(response.context["form"].errors) == [field]
+    assert "less than or equal to" in response.content.decode()
+    assert not ApiKey.objects.filter(team=team).exists()
