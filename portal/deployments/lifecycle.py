@@ -881,7 +881,9 @@ def stop_node_servers(node_name: str, *, reason: str) -> int:
 
 def adopted_check(deployment_id: int) -> str:
     """Health-check a server the portal did not start: state mirrors what it answers."""
-    deployment = Deployment.objects.get(pk=deployment_id, adopted=True)
+    deployment = Deployment.objects.filter(pk=deployment_id, adopted=True).first()
+    if deployment is None:
+        return "not adopted"  # a check sent before the row changed: nothing to watch
     base = deployment.endpoint_url
     healthy = supervisor.check_health(base, timeout_s=5)
     metrics = supervisor.scrape_metrics(base, timeout_s=5) if healthy else None
