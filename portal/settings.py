@@ -7,6 +7,7 @@ start instead of running with a silent default. The README lists every variable.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -53,6 +54,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "axes",
     "portal.core",
     "portal.teams",
     "portal.inventory",
@@ -75,6 +77,8 @@ MIDDLEWARE = [
     "portal.audit.middleware.AuditContextMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last: turns a locked-out login (form or admin) into a 429 page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -137,6 +141,33 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "core:home"
 LOGOUT_REDIRECT_URL = "login"
 
+# --- Password guessing: django-axes counts failed logins (form, admin, the API's Basic auth) ---
+# Its backend comes first and refuses a locked-out username or address before a password hash is run.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+
+
+def env_positive_int(name: str, *, default: int) -> int:
+    value = env.int(name, default=default)
+    if value < 1:
+        raise ImproperlyConfigured(f"{name}={value} must be at least 1")
+    return value
+
+
+# Failures per username (from any address) and per address (for any username): either locks.
+# The address is REMOTE_ADDR, which uvicorn takes from a proxy's X-Forwarded-For when the proxy
+# is in its --forwarded-allow-ips (127.0.0.1 by default).
+AXES_FAILURE_LIMIT = env_positive_int("LOGIN_FAILURE_LIMIT", default=5)
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+# A lockout ends this long after the last counted failure; guesses made while locked out are
+# refused without being counted, so they do not push the end further away.
+AXES_COOLOFF_TIME = timedelta(minutes=env_positive_int("LOGIN_LOCKOUT_MINUTES", default=15))
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+# Successful logins are not recorded by axes: that table would only grow.
+AXES_DISABLE_ACCESS_LOG = True
+
 # --- Security: strict by default, relaxed only for local DEBUG runs ---------
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", default=not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", default=not DEBUG)
@@ -160,7 +191,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=2_6
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.BasicAuthentication",
+        "portal.core.authentication.BasicAuthentication",  # counts failed guesses (axes)
     ],
     "DEFAULT_PERMISSION_CLASSES": ["portal.core.permissions.StaffWritesAuthenticatedReads"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -272,5 +303,6 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     # httpx logs every request at INFO; node agents poll /health every half second while starting.
-    "loggers": {"httpx": {"level": "WARNING"}},
+    # axes narrates each login failure at INFO; failures and lockouts themselves are WARNINGs.
+    "loggers": {"httpx": {"level": "WARNING"}, "axes": {"level": "WARNING"}},
 }
