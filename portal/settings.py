@@ -11,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import environ
+from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -294,6 +295,32 @@ CELERY_BEAT_SCHEDULE["observability-sample-queues"] = {
     "task": "observability.sample_queues",
     "schedule": 15.0,
     "options": {"queue": "control", "expires": 15.0},
+}
+
+# --- Retention: a daily task deletes old rows in batches (portal/core/services.py) ---
+def env_retention_days(name: str, *, default: int, least: int = 1) -> int:
+    """Days to keep; 0 keeps forever."""
+    value = env.int(name, default=default)
+    if value != 0 and value < least:
+        raise ImproperlyConfigured(f"{name}={value} must be 0 (keep forever) or at least {least}")
+    return value
+
+
+# Gateway usage records; each UTC day is rolled up into UsageDaily (kept forever) before its
+# records go. At least 2: the rollup task recomputes today and yesterday from the records.
+RETENTION_USAGE_DAYS = env_retention_days("RETENTION_USAGE_DAYS", default=90, least=2)
+RETENTION_DEPLOYMENT_EVENTS_DAYS = env_retention_days("RETENTION_DEPLOYMENT_EVENTS_DAYS", default=180)
+# Supervision and adopted-server health samples (the deployment page charts the latest 60).
+RETENTION_METRICS_SAMPLES_DAYS = env_retention_days("RETENTION_METRICS_SAMPLES_DAYS", default=7)
+RETENTION_AUDIT_DAYS = env_retention_days("RETENTION_AUDIT_DAYS", default=365)
+# Rows per DELETE: short statements and transactions, however much has piled up.
+RETENTION_BATCH_SIZE = env_positive_int("RETENTION_BATCH_SIZE", default=5000)
+if RETENTION_BATCH_SIZE > 100_000:
+    raise ImproperlyConfigured(f"RETENTION_BATCH_SIZE={RETENTION_BATCH_SIZE} must be at most 100000")
+CELERY_BEAT_SCHEDULE["retention-prune"] = {
+    "task": "core.retention_prune",
+    "schedule": crontab(hour=3, minute=17),  # daily, at a quiet hour (UTC)
+    "options": {"queue": "control", "expires": 6 * 3600},
 }
 
 LOGGING = {

@@ -162,6 +162,10 @@ class UsageDaily(models.Model):
     failed = models.PositiveIntegerField(default=0, help_text="Upstream errors, timeouts and cancellations.")
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
+    closed = models.BooleanField(
+        default=False,
+        help_text="The day's usage records are being or have been deleted (retention): never recomputed.",
+    )
 
     class Meta:
         ordering = ["-day", "team"]

@@ -222,7 +222,12 @@ def _existing_deployment(deployment_id: int) -> int | None:
 
 
 def usage_rollup(*, day: dt.date) -> int:
-    """Recompute the daily rows of `day` from the usage records; returns how many rows."""
+    """Recompute the daily rows of `day` from the usage records; returns how many rows.
+
+    A closed day (its records deleted by `usage_prune`) keeps its rows as they are.
+    """
+    if UsageDaily.objects.filter(day=day, closed=True).exists():
+        return UsageDaily.objects.filter(day=day).count()
     start = dt.datetime.combine(day, dt.time.min, tzinfo=dt.UTC)
     groups = (
         Usage.objects.filter(created_at__gte=start, created_at__lt=start + dt.timedelta(days=1))
@@ -254,6 +259,34 @@ def usage_rollup(*, day: dt.date) -> int:
         UsageDaily.objects.filter(day=day).delete()
         UsageDaily.objects.bulk_create(rows)
     return len(rows)
+
+
+def usage_prune(*, before: dt.date, batch_size: int) -> int:
+    """Delete the usage records of every UTC day before `before`, oldest day first; returns how many.
+
+    Each day is rolled up and marked closed, in one transaction, before its first record goes, so its
+    daily rows are complete and no later rollup recomputes them from what a half-done prune left.
+    """
+    from portal.core.services import delete_in_batches
+
+    cutoff = dt.datetime.combine(before, dt.time.min, tzinfo=dt.UTC)
+    deleted = 0
+    while True:
+        oldest = (
+            Usage.objects.filter(created_at__lt=cutoff)
+            .order_by("created_at")
+            .values_list("created_at", flat=True)
+            .first()
+        )
+        if oldest is None:
+            return deleted
+        day = oldest.astimezone(dt.UTC).date()
+        with transaction.atomic():
+            usage_rollup(day=day)
+            UsageDaily.objects.filter(day=day).update(closed=True)
+        start = dt.datetime.combine(day, dt.time.min, tzinfo=dt.UTC)
+        records = Usage.objects.filter(created_at__gte=start, created_at__lt=start + dt.timedelta(days=1))
+        deleted += delete_in_batches(records, batch_size=batch_size)
 
 
 def budgets_enforce(*, day: dt.date) -> list[str]:
