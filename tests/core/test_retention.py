@@ -139,6 +139,15 @@ def test_beat_runs_the_prune_daily_on_the_control_queue(settings):
     assert entry["task"] in app.tasks
 
 
+def test_the_beat_task_prunes_with_the_settings(retention, team):
+    from portal.core.tasks import retention_prune as task
+
+    _usage(team, timezone.now().date() - dt.timedelta(days=30), minute=0)
+    result = task.apply()
+    assert result.successful(), result.traceback
+    assert result.result["usage"] == 1 and not Usage.objects.exists()
+
+
 def test_it_refuses_a_usage_retention_shorter_than_the_rollup_window():
     result = _manage("check", env={**PRODUCTION, "RETENTION_USAGE_DAYS": "1"})
     assert result.returncode != 0
