@@ -8,9 +8,11 @@ start instead of running with a silent default. The README lists every variable.
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 from pathlib import Path
 
 import environ
+from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 from inference.redis_keys import NAMESPACE_RE, RedisKeys, namespace_for_database
@@ -56,6 +58,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "axes",
     "portal.core",
     "portal.teams",
     "portal.inventory",
@@ -78,6 +81,8 @@ MIDDLEWARE = [
     "portal.audit.middleware.AuditContextMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last: turns a locked-out login (form or admin) into a 429 page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -140,6 +145,33 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "core:home"
 LOGOUT_REDIRECT_URL = "login"
 
+# --- Password guessing: django-axes counts failed logins (form, admin, the API's Basic auth) ---
+# Its backend comes first and refuses a locked-out username or address before a password hash is run.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+
+
+def env_positive_int(name: str, *, default: int) -> int:
+    value = env.int(name, default=default)
+    if value < 1:
+        raise ImproperlyConfigured(f"{name}={value} must be at least 1")
+    return value
+
+
+# Failures per username (from any address) and per address (for any username): either locks.
+# The address is REMOTE_ADDR, which uvicorn takes from a proxy's X-Forwarded-For when the proxy
+# is in its --forwarded-allow-ips (127.0.0.1 by default).
+AXES_FAILURE_LIMIT = env_positive_int("LOGIN_FAILURE_LIMIT", default=5)
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+# A lockout ends this long after the last counted failure; guesses made while locked out are
+# refused without being counted, so they do not push the end further away.
+AXES_COOLOFF_TIME = timedelta(minutes=env_positive_int("LOGIN_LOCKOUT_MINUTES", default=15))
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+# Successful logins are not recorded by axes: that table would only grow.
+AXES_DISABLE_ACCESS_LOG = True
+
 # --- Security: strict by default, relaxed only for local DEBUG runs ---------
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", default=not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", default=not DEBUG)
@@ -163,7 +195,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=2_6
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.BasicAuthentication",
+        "portal.core.authentication.BasicAuthentication",  # counts failed guesses (axes)
     ],
     "DEFAULT_PERMISSION_CLASSES": ["portal.core.permissions.StaffWritesAuthenticatedReads"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -334,6 +366,32 @@ CELERY_BEAT_SCHEDULE["observability-sample-queues"] = {
     "options": {"queue": "control", "expires": 15.0},
 }
 
+# --- Retention: a daily task deletes old rows in batches (portal/core/services.py) ---
+def env_retention_days(name: str, *, default: int, least: int = 1) -> int:
+    """Days to keep; 0 keeps forever."""
+    value = env.int(name, default=default)
+    if value != 0 and value < least:
+        raise ImproperlyConfigured(f"{name}={value} must be 0 (keep forever) or at least {least}")
+    return value
+
+
+# Gateway usage records; each UTC day is rolled up into UsageDaily (kept forever) before its
+# records go. At least 2: the rollup task recomputes today and yesterday from the records.
+RETENTION_USAGE_DAYS = env_retention_days("RETENTION_USAGE_DAYS", default=90, least=2)
+RETENTION_DEPLOYMENT_EVENTS_DAYS = env_retention_days("RETENTION_DEPLOYMENT_EVENTS_DAYS", default=180)
+# Supervision and adopted-server health samples (the deployment page charts the latest 60).
+RETENTION_METRICS_SAMPLES_DAYS = env_retention_days("RETENTION_METRICS_SAMPLES_DAYS", default=7)
+RETENTION_AUDIT_DAYS = env_retention_days("RETENTION_AUDIT_DAYS", default=365)
+# Rows per DELETE: short statements and transactions, however much has piled up.
+RETENTION_BATCH_SIZE = env_positive_int("RETENTION_BATCH_SIZE", default=5000)
+if RETENTION_BATCH_SIZE > 100_000:
+    raise ImproperlyConfigured(f"RETENTION_BATCH_SIZE={RETENTION_BATCH_SIZE} must be at most 100000")
+CELERY_BEAT_SCHEDULE["retention-prune"] = {
+    "task": "core.retention_prune",
+    "schedule": crontab(hour=3, minute=17),  # daily, at a quiet hour (UTC)
+    "options": {"queue": "control", "expires": 6 * 3600},
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -341,5 +399,6 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     # httpx logs every request at INFO; node agents poll /health every half second while starting.
-    "loggers": {"httpx": {"level": "WARNING"}},
+    # axes narrates each login failure at INFO; failures and lockouts themselves are WARNINGs.
+    "loggers": {"httpx": {"level": "WARNING"}, "axes": {"level": "WARNING"}},
 }

@@ -1,7 +1,8 @@
 """The audit log: who did what to which object, when and from where. Append-only.
 
 Rows are written by `portal.audit.services.audit_event_record` and never changed
-or deleted by the portal (the model and its queryset refuse; the admin is read-only).
+or deleted by the portal (the model and its queryset refuse; the admin is read-only),
+except by the daily retention prune after `RETENTION_AUDIT_DAYS` (portal/core/services.py).
 """
 
 from __future__ import annotations

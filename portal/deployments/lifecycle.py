@@ -42,8 +42,6 @@ from .models import Deployment, DeploymentEvent, DeploymentState, DesiredState, 
 logger = logging.getLogger(__name__)
 
 LOG_NAME = "server.log"
-# Supervision samples older than this are deleted as new ones arrive (one per tick per deployment).
-SAMPLES_KEPT = timedelta(days=7)
 # How far back a failed start's log is read for a known cause: vLLM prints the
 # real error before pages of engine-core shutdown noise.
 CLASSIFY_BYTES = 256 * 1024
@@ -760,7 +758,10 @@ def _check_serving(lease: Lease, deployment: Deployment) -> str:
     values = metrics.to_dict() if metrics is not None else {}
     MetricsSample.objects.create(deployment_id=did, healthy=healthy, memory_mb=memory, **values)
     now = timezone.now()
-    MetricsSample.objects.filter(deployment_id=did, at__lt=now - SAMPLES_KEPT).delete()
+    # Old samples go as new ones arrive (one per tick); the daily retention prune catches the rest.
+    if settings.RETENTION_METRICS_SAMPLES_DAYS:
+        kept = timedelta(days=settings.RETENTION_METRICS_SAMPLES_DAYS)
+        MetricsSample.objects.filter(deployment_id=did, at__lt=now - kept).delete()
     if not healthy:
         failures = deployment.health_failures + 1
         lease.write(health_failures=failures, last_checked_at=now)
@@ -881,7 +882,9 @@ def stop_node_servers(node_name: str, *, reason: str) -> int:
 
 def adopted_check(deployment_id: int) -> str:
     """Health-check a server the portal did not start: state mirrors what it answers."""
-    deployment = Deployment.objects.get(pk=deployment_id, adopted=True)
+    deployment = Deployment.objects.filter(pk=deployment_id, adopted=True).first()
+    if deployment is None:
+        return "not adopted"  # a check sent before the row changed: nothing to watch
     base = deployment.endpoint_url
     healthy = supervisor.check_health(base, timeout_s=5)
     metrics = supervisor.scrape_metrics(base, timeout_s=5) if healthy else None

@@ -223,6 +223,10 @@ class Deployment(models.Model):
         return (self.profile.engine if self.profile else "") or (self.node.engine if self.node else "vllm")
 
     @property
+    def gpu_count(self) -> int:
+        return len(self.gpu_indices)
+
+    @property
     def command_line(self) -> str:
         import shlex
 
@@ -275,10 +279,6 @@ class MetricsSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.deployment_id} @ {self.at:%Y-%m-%d %H:%M:%S}"
-
-    @property
-    def gpu_count(self) -> int:
-        return len(self.gpu_indices)
 
 
 class AdoptedEndpoint(Deployment):

@@ -17,6 +17,8 @@ from celery import shared_task
 from celery.signals import worker_shutdown
 from django.db import InterfaceError, OperationalError
 
+from portal.core.tasking import skip_missing_row
+
 # A database connection lost mid-task (PostgreSQL restarted, a network blip):
 # the only errors worth trying again; everything else is recorded as a failure.
 TRANSIENT_ERRORS = (OperationalError, InterfaceError)
@@ -36,28 +38,32 @@ def _owner(task) -> str:
 
 
 @shared_task(bind=True, name="deployments.start", **NODE_TASK_OPTIONS)
-def start_deployment(self, deployment_id: int, reason: str = "") -> str:
+@skip_missing_row("deployments.Deployment", arg="deployment_id")
+def start_deployment(self, deployment_id: int, reason: str = "") -> str | None:
     from .lifecycle import deployment_start
 
     return deployment_start(deployment_id, owner=_owner(self), reason=reason)
 
 
 @shared_task(bind=True, name="deployments.stop", **NODE_TASK_OPTIONS)
-def stop_deployment(self, deployment_id: int) -> str:
+@skip_missing_row("deployments.Deployment", arg="deployment_id")
+def stop_deployment(self, deployment_id: int) -> str | None:
     from .lifecycle import deployment_stop
 
     return deployment_stop(deployment_id, owner=_owner(self))
 
 
 @shared_task(bind=True, name="deployments.restart", **NODE_TASK_OPTIONS)
-def restart_deployment(self, deployment_id: int, reason: str = "restart requested") -> str:
+@skip_missing_row("deployments.Deployment", arg="deployment_id")
+def restart_deployment(self, deployment_id: int, reason: str = "restart requested") -> str | None:
     from .lifecycle import deployment_restart
 
     return deployment_restart(deployment_id, owner=_owner(self), reason=reason)
 
 
 @shared_task(bind=True, name="deployments.reconcile", **NODE_TASK_OPTIONS)
-def reconcile_deployment(self, deployment_id: int) -> str:
+@skip_missing_row("deployments.Deployment", arg="deployment_id")
+def reconcile_deployment(self, deployment_id: int) -> str | None:
     """Move the deployment toward its desired state, whatever happened before."""
     from .lifecycle import deployment_start, deployment_stop
     from .models import Deployment, DeploymentState, DesiredState
@@ -79,7 +85,8 @@ def supervise_node(self, node_name: str) -> dict[str, str]:
 
 
 @shared_task(name="deployments.check_adopted")
-def check_adopted(deployment_id: int) -> str:
+@skip_missing_row("deployments.Deployment", arg="deployment_id")
+def check_adopted(deployment_id: int) -> str | None:
     from .lifecycle import adopted_check
 
     return adopted_check(deployment_id)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from portal.core.tasking import skip_missing_row
+
 
 @shared_task(name="inventory.discover_gpus")
-def discover_gpus(node_name: str) -> int:
+@skip_missing_row("inventory.Node", arg="node_name", field="name")
+def discover_gpus(node_name: str) -> int | None:
     """Read this machine's GPUs with nvidia-smi and record them; returns the GPU count.
 
     Must run on the node itself: send it with `queue=node.queue`.
@@ -25,7 +28,8 @@ def discover_gpus(node_name: str) -> int:
 
 
 @shared_task(name="inventory.probe_software")
-def probe_software(node_name: str) -> dict:
+@skip_missing_row("inventory.Node", arg="node_name", field="name")
+def probe_software(node_name: str) -> dict | None:
     """Report the node's vLLM environment (vLLM, torch, CUDA, kernel arch list).
 
     Must run on the node itself. A broken environment is recorded on the node, not raised:

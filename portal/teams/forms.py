@@ -7,6 +7,8 @@ import datetime as dt
 from django import forms
 from django.utils import timezone
 
+from .models import BIGINT_MAX, INT_MAX
+
 
 class ApiKeyCreateForm(forms.Form):
     name = forms.CharField(max_length=100, required=False, help_text="What the key is for.")
@@ -16,10 +18,16 @@ class ApiKeyCreateForm(forms.Form):
     expires_in_days = forms.IntegerField(
         min_value=1, max_value=3650, required=False, help_text="Blank: never."
     )
-    rpm_limit = forms.IntegerField(min_value=1, required=False, label="Requests per minute")
-    tpm_limit = forms.IntegerField(min_value=1, required=False, label="Tokens per minute")
-    tokens_per_day = forms.IntegerField(min_value=1, required=False, label="Tokens per day")
-    max_concurrent = forms.IntegerField(min_value=1, required=False, label="Concurrent requests")
+    rpm_limit = forms.IntegerField(
+        min_value=1, max_value=INT_MAX, required=False, label="Requests per minute"
+    )
+    tpm_limit = forms.IntegerField(min_value=1, max_value=INT_MAX, required=False, label="Tokens per minute")
+    tokens_per_day = forms.IntegerField(
+        min_value=1, max_value=BIGINT_MAX, required=False, label="Tokens per day"
+    )
+    max_concurrent = forms.IntegerField(
+        min_value=1, max_value=INT_MAX, required=False, label="Concurrent requests"
+    )
 
     def service_kwargs(self) -> dict:
         data = self.cleaned_data

@@ -15,6 +15,10 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+# Largest values of the quota columns (PostgreSQL integer and bigint); forms and services refuse more.
+INT_MAX = 2**31 - 1
+BIGINT_MAX = 2**63 - 1
+
 
 class QuotaFields(models.Model):
     """Request quotas shared by teams and keys; blank means "no limit at this level"."""
@@ -158,6 +162,10 @@ class UsageDaily(models.Model):
     failed = models.PositiveIntegerField(default=0, help_text="Upstream errors, timeouts and cancellations.")
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
+    closed = models.BooleanField(
+        default=False,
+        help_text="The day's usage records are being or have been deleted (retention): never recomputed.",
+    )
 
     class Meta:
         ordering = ["-day", "team"]

@@ -31,7 +31,7 @@ from portal.core.errors import ApplicationError
 from portal.core.redis_client import gateway_redis, redis_keys
 from portal.observability import metrics
 
-from .models import ApiKey, Team, Usage, UsageDaily, UsageStatus
+from .models import BIGINT_MAX, INT_MAX, ApiKey, Team, Usage, UsageDaily, UsageStatus
 
 KEY_SCHEME = "sk-"
 log = logging.getLogger("portal.teams")
@@ -82,14 +82,16 @@ def api_key_create(
     max_concurrent: int | None = None,
 ) -> tuple[ApiKey, str]:
     """Create a key; returns the row and the key itself, which is never shown again."""
-    for field, value in [
-        ("rpm_limit", rpm_limit),
-        ("tpm_limit", tpm_limit),
-        ("tokens_per_day", tokens_per_day),
-        ("max_concurrent", max_concurrent),
+    for field, value, most in [
+        ("rpm_limit", rpm_limit, INT_MAX),
+        ("tpm_limit", tpm_limit, INT_MAX),
+        ("tokens_per_day", tokens_per_day, BIGINT_MAX),
+        ("max_concurrent", max_concurrent, INT_MAX),
     ]:
         if value is not None and value < 1:
             raise ApplicationError("Must be at least 1 (leave blank for no per-key limit).", field=field)
+        if value is not None and value > most:
+            raise ApplicationError(f"Must be at most {most}.", field=field)
     if expires_at is not None and expires_at <= timezone.now():
         raise ApplicationError("The expiry is in the past.", field="expires_at")
     models = _clean_models(allowed_models)
@@ -394,7 +396,12 @@ def usage_dead_letters_purge() -> int:
 
 
 def usage_rollup(*, day: dt.date) -> int:
-    """Recompute the daily rows of `day` from the usage records; returns how many rows."""
+    """Recompute the daily rows of `day` from the usage records; returns how many rows.
+
+    A closed day (its records deleted by `usage_prune`) keeps its rows as they are.
+    """
+    if UsageDaily.objects.filter(day=day, closed=True).exists():
+        return UsageDaily.objects.filter(day=day).count()
     start = dt.datetime.combine(day, dt.time.min, tzinfo=dt.UTC)
     groups = (
         Usage.objects.filter(created_at__gte=start, created_at__lt=start + dt.timedelta(days=1))
@@ -426,6 +433,34 @@ def usage_rollup(*, day: dt.date) -> int:
         UsageDaily.objects.filter(day=day).delete()
         UsageDaily.objects.bulk_create(rows)
     return len(rows)
+
+
+def usage_prune(*, before: dt.date, batch_size: int) -> int:
+    """Delete the usage records of every UTC day before `before`, oldest day first; returns how many.
+
+    Each day is rolled up and marked closed, in one transaction, before its first record goes, so its
+    daily rows are complete and no later rollup recomputes them from what a half-done prune left.
+    """
+    from portal.core.services import delete_in_batches
+
+    cutoff = dt.datetime.combine(before, dt.time.min, tzinfo=dt.UTC)
+    deleted = 0
+    while True:
+        oldest = (
+            Usage.objects.filter(created_at__lt=cutoff)
+            .order_by("created_at")
+            .values_list("created_at", flat=True)
+            .first()
+        )
+        if oldest is None:
+            return deleted
+        day = oldest.astimezone(dt.UTC).date()
+        with transaction.atomic():
+            usage_rollup(day=day)
+            UsageDaily.objects.filter(day=day).update(closed=True)
+        start = dt.datetime.combine(day, dt.time.min, tzinfo=dt.UTC)
+        records = Usage.objects.filter(created_at__gte=start, created_at__lt=start + dt.timedelta(days=1))
+        deleted += delete_in_batches(records, batch_size=batch_size)
 
 
 def budgets_enforce(*, day: dt.date) -> list[str]:

@@ -58,6 +58,8 @@ def team_keys(request, slug: str):
         request,
         "teams/team_keys.html",
         {"team": team, "keys": api_keys_of(team), "form": form, "new_token": new_token},
+        # A refused form is the client's error: 400, with the fields named on the page.
+        status=400 if form.is_bound and form.errors else 200,
     )
 
 

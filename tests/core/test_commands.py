@@ -140,3 +140,28 @@ def test_it_seeds_profiles_the_planner_accepts_on_their_own_targets():
     assert verdicts["v100-70b-gptq-tp8"] is True
     assert verdicts["example-bf16-on-v100"] is False
     assert verdicts["v100-16g-27b-gptq"] is False  # the fp16 embedding leaves no KV room
+
+
+def test_it_narrows_an_existing_password_file_to_the_owner_before_writing_the_password(tmp_path):
+    from django.contrib.auth import get_user_model
+
+    password_file = tmp_path / "pw"
+    password_file.write_text("left over\n")
+    password_file.chmod(0o644)
+    call_command("seed_demo", "--admin-password-file", str(password_file))
+    assert password_file.stat().st_mode & 0o777 == 0o600
+    admin = get_user_model().objects.get(username="admin")
+    assert admin.check_password(password_file.read_text().strip())
+
+
+def test_it_creates_no_superuser_when_the_password_file_cannot_be_written(tmp_path):
+    from django.contrib.auth import get_user_model
+
+    (tmp_path / "not-a-directory").write_text("")
+    with pytest.raises(OSError):
+        call_command("seed_demo", "--admin-password-file", str(tmp_path / "not-a-directory" / "pw"))
+    assert not get_user_model().objects.filter(is_superuser=True).exists()
+    # So a run with a usable path still creates the admin, with a password someone can read.
+    call_command("seed_demo", "--admin-password-file", str(tmp_path / "pw"))
+    admin = get_user_model().objects.get(username="admin")
+    assert admin.check_password((tmp_path / "pw").read_text().strip())

@@ -192,3 +192,15 @@ def test_it_plans_on_a_hand_entered_gpu_the_catalog_lacks(team, llama7b, profile
     assert plan.decode_tokens_per_s_ceiling == pytest.approx(
         1000e9 / (plan.weights_gb_per_gpu * 1e9), rel=0.01
     )
+
+
+def test_it_counts_a_deployments_gpus_and_leaves_samples_without_a_gpu_count(
+    team, llama7b, profile_tp8, dgx
+):
+    from portal.deployments.models import MetricsSample
+
+    deployment = _create(team, llama7b, profile_tp8, dgx, list(range(8)))
+    assert deployment.gpu_count == 8
+    sample = MetricsSample.objects.create(deployment=deployment, healthy=True)
+    # A sample has no GPUs of its own: the count is the deployment's.
+    assert not hasattr(sample, "gpu_count")

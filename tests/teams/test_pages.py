@@ -129,3 +129,15 @@ def test_the_usage_page_answers_at_once_while_redis_hangs(bob, team, hung_redis)
     assert response.status_code == 200
     assert elapsed < 5, f"the page waited {elapsed:.1f} s on a hung Redis"
     assert "— / 4" in response.content.decode()  # in flight: unknown, not a made-up 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("rpm_limit", "2147483648"), ("tpm_limit", "99999999999"), ("tokens_per_day", "9223372036854775808")],
+)
+def test_the_key_form_answers_400_naming_a_limit_too_large_for_its_column(bob, team, field, value):
+    response = logged_in(bob).post(reverse("teams:keys", args=["search"]), {"name": "big", field: value})
+    assert response.status_code == 400
+    assert list(response.context["form"].errors) == [field]
+    assert "less than or equal to" in response.content.decode()
+    assert not ApiKey.objects.filter(team=team).exists()

@@ -7,6 +7,7 @@ the run command calls it on every start.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from pathlib import Path
 
@@ -265,9 +266,15 @@ class Command(BaseCommand):
         if users.filter(is_superuser=True).exists():
             return
         password = secrets.token_urlsafe(12)
+        # The file first: a superuser whose password was never written down would lock the demo out
+        # (the next run sees a superuser and creates none). handle() is atomic as well.
+        password_file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            # The mode given to open() applies only to a new file; an existing one is narrowed here,
+            # before the password is in it.
+            os.fchmod(out.fileno(), 0o600)
+            out.write(password + "\n")
         admin = users.create_superuser("admin", "admin@localhost", password)
         Team.objects.get(slug="platform").members.add(admin)
-        password_file.parent.mkdir(parents=True, exist_ok=True)
-        password_file.touch(mode=0o600)
-        password_file.write_text(password + "\n")
         self.stdout.write(f"created superuser 'admin'; its password is in {password_file}")
