@@ -8,10 +8,10 @@ where the predicted output tok/s and mean TPOT match the measured ones (squared 
 errors, so a 10 % miss weighs the same at 1 user and at 256).
 
 Only the constants the profile exercises are fitted: an eager run says nothing about
-CUDA-graph launches and vice versa; the others keep their starting values. A weak pull
-towards the starting values settles what the measurements leave open: at low levels of
-an eager run the CPU bounds every step, so only the sum of per-step scheduling and kernel
-launching is seen, and the pull keeps the scheduling near its default instead of
+CUDA-graph launches and vice versa; the others keep their starting values. A pull
+towards an informed start settles what the measurements leave open: at low levels of an
+eager run the CPU bounds every step, so only the sum of per-step scheduling and kernel
+launching is seen, and the pull keeps the scheduling near its starting value instead of
 drifting along that ridge (docs/simulator.md, "Calibration"). A calibration given as the
 starting point (say, from a CUDA-graph run of the same node) is what the pull holds to.
 
@@ -42,13 +42,14 @@ MIN_FIT_REQUESTS = 16
 # pins it down) and the one an eager run at low levels cannot tell from kernel launching,
 # so it is held firmly: doubling it costs as much as a 15 % miss on one measured figure.
 # The launch costs are what differ most between a V100 node and a slow VM in front of an
-# H200 (10×), so they are held only loosely. The API work per token shows only at high
-# levels; a fit on low levels leaves it near its start.
+# H200 (10×), so they are held only loosely. The per-token work is seen at low levels only
+# as the difference between 1 and 16 users, a few per cent and noisy on a VM, so it is held
+# firmly to the informed start (`_informed_start`).
 PRIOR_WEIGHTS: dict[str, float] = {
     "step_overhead_s": 0.05,
     "eager_launch_s_per_layer": 0.0005,
     "graph_launch_s_per_layer": 0.0005,
-    "api_s_per_token": 0.01,
+    "api_s_per_token": 0.05,
 }
 # Stop when the simplex's objective values agree this closely, or after this many runs.
 TOLERANCE = 1e-5
@@ -66,6 +67,7 @@ class MeasuredLevel:
     output_throughput: float  # tok/s
     mean_tpot_ms: float
     requests: int  # measured requests (completed + failed)
+    warmup: int | None = None  # warm-up requests sent first; None: one per user, as by default
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,9 @@ def measured_levels(report: object, *, only: Sequence[int] | None = None) -> lis
         if not level.get("completed") or not _positive(throughput) or not _positive(tpot):
             continue  # nothing completed, or one-token outputs: no rate or TPOT to fit
         requests = int(level.get("completed", 0)) + int(level.get("failed", 0) or 0)
-        levels.append(MeasuredLevel(concurrency, float(throughput), float(tpot), requests))
+        warmup = level.get("warmup_requests")
+        warmup = warmup if isinstance(warmup, int) and not isinstance(warmup, bool) and warmup >= 0 else None
+        levels.append(MeasuredLevel(concurrency, float(throughput), float(tpot), requests, warmup))
     if only is not None:
         missing = sorted(set(only) - {level.concurrency for level in levels})
         if missing:
@@ -134,12 +138,16 @@ def fitted_names(config: EngineConfig) -> tuple[str, ...]:
 def simulate_levels(
     config: EngineConfig, mix: Mix, measured: Sequence[MeasuredLevel], *, seed: int = 0
 ) -> list[dict]:
-    """The simulated level for each measured one, with the fit's request counts."""
+    """The simulated level for each measured one, with the fit's request counts.
+
+    The warm-up is the measured one when the report says (the bench's `--warmup`),
+    else one request per user, as the bench sends by default.
+    """
     engine = SimEngine(config)
     results = []
     for level in measured:
         n = min(level.requests, max(MIN_FIT_REQUESTS, FIT_REQUESTS_PER_USER * level.concurrency))
-        warmup = min(level.concurrency, n)
+        warmup = level.warmup if level.warmup is not None else min(level.concurrency, n)
         specs = [fit_to_context(spec, engine.max_model_len) for spec in mix.sample(n + warmup, seed=seed)]
         results.append(run_level(config, specs, concurrency=level.concurrency, warmup=warmup).level)
     return results
@@ -171,7 +179,10 @@ def fit_host_costs(
     names = fitted_names(config)
     lows = [math.log(HOST_COST_BOUNDS[name][0] + _FLOOR_S) for name in names]
     highs = [math.log(HOST_COST_BOUNDS[name][1] + _FLOOR_S) for name in names]
-    origin = [math.log(getattr(start, name) + _FLOOR_S) for name in names]
+    lowest = min(measured, key=lambda level: level.concurrency)
+    guess = simulate_levels(config, mix, [lowest], seed=seed)[0]
+    first = _informed_start(config, names, start, lowest, guess)
+    origin = [math.log(getattr(first, name) + _FLOOR_S) for name in names]
     evaluations = 0
 
     def costs_at(point: Sequence[float]) -> HostCosts:
@@ -195,10 +206,7 @@ def fit_host_costs(
             on_evaluation(host, value)
         return value
 
-    lowest = min(measured, key=lambda level: level.concurrency)
-    guess = simulate_levels(config, mix, [lowest], seed=seed)[0]
-    first = _informed_start(config, names, start, lowest, guess)
-    best = _nelder_mead(objective, [math.log(getattr(first, name) + _FLOOR_S) for name in names], lows, highs)
+    best = _nelder_mead(objective, list(origin), lows, highs)
     host = costs_at(best)
     predicted = simulate_levels(replace(config, host=host), mix, measured, seed=seed)
     levels = [
@@ -217,13 +225,21 @@ def fit_host_costs(
 def _informed_start(
     config: EngineConfig, names: Sequence[str], start: HostCosts, level: MeasuredLevel, predicted: dict
 ) -> HostCosts:
-    """Where the search starts: the lowest level's TPOT explained by the host costs.
+    """Where the search starts and what it is pulled towards: the lowest level's TPOT
+    explained by the host costs.
 
-    A step costs scheduling plus the larger of the GPU's part and the launch work. With the
-    starting constants the lowest level's TPOT predicts that step; a measured TPOT beyond the
-    GPU's part is launch work (the eager VM case), a shorter or slightly longer one is
-    scheduling. Without this the simplex, started at the V100-era constants, can settle on
-    the flat ridge where scheduling explains everything.
+    A step costs scheduling plus the larger of the GPU's part and the CPU's part (launch
+    work plus per-token work). With the starting constants the lowest level's TPOT predicts
+    that step; a measured TPOT beyond the GPU's part is CPU work (the eager VM case), a
+    shorter or slightly longer one is scheduling. Without this the simplex, started at the
+    V100-era constants, can settle on the flat ridge where scheduling explains everything.
+
+    CPU work found this way scales the per-token API work with it, by the square root of
+    the launch work's factor: both are Python on the same host, but part of the per-token
+    work is vectorised and does not slow down with the interpreter. On the recorded H200
+    runs (tests/sim/data/h200) scaling it fully overpredicted the GQA model's 256-user
+    TPOT by 24 %, not scaling it underpredicted the 64-user TPOT by 22 %; the geometric
+    middle holds both models (docs/simulator.md). The levels then refine both.
     """
     tpot_s, guess_ms = level.mean_tpot_ms / 1000, predicted.get("mean_tpot_ms")
     if not _positive(guess_ms):
@@ -232,10 +248,13 @@ def _informed_start(
     layers = config.model.num_layers
     scheduling = start.step_overhead_s
     launch = getattr(start, launch_name) * layers
-    gpu = guess_ms / 1000 - scheduling  # the GPU's part, or the launch work if that bound the step
+    gpu = guess_ms / 1000 - scheduling  # the GPU's part, or the CPU's part if that bound the step
     values: dict[str, float] = {}
     if tpot_s - scheduling > max(gpu, launch) * 1.05:
-        values[launch_name] = (tpot_s - scheduling) / layers
+        per_token = start.api_s_per_token * level.concurrency
+        factor = (tpot_s - scheduling) / (launch + per_token) if launch + per_token > 0 else 1.0
+        values[launch_name] = getattr(start, launch_name) * factor
+        values["api_s_per_token"] = start.api_s_per_token * math.sqrt(factor)
     else:
         values["step_overhead_s"] = max(0.0, scheduling + tpot_s - guess_ms / 1000)
     for name, value in values.items():

@@ -71,10 +71,10 @@ PCIE_BUS_EFFICIENCY = 0.7
 # layer and per streamed token, so a calibration made with one model carries to another.
 #
 # How they combine (docs/simulator.md, "Host costs and how they overlap"): kernel launches
-# are asynchronous, so the CPU's launch work for a step runs while the GPU executes what was
-# already launched. A step costs the larger of the CPU's launch work and the GPU's work (its
-# roofline plus the gaps it idles between small kernels), not their sum, plus the per-step
-# scheduling that neither overlaps.
+# are asynchronous, so the CPU's work for a step (launching its kernels, plus the per-token
+# work of the requests in it) runs while the GPU executes what was already launched. A step
+# costs the larger of the CPU's work and the GPU's work (its roofline plus the gaps it idles
+# between small kernels), not their sum, plus the per-step scheduling that neither overlaps.
 #
 # CPU time to launch one decoder layer's kernels in eager mode (PyTorch dispatch of
 # ~15-20 kernels). The default makes the CPU never the bottleneck of a V100 step, which is
@@ -91,9 +91,12 @@ GRAPH_LAUNCH_S_PER_LAYER = 5e-6
 # is ~1.5 ms, so its throughput is mostly overhead; docs/simulator.md shows what this
 # model predicts for that reference's three set-ups with 1.5 ms here.
 STEP_OVERHEAD_S = 1.5e-3
-# API-server work per streamed token: detokenizing, building and sending its SSE chunk.
-# vLLM runs it beside the engine (async output processing since 0.6; the V1 engine's
-# separate frontend process), so it only costs time when it outlasts the GPU step.
+# Host work per streamed token: the engine's per-request bookkeeping and output, the API
+# server's detokenizing and SSE chunk. It overlaps the GPU (async output processing since
+# vLLM 0.6; V1's separate frontend process) but shares the CPU with the launches: on the
+# H200 VM an eager step grew ~60-190 µs per extra sequence while the GPU's work did not,
+# which only launch work plus per-token work explains. It costs time only when the CPU's
+# part outlasts the GPU's.
 API_S_PER_TOKEN = 10e-6
 
 # --- GPU-side launch gaps (fixed) -----------------------------------------------------
@@ -169,7 +172,7 @@ class StepTime:
     memory_s: float
     communication_s: float
     overhead_s: float  # per-step scheduling: host time nothing overlaps
-    host_overlapped_s: float = 0.0  # kernel launches and API work: hidden behind the GPU when shorter
+    host_overlapped_s: float = 0.0  # launches + per-token work: hidden behind the GPU when shorter
     launch_gap_s: float = 0.0  # time the GPU idles between small kernels even when launched ahead
 
     @property
@@ -294,6 +297,6 @@ class StepCostModel:
             memory_s=memory_bytes / self.effective_bandwidth,
             communication_s=communication,
             overhead_s=host.step_overhead_s,
-            host_overlapped_s=max(launch * self.layers, host.api_s_per_token * batch.samples),
+            host_overlapped_s=launch * self.layers + host.api_s_per_token * batch.samples,
             launch_gap_s=gap * self.layers,
         )
