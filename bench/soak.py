@@ -6,8 +6,9 @@
 A throwaway world on 127.0.0.1, in a temporary directory: a SQLite database
 (migrated) and a private `redis-server` (the machine's PostgreSQL and Redis are
 not touched); the simulator serving Llama-2-7B fp16 TP8 on simulated
-V100-SXM2-32GB with FIELD_NOTES' profile (max_num_seqs 256, chunked prefill,
-prefix caching, eager), registered as an adopted endpoint (`endpoint_register`,
+V100-SXM2-32GB with the profile of docs/v100-field-guide.md#launch-settings
+(max_num_seqs 256, chunked prefill, prefix caching, eager), registered as an
+adopted endpoint (`endpoint_register`,
 what `manage.py register_endpoint` does); a team and key with every quota set
 but too high to bind (so every check still runs); a second key of that team
 with a deliberately low requests-per-minute quota; one gateway web process
@@ -72,7 +73,8 @@ HIGH = {"rpm_limit": 10**7, "tpm_limit": 10**9, "tokens_per_day": 10**12, "max_c
 
 
 def profile():
-    """FIELD_NOTES' 7B fp16 / TP8 / 8 × V100-SXM2-32GB profile (the demo's `v100-7b-fp16-tp8`)."""
+    """The 7B fp16 / TP8 / 8 × V100-SXM2-32GB profile of docs/v100-field-guide.md#launch-settings
+    (the demo's `v100-7b-fp16-tp8`)."""
     from inference.planner import ProfileSettings
 
     return ProfileSettings(

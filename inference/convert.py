@@ -1,6 +1,6 @@
 """bf16 → fp16 conversion of a safetensors model directory, streamed.
 
-FIELD_NOTES: a V100 has no bf16 support; a bf16 checkpoint loaded there gave
+A V100 has no bf16 support (docs/v100-field-guide.md#hardware); a bf16 checkpoint loaded there gave
 garbage tokens (or a slow fallback) with no startup error. The fix is a copy of
 the checkpoint in float16. This module writes that copy without torch and
 without holding a model in memory:

@@ -1,6 +1,6 @@
 """What a node's vLLM environment can run: vLLM, torch, torch's CUDA, its GPU kernels.
 
-FIELD_NOTES: PyTorch 2.11+ ships Volta (sm_70) kernels only in its CUDA 12.6
+docs/v100-field-guide.md#software-stack: PyTorch 2.11+ ships Volta (sm_70) kernels only in its CUDA 12.6
 builds, and vLLM's default build moved to CUDA 13, which dropped Volta. A server
 from such an environment starts and then dies at the first kernel on a V100
 ("no kernel image is available for execution on the device"). So the agent runs

@@ -3,7 +3,7 @@
 A node agent runs `QUERY_COMMAND` and `TOPO_COMMAND` (or `discover_local` does it)
 and the portal parses the text here into `GpuReading`s and a `Topology`. The planner
 uses the topology to keep a tensor-parallel group on NVLink: over PCIe 3.0 the
-all-reduce of every layer makes TP slow (see FIELD_NOTES, "The hardware").
+all-reduce of every layer makes TP slow (docs/v100-field-guide.md#hardware).
 """
 
 from __future__ import annotations

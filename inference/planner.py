@@ -81,10 +81,10 @@ LOGITS_BYTES = 4
 # budget is vLLM's default chunk of 2048 tokens.
 DEFAULT_BATCHED_TOKENS = 2048
 
-# FIELD_NOTES: 75-85 % of the ~900 GB/s HBM2 peak is reachable; 750 of 900 is the
+# docs/v100-field-guide.md#hardware: 75-85 % of the ~900 GB/s HBM2 peak is reachable; 750 of 900 is the
 # figure behind "7B fp16 TP8: 1.75 GB per GPU at 750 GB/s ≈ 2.3 ms".
 EFFECTIVE_BANDWIDTH_FRACTION = 750 / 900
-# FIELD_NOTES: "real prefill takes 3-4x the ideal"; the middle of that range.
+# docs/v100-field-guide.md#hardware: "real prefill takes 3-4x the ideal"; the middle of that range.
 PREFILL_REALITY_FACTOR = 3.5
 # A forward pass costs ~2 FLOPs (multiply + add) per parameter per token.
 FLOPS_PER_PARAM_PER_TOKEN = 2

@@ -33,7 +33,8 @@ QUANT_MIN_CAPABILITY: dict[str, tuple[int, int]] = {
     "fp8": (8, 0),
 }
 
-# FIELD_NOTES: 0.95-0.96 gave CUDA OOM on V100 at load or sporadically; 0.93 ran 72 h clean.
+# docs/v100-field-guide.md#launch-settings: 0.95-0.96 gave CUDA OOM on V100 at load or
+# sporadically; 0.93 ran 72 h clean.
 VOLTA_SAFE_MEMORY_UTILIZATION = 0.93
 
 # The length a sequence typically reaches in the field mix: prompts average
@@ -44,11 +45,12 @@ TYPICAL_SEQ_TOKENS = 2048
 # the typical capacity leaves room for short requests without preemption storms.
 PREEMPTION_FACTOR = 2
 
-# FIELD_NOTES: past 8192 on V100 "the gain is small and KV capacity collapses".
+# docs/v100-field-guide.md#launch-settings: past 8192 on V100 "the gain is small and KV
+# capacity collapses".
 VOLTA_USEFUL_MAX_MODEL_LEN = 8192
 
-# FIELD_NOTES: "when one GPU holds the weights with ≥ 50 % left for KV, run one
-# instance per GPU (or per pair) instead" of tensor parallelism.
+# docs/v100-field-guide.md#launch-settings: when one GPU holds the weights with ≥ 50 % left
+# for KV, run one instance per GPU (or per pair) instead of tensor parallelism.
 SMALL_MODEL_KV_SHARE = 0.5
 
 # Candidate TPs for suggestions: vLLM deployments use powers of two.

@@ -7,7 +7,7 @@ What a node agent does with a vLLM (or simulator) server, as plain functions:
   `VLLM::Worker`), with `CUDA_VISIBLE_DEVICES` set and stdout/stderr to a log file;
 - `wait_until_ready` polls `/health` and `/v1/models` until the served model is
   listed, the process dies, or a deadline passes;
-- `warm_up` and `smoke_test` send the first requests (FIELD_NOTES: a bf16
+- `warm_up` and `smoke_test` send the first requests (docs/v100-field-guide.md#operating-habits: a bf16
   checkpoint on V100 produced garbage with no error, so a start is not done
   until a fixed prompt gets a sane reply);
 - `stop_group` sends SIGTERM to the group, SIGKILL after a grace period, and
@@ -386,7 +386,8 @@ def smoke_test(base_url: str, model: str, *, expected_substring: str = "", timeo
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    """When to restart a healthy server on purpose (FIELD_NOTES: memory creeps after
+    """When to restart a healthy server on purpose (docs/v100-field-guide.md#operating-habits:
+    memory creeps after
     ~48 h, preemption storms when KV headroom collapses). None disables a rule."""
 
     max_uptime_hours: float | None = None

@@ -12,8 +12,8 @@ OpenAI-compatible server's `/v1/completions` (streaming, `ignore_eos` +
 - stops at a request count or after a duration; a level that hits its timeout,
   or a sweep that is cancelled, keeps what it measured and is marked partial.
 
-The client is aiohttp (DESIGN.md: httpx's default transport is the bottleneck
-under many concurrent streams). Hooks let a caller (the Celery job, the
+The client is aiohttp: httpx's default transport is the bottleneck under many
+concurrent streams (docs/architecture.md#gateway-upstream-client). Hooks let a caller (the Celery job, the
 command) follow progress and cancel; they are called on the event loop thread
 and must not block.
 """

@@ -303,7 +303,8 @@ def little_law_from_table(level: dict) -> dict:
     """Little's law on a level known only from a table (an import): concurrency, throughput, latencies.
 
     With mean E2EL and mean output tokens: expected = C × tokens ÷ E2EL. Without them
-    (FIELD_NOTES' 7B table has neither), mean TPOT still bounds it: each of C streams
+    (the 7B table of docs/v100-field-guide.md#reference-run has neither), mean TPOT
+    still bounds it: each of C streams
     emits at most one token per TPOT after its first, so output throughput ≤ C ÷ TPOT
     (times out/(out−1) ≈ 1 for outputs of hundreds of tokens). A table reporting more is
     inconsistent: TPOT or throughput was measured some other way.

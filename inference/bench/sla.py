@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Sla:
-    """FIELD_NOTES' SLA by default: P95 TTFT ≤ 3 s and P95 TPOT ≤ 0.2 s."""
+    """The field guide's SLA by default: P95 TTFT ≤ 3 s and P95 TPOT ≤ 0.2 s
+    (docs/v100-field-guide.md#measuring)."""
 
     p95_ttft_s: float = 3.0
     p95_tpot_s: float = 0.2

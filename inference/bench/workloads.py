@@ -6,7 +6,7 @@ ranges of prompt and output tokens. Sampling is stratified: a bucket with share
 run is not skewed by the luck of the draw; the order is then shuffled. The same
 seed always gives the same list.
 
-Prompt lengths of the field presets come from FIELD_NOTES.md; output lengths
+Prompt lengths of the field presets come from docs/v100-field-guide.md#measuring; output lengths
 are our stated choice (docs/decisions.md). Output lengths are forced by the load
 generator (`ignore_eos` + `max_tokens`) so runs are comparable.
 """
@@ -139,7 +139,8 @@ _SHORT_QA = Bucket(1.0, (100, 300), (200, 500))
 _LONG_SUMMARY = Bucket(1.0, (2000, 3000), (500, 800))
 
 PRESETS: dict[str, Mix] = {
-    # FIELD_NOTES: 40 % under 500 prompt tokens, 30 % 500–1500, 20 % 1500–3000, 10 % over 3000.
+    # docs/v100-field-guide.md#measuring: 40 % under 500 prompt tokens, 30 % 500–1500,
+    # 20 % 1500–3000, 10 % over 3000.
     "field-mix": Mix(
         "field-mix",
         (
@@ -240,7 +241,7 @@ def fit_to_context(spec: RequestSpec, max_model_len: int | None) -> RequestSpec:
     """Shorten a prompt so prompt + forced output fit the server's context.
 
     vLLM refuses a request longer than its max_model_len with a 400; a mix drawn for
-    an 8k context (FIELD_NOTES' top bucket reaches 4000 prompt tokens) would then fail
+    an 8k context (the field mix's top bucket reaches 4000 prompt tokens) would then fail
     a few per cent of requests on a 4k model and no level could meet an SLA. The
     output length stays as drawn, so runs remain comparable on what is generated.
     """

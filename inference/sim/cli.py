@@ -24,7 +24,7 @@ DTYPE_ALIASES = {"half": "float16", "float": "float32", "float16": "float16", "b
 
 
 # What the portal is for: a launch that names no GPU (a CPU node running the simulator)
-# pretends to be on the FIELD_NOTES V100s, and says so at start.
+# pretends to be on the V100s of docs/v100-field-guide.md#sources, and says so at start.
 DEFAULT_HARDWARE = "v100-sxm2-32gb"
 
 

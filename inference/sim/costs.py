@@ -26,18 +26,20 @@ from inference.modelspec import DTYPE_BYTES, ModelArch
 from inference.planner import EFFECTIVE_BANDWIDTH_FRACTION, ProfileSettings, Sizing, peak_tflops
 
 # --- memory -----------------------------------------------------------------
-# FIELD_NOTES: "~900 GB/s per GPU; 75–85 % reachable" and its reference arithmetic
-# uses 750 of 900 GB/s; the planner's constant, so both halves of the planner agree.
+# docs/v100-field-guide.md#hardware: "~900 GB/s per GPU; 75–85 % reachable", and its
+# reference arithmetic uses 750 of 900 GB/s; the planner's constant, so both halves of
+# the planner agree.
 BANDWIDTH_EFFICIENCY = EFFECTIVE_BANDWIDTH_FRACTION
 
 # --- compute ----------------------------------------------------------------
 # Fraction of the tensor-core peak the matmuls of a forward pass reach: cuBLAS fp16
 # GEMMs of TP8's per-GPU shapes (4096 × 512…2752) on V100 run at ~60 % of peak. Checked
-# against FIELD_NOTES' "real prefill takes 3–4× the ideal": with the all-reduces and
+# against docs/v100-field-guide.md#hardware ("real prefill takes 3–4× the ideal"): with the
+# all-reduces and
 # overheads below, a 1000-token 7B TP8 prefill step comes out ~2.6× the ideal 13.5 ms,
 # a little under that range. At 0.4 it would hit 3.4×, but then the table's throughput
 # at 64-256 users (where prefill is most of the GPU's work) falls ~30 % short: the two
-# FIELD_NOTES figures pull apart, and 0.6 is the value a V100's GEMMs actually reach.
+# figures of the field guide pull apart, and 0.6 is the value a V100's GEMMs actually reach.
 MATMUL_EFFICIENCY = 0.6
 # FLOPs per (query token, key token) pair per layer and attention head dimension:
 # 2 for Q·Kᵀ and 2 for the weighted sum over V.
@@ -49,8 +51,9 @@ ATTENTION_FLOPS_PER_PAIR_PER_DIM = 4
 # and moves 2·(TP−1)/TP of the message over each GPU's link.
 ALLREDUCES_PER_LAYER = 2
 # Per-hop latency of NCCL's low-latency protocol between V100s (NVLink's own latency is
-# ~1 µs). FIELD_NOTES: "TP across 8 GPUs costs ~10–15 % of a decode step for a 7B model";
-# with 1 µs per hop plus the per-call launch below, a 7B TP8 decode step at batch 16
+# ~1 µs). docs/v100-field-guide.md#hardware: "TP across 8 GPUs costs ~10–15 % of a decode
+# step for a 7B model"; with 1 µs per hop plus the per-call launch below, a 7B TP8 decode
+# step at batch 16
 # spends ~14 % of its time in all-reduce (checked in tests/sim/test_costs.py).
 NVLINK_HOP_LATENCY_S = 1e-6
 # Over PCIe the hops cross the CPU root complex (nvidia-smi topo: PHB/NODE/SYS): several
@@ -78,7 +81,8 @@ PCIE_BUS_EFFICIENCY = 0.7
 #
 # CPU time to launch one decoder layer's kernels in eager mode (PyTorch dispatch of
 # ~15-20 kernels). The default makes the CPU never the bottleneck of a V100 step, which is
-# what FIELD_NOTES' eager V100 figures show; a slow host CPU in front of a fast GPU is where
+# what the eager V100 figures of docs/v100-field-guide.md#reference-run show; a slow host
+# CPU in front of a fast GPU is where
 # it dominates: an H200 behind a 16-core VM took ~22 ms per 7B decode step eager against
 # ~4.5 ms with CUDA graphs (vLLM 0.26), ~0.6 ms per layer.
 EAGER_LAUNCH_S_PER_LAYER = 60e-6
@@ -102,8 +106,9 @@ API_S_PER_TOKEN = 10e-6
 # --- GPU-side launch gaps (fixed) -----------------------------------------------------
 # Even when the CPU launches ahead of the GPU, ~10 of a decoder layer's ~15-20 kernels
 # (norms, rotary, adds, cache writes) are shorter on the GPU than their ~6 µs launch, so
-# the GPU idles ~60 µs per layer in eager mode. FIELD_NOTES: "--enforce-eager ... costs
-# ~15-20 % throughput where graphs would have worked": 60 µs per layer is ~20 % of a 7B
+# the GPU idles ~60 µs per layer in eager mode. docs/v100-field-guide.md#hardware:
+# "--enforce-eager ... costs ~15-20 % throughput where graphs would have worked": 60 µs
+# per layer is ~20 % of a 7B
 # TP8 decode step at batch 16 here (checked in tests/sim/test_costs.py). Mixed
 # prefill/decode steps keep these gaps with CUDA graphs too (vLLM V0 captured decode
 # batches only; V1's piecewise graphs still run attention between the pieces).

@@ -6,7 +6,7 @@ from django import forms
 
 from inference.bench.workloads import MAX_INLINE_CHARS, PRESETS
 
-from .services import FIELD_NOTES_7B_TABLE, MAX_SEED
+from .services import FIELD_GUIDE_7B_TABLE, MAX_SEED
 
 
 def _numbers(text: str, kind, field: str) -> list:
@@ -65,11 +65,11 @@ class RunForm(forms.Form):
 
 
 class ImportForm(forms.Form):
-    title = forms.CharField(max_length=200, initial="FIELD_NOTES: 7B/TP8 on 8×V100-32G (one run)")
+    title = forms.CharField(max_length=200, initial="V100 field guide: 7B/TP8 on 8×V100-32G (one run)")
     deployment = forms.ChoiceField(required=False)
     table = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 10, "cols": 90}),
-        initial=FIELD_NOTES_7B_TABLE,
+        initial=FIELD_GUIDE_7B_TABLE,
         help_text="Markdown, CSV or tab-separated; columns named like concurrency, output tok/s, "
         "mean TTFT s, P95 TTFT s, mean TPOT s, P95 TPOT s (optional: mean E2EL s, mean output tokens).",
     )

@@ -597,8 +597,8 @@ def benchmark_run_apply_sla_cap(*, run: BenchmarkRun, user) -> Deployment:
     )
 
 
-# FIELD_NOTES.md: 7B/TP8 on 8×V100-32G with the 40/30/20/10 mix (one run).
-FIELD_NOTES_7B_TABLE = """\
+# docs/v100-field-guide.md#reference-run: 7B/TP8 on 8×V100-32G with the 40/30/20/10 mix (one run).
+FIELD_GUIDE_7B_TABLE = """\
 | concurrency | output tok/s | mean TTFT s | P95 TTFT s | mean TPOT s | P95 TPOT s |
 |---|---|---|---|---|---|
 | 16 | 1380 | 0.45 | 0.82 | 0.042 | 0.065 |

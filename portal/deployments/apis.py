@@ -185,8 +185,10 @@ class RegisterEndpointSerializer(serializers.Serializer):
 class DeploymentViewSet(viewsets.ModelViewSet):
     """Deployments. Creating one checks the plan, free GPUs and the team's GPU quota.
 
-    Changing where a deployment runs means a new deployment, so updates are limited
-    to its desired state and concurrency cap (the lifecycle issue acts on them).
+    There is no update (PUT and PATCH answer 405): changing where or how a deployment
+    runs means a new deployment. Its desired state changes through the `start`, `stop`
+    and `restart` actions, and its gateway concurrency cap through a benchmark run's
+    `apply-cap` (`POST /api/v1/benchmark-runs/<id>/apply-cap/`).
     """
 
     serializer_class = DeploymentSerializer

@@ -29,7 +29,7 @@ class Engine(models.TextChoices):
 
 
 class DeploymentProfile(models.Model):
-    """Every vLLM knob that FIELD_NOTES.md found to matter, plus free-form extras."""
+    """Every vLLM knob that docs/v100-field-guide.md#launch-settings found to matter, plus extras."""
 
     name = models.SlugField(max_length=100, unique=True)
     description = models.CharField(max_length=255, blank=True)
@@ -152,7 +152,8 @@ class Deployment(models.Model):
     )
     # Where the cap came from ("set by alice", "benchmark run 12 at P95 SLA"), shown next to it.
     concurrency_cap_source = models.CharField(max_length=255, blank=True)
-    # The SLA that benchmark runs of this deployment are judged by (FIELD_NOTES' defaults).
+    # The SLA that benchmark runs of this deployment are judged by (defaults from
+    # docs/v100-field-guide.md#measuring).
     sla_p95_ttft_s = models.FloatField(default=3.0, validators=[MinValueValidator(0.001)])
     sla_p95_tpot_s = models.FloatField(default=0.2, validators=[MinValueValidator(0.0001)])
     # A server the portal did not start (register_endpoint): health-checked and

@@ -70,7 +70,7 @@ def plan_on_catalog_gpus(
 ) -> Plan:
     """A plan from loose values: the plan command, the plan API and the planner page.
 
-    The tensor-parallel size defaults to all the GPUs, as DESIGN.md's `plan` does.
+    The tensor-parallel size defaults to all the GPUs, as `plan` does (docs/architecture.md#contracts).
     """
     placement = target_placement(gpu_key=gpu, gpu_count=gpus, nvlink_connected=nvlink)
     arch = resolve_model(model, allow_paths=allow_paths)

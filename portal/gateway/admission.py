@@ -111,7 +111,8 @@ def parse(raw: bytes, *, chat: bool, caller) -> Parsed:
     if n > MAX_N:
         raise _bad(f"`n` must be at most {MAX_N}.", "n")
 
-    # FIELD_NOTES: clamp max_tokens so a few long generations cannot hold batch slots.
+    # docs/v100-field-guide.md#gateway-rules: clamp max_tokens so a few long generations
+    # cannot hold batch slots.
     name = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
     asked = _positive_int(body, name)
     max_tokens = min(asked or caller.max_tokens_clamp, caller.max_tokens_clamp)

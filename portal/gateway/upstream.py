@@ -2,7 +2,7 @@
 
 httpx's API over the aiohttp transport (`httpx_aiohttp`): under many concurrent
 streams httpx's default transport reached only ~20 % of direct throughput here,
-the aiohttp transport ~80 % (DESIGN.md). One client and one transport (one
+the aiohttp transport ~80 % (docs/architecture.md#gateway-upstream-client). One client and one transport (one
 connection pool) per event loop, with explicit timeouts and pool limits; `read`
 is the longest gap allowed between two chunks.
 

@@ -209,7 +209,7 @@ async def _serve(request, ex: Exchange, *, chat: bool):
         chunks = None
         try:
             if parsed.stream:
-                # Tiered first-token timeout (FIELD_NOTES: short 30 s, long 60 s).
+                # Tiered first-token timeout (docs/v100-field-guide.md#gateway-rules: short 30 s, long 60 s).
                 async with asyncio.timeout(first_token_timeout):
                     ex.upstream = response = await open_stream(
                         replica.chat_url if chat else replica.completions_url, body, ex.request_id
@@ -261,7 +261,8 @@ async def _serve(request, ex: Exchange, *, chat: bool):
 
         ex.mark_first_byte()
         if long_prompt:
-            # The limiter bounds long prompts in prefill (FIELD_NOTES), not for their whole
+            # The limiter bounds long prompts in prefill (docs/v100-field-guide.md#gateway-rules), not for
+            # their whole
             # stream: the first byte means the first token, so prefill is over.
             ex.keeper.drop([limiter.long_key(replica.id)], ex.request_id)
             await limiter.release_long(request_id=ex.request_id, deployment_id=replica.id)

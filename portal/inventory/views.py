@@ -46,7 +46,8 @@ def node_detail(request, name: str, *, accept_form: forms.Form | None = None, st
 
 
 def _kernel_warnings(node, gpus) -> list[str]:
-    """FIELD_NOTES: a torch build without the GPUs' sm_XY fails at the first kernel."""
+    """A torch build without the GPUs' sm_XY fails at the first kernel
+    (docs/v100-field-guide.md#software-stack)."""
     if not gpus or not node.torch_cuda_version:
         return []
     missing = missing_kernels(node.torch_arch_list, [g.compute_capability for g in gpus])

@@ -65,7 +65,7 @@ class ModelVersion(models.Model):
     quant_group_size = models.PositiveIntegerField(null=True, blank=True)
     config = models.JSONField(default=dict, blank=True, help_text="The config.json it was read from.")
 
-    # Release hashes (FIELD_NOTES: a tokenizer updated without its weights
+    # Release hashes (docs/v100-field-guide.md#operating-habits: a tokenizer updated without its weights
     # garbled output for weeks, so both are pinned at release).
     weights_sha256 = models.CharField(max_length=64, blank=True)
     tokenizer_sha256 = models.CharField(max_length=64, blank=True)

@@ -58,7 +58,8 @@ class Team(QuotaFields):
         validators=[MinValueValidator(0)],
         help_text="How many GPUs this team's running deployments may hold at once.",
     )
-    # FIELD_NOTES: clamp max_tokens so a few long generations cannot hold batch slots.
+    # docs/v100-field-guide.md#gateway-rules: clamp max_tokens so a few long generations
+    # cannot hold batch slots.
     max_tokens_clamp = models.PositiveIntegerField(
         default=1024, validators=[MinValueValidator(1)], help_text="Largest max_tokens a request may ask for."
     )

@@ -1,4 +1,4 @@
-"""The `bench` command: DESIGN.md's contract, against the fake server."""
+"""The `bench` command: its contract (docs/architecture.md#contracts), against the fake server."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import io
 import pytest
 
 from portal.benchmarks.models import BenchmarkLevel, BenchmarkRun, RunState
-from portal.benchmarks.services import FIELD_NOTES_7B_TABLE, benchmark_import_table, benchmark_run_create
+from portal.benchmarks.services import FIELD_GUIDE_7B_TABLE, benchmark_import_table, benchmark_run_create
 
 pytestmark = pytest.mark.django_db
 
@@ -197,7 +197,7 @@ def test_it_imports_the_field_notes_table_and_shows_why_it_fails(client, alice):
     client.force_login(alice)
     assert "1380" in client.get("/benchmarks/import/").content.decode()  # prefilled
     response = client.post(
-        "/benchmarks/import/", {"title": "FIELD_NOTES 7B", "table": FIELD_NOTES_7B_TABLE}, follow=True
+        "/benchmarks/import/", {"title": "V100 field guide 7B", "table": FIELD_GUIDE_7B_TABLE}, follow=True
     )
     page = response.content.decode()
     assert "suspected measurement problem" in page
@@ -211,7 +211,7 @@ def test_it_keeps_imports_to_staff(client, bob):
 
 
 def test_it_shows_imported_runs_without_a_deployment_to_staff_only(client, alice, bob):
-    run = benchmark_import_table(user=alice, title="x", text=FIELD_NOTES_7B_TABLE)
+    run = benchmark_import_table(user=alice, title="x", text=FIELD_GUIDE_7B_TABLE)
     client.force_login(bob)
     assert client.get(run.get_absolute_url()).status_code == 404
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from portal.benchmarks.plots import histogram, line_chart, run_plots
-from portal.benchmarks.services import FIELD_NOTES_7B_TABLE, parse_table
+from portal.benchmarks.services import FIELD_GUIDE_7B_TABLE, parse_table
 
 
 def test_it_draws_throughput_ttft_and_tpot_with_the_sla_lines():
-    plots = run_plots(parse_table(FIELD_NOTES_7B_TABLE), sla_ttft_s=3.0, sla_tpot_s=0.2)
+    plots = run_plots(parse_table(FIELD_GUIDE_7B_TABLE), sla_ttft_s=3.0, sla_tpot_s=0.2)
     assert len(plots) == 3
     throughput, ttft, tpot = plots
     assert "Output throughput vs concurrency" in throughput and throughput.count("<circle") == 5

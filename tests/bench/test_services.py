@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from portal.benchmarks.models import BenchmarkLevel, BenchmarkRun, RunState
 from portal.benchmarks.services import (
-    FIELD_NOTES_7B_TABLE,
+    FIELD_GUIDE_7B_TABLE,
     benchmark_import_table,
     benchmark_run_apply_sla_cap,
     benchmark_run_cancel,
@@ -289,7 +289,7 @@ def test_it_applies_the_sla_point_as_the_gateway_cap_with_its_source(alice, bob,
 
 
 def test_it_reads_the_field_notes_table():
-    levels = parse_table(FIELD_NOTES_7B_TABLE)
+    levels = parse_table(FIELD_GUIDE_7B_TABLE)
     assert levels[0] == {
         "failed": None,
         "concurrency": 16,
@@ -302,7 +302,7 @@ def test_it_reads_the_field_notes_table():
 
 
 def test_it_imports_the_field_notes_table_and_shows_why_littles_law_fails(alice):
-    run = benchmark_import_table(user=alice, title="7B", text=FIELD_NOTES_7B_TABLE)
+    run = benchmark_import_table(user=alice, title="7B", text=FIELD_GUIDE_7B_TABLE)
     assert run.sla_concurrency == 64
     assert "128 misses: P95 TTFT 3.20 s > 3 s" in run.sla_reason
     first = run.levels.get(index=0).results["little_law"]

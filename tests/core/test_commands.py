@@ -1,4 +1,4 @@
-"""The command-line contracts operators script against (DESIGN.md)."""
+"""The command-line contracts operators script against (docs/architecture.md#contracts)."""
 
 import json
 

@@ -2,7 +2,7 @@
 
 from inference.bench.sla import Sla, operating_point
 
-# FIELD_NOTES' 7B/TP8 table, in vLLM's key names (ms).
+# The 7B/TP8 table of docs/v100-field-guide.md#reference-run, in vLLM's key names (ms).
 FIELD_TABLE = [
     {"concurrency": c, "failed": 0, "p95_ttft_ms": ttft * 1000, "p95_tpot_ms": tpot * 1000}
     for c, ttft, tpot in (

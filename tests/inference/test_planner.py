@@ -1,4 +1,5 @@
-"""The planner: weights, KV capacity and rooflines, checked against FIELD_NOTES' reference arithmetic."""
+"""The planner: weights, KV capacity and rooflines, checked against the reference
+arithmetic of docs/v100-field-guide.md#reference-arithmetic."""
 
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def tp8_v100_node() -> Placement:
     return node(V100_32, gpu_count=8)
 
 
-# Reference arithmetic (FIELD_NOTES), within ±10 %.
+# Reference arithmetic (docs/v100-field-guide.md#reference-arithmetic), within ±10 %.
 
 
 def test_it_puts_about_1_75_gb_of_llama2_7b_fp16_weights_on_each_of_8_gpus():

@@ -1,4 +1,4 @@
-"""The step-cost model scales with what drives each cost, against FIELD_NOTES' figures."""
+"""The step-cost model scales with what drives each cost, against docs/v100-field-guide.md's figures."""
 
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ def decode(batch: int, context: int = 1500) -> BatchShape:
 
 
 def test_it_reads_the_weight_shard_in_about_field_notes_time_at_batch_one():
-    # FIELD_NOTES: 7B fp16 TP8 ≈ 1.75 GB per GPU, ≈ 2.3 ms at 750 GB/s.
+    # docs/v100-field-guide.md#reference-arithmetic: 7B fp16 TP8 ≈ 1.75 GB per GPU, ≈ 2.3 ms at 750 GB/s.
     step = model().batch_time(decode(1, context=0))
     assert step.memory_s == pytest.approx(2.3e-3, rel=0.05)
 
 
 def test_it_spends_about_field_notes_share_of_a_7b_tp8_decode_step_in_all_reduce():
-    # FIELD_NOTES: "TP across 8 GPUs costs ~10–15 % of a decode step for a 7B model".
+    # docs/v100-field-guide.md#hardware: "TP across 8 GPUs costs ~10–15 % of a decode step for a 7B model".
     step = model().batch_time(decode(16))
     assert 0.08 <= step.communication_s / step.total_s <= 0.17
 
@@ -47,7 +47,7 @@ def test_it_makes_tensor_parallelism_over_pcie_slower_than_over_nvlink():
 
 
 def test_it_puts_a_1000_token_prefill_at_a_few_times_the_ideal():
-    # FIELD_NOTES: ideal ≈ 14 ms across 8 V100s; "real prefill takes 3–4× the ideal".
+    # docs/v100-field-guide.md#hardware: ideal ≈ 14 ms across 8 V100s; "real prefill takes 3–4× the ideal".
     ideal = Sizing(LLAMA_7B, ProfileSettings(tensor_parallel_size=8), V100).prefill_s_ideal(1000)
     step = model().batch_time(BatchShape.of([ScheduledChunk(0, 1000, True)]))
     assert 2.3 <= step.total_s / ideal <= 4

@@ -15,9 +15,10 @@ from inference.planner import ProfileSettings
 from inference.sim.engine import EngineConfig, EngineRefused
 from inference.sim.virtual import run_level, sweep
 
-# FIELD_NOTES' 7B fp16 / TP8 / 8 × V100-SXM2-32GB run with the 40/30/20/10 mix, as the
+# The 7B fp16 / TP8 / 8 × V100-SXM2-32GB run (docs/v100-field-guide.md#reference-run) with the
+# 40/30/20/10 mix, as the
 # demo profile `v100-7b-fp16-tp8` sets it up: concurrency → (output tok/s, mean TTFT s).
-FIELD_NOTES_TABLE = {
+FIELD_GUIDE_TABLE = {
     16: (1380, 0.45),
     32: (2350, 0.63),
     64: (3560, 1.05),
@@ -112,38 +113,38 @@ def test_it_refuses_to_simulate_a_profile_vllm_would_not_start():
 
 def test_it_reproduces_field_notes_throughput_within_twenty_percent(capsys):
     started = time.perf_counter()
-    # The default 20 requests per user: FIELD_NOTES held each level 10-15 minutes, so its
+    # The default 20 requests per user: the reference run held each level 10-15 minutes, so its
     # figures are steady-state; a short closed loop loses about one E2EL at each end.
-    levels = sweep(CONFIG, load_mix("field-mix"), list(FIELD_NOTES_TABLE))["levels"]
+    levels = sweep(CONFIG, load_mix("field-mix"), list(FIELD_GUIDE_TABLE))["levels"]
     wall = time.perf_counter() - started
     with capsys.disabled():
         print(f"\nfield-mix on v100-7b-fp16-tp8, simulated in {wall:.1f} s of wall time")
         print(format_table(levels))
         print(
-            "concurrency | predicted tok/s | FIELD_NOTES tok/s | error "
-            "| predicted mean TTFT s | FIELD_NOTES s"
+            "concurrency | predicted tok/s | reference tok/s | error "
+            "| predicted mean TTFT s | reference s"
         )
         for level in levels:
-            throughput, ttft = FIELD_NOTES_TABLE[level["concurrency"]]
+            throughput, ttft = FIELD_GUIDE_TABLE[level["concurrency"]]
             print(
                 f"{level['concurrency']:>11} | {level['output_throughput']:>15.0f} | {throughput:>17} | "
                 f"{level['output_throughput'] / throughput - 1:+6.0%} | "
                 f"{level['mean_ttft_ms'] / 1000:>21.2f} | {ttft:.2f}"
             )
     for level in levels:
-        throughput, _ = FIELD_NOTES_TABLE[level["concurrency"]]
+        throughput, _ = FIELD_GUIDE_TABLE[level["concurrency"]]
         assert level["output_throughput"] == pytest.approx(throughput, rel=0.20), level["concurrency"]
 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="FIELD_NOTES' TTFT column, like its TPOT column, cannot be reconciled with its "
+    reason="The reference run's TTFT column, like its TPOT column, cannot be reconciled with its "
     "throughput column: at 256 users the engine must prefill ≥ 15.6k prompt tok/s, so a "
     "1210-token prompt takes ≤ 80 ms of GPU time, and 0.45 s at 16 users (25 % busy) is not "
     "prefill plus queueing (docs/simulator.md)",
 )
 def test_it_reproduces_field_notes_mean_ttft_within_a_factor_of_one_and_a_half():
-    result = sweep(CONFIG, load_mix("field-mix"), list(FIELD_NOTES_TABLE))
+    result = sweep(CONFIG, load_mix("field-mix"), list(FIELD_GUIDE_TABLE))
     for level in result["levels"]:
-        _, ttft = FIELD_NOTES_TABLE[level["concurrency"]]
+        _, ttft = FIELD_GUIDE_TABLE[level["concurrency"]]
         assert ttft / 1.5 <= level["mean_ttft_ms"] / 1000 <= ttft * 1.5, level["concurrency"]

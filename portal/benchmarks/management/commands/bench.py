@@ -1,4 +1,4 @@
-"""The `bench` command (DESIGN.md's contract).
+"""The `bench` command (its contract: docs/architecture.md#contracts).
 
     python manage.py bench --url … --model … --concurrency 16,32 --requests-per-level N \
         --mix <name> [--json out.json]

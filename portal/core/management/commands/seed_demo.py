@@ -1,4 +1,4 @@
-"""`manage.py seed_demo`: the set-up FIELD_NOTES.md describes, ready to explore.
+"""`manage.py seed_demo`: the set-up docs/v100-field-guide.md describes, ready to explore.
 
 Idempotent: objects are looked up by name and left alone when they exist, so
 the run command calls it on every start.
@@ -66,7 +66,7 @@ MODELS = [
     ("qwen2.5-7b-instruct", "qwen2.5-7b-instruct", "Qwen/Qwen2.5-7B-Instruct (bf16 weights)"),
 ]
 
-# The launch settings that worked in FIELD_NOTES.md ("Launch settings that worked, and why").
+# The launch settings that worked (docs/v100-field-guide.md#launch-settings).
 PROFILES = [
     {
         "name": "v100-7b-fp16-tp8",
@@ -75,7 +75,7 @@ PROFILES = [
         "target_gpu": "v100-sxm2-32gb",
         "target_gpu_count": 8,
         "tensor_parallel_size": 8,
-        "max_model_len": 4096,  # Llama-2 has 4096 positions; FIELD_NOTES' 8192 is for longer models
+        "max_model_len": 4096,  # Llama-2 has 4096 positions; the field guide's 8192 is for longer models
         "max_num_seqs": 256,
         "enable_prefix_caching": True,
         "enable_chunked_prefill": True,
@@ -93,9 +93,10 @@ PROFILES = [
     },
     {
         "name": "v100-16g-27b-gptq",
-        # FIELD_NOTES ran "a 27B 4-bit model" on this card; this GPTQ build keeps its
-        # 2.4 GB fp16 embedding and does not fit, and the planner says so (docs/decisions.md).
-        "description": "27B 4-bit on one V100-16G PCIe, as in FIELD_NOTES; this GPTQ build does not fit",
+        # A write-up in docs/v100-field-guide.md#sources ran a 27B 4-bit model on this card;
+        # this GPTQ build keeps its 2.4 GB fp16 embedding and does not fit, and the planner
+        # says so (docs/decisions.md).
+        "description": "27B 4-bit on one V100-16G PCIe, as in the field guide; this GPTQ build does not fit",
         "model": "gemma-2-27b-it-gptq-4bit",
         "target_gpu": "v100-pcie-16gb",
         "target_gpu_count": 1,
@@ -130,7 +131,8 @@ PROFILES = [
     },
 ]
 
-# What every V100 profile above shares (FIELD_NOTES: float16, 0.93, eager, block 16).
+# What every V100 profile above shares (docs/v100-field-guide.md#launch-settings: float16, 0.93,
+# eager, block 16).
 V100_DEFAULTS = {"dtype": "float16", "gpu_memory_utilization": 0.93, "enforce_eager": True, "block_size": 16}
 
 
@@ -194,7 +196,7 @@ class Command(BaseCommand):
             node_apply_nvidia_smi_text(node=node, query_csv=query, topology_text=topology)
 
     def _sim_deployment(self) -> None:
-        """FIELD_NOTES' 7B fp16 TP8 profile on the demo DGX, served by the simulator.
+        """The field guide's 7B fp16 TP8 profile on the demo DGX, served by the simulator.
 
         Its agent (make run's `agent-dgx`) starts it; on later runs a deployment that is
         meant to run but is not serving is asked to start again.

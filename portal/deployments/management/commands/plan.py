@@ -1,4 +1,4 @@
-"""`manage.py plan`: the capacity planner from the shell (contract in DESIGN.md)."""
+"""`manage.py plan`: the capacity planner from the shell (contract: docs/architecture.md#contracts)."""
 
 from __future__ import annotations
 
