@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
@@ -347,8 +348,12 @@ class RateLimiter:
         long_cap: int = 2,
         queue_max: int = 256,
         timeout_s: float = 10.0,
+        on_admitted: Callable[[Admission], None] | None = None,
     ) -> tuple[Admission, Placement | None]:
-        """`admit`, then `acquire_replica` if admitted, with the first try of both in one script."""
+        """`admit`, then `acquire_replica` if admitted, with the first try of both in one script.
+
+        `on_admitted` gets the admission before any wait in the queue: a caller cancelled while
+        queued never sees the return value, yet must still release its slots and reservation."""
         admit_keys, admit_args = self._admit_keys_args(request_id, team, key, tokens)
         keys, args = self._acquire_keys_args(
             request_id, model, candidates, long_prompt, long_cap, queue_max, timeout_s
@@ -357,6 +362,8 @@ class RateLimiter:
         admission = self._admission(result, tokens)
         if not admission.ok:
             return admission, None
+        if on_admitted is not None:
+            on_admitted(admission)
         first = (int(result[3]), int(result[4]))
         return admission, await self._wait_for_slot(keys, args, request_id, model, timeout_s, first=first)
 

@@ -11,6 +11,7 @@ waiting in the model's bounded queue if none has room.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -155,8 +156,10 @@ async def admit_and_place(
     model: str,
     candidates: list[tuple[int, int | None]],
     long_prompt: bool,
+    on_admitted: Callable[[Admission], None],
 ) -> tuple[Admission, Placement | None]:
-    """Quotas, then a replica slot: one Redis round trip when both say yes at once."""
+    """Quotas, then a replica slot: one Redis round trip when both say yes at once.
+    `on_admitted` learns of the admission before the request waits in the queue."""
     try:
         return await limiter.admit_and_place(
             request_id=request_id,
@@ -166,6 +169,7 @@ async def admit_and_place(
             model=model,
             candidates=candidates,
             long_prompt=long_prompt,
+            on_admitted=on_admitted,
             **_queue_limits(),
         )
     except RedisError:

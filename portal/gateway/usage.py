@@ -37,6 +37,7 @@ class Exchange:
     model: str = ""
     stream: bool = False
     admission: Admission | None = None
+    placed: bool = False  # it got a replica slot; before that, nothing ran and nothing is billed
     deployment_id: int | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -44,6 +45,11 @@ class Exchange:
     finished: bool = False
     leases: list[str] = field(default_factory=list)
     upstream: object | None = None  # the open httpx.Response, closed when the exchange finishes
+
+    def admitted(self, admission: Admission) -> None:
+        """Known before the request queues, so a client leaving the queue still gets its slots
+        released and its reservation refunded by `finish`."""
+        self.admission = admission
 
     def hold(self, zsets: list[str]) -> None:
         self.leases += zsets
@@ -88,7 +94,8 @@ class Exchange:
             "ttft_ms": self.ttft_ms,
             "duration_ms": (time.perf_counter() - self.started_mono) * 1000,
         }
-        used = self.prompt_tokens + self.completion_tokens if status != "rejected" else 0
+        billed = self.placed and status != "rejected"
+        used = self.prompt_tokens + self.completion_tokens if billed else 0
         try:
             await self.limiter.finish(
                 request_id=self.request_id,

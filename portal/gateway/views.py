@@ -182,6 +182,7 @@ async def _serve(request, ex: Exchange, *, chat: bool):
         model=parsed.model,
         candidates=[(r.id, r.cap) for r in remaining],
         long_prompt=long_prompt,
+        on_admitted=ex.admitted,
     )
     check_admission(ex.admission)
     ex.hold([limiter.concurrency_key(s) for s in (ex.team, ex.key) if s.limits.max_concurrent])
@@ -202,6 +203,7 @@ async def _serve(request, ex: Exchange, *, chat: bool):
             )
         replica = remaining.pop(check_placement(placement, parsed.model))
         placement = None
+        ex.placed = True
         ex.deployment_id = replica.id
         ex.hold([limiter.inflight_key(replica.id), limiter.long_key(replica.id)])
         first = b""
