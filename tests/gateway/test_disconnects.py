@@ -88,12 +88,11 @@ def test_it_never_sends_upstream_a_request_whose_client_left_while_queued(gatewa
     serving.key.save()
     upstream_reset(serving.upstream)
     first = raw_request(
-        gateway.url, serving, chat_body(serving.model, "FAKE chunks=20 interval=50", stream=True)
+        gateway.url, serving, chat_body(serving.model, "FAKE chunks=60 interval=50", stream=True)
     )
     assert first.recv(4096).startswith(b"HTTP/1.1 200")
     queued = raw_request(gateway.url, serving, chat_body(serving.model, stream=True))
-    time.sleep(0.3)
-    assert gw_redis.zcard(f"gw:queue:{serving.model}") == 1
+    assert wait_for(lambda: gw_redis.zcard(f"gw:queue:{serving.model}") == 1, timeout=2)
     queued.close()
     assert wait_for(lambda: gw_redis.zcard(f"gw:queue:{serving.model}") == 0, timeout=2)
     while first.recv(65536):  # let the first stream finish
