@@ -95,7 +95,7 @@ ADMIT = _NOW + _ADMIT_BODY + "return {'ok', 0, day}"
 
 # KEYS: queue_zset, then per candidate i: inflight_zset_i, long_zset_i
 # ARGV: request_id, lease_ms, is_long, long_cap, queue_max, queue_stale_ms,
-#       then cap_i per candidate (0 = none)
+#       then cap_i per candidate (-1 = no cap; 0 = no room, never "unlimited")
 # Returns {index (1-based) or 0 = wait or -1 = queue full, queue position}
 # (K0, A0: where its keys and arguments start, so the same code runs alone or after ADMIT.)
 _ACQUIRE_FN = """
@@ -113,7 +113,7 @@ local function acquire(K0, A0)
     redis.call('ZREMRANGEBYSCORE', inflight, '-inf', now)
     local load = redis.call('ZCARD', inflight)
     local cap = tonumber(ARGV[A0+6+i])
-    local free = (cap > 0) and (cap - load) or 1000000
+    local free = (cap >= 0) and (cap - load) or 1000000
     if free > 0 then free_total = free_total + free end
     local fits = free > 0
     if fits and is_long then
@@ -309,7 +309,7 @@ class RateLimiter:
             long_cap,
             queue_max,
             int(timeout_s * 1000) + self.lease_ms,  # a queued entry older than this was abandoned
-            *[cap or 0 for _id, cap in candidates],
+            *[-1 if cap is None else cap for _id, cap in candidates],
         ]
         return keys, args
 

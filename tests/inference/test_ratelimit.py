@@ -246,3 +246,12 @@ def test_it_lets_at_most_the_long_prompt_cap_of_long_prompts_in_flight():
         return [p.index for p in placements], short.index
 
     assert run(go) == ([0, 0, None], 0)
+
+
+def test_it_never_reads_a_cap_of_zero_as_no_cap():
+    async def go(limiter):
+        closed = await limiter.acquire_replica(request_id="a", model="m", candidates=[(1, 0)], timeout_s=0.1)
+        open_ = await limiter.acquire_replica(request_id="b", model="m", candidates=[(2, None)])
+        return closed.index, closed.reason, open_.index, await limiter.in_flight(1)
+
+    assert run(go) == (None, "queue_timeout", 0, 0)
