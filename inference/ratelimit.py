@@ -452,6 +452,28 @@ class RateLimiter:
         else:
             await self.redis.set(self.blocked_key(kind, id), reason, pxat=until_ms)
 
+    # --- failed authentication, per client address ---------------------------------
+    def auth_failures_key(self, address: str) -> str:
+        return f"{self.prefix}:authfail:{address}"
+
+    async def auth_failures(self, address: str) -> tuple[int, float]:
+        """How many authentications failed from `address` in its current window, and the seconds
+        left in that window."""
+        key = self.auth_failures_key(address)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(key)
+            pipe.pttl(key)
+            count, ttl_ms = await pipe.execute()
+        return int(count or 0), max(int(ttl_ms), 0) / 1000
+
+    async def count_auth_failure(self, address: str, *, window_s: float) -> None:
+        """One more failed authentication from `address`; its window starts at its first failure."""
+        key = self.auth_failures_key(address)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(key, 0, px=int(window_s * 1000), nx=True)
+            pipe.incr(key)
+            await pipe.execute()
+
     async def in_flight(self, deployment_id: int | str) -> int:
         return await self.redis.zcard(self.inflight_key(deployment_id))
 

@@ -77,7 +77,7 @@ async def models(request):
     if request.method != "GET":
         return _method_not_allowed("GET")
     try:
-        caller = await authenticate(request)
+        caller = await authenticate(request, _limiter()[0])
         ensure_usable(caller)
         if caller.models is None:
             names = await served_models(caller.team_id)
@@ -111,7 +111,7 @@ async def _proxy(request, *, chat: bool):
     # Random ids without a getrandom() syscall per request (they are ids, not secrets).
     ex = Exchange(f"{random.getrandbits(128):032x}", "chat" if chat else "completions", limiter, keeper)
     try:
-        ex.caller = await authenticate(request)
+        ex.caller = await authenticate(request, limiter)
     except GatewayError as error:
         metrics.unauthenticated(ex.endpoint, error)
         return error_response(error, request_id=ex.request_id)
