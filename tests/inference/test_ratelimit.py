@@ -255,3 +255,30 @@ def test_it_never_reads_a_cap_of_zero_as_no_cap():
         return closed.index, closed.reason, open_.index, await limiter.in_flight(1)
 
     assert run(go) == (None, "queue_timeout", 0, 0)
+
+
+def test_it_counts_each_prompt_of_a_batch_against_the_replica_cap():
+    async def go(limiter):
+        cands = [(1, 4)]
+        batch = await limiter.acquire_replica(request_id="a", model="m", candidates=cands, slots=3)
+        held = await limiter.in_flight(1)
+        two_more = await limiter.acquire_replica(
+            request_id="b", model="m", candidates=cands, slots=2, timeout_s=0.1
+        )
+        one_more = await limiter.acquire_replica(request_id="c", model="m", candidates=cands, timeout_s=0.1)
+        await limiter.finish(request_id="a", deployment_id=1, replica_slots=batch.slots)
+        left = await limiter.in_flight(1)
+        return batch.slots, held, two_more.reason, one_more.index, left
+
+    assert run(go) == (3, 3, "queue_timeout", 0, 1)
+
+
+def test_it_gives_a_batch_larger_than_the_cap_the_whole_idle_replica():
+    async def go(limiter):
+        cands = [(1, 2)]
+        big = await limiter.acquire_replica(request_id="a", model="m", candidates=cands, slots=5)
+        full = await limiter.in_flight(1)
+        await limiter.release_replica(request_id="a", deployment_id=1, slots=big.slots)
+        return big.index, big.slots, full, await limiter.in_flight(1)
+
+    assert run(go) == (0, 2, 2, 0)
