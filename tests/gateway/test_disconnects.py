@@ -92,16 +92,18 @@ def test_it_never_sends_upstream_a_request_whose_client_left_while_queued(gatewa
     )
     assert first.recv(4096).startswith(b"HTTP/1.1 200")
     queued = raw_request(gateway.url, serving, chat_body(serving.model, stream=True))
-    assert wait_for(lambda: gw_redis.zcard(f"gw:queue:{serving.model}") == 1, timeout=2)
+    assert wait_for(lambda: gw_redis.zcard(f"gw:queue:{serving.model}") == 1, timeout=2), "never queued"
     queued.close()
-    assert wait_for(lambda: gw_redis.zcard(f"gw:queue:{serving.model}") == 0, timeout=2)
+    assert wait_for(lambda: gw_redis.zcard(f"gw:queue:{serving.model}") == 0, timeout=2), "still queued"
     while first.recv(65536):  # let the first stream finish
         pass
     first.close()
     # The queued request's team and key slots are released now, not when their leases lapse.
     assert not any(wait_for_slots_free(gw_redis, serving).values())
     assert upstream_stats(serving.upstream)["started"] == 1
-    assert wait_for(lambda: sorted(usage_statuses(serving)) == ["client_cancelled", "completed"])
+    assert wait_for(lambda: sorted(usage_statuses(serving)) == ["client_cancelled", "completed"]), (
+        usage_statuses(serving)
+    )
     # Its token reservation (prompt + max_tokens) is refunded whole: only the completed one is charged.
     done = Usage.objects.get(team=serving.team, status="completed")
     charged = done.prompt_tokens + done.completion_tokens
