@@ -72,3 +72,15 @@ def test_production_settings_bound_bodies_and_guard_input():
     assert "portal.audit.middleware.AuditContextMiddleware" in values["middleware"]
     assert values["hsts"] >= 31536000 and values["ssl_redirect"] is True
     assert values["cookies_secure"] == [True, True]
+
+
+def test_it_refuses_gateway_limits_out_of_their_bounds():
+    for name, value in [
+        ("GATEWAY_MAX_PROMPTS", "0"),
+        ("GATEWAY_MAX_PROMPTS", "5000"),
+        ("GATEWAY_AUTH_FAILURES_PER_MINUTE", "0"),
+        ("GATEWAY_MAX_PROMPTS", "many"),
+    ]:
+        result = _manage("check", env={**PRODUCTION, name: value})
+        assert result.returncode != 0, (name, value)
+        assert name in result.stderr or "invalid literal" in result.stderr, result.stderr[-500:]
