@@ -47,7 +47,8 @@ def test_it_counts_each_prompt_of_a_batch_against_the_deployment_cap(gateway, se
         "POST", f"{gateway.url}/v1/completions", headers=serving.headers, json=body, timeout=30
     ) as response:
         assert response.status_code == 200
-        next(response.iter_raw())  # streaming: its slots are held
+        chunks = response.iter_raw()  # kept: a dropped iterator closes the connection
+        next(chunks)  # streaming: its slots are held
         assert gw_redis.zcount(inflight, time.time() * 1000, "+inf") == 3
     assert not any(wait_for_slots_free(gw_redis, serving).values())
 
