@@ -416,10 +416,24 @@ class RateLimiter:
                     return Placement(None, "queue_timeout", loop.time() - started)
                 await asyncio.sleep(min(delay, remaining))
                 delay = min(delay * 2, 0.05)
+        except asyncio.CancelledError:
+            # A poll cancelled mid-call may have placed the request before its reply was lost: leave
+            # any slot it took (nothing else would release it before its lease lapsed).
+            await asyncio.shield(self._leave_candidates(keys, request_id, int(args[6])))
+            raise
         finally:
             if queued:
                 # Shielded so a cancelled request still leaves the queue.
                 await asyncio.shield(self.redis.zrem(self.queue_key(model), request_id))
+
+    async def _leave_candidates(self, keys: list, request_id: str, slots: int) -> None:
+        """Leave the in-flight and long-prompt sets of every candidate (keys as `_acquire_keys_args`)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for inflight in keys[1::2]:
+                pipe.zrem(inflight, *slot_members(request_id, slots))
+            for long in keys[2::2]:
+                pipe.zrem(long, request_id)
+            await pipe.execute()
 
     async def finish(
         self,

@@ -282,3 +282,30 @@ def test_it_gives_a_batch_larger_than_the_cap_the_whole_idle_replica():
         return big.index, big.slots, full, await limiter.in_flight(1)
 
     assert run(go) == (0, 2, 2, 0)
+
+
+def test_it_leaves_a_slot_taken_by_a_poll_whose_reply_was_lost_to_cancellation():
+    async def go(limiter):
+        cands = [(1, 1)]
+        await limiter.acquire_replica(request_id="a", model="m", candidates=cands)
+        real = limiter._acquire
+        polled = asyncio.Event()
+
+        async def placed_then_cancelled(**kwargs):
+            result = await real(**kwargs)
+            if int(result[0]) > 0:  # the script placed it; the caller is cancelled before it hears so
+                raise asyncio.CancelledError
+            polled.set()
+            return result
+
+        limiter._acquire = placed_then_cancelled
+        waiting = asyncio.create_task(
+            limiter.acquire_replica(request_id="b", model="m", candidates=cands, slots=2)
+        )
+        await polled.wait()  # "b" is queued
+        await limiter.finish(request_id="a", deployment_id=1)
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return await limiter.in_flight(1), await limiter.redis.zcard(limiter.queue_key("m"))
+
+    assert run(go) == (0, 0)
