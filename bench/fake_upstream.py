@@ -26,7 +26,8 @@ DIRECTIVE = re.compile(r"FAKE((?:\s+\w+=[\d.]+)+)")
 
 
 def directives(body: dict) -> dict[str, float]:
-    texts = [body.get("prompt") if isinstance(body.get("prompt"), str) else ""]
+    prompt = body.get("prompt")
+    texts = [prompt] if isinstance(prompt, str) else [p for p in prompt or [] if isinstance(p, str)]
     for message in body.get("messages") or []:
         if isinstance(message, dict) and isinstance(message.get("content"), str):
             texts.append(message["content"])

@@ -14,7 +14,9 @@ agree.
   `LeaseKeeper` renews the live ones of this process in one batch.
 - Per-deployment admission: a cap on in-flight requests per replica, a
   long-prompt cap per replica, least-in-flight choice among replicas, and a
-  bounded FIFO queue per model for the excess (`acquire_replica`).
+  bounded FIFO queue per model for the excess (`acquire_replica`). A request
+  carrying several prompts (vLLM runs one sequence group per prompt) takes that
+  many slots, as members `<id>`, `<id>#2`, …, `<id>#k` (at most the cap).
 - Blocks: a key or team listed under `blocked:*` is refused at once (revocation,
   daily budget spent), checked inside the admission script at no extra cost.
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
@@ -95,38 +98,42 @@ end
 ADMIT = _NOW + _ADMIT_BODY + "return {'ok', 0, day}"
 
 # KEYS: queue_zset, then per candidate i: inflight_zset_i, long_zset_i
-# ARGV: request_id, lease_ms, is_long, long_cap, queue_max, queue_stale_ms,
-#       then cap_i per candidate (0 = none)
+# ARGV: request_id, lease_ms, is_long, long_cap, queue_max, queue_stale_ms, slots (prompts),
+#       then cap_i per candidate (-1 = no cap; 0 = no room, never "unlimited")
 # Returns {index (1-based) or 0 = wait or -1 = queue full, queue position}
 # (K0, A0: where its keys and arguments start, so the same code runs alone or after ADMIT.)
 _ACQUIRE_FN = """
 local function acquire(K0, A0)
   local req, lease, is_long = ARGV[A0+1], tonumber(ARGV[A0+2]), ARGV[A0+3] == '1'
   local long_cap, queue_max, stale = tonumber(ARGV[A0+4]), tonumber(ARGV[A0+5]), tonumber(ARGV[A0+6])
+  local need = tonumber(ARGV[A0+7])
   local queue = KEYS[K0+1]
   redis.call('ZREMRANGEBYSCORE', queue, '-inf', now - stale)
   local rank = redis.call('ZRANK', queue, req)
   local queued = redis.call('ZCARD', queue)
-  local best, best_load, free_total = 0, math.huge, 0
+  local best, best_load, best_take, free_total = 0, math.huge, 0, 0
   local n = (#KEYS - K0 - 1) / 2
   for i = 1, n do
     local inflight, long = KEYS[K0+2*i], KEYS[K0+2*i+1]
     redis.call('ZREMRANGEBYSCORE', inflight, '-inf', now)
     local load = redis.call('ZCARD', inflight)
-    local cap = tonumber(ARGV[A0+6+i])
-    local free = (cap > 0) and (cap - load) or 1000000
+    local cap = tonumber(ARGV[A0+7+i])
+    local free = (cap >= 0) and (cap - load) or 1000000
     if free > 0 then free_total = free_total + free end
-    local fits = free > 0
+    -- More prompts than the cap: the request takes the whole replica (waits for it to be idle).
+    local take = (cap >= 0) and math.min(need, cap) or need
+    local fits = free > 0 and free >= take
     if fits and is_long then
       redis.call('ZREMRANGEBYSCORE', long, '-inf', now)
       fits = redis.call('ZCARD', long) < long_cap
     end
-    if fits and load < best_load then best, best_load = i, load end
+    if fits and load < best_load then best, best_load, best_take = i, load, take end
   end
   -- FIFO: a request may start only when fewer requests wait ahead of it than there are free slots.
   local position = rank or queued
   if best > 0 and position < free_total then
     redis.call('ZADD', KEYS[K0+2*best], now + lease, req)
+    for j = 2, best_take do redis.call('ZADD', KEYS[K0+2*best], now + lease, req .. '#' .. j) end
     if is_long then redis.call('ZADD', KEYS[K0+2*best+1], now + lease, req) end
     if rank then redis.call('ZREM', queue, req) end
     return best, 0
@@ -148,14 +155,18 @@ ADMIT_PLACE = (
 )
 
 # KEYS: usage_list, then slot zsets to leave, then pairs (tpm_tat, tpd_key) to correct
-# ARGV: request_id, usage_json, n_slots, delta_tokens, then per pair: tokens-per-minute limit (0 = skip)
+# ARGV: request_id, usage_json, n_slots, delta_tokens, members (1 + extra replica slots `<id>#j`),
+#       then per pair: tokens-per-minute limit (0 = skip)
 FINISH = (
     _NOW
     + """
-local req, n_slots, delta = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
-for i = 2, 1 + n_slots do redis.call('ZREM', KEYS[i], req) end
+local req, n_slots, delta, members = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+for i = 2, 1 + n_slots do
+  redis.call('ZREM', KEYS[i], req)
+  for j = 2, members do redis.call('ZREM', KEYS[i], req .. '#' .. j) end
+end
 if delta ~= 0 then
-  local p = 5
+  local p = 6
   for i = 2 + n_slots, #KEYS, 2 do
     local tpm = tonumber(ARGV[p]); p = p + 1
     if tpm > 0 then
@@ -232,6 +243,12 @@ class Placement:
     index: int | None
     reason: str = ""  # "queue_full" | "queue_timeout" when index is None
     waited_s: float = 0.0
+    slots: int = 1  # replica slots taken: one per prompt, at most the replica's cap
+
+
+def slot_members(request_id: str, slots: int) -> list[str]:
+    """The members a request holds in a replica's in-flight set: one per slot."""
+    return [request_id, *(f"{request_id}#{j}" for j in range(2, slots + 1))]
 
 
 class RateLimiter:
@@ -310,6 +327,7 @@ class RateLimiter:
         long_cap: int,
         queue_max: int,
         timeout_s: float,
+        slots: int,
     ) -> tuple[list, list]:
         keys = [self.queue_key(model)]
         for deployment_id, _cap in candidates:
@@ -321,7 +339,8 @@ class RateLimiter:
             long_cap,
             queue_max,
             int(timeout_s * 1000) + self.lease_ms,  # a queued entry older than this was abandoned
-            *[cap or 0 for _id, cap in candidates],
+            max(1, slots),
+            *[-1 if cap is None else cap for _id, cap in candidates],
         ]
         return keys, args
 
@@ -335,15 +354,17 @@ class RateLimiter:
         long_cap: int = 2,
         queue_max: int = 256,
         timeout_s: float = 10.0,
+        slots: int = 1,
     ) -> Placement:
         """Take an in-flight slot on the least-loaded replica that has room, waiting in the model's
         FIFO queue (bounded by `queue_max`) for at most `timeout_s`.
 
         `candidates` are (deployment id, concurrency cap or None). Cancellation (the client went
         away) leaves the queue at once, so a request cancelled while queued never reaches a replica.
+        `slots`: how many prompts the request carries; it takes that many slots, at most the cap.
         """
         keys, args = self._acquire_keys_args(
-            request_id, model, candidates, long_prompt, long_cap, queue_max, timeout_s
+            request_id, model, candidates, long_prompt, long_cap, queue_max, timeout_s, slots
         )
         return await self._wait_for_slot(keys, args, request_id, model, timeout_s, first=None)
 
@@ -360,16 +381,23 @@ class RateLimiter:
         long_cap: int = 2,
         queue_max: int = 256,
         timeout_s: float = 10.0,
+        on_admitted: Callable[[Admission], None] | None = None,
+        slots: int = 1,
     ) -> tuple[Admission, Placement | None]:
-        """`admit`, then `acquire_replica` if admitted, with the first try of both in one script."""
+        """`admit`, then `acquire_replica` if admitted, with the first try of both in one script.
+
+        `on_admitted` gets the admission before any wait in the queue: a caller cancelled while
+        queued never sees the return value, yet must still release its slots and reservation."""
         admit_keys, admit_args = self._admit_keys_args(request_id, team, key, tokens)
         keys, args = self._acquire_keys_args(
-            request_id, model, candidates, long_prompt, long_cap, queue_max, timeout_s
+            request_id, model, candidates, long_prompt, long_cap, queue_max, timeout_s, slots
         )
         result = await self._admit_place(keys=admit_keys + keys, args=admit_args + args)
         admission = self._admission(result, tokens)
         if not admission.ok:
             return admission, None
+        if on_admitted is not None:
+            on_admitted(admission)
         first = (int(result[3]), int(result[4]))
         return admission, await self._wait_for_slot(keys, args, request_id, model, timeout_s, first=first)
 
@@ -390,7 +418,9 @@ class RateLimiter:
                 index = int(index)
                 if index > 0:
                     queued = False
-                    return Placement(index - 1, waited_s=loop.time() - started)
+                    need, cap = args[6], args[6 + index]
+                    taken = need if cap < 0 else min(need, cap)
+                    return Placement(index - 1, waited_s=loop.time() - started, slots=taken)
                 if index < 0:
                     return Placement(None, "queue_full", loop.time() - started)
                 queued = True
@@ -399,10 +429,24 @@ class RateLimiter:
                     return Placement(None, "queue_timeout", loop.time() - started)
                 await asyncio.sleep(min(delay, remaining))
                 delay = min(delay * 2, 0.05)
+        except asyncio.CancelledError:
+            # A poll cancelled mid-call may have placed the request before its reply was lost: leave
+            # any slot it took (nothing else would release it before its lease lapsed).
+            await asyncio.shield(self._leave_candidates(keys, request_id, int(args[6])))
+            raise
         finally:
             if queued:
                 # Shielded so a cancelled request still leaves the queue.
                 await asyncio.shield(self.redis.zrem(self.queue_key(model), request_id))
+
+    async def _leave_candidates(self, keys: list, request_id: str, slots: int) -> None:
+        """Leave the in-flight and long-prompt sets of every candidate (keys as `_acquire_keys_args`)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for inflight in keys[1::2]:
+                pipe.zrem(inflight, *slot_members(request_id, slots))
+            for long in keys[2::2]:
+                pipe.zrem(long, request_id)
+            await pipe.execute()
 
     async def finish(
         self,
@@ -414,9 +458,10 @@ class RateLimiter:
         used_tokens: int = 0,
         deployment_id: int | str | None = None,
         usage: dict | None = None,
+        replica_slots: int = 1,
     ) -> None:
-        """Leave every slot the request held, correct its token reservation to `used_tokens`, and
-        queue its usage record, in one step."""
+        """Leave every slot the request held (`replica_slots` of them on its replica), correct its
+        token reservation to `used_tokens`, and queue its usage record, in one step."""
         slots: list[str] = []
         pairs: list[str] = []
         tpms: list[int] = []
@@ -437,13 +482,13 @@ class RateLimiter:
             slots += [self.inflight_key(deployment_id), self.long_key(deployment_id)]
         await self._finish(
             keys=[self.usage_list, *slots, *pairs],
-            args=[request_id, json.dumps(usage) if usage else "", len(slots), delta, *tpms],
+            args=[request_id, json.dumps(usage) if usage else "", len(slots), delta, replica_slots, *tpms],
         )
 
-    async def release_replica(self, *, request_id: str, deployment_id: int | str) -> None:
+    async def release_replica(self, *, request_id: str, deployment_id: int | str, slots: int = 1) -> None:
         """Leave a replica's slots early (it failed before the first byte; the request moves on)."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zrem(self.inflight_key(deployment_id), request_id)
+            pipe.zrem(self.inflight_key(deployment_id), *slot_members(request_id, slots))
             pipe.zrem(self.long_key(deployment_id), request_id)
             await pipe.execute()
 
@@ -457,6 +502,28 @@ class RateLimiter:
             await self.redis.set(self.blocked_key(kind, id), reason)
         else:
             await self.redis.set(self.blocked_key(kind, id), reason, pxat=until_ms)
+
+    # --- failed authentication, per client address ---------------------------------
+    def auth_failures_key(self, address: str) -> str:
+        return self.keys.auth_failures(address)
+
+    async def auth_failures(self, address: str) -> tuple[int, float]:
+        """How many authentications failed from `address` in its current window, and the seconds
+        left in that window."""
+        key = self.auth_failures_key(address)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(key)
+            pipe.pttl(key)
+            count, ttl_ms = await pipe.execute()
+        return int(count or 0), max(int(ttl_ms), 0) / 1000
+
+    async def count_auth_failure(self, address: str, *, window_s: float) -> None:
+        """One more failed authentication from `address`; its window starts at its first failure."""
+        key = self.auth_failures_key(address)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(key, 0, px=int(window_s * 1000), nx=True)
+            pipe.incr(key)
+            await pipe.execute()
 
     async def in_flight(self, deployment_id: int | str) -> int:
         return await self.redis.zcard(self.inflight_key(deployment_id))

@@ -66,6 +66,10 @@ class RedisKeys:
     def queue(self, model: str) -> str:
         return f"{self.gateway}queue:{model}"
 
+    def auth_failures(self, address: str) -> str:
+        """Failed authentications from one client address in its current window."""
+        return f"{self.gateway}authfail:{address}"
+
     @property
     def usage(self) -> str:
         """The list the gateway appends usage records to and the flush drains."""

@@ -345,6 +345,15 @@ GATEWAY_READ_TIMEOUT_S = env.float("GATEWAY_READ_TIMEOUT_S", default=60.0)
 GATEWAY_CONNECT_TIMEOUT_S = env.float("GATEWAY_CONNECT_TIMEOUT_S", default=5.0)
 GATEWAY_MAX_CONNECTIONS = env.int("GATEWAY_MAX_CONNECTIONS", default=1000)
 GATEWAY_SLOT_LEASE_S = env.float("GATEWAY_SLOT_LEASE_S", default=30.0)
+# Most prompts one /v1/completions request may carry (`"prompt": [...]`); vLLM runs each as a request.
+GATEWAY_MAX_PROMPTS = env.int("GATEWAY_MAX_PROMPTS", default=32)
+if not 1 <= GATEWAY_MAX_PROMPTS <= 1024:
+    raise ImproperlyConfigured("GATEWAY_MAX_PROMPTS must be between 1 and 1024")
+# Failed authentications per client address per minute before that address gets 429 (for keys
+# this process does not already know to be good) instead of a database lookup per guess.
+GATEWAY_AUTH_FAILURES_PER_MINUTE = env.int("GATEWAY_AUTH_FAILURES_PER_MINUTE", default=30)
+if GATEWAY_AUTH_FAILURES_PER_MINUTE < 1:
+    raise ImproperlyConfigured("GATEWAY_AUTH_FAILURES_PER_MINUTE must be at least 1")
 # Connect and read timeout of the gateway's Redis calls: a hung Redis answers 503, not a hang.
 GATEWAY_REDIS_TIMEOUT_S = env.float("GATEWAY_REDIS_TIMEOUT_S", default=2.0)
 CELERY_BEAT_SCHEDULE = globals().get("CELERY_BEAT_SCHEDULE", {})

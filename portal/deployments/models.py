@@ -147,8 +147,12 @@ class Deployment(models.Model):
     state = models.CharField(max_length=10, choices=DeploymentState.choices, default=DeploymentState.PENDING)
     state_reason = models.TextField(blank=True)
     endpoint_url = models.URLField(blank=True)
+    # At least 1: a cap of 0 once meant "no cap" to the gateway's admission script (docs/decisions.md).
     concurrency_cap = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Gateway cap on in-flight requests (blank: none)."
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Gateway cap on in-flight requests, at least 1 (blank: none).",
     )
     # Where the cap came from ("set by alice", "benchmark run 12 at P95 SLA"), shown next to it.
     concurrency_cap_source = models.CharField(max_length=255, blank=True)
@@ -209,6 +213,13 @@ class Deployment(models.Model):
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(concurrency_cap__isnull=True) | models.Q(concurrency_cap__gte=1),
+                name="deployment_concurrency_cap_at_least_1",
+                violation_error_message="The concurrency cap must be at least 1 (blank for none).",
+            )
+        ]
 
     def __str__(self) -> str:
         return self.name

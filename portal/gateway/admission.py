@@ -3,15 +3,18 @@
 `parse` validates the body (never trusting it: any bad field is a 400 naming it),
 clamps `max_tokens` to the team's clamp, and asks upstream for the usage chunk.
 `admit` takes the team's and key's quotas in one Redis script, reserving the
-prompt tokens plus the output cap. `place` then takes a slot on a replica
-(least in flight under its cap; long prompts under the long-prompt cap),
-waiting in the model's bounded queue if none has room.
+prompt tokens plus the output cap of every sequence (prompts × n × max_tokens).
+`place` then takes a slot per prompt on a replica (least in flight under its
+cap; long prompts under the long-prompt cap), waiting in the model's bounded
+queue if none has room.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 from redis.exceptions import RedisError
@@ -39,10 +42,50 @@ CHAT_FIELDS = COMMON_FIELDS | {
 }  # fmt: skip
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "suffix", "add_special_tokens"}
 MAX_N = 16
+# A JSON escape of a UTF-16 surrogate: the only way a lone one (which no encoder takes) gets in.
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def _bad(message: str, param: str, code: str = "invalid_value") -> GatewayError:
     return GatewayError(400, message, code=code, param=param)
+
+
+def _unencodable(value) -> bool:
+    """True if any string in the JSON value holds a lone surrogate (it cannot become UTF-8 text)."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_unencodable(k) or _unencodable(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_unencodable(v) for v in value)
+    return False
+
+
+def _is_token_ids(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    )
+
+
+def _prompt_count(prompt) -> int:
+    """How many prompts a completion request carries (vLLM runs each as its own request)."""
+    if isinstance(prompt, str) and prompt:
+        return 1
+    if _is_token_ids(prompt):  # one prompt as token ids
+        return 1
+    if isinstance(prompt, list) and prompt and all(
+        (isinstance(p, str) and p) or _is_token_ids(p) for p in prompt
+    ):
+        return len(prompt)
+    raise _bad(
+        "`prompt` must be a non-empty string, a list of token ids, or a list of those.",
+        "prompt",
+        "missing_parameter" if not prompt else "invalid_value",
+    )
 
 
 def _positive_int(body: dict, name: str) -> int | None:
@@ -65,6 +108,12 @@ class Parsed:
     max_tokens: int
     n: int
     chat: bool
+    prompts: int = 1  # a completion's batch of prompts; each is a request of its own to vLLM
+
+    @property
+    def reserved_output_tokens(self) -> int:
+        """The most output tokens the request can produce: every sequence of every prompt."""
+        return self.prompts * self.n * self.max_tokens
 
     def encode(self) -> bytes:
         return json.dumps(self.body, separators=(",", ":")).encode()
@@ -84,6 +133,10 @@ def parse(raw: bytes, *, chat: bool, caller) -> Parsed:
     unknown = sorted(set(body) - (CHAT_FIELDS if chat else COMPLETION_FIELDS))
     if unknown:
         raise _bad(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0], "unknown_parameter")
+    if SURROGATE_ESCAPE.search(raw):  # rare: only then walk the body
+        for name, value in body.items():
+            if _unencodable(value):
+                raise _bad(f"`{name}` contains a lone surrogate (\\ud800-\\udfff), which is not text.", name)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("`model` is required (a string).", "model", "missing_parameter")
@@ -97,10 +150,17 @@ def parse(raw: bytes, *, chat: bool, caller) -> Parsed:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise _bad("`messages` must be a non-empty list of message objects.", "messages")
-    else:
+    prompts = 1
+    if not chat:
         prompt = body.get("prompt")
-        if not isinstance(prompt, str | list) or not prompt:
+        if prompt is None or prompt in ("", []):
             raise _bad("`prompt` is required (a string or a list).", "prompt", "missing_parameter")
+        prompts = _prompt_count(prompt)
+        if prompts > settings.GATEWAY_MAX_PROMPTS:
+            raise _bad(
+                f"`prompt` holds {prompts} prompts; at most {settings.GATEWAY_MAX_PROMPTS} per request.",
+                "prompt",
+            )
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("`stream` must be true or false.", "stream")
@@ -125,7 +185,7 @@ def parse(raw: bytes, *, chat: bool, caller) -> Parsed:
     if stream:
         # Upstream's final usage chunk is how tokens are accounted; stripped again if not asked for.
         body["stream_options"] = {**(options or {}), "include_usage": True}
-    return Parsed(body, model, stream, wants_usage, max_tokens, n, chat)
+    return Parsed(body, model, stream, wants_usage, max_tokens, n, chat, prompts)
 
 
 RETRY_MESSAGES = {
@@ -146,6 +206,21 @@ def limiter_unavailable() -> GatewayError:
     )
 
 
+def without_rpm(scope: Scope) -> Scope:
+    """The scope with its requests-per-minute limit left out (already taken by `gate`)."""
+    return replace(scope, limits=replace(scope.limits, rpm=None))
+
+
+async def gate(limiter: RateLimiter, *, request_id: str, team: Scope, key: Scope) -> Admission:
+    """The cheap checks alone (blocked key or team, requests per minute), taking the request's
+    minute slot: run before an expensive prompt count, so a caller over its rate costs no counting."""
+    cheap = [replace(s, limits=type(s.limits)(rpm=s.limits.rpm)) for s in (team, key)]
+    try:
+        return await limiter.admit(request_id=request_id, team=cheap[0], key=cheap[1], tokens=0)
+    except RedisError:
+        raise limiter_unavailable() from None
+
+
 async def admit_and_place(
     limiter: RateLimiter,
     *,
@@ -156,8 +231,11 @@ async def admit_and_place(
     model: str,
     candidates: list[tuple[int, int | None]],
     long_prompt: bool,
+    on_admitted: Callable[[Admission], None],
+    slots: int,
 ) -> tuple[Admission, Placement | None]:
-    """Quotas, then a replica slot: one Redis round trip when both say yes at once."""
+    """Quotas, then a replica slot: one Redis round trip when both say yes at once.
+    `on_admitted` learns of the admission before the request waits in the queue."""
     try:
         return await limiter.admit_and_place(
             request_id=request_id,
@@ -167,6 +245,8 @@ async def admit_and_place(
             model=model,
             candidates=candidates,
             long_prompt=long_prompt,
+            on_admitted=on_admitted,
+            slots=slots,
             **_queue_limits(),
         )
     except RedisError:
@@ -198,7 +278,7 @@ def check_admission(admission: Admission) -> None:
         what = RETRY_MESSAGES[limit.removesuffix("_too_large")]
         raise GatewayError(
             429,
-            f"This request needs {admission.tokens} tokens (prompt + max_tokens), more than "
+            f"This request needs {admission.tokens} tokens (prompt + max_tokens × n × prompts), more than "
             f"the {who}'s {what} "
             "quota; lower max_tokens.",
             code="tokens_exceed_quota",
@@ -237,6 +317,7 @@ async def place(
     model: str,
     candidates: list[tuple[int, int | None]],
     long_prompt: bool,
+    slots: int,
 ) -> Placement:
     try:
         return await limiter.acquire_replica(
@@ -244,6 +325,7 @@ async def place(
             model=model,
             candidates=candidates,
             long_prompt=long_prompt,
+            slots=slots,
             **_queue_limits(),
         )
     except RedisError:

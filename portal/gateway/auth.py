@@ -5,10 +5,15 @@ key per interval, not per request). Revocation still takes effect at once: revok
 writes a block entry in Redis, which the admission script checks on every request.
 The key is checked against its HMAC digest in constant time on every request; it is
 never logged.
+
+Failed authentications are counted per client address in Redis; past
+GATEWAY_AUTH_FAILURES_PER_MINUTE, that address gets 429 for the rest of its minute
+for any key this process does not already know to be good, without a database read.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -16,8 +21,9 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import Error as DatabaseError
 from django.db import close_old_connections
+from redis.exceptions import RedisError
 
-from inference.ratelimit import Limits
+from inference.ratelimit import Limits, RateLimiter
 from portal.teams.models import ApiKey
 from portal.teams.services import api_key_matches, api_key_prefix
 
@@ -41,7 +47,10 @@ class Caller:
     disabled_until: float | None
 
 
+log = logging.getLogger("portal.gateway")
+
 _cache = TtlCache(lambda: settings.GATEWAY_CACHE_S)
+AUTH_FAILURE_WINDOW_S = 60.0
 
 
 def _limits(row) -> Limits:
@@ -94,22 +103,55 @@ def _invalid() -> GatewayError:
     return GatewayError(401, "Incorrect API key provided.", code="invalid_api_key")
 
 
-async def authenticate(request) -> Caller:
+def _address(request) -> str:
+    # REMOTE_ADDR, as the audit log: X-Forwarded-For is whatever the client says.
+    return request.META.get("REMOTE_ADDR") or "unknown"
+
+
+async def _refuse_if_throttled(limiter: RateLimiter, address: str) -> None:
+    try:
+        failures, left_s = await limiter.auth_failures(address)
+    except RedisError:
+        return  # not a quota: admission refuses without Redis anyway
+    if failures >= settings.GATEWAY_AUTH_FAILURES_PER_MINUTE:
+        raise GatewayError(
+            429,
+            "Too many requests with an incorrect API key from this address; retry later.",
+            code="too_many_auth_failures",
+            retry_after=left_s or 1,
+        )
+
+
+async def _failed(limiter: RateLimiter, address: str) -> GatewayError:
+    try:
+        await limiter.count_auth_failure(address, window_s=AUTH_FAILURE_WINDOW_S)
+    except RedisError:
+        log.warning("failed authentication from %s not counted: Redis unavailable", address)
+    return _invalid()
+
+
+async def authenticate(request, limiter: RateLimiter) -> Caller:
     header = request.META.get("HTTP_AUTHORIZATION", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token:
         raise GatewayError(
             401, "Missing API key: send `Authorization: Bearer <key>`.", code="missing_api_key"
         )
-    prefix = api_key_prefix(token.strip())
+    token = token.strip()
+    address = _address(request)
+    prefix = api_key_prefix(token)
     if prefix is None:
-        raise _invalid()
+        raise await _failed(limiter, address)
+    known = _cache.peek(prefix)
+    if known is None or not api_key_matches(token, known.digest):
+        # Only a key not known good here can cost a database read: a flooding address waits.
+        await _refuse_if_throttled(limiter, address)
     try:
         caller = await _load(prefix)
     except DatabaseError:  # not cached here and PostgreSQL is down: a clear 503, not an HTML 500
         raise database_unavailable() from None
-    if caller is None or not api_key_matches(token.strip(), caller.digest):
-        raise _invalid()
+    if caller is None or not api_key_matches(token, caller.digest):
+        raise await _failed(limiter, address)
     return caller
 
 

@@ -5,6 +5,10 @@ one each (64 streams refreshing a key at once was a one-second stall in the
 benchmark). Stale while revalidating: an expired entry is served while one
 background load refreshes it, so no request waits on the database once warm.
 Revocation does not depend on this cache (the admission script checks Redis).
+
+Misses (no such key, no such model) are kept apart from hits, each bounded on its
+own and evicting its oldest entry: a flood of random key prefixes can only push
+out other misses, never a real key's row.
 """
 
 from __future__ import annotations
@@ -15,16 +19,36 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 
+def _is_none(value) -> bool:
+    return value is None
+
+
 class TtlCache:
-    def __init__(self, ttl: Callable[[], float], *, max_entries: int = 10_000) -> None:
+    def __init__(
+        self,
+        ttl: Callable[[], float],
+        *,
+        max_entries: int = 10_000,
+        max_misses: int = 4_096,
+        is_miss: Callable[[Any], bool] = _is_none,
+    ) -> None:
         self._ttl = ttl  # read on every use, so tests can change the setting
         self._max = max_entries
+        self._max_misses = max_misses
+        self._is_miss = is_miss
+        # Insertion-ordered: the first entry is the one stored or refreshed longest ago.
         self._entries: dict[Any, tuple[float, Any]] = {}
+        self._misses: dict[Any, tuple[float, Any]] = {}
         self._loading: dict[Any, asyncio.Future] = {}
+
+    def peek(self, key) -> Any:
+        """The cached hit for `key` (fresh or stale), or None; never loads."""
+        hit = self._entries.get(key)
+        return hit[1] if hit is not None else None
 
     async def get(self, key, load: Callable[[], Awaitable[Any]]):
         now = time.monotonic()
-        hit = self._entries.get(key)
+        hit = self._entries.get(key) or self._misses.get(key)
         if hit is not None:
             if now - hit[0] >= self._ttl() and key not in self._loading:
                 self._start(key, load)
@@ -42,6 +66,12 @@ class TtlCache:
         self._loading.pop(key, None)
         if task.cancelled() or task.exception() is not None:
             return  # the next request tries again (and sees the error itself)
-        if len(self._entries) >= self._max and key not in self._entries:
-            self._entries.clear()  # unknown keys must not grow the cache without bound
-        self._entries[key] = (time.monotonic(), task.result())
+        value = task.result()
+        miss = self._is_miss(value)
+        into, other = (self._misses, self._entries) if miss else (self._entries, self._misses)
+        limit = self._max_misses if miss else self._max
+        other.pop(key, None)
+        into.pop(key, None)  # re-inserted last: it is now the newest
+        while len(into) >= limit:
+            del into[next(iter(into))]
+        into[key] = (time.monotonic(), value)

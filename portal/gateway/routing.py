@@ -62,7 +62,7 @@ class Route:
         return found
 
 
-_routes = TtlCache(lambda: settings.GATEWAY_CACHE_S)
+_routes = TtlCache(lambda: settings.GATEWAY_CACHE_S, is_miss=lambda route: not route.registered)
 _served = TtlCache(lambda: settings.GATEWAY_CACHE_S)
 
 

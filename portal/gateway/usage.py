@@ -37,17 +37,25 @@ class Exchange:
     model: str = ""
     stream: bool = False
     admission: Admission | None = None
+    placed: bool = False  # it got a replica slot; before that, nothing ran and nothing is billed
     deployment_id: int | None = None
+    replica_slots: int = 1  # slots held on the replica: one per prompt of a batch
     prompt_tokens: int = 0
     completion_tokens: int = 0
     ttft_ms: float | None = None
     finished: bool = False
-    leases: list[str] = field(default_factory=list)
+    leases: list[tuple[list[str], str]] = field(default_factory=list)  # (zsets, member) renewed
     upstream: object | None = None  # the open httpx.Response, closed when the exchange finishes
 
-    def hold(self, zsets: list[str]) -> None:
-        self.leases += zsets
-        self.keeper.hold(zsets, self.request_id)
+    def admitted(self, admission: Admission) -> None:
+        """Known before the request queues, so a client leaving the queue still gets its slots
+        released and its reservation refunded by `finish`."""
+        self.admission = admission
+
+    def hold(self, zsets: list[str], members: list[str] | None = None) -> None:
+        for member in members or [self.request_id]:
+            self.leases.append((zsets, member))
+            self.keeper.hold(zsets, member)
 
     def mark_first_byte(self) -> None:
         self.ttft_ms = (time.perf_counter() - self.started_mono) * 1000
@@ -64,7 +72,8 @@ class Exchange:
 
     async def _finish(self, status: str, http_status: int, error_code: str) -> None:
         metrics.exchange_ended(self, status, http_status, error_code)  # in memory; flushed in the background
-        self.keeper.drop(self.leases, self.request_id)
+        for zsets, member in self.leases:
+            self.keeper.drop(zsets, member)
         if self.upstream is not None:
             # Closing a half-read response drops its connection: vLLM sees the disconnect and aborts.
             with contextlib.suppress(Exception):
@@ -88,7 +97,8 @@ class Exchange:
             "ttft_ms": self.ttft_ms,
             "duration_ms": (time.perf_counter() - self.started_mono) * 1000,
         }
-        used = self.prompt_tokens + self.completion_tokens if status != "rejected" else 0
+        billed = self.placed and status != "rejected"
+        used = self.prompt_tokens + self.completion_tokens if billed else 0
         try:
             await self.limiter.finish(
                 request_id=self.request_id,
@@ -98,6 +108,7 @@ class Exchange:
                 used_tokens=used,
                 deployment_id=self.deployment_id,
                 usage=record,
+                replica_slots=self.replica_slots,
             )
         except Exception:
             # Redis unreachable: the slots expire with their leases; the record is lost, so say so.

@@ -21,22 +21,35 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
-from inference.ratelimit import LeaseKeeper, RateLimiter, Scope
+from inference.ratelimit import LeaseKeeper, RateLimiter, Scope, slot_members
 from portal.core.redis_client import redis_keys
 from portal.observability import metrics
 
-from .admission import admit_and_place, check_admission, check_placement, limiter_unavailable, parse, place
+from .admission import (
+    admit_and_place,
+    check_admission,
+    check_placement,
+    gate,
+    limiter_unavailable,
+    parse,
+    place,
+    without_rpm,
+)
 from .auth import authenticate, ensure_usable
 from .errors import GatewayError, error_response
 from .routing import route_for, served_models
 from .sse import RelayResponse, RelayStream
-from .tokens import prompt_tokens
+from .tokens import prompt_tokens, prompt_tokens_off_loop
 from .upstream import UPSTREAM_ERRORS, open_stream
 from .usage import Exchange
 
 log = logging.getLogger("portal.gateway")
 
 _state: dict[int, tuple[RateLimiter, LeaseKeeper]] = {}
+# Bodies up to this size are counted on the event loop, at once: it costs less than parsing them did
+# and less than the extra Redis round trip of checking the rate first. Larger ones are counted after
+# the cheap limits, on the counting pool.
+COUNT_INLINE_BYTES = 4096
 
 
 def _limiter() -> tuple[RateLimiter, LeaseKeeper]:
@@ -78,7 +91,7 @@ async def models(request):
     if request.method != "GET":
         return _method_not_allowed("GET")
     try:
-        caller = await authenticate(request)
+        caller = await authenticate(request, _limiter()[0])
         ensure_usable(caller)
         if caller.models is None:
             names = await served_models(caller.team_id)
@@ -112,7 +125,7 @@ async def _proxy(request, *, chat: bool):
     # Random ids without a getrandom() syscall per request (they are ids, not secrets).
     ex = Exchange(f"{random.getrandbits(128):032x}", "chat" if chat else "completions", limiter, keeper)
     try:
-        ex.caller = await authenticate(request)
+        ex.caller = await authenticate(request, limiter)
     except GatewayError as error:
         metrics.unauthenticated(ex.endpoint, error)
         return error_response(error, request_id=ex.request_id)
@@ -169,9 +182,17 @@ async def _serve(request, ex: Exchange, *, chat: bool):
             503, f"No replica of `{parsed.model}` is serving.", code="no_replica", retry_after=5
         )
 
-    ex.prompt_tokens = prompt_tokens(parsed.body, chat=chat, tokenizer_path=route.tokenizer_path)
     ex.team = Scope("team", caller.team_id, caller.team_limits)
     ex.key = Scope("key", caller.key_id, caller.key_limits)
+    if len(raw) <= COUNT_INLINE_BYTES:
+        ex.prompt_tokens = prompt_tokens(parsed.body, chat=chat, tokenizer_path=route.tokenizer_path)
+    else:
+        # Blocks and requests per minute first (taking the minute's slot), then the count, off the loop.
+        check_admission(await gate(limiter, request_id=ex.request_id, team=ex.team, key=ex.key))
+        ex.team, ex.key = without_rpm(ex.team), without_rpm(ex.key)
+        ex.prompt_tokens = await prompt_tokens_off_loop(
+            parsed.body, chat=chat, tokenizer_path=route.tokenizer_path
+        )
     long_prompt = ex.prompt_tokens > settings.GATEWAY_LONG_PROMPT_TOKENS
     remaining = list(replicas)
     ex.admission, placement = await admit_and_place(
@@ -179,10 +200,12 @@ async def _serve(request, ex: Exchange, *, chat: bool):
         request_id=ex.request_id,
         team=ex.team,
         key=ex.key,
-        tokens=ex.prompt_tokens + parsed.max_tokens * parsed.n,
+        tokens=ex.prompt_tokens + parsed.reserved_output_tokens,
         model=parsed.model,
         candidates=[(r.id, r.cap) for r in remaining],
         long_prompt=long_prompt,
+        on_admitted=ex.admitted,
+        slots=parsed.prompts,
     )
     check_admission(ex.admission)
     ex.hold([limiter.concurrency_key(s) for s in (ex.team, ex.key) if s.limits.max_concurrent])
@@ -200,11 +223,14 @@ async def _serve(request, ex: Exchange, *, chat: bool):
                 model=parsed.model,
                 candidates=[(r.id, r.cap) for r in remaining],
                 long_prompt=long_prompt,
+                slots=parsed.prompts,
             )
         replica = remaining.pop(check_placement(placement, parsed.model))
+        ex.placed = True
+        ex.deployment_id, ex.replica_slots = replica.id, placement.slots
         placement = None
-        ex.deployment_id = replica.id
-        ex.hold([limiter.inflight_key(replica.id), limiter.long_key(replica.id)])
+        ex.hold([limiter.inflight_key(replica.id)], slot_members(ex.request_id, ex.replica_slots))
+        ex.hold([limiter.long_key(replica.id)])
         first = b""
         chunks = None
         try:
@@ -304,8 +330,10 @@ async def _leave(ex: Exchange, deployment_id: int) -> None:
     if ex.upstream is not None:
         await ex.upstream.aclose()
         ex.upstream = None
-    await ex.limiter.release_replica(request_id=ex.request_id, deployment_id=deployment_id)
-    ex.deployment_id = None
+    await ex.limiter.release_replica(
+        request_id=ex.request_id, deployment_id=deployment_id, slots=ex.replica_slots
+    )
+    ex.deployment_id, ex.replica_slots = None, 1
 
 
 def _account_json(ex: Exchange, content: bytes) -> None:

@@ -132,6 +132,18 @@ def test_it_creates_a_deployment_from_the_admin_through_the_service(client, alic
     assert Deployment.objects.get(name="prod-7b").gpu_indices == list(range(8))
 
 
+def test_it_refuses_a_concurrency_cap_of_zero_in_the_admin_form(client, alice, demo):
+    from portal.deployments.models import Deployment
+
+    alice.is_superuser = True
+    alice.save()
+    client.force_login(alice)
+    response = _admin_add_deployment(client, concurrency_cap="0")
+    assert response.status_code == 200
+    assert "greater than or equal to 1" in response.content.decode()
+    assert not Deployment.objects.filter(name="prod-7b").exists()
+
+
 def test_it_shows_the_planner_refusal_in_the_admin_form(client, alice, demo):
     from portal.deployments.models import Deployment
 

@@ -204,3 +204,38 @@ def test_it_counts_a_deployments_gpus_and_leaves_samples_without_a_gpu_count(
     sample = MetricsSample.objects.create(deployment=deployment, healthy=True)
     # A sample has no GPUs of its own: the count is the deployment's.
     assert not hasattr(sample, "gpu_count")
+
+
+def test_it_refuses_a_cap_of_zero_in_the_model_and_the_api(alice, team, llama7b, profile_tp8, dgx):
+    from django.core.exceptions import ValidationError
+
+    deployment = Deployment(
+        name="zero", team=team, model_version=llama7b, profile=profile_tp8, node=dgx, concurrency_cap=0
+    )
+    with pytest.raises(ValidationError) as refused:
+        deployment.full_clean()
+    assert "concurrency_cap" in refused.value.message_dict
+    response = api_client(alice).post(
+        "/api/v1/deployments/",
+        {
+            "name": "zero",
+            "team": "search",
+            "model_version": llama7b.name,
+            "profile": profile_tp8.name,
+            "node": "dgx-v100-01",
+            "gpu_indices": list(range(8)),
+            "concurrency_cap": 0,
+        },
+        format="json",
+    )
+    assert response.status_code == 400
+    assert "concurrency_cap" in response.json()
+    assert not Deployment.objects.filter(name="zero").exists()
+
+
+def test_it_keeps_a_cap_of_zero_out_of_the_database(team, llama7b, profile_tp1, cpu_node):
+    from django.db import IntegrityError, transaction
+
+    deployment = _create(team, llama7b, profile_tp1, cpu_node, [], concurrency_cap=4)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Deployment.objects.filter(pk=deployment.pk).update(concurrency_cap=0)

@@ -72,25 +72,45 @@ def test_it_closes_the_upstream_stream_when_the_client_leaves_mid_stream(gateway
     assert wait_for(lambda: usage_statuses(serving) == ["client_cancelled"])
 
 
+def tokens_charged_today(client, scope: str, id: int) -> int:
+    """The tokens-per-day counter of a team or key (one per UTC day; today's is the only one)."""
+    return sum(int(client.get(name)) for name in client.scan_iter(redis_keys().tpd_prefix(scope, id) + "*"))
+
+
 def test_it_never_sends_upstream_a_request_whose_client_left_while_queued(gateway, serving, gw_redis):
+    from portal.teams.models import Usage
+
     serving.deployment.concurrency_cap = 1
     serving.deployment.save()
+    serving.team.max_concurrent = 5
+    serving.team.tokens_per_day = 10**6
+    serving.team.save()
+    serving.key.max_concurrent = 5
+    serving.key.tokens_per_day = 10**6
+    serving.key.save()
     upstream_reset(serving.upstream)
     first = raw_request(
-        gateway.url, serving, chat_body(serving.model, "FAKE chunks=20 interval=50", stream=True)
+        gateway.url, serving, chat_body(serving.model, "FAKE chunks=60 interval=50", stream=True)
     )
     assert first.recv(4096).startswith(b"HTTP/1.1 200")
     queued = raw_request(gateway.url, serving, chat_body(serving.model, stream=True))
-    time.sleep(0.3)
-    assert gw_redis.zcard(redis_keys().queue(serving.model)) == 1
+    assert wait_for(lambda: gw_redis.zcard(redis_keys().queue(serving.model)) == 1, timeout=2), "never queued"
     queued.close()
-    assert wait_for(lambda: gw_redis.zcard(redis_keys().queue(serving.model)) == 0, timeout=2)
+    assert wait_for(lambda: gw_redis.zcard(redis_keys().queue(serving.model)) == 0, timeout=2), "still queued"
     while first.recv(65536):  # let the first stream finish
         pass
     first.close()
+    # The queued request's team and key slots are released now, not when their leases lapse.
     assert not any(wait_for_slots_free(gw_redis, serving).values())
     assert upstream_stats(serving.upstream)["started"] == 1
-    assert wait_for(lambda: sorted(usage_statuses(serving)) == ["client_cancelled", "completed"])
+    assert wait_for(lambda: sorted(usage_statuses(serving)) == ["client_cancelled", "completed"]), (
+        usage_statuses(serving)
+    )
+    # Its token reservation (prompt + max_tokens) is refunded whole: only the completed one is charged.
+    done = Usage.objects.get(team=serving.team, status="completed")
+    charged = done.prompt_tokens + done.completion_tokens
+    assert tokens_charged_today(gw_redis, "team", serving.team.pk) == charged
+    assert tokens_charged_today(gw_redis, "key", serving.key.pk) == charged
 
 
 async def _open_and_drop(gateway_url, setup, n: int) -> None:

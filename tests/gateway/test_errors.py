@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import httpx
 import pytest
 
@@ -42,6 +44,22 @@ def test_it_refuses_a_wrong_key_without_echoing_it(gateway, serving):
     )
     error = assert_error(response, 401, "invalid_api_key")
     assert wrong not in error["message"]
+
+
+def test_it_slows_down_an_address_that_keeps_sending_wrong_keys_but_serves_good_ones(gateway, serving):
+    from django.conf import settings
+
+    assert post(gateway, serving, chat_body(serving.model, max_tokens=2)).status_code == 200
+    limit = settings.GATEWAY_AUTH_FAILURES_PER_MINUTE
+    for _ in range(limit):
+        guess = {"Authorization": f"Bearer sk-{uuid.uuid4().hex[:8]}.{uuid.uuid4().hex}"}
+        assert_error(post(gateway, serving, chat_body(serving.model), headers=guess), 401, "invalid_api_key")
+    guess = {"Authorization": f"Bearer sk-{uuid.uuid4().hex[:8]}.{uuid.uuid4().hex}"}
+    refused = post(gateway, serving, chat_body(serving.model), headers=guess)
+    assert_error(refused, 429, "too_many_auth_failures")
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    # A key this process already knows to be good still works from the same address.
+    assert post(gateway, serving, chat_body(serving.model, max_tokens=2)).status_code == 200
 
 
 def test_it_refuses_a_malformed_key(gateway, serving):

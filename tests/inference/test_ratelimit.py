@@ -266,3 +266,66 @@ def test_it_lets_at_most_the_long_prompt_cap_of_long_prompts_in_flight():
         return [p.index for p in placements], short.index
 
     assert run(go) == ([0, 0, None], 0)
+
+
+def test_it_never_reads_a_cap_of_zero_as_no_cap():
+    async def go(limiter):
+        closed = await limiter.acquire_replica(request_id="a", model="m", candidates=[(1, 0)], timeout_s=0.1)
+        open_ = await limiter.acquire_replica(request_id="b", model="m", candidates=[(2, None)])
+        return closed.index, closed.reason, open_.index, await limiter.in_flight(1)
+
+    assert run(go) == (None, "queue_timeout", 0, 0)
+
+
+def test_it_counts_each_prompt_of_a_batch_against_the_replica_cap():
+    async def go(limiter):
+        cands = [(1, 4)]
+        batch = await limiter.acquire_replica(request_id="a", model="m", candidates=cands, slots=3)
+        held = await limiter.in_flight(1)
+        two_more = await limiter.acquire_replica(
+            request_id="b", model="m", candidates=cands, slots=2, timeout_s=0.1
+        )
+        one_more = await limiter.acquire_replica(request_id="c", model="m", candidates=cands, timeout_s=0.1)
+        await limiter.finish(request_id="a", deployment_id=1, replica_slots=batch.slots)
+        left = await limiter.in_flight(1)
+        return batch.slots, held, two_more.reason, one_more.index, left
+
+    assert run(go) == (3, 3, "queue_timeout", 0, 1)
+
+
+def test_it_gives_a_batch_larger_than_the_cap_the_whole_idle_replica():
+    async def go(limiter):
+        cands = [(1, 2)]
+        big = await limiter.acquire_replica(request_id="a", model="m", candidates=cands, slots=5)
+        full = await limiter.in_flight(1)
+        await limiter.release_replica(request_id="a", deployment_id=1, slots=big.slots)
+        return big.index, big.slots, full, await limiter.in_flight(1)
+
+    assert run(go) == (0, 2, 2, 0)
+
+
+def test_it_leaves_a_slot_taken_by_a_poll_whose_reply_was_lost_to_cancellation():
+    async def go(limiter):
+        cands = [(1, 1)]
+        await limiter.acquire_replica(request_id="a", model="m", candidates=cands)
+        real = limiter._acquire
+        polled = asyncio.Event()
+
+        async def placed_then_cancelled(**kwargs):
+            result = await real(**kwargs)
+            if int(result[0]) > 0:  # the script placed it; the caller is cancelled before it hears so
+                raise asyncio.CancelledError
+            polled.set()
+            return result
+
+        limiter._acquire = placed_then_cancelled
+        waiting = asyncio.create_task(
+            limiter.acquire_replica(request_id="b", model="m", candidates=cands, slots=2)
+        )
+        await polled.wait()  # "b" is queued
+        await limiter.finish(request_id="a", deployment_id=1)
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return await limiter.in_flight(1), await limiter.redis.zcard(limiter.queue_key("m"))
+
+    assert run(go) == (0, 0)
