@@ -211,7 +211,10 @@ async def _serve(request, ex: Exchange, *, chat: bool):
                 # Tiered first-token timeout (FIELD_NOTES: short 30 s, long 60 s).
                 async with asyncio.timeout(first_token_timeout):
                     ex.upstream = response = await open_stream(
-                        replica.chat_url if chat else replica.completions_url, body, ex.request_id
+                        replica.chat_url if chat else replica.completions_url,
+                        body,
+                        ex.request_id,
+                        replica.api_key,
                     )
                     if response.status_code == 200:
                         # The transport's byte stream itself: httpx's aiter_raw() adds a chunker
@@ -220,7 +223,10 @@ async def _serve(request, ex: Exchange, *, chat: bool):
                         first = await _first_chunk(chunks)
             else:
                 ex.upstream = response = await open_stream(
-                    replica.chat_url if chat else replica.completions_url, body, ex.request_id
+                    replica.chat_url if chat else replica.completions_url,
+                    body,
+                    ex.request_id,
+                    replica.api_key,
                 )
         except (TimeoutError, httpx.TimeoutException) as exc:
             if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
