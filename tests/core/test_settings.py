@@ -72,3 +72,11 @@ def test_production_settings_bound_bodies_and_guard_input():
     assert "portal.audit.middleware.AuditContextMiddleware" in values["middleware"]
     assert values["hsts"] >= 31536000 and values["ssl_redirect"] is True
     assert values["cookies_secure"] == [True, True]
+
+
+def test_it_refuses_engine_log_limits_out_of_bounds():
+    bad = [("ENGINE_LOG_MAX_BYTES", "100"), ("ENGINE_LOG_KEEP", "-1"), ("ENGINE_LOG_KEEP", "lots")]
+    for name, value in bad:
+        result = _manage("check", env={**PRODUCTION, name: value})
+        assert result.returncode != 0, (name, value)
+        assert name in result.stderr or "invalid literal" in result.stderr
