@@ -201,13 +201,19 @@ def process_identity(pid: int | None) -> ProcessIdentity | None:
 
 
 def is_same_process(pid: int | None, identity: ProcessIdentity) -> bool:
-    """Whether pid is still the process `identity` describes (same boot, start time, command).
+    """Whether pid is still the process `identity` describes: same boot and start time.
 
-    The command line is compared only when the process still shows one: a zombie's is empty.
+    Within a known boot those two name one process, whatever its command line says now: a
+    server may retitle itself (vLLM's setproctitle), and taking it for a stranger would start
+    a second server next to it. Without a boot id (/proc/sys/kernel/random/boot_id unreadable)
+    a start time may repeat across reboots, so the command line must match too (a zombie's is
+    empty and is not compared).
     """
     current = process_identity(pid)
     if current is None or current.boot_id != identity.boot_id or current.start_ticks != identity.start_ticks:
         return False
+    if identity.boot_id:
+        return True
     return not (current.cmdline and identity.cmdline) or current.cmdline == identity.cmdline
 
 

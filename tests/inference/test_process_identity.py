@@ -70,14 +70,29 @@ def test_it_never_signals_a_group_recorded_in_another_boot(stranger):
 def test_it_never_signals_a_pid_that_now_is_another_process(stranger):
     identity = _wait_identity(stranger.pid)
     started_other_time = dataclasses.replace(identity, start_ticks=identity.start_ticks - 1)
-    other_command = dataclasses.replace(identity, cmdline=("/opt/vllm/bin/python", "-m", "vllm"))
-    for recorded in (started_other_time, other_command):
-        assert supervisor.stop_group(stranger.pid, grace_s=1, identity=recorded).signal == "none"
-        assert supervisor.group_rss_mb(stranger.pid, recorded) is None
+    assert supervisor.stop_group(stranger.pid, grace_s=1, identity=started_other_time).signal == "none"
+    assert supervisor.group_rss_mb(stranger.pid, started_other_time) is None
     assert stranger.poll() is None
     # Its own identity: that is the process, and it is stopped.
     assert supervisor.stop_group(stranger.pid, grace_s=5, identity=identity).gone
     assert stranger.poll() is not None
+
+
+def test_it_compares_command_lines_when_the_boot_id_cannot_tell_reboots_apart(stranger, monkeypatch):
+    monkeypatch.setattr(supervisor, "boot_id", lambda: "")
+    identity = _wait_identity(stranger.pid)
+    assert identity.boot_id == ""
+    other_command = dataclasses.replace(identity, cmdline=("/opt/vllm/bin/python", "-m", "vllm"))
+    assert supervisor.stop_group(stranger.pid, grace_s=1, identity=other_command).signal == "none"
+    assert stranger.poll() is None
+    assert supervisor.process_alive(stranger.pid, identity)
+
+
+def test_it_still_knows_its_server_after_the_server_retitles_itself(stranger):
+    """vLLM may setproctitle: same boot and start time is the same process, whatever argv says."""
+    retitled = dataclasses.replace(_wait_identity(stranger.pid), cmdline=("VLLM::APIServer",))
+    assert supervisor.process_alive(stranger.pid, retitled)
+    assert supervisor.group_alive(stranger.pid, retitled)
 
 
 def test_it_still_stops_engine_processes_left_after_their_leader_died(tmp_path):
