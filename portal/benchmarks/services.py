@@ -339,7 +339,8 @@ def _engine_api_key(run: BenchmarkRun) -> str:
     deployment serving at that URL; read when the run starts, never stored with the run."""
     found = Deployment.objects.filter(pk=run.deployment_id) if run.deployment_id else None
     if found is None or not found.exists():
-        found = Deployment.objects.filter(endpoint_url=run.endpoint_url.rstrip("/")).exclude(endpoint_url="")
+        root = run.endpoint_url.rstrip("/").removesuffix("/v1")  # given as OpenAI clients are, or not
+        found = Deployment.objects.filter(endpoint_url=root).exclude(endpoint_url="")
     return found.values_list("engine_api_key", flat=True).first() or ""
 
 

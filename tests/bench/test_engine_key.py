@@ -41,7 +41,7 @@ def test_it_benchmarks_a_keyed_server_given_by_url_with_the_key_of_the_deploymen
 ):
     run = benchmark_run_create(
         user=alice,
-        endpoint_url=keyed_deployment.endpoint_url,
+        endpoint_url=f"{keyed_deployment.endpoint_url}/v1",
         model_name="llama-2-7b-chat-hf",
         mix="fixed:16:8",
         concurrencies=[1],
