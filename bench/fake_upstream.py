@@ -56,6 +56,7 @@ class Fake:
         self.stats = {"started": 0, "completed": 0, "disconnected": 0, "in_flight": 0, "max_in_flight": 0,
                       "in_prefill": 0, "max_in_prefill": 0}  # fmt: skip
         self.last_body: dict | None = None
+        self.last_authorization: str | None = None  # what the gateway sent upstream (its server key)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         chat = request.path.endswith("/chat/completions")
@@ -66,6 +67,7 @@ class Fake:
                 {"error": {"message": "bad json", "type": "invalid_request_error"}}, status=400
             )
         self.last_body = body
+        self.last_authorization = request.headers.get("Authorization")
         d = directives(body)
         if "status" in d:
             return web.json_response(
@@ -173,7 +175,9 @@ class Fake:
         return web.Response(text="ok")
 
     async def get_stats(self, request):
-        return web.json_response({**self.stats, "last_body": self.last_body})
+        return web.json_response(
+            {**self.stats, "last_body": self.last_body, "last_authorization": self.last_authorization}
+        )
 
     async def reset(self, request):
         for name in self.stats:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,6 +36,9 @@ import httpx
 from inference.metrics import VllmMetrics, parse_vllm_metrics
 
 SMOKE_PROMPT = "Say hello in one short sentence."
+# The environment variable vLLM (and inference.sim) read their API key from; never an argv flag,
+# which `ps`, the deployment's command line and the server log would show.
+API_KEY_ENV = "VLLM_API_KEY"
 WARM_UP_PROMPT = "Hello"
 
 
@@ -45,6 +49,7 @@ class Launched:
     log_path: str
     # Only in the process that launched it: poll() reaps the child and keeps its exit code.
     process: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+    identity: ProcessIdentity | None = None
 
 
 class ServerExited(RuntimeError):
@@ -107,9 +112,12 @@ def launch(
     cuda_visible_devices: str,
     env: Mapping[str, str] | None = None,
     cwd: str | Path | None = None,
+    api_key: str = "",
 ) -> Launched:
     """Start argv in a new session (its own process group), output appended to log_path.
 
+    `api_key` reaches the server as `VLLM_API_KEY` in its environment only (vLLM and the
+    simulator then refuse `/v1/*` without `Authorization: Bearer <key>`).
     Raises FileNotFoundError / PermissionError when the executable cannot run.
     """
     log_path = Path(log_path)
@@ -119,6 +127,10 @@ def launch(
     # leaving it unset would expose all of them.
     child_env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
     child_env.setdefault("PYTHONUNBUFFERED", "1")
+    # Never inherit the agent's own key: the server gets exactly the deployment's.
+    child_env.pop(API_KEY_ENV, None)
+    if api_key:
+        child_env[API_KEY_ENV] = api_key
     with open(log_path, "ab") as log:
         process = subprocess.Popen(  # noqa: S603 - argv built by vllm_args, never a shell
             list(argv),
@@ -130,7 +142,98 @@ def launch(
             start_new_session=True,
             close_fds=True,
         )
-    return Launched(pid=process.pid, pgid=process.pid, log_path=str(log_path), process=process)
+    return Launched(
+        pid=process.pid,
+        pgid=process.pid,
+        log_path=str(log_path),
+        process=process,
+        identity=process_identity(process.pid),
+    )
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """Which process a recorded pid was: the boot it ran in, its start time and command line.
+
+    After a reboot (or once the process is gone) the same number may belong to an unrelated
+    process, or lead an unrelated process group; signalling the recorded pid or pgid then hits a
+    stranger. `start_ticks` is field 22 of /proc/<pid>/stat (clock ticks after boot): within one
+    boot, pid + start time name one process.
+    """
+
+    boot_id: str
+    start_ticks: int
+    cmdline: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"boot_id": self.boot_id, "start_ticks": self.start_ticks, "cmdline": list(self.cmdline)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping | None) -> ProcessIdentity | None:
+        if not data:
+            return None
+        try:
+            return cls(str(data["boot_id"]), int(data["start_ticks"]), tuple(data.get("cmdline") or ()))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def boot_id() -> str:
+    """This boot's random id (changes with every reboot)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def process_identity(pid: int | None) -> ProcessIdentity | None:
+    """The identity of a running pid (None when it is gone or unreadable)."""
+    if not pid:
+        return None
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = raw[raw.rfind(")") + 2 :].split()  # fields[0] is field 3 (state)
+    args = tuple(part.decode("utf-8", errors="replace") for part in cmdline.split(b"\0") if part)
+    return ProcessIdentity(boot_id=boot_id(), start_ticks=int(fields[19]), cmdline=args)
+
+
+def is_same_process(pid: int | None, identity: ProcessIdentity) -> bool:
+    """Whether pid is still the process `identity` describes: same boot and start time.
+
+    Within a known boot those two name one process, whatever its command line says now: a
+    server may retitle itself (vLLM's setproctitle), and taking it for a stranger would start
+    a second server next to it. Without a boot id (/proc/sys/kernel/random/boot_id unreadable)
+    a start time may repeat across reboots, so the command line must match too (a zombie's is
+    empty and is not compared).
+    """
+    current = process_identity(pid)
+    if current is None or current.boot_id != identity.boot_id or current.start_ticks != identity.start_ticks:
+        return False
+    if identity.boot_id:
+        return True
+    return not (current.cmdline and identity.cmdline) or current.cmdline == identity.cmdline
+
+
+def group_is_ours(pgid: int | None, identity: ProcessIdentity | None) -> bool:
+    """Whether process group `pgid` is still the one launched with leader `identity`.
+
+    No identity (recorded before identities were) cannot be checked and counts as ours.
+    Another boot: nothing of ours survives a reboot. Same boot, leader gone: the kernel does not
+    give a number to a new process while a group of that number has members, so the members
+    left are the group we launched (an engine process that outlived its API server).
+    """
+    if not pgid:
+        return False
+    if identity is None:
+        return True
+    if identity.boot_id != boot_id():
+        return False
+    if process_identity(pgid) is None:
+        return True
+    return is_same_process(pgid, identity)
 
 
 def _reap(pid: int) -> None:
@@ -150,20 +253,24 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[2])
 
 
-def process_alive(pid: int | None) -> bool:
-    """Whether pid runs (a zombie counts as dead)."""
+def process_alive(pid: int | None, identity: ProcessIdentity | None = None) -> bool:
+    """Whether pid runs (a zombie counts as dead) and, given its identity, is still that process."""
     if not pid:
         return False
     _reap(pid)
     stat = _proc_stat(pid)
-    return stat is not None and stat[0] not in ("Z", "X")
+    if stat is None or stat[0] in ("Z", "X"):
+        return False
+    return identity is None or is_same_process(pid, identity)
 
 
-def group_members(pgid: int | None) -> list[int]:
-    """Live (non-zombie) pids whose process group is pgid."""
+def group_members(pgid: int | None, identity: ProcessIdentity | None = None) -> list[int]:
+    """Live (non-zombie) pids whose process group is pgid (none when it is another group now)."""
     if not pgid:
         return []
     _reap(pgid)
+    if not group_is_ours(pgid, identity):
+        return []
     members = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -174,13 +281,13 @@ def group_members(pgid: int | None) -> list[int]:
     return members
 
 
-def group_alive(pgid: int | None) -> bool:
-    return bool(group_members(pgid))
+def group_alive(pgid: int | None, identity: ProcessIdentity | None = None) -> bool:
+    return bool(group_members(pgid, identity))
 
 
-def group_rss_mb(pgid: int | None) -> float | None:
+def group_rss_mb(pgid: int | None, identity: ProcessIdentity | None = None) -> float | None:
     """Resident memory of the whole group (API server + engine processes), MiB."""
-    members = group_members(pgid)
+    members = group_members(pgid, identity)
     if not members:
         return None
     total_kib = 0
@@ -202,16 +309,27 @@ class StopResult:
     gone: bool
 
 
-def stop_group(pgid: int | None, *, grace_s: float = 30.0, kill_wait_s: float = 15.0) -> StopResult:
-    """SIGTERM the group, SIGKILL it after `grace_s`, and wait until no member is left."""
+def stop_group(
+    pgid: int | None,
+    *,
+    grace_s: float = 30.0,
+    kill_wait_s: float = 15.0,
+    identity: ProcessIdentity | None = None,
+) -> StopResult:
+    """SIGTERM the group, SIGKILL it after `grace_s`, and wait until no member is left.
+
+    Given the leader's `identity`, a group that is no longer the one launched (a reboot, a
+    reused number) is left alone and reported gone: it is not ours to signal.
+    """
     started = time.monotonic()
-    if not group_alive(pgid):
+    if not group_alive(pgid, identity):
         return StopResult(signal="none", seconds=0.0, gone=True)
     _signal_group(pgid, signal.SIGTERM)
-    if _wait_group_gone(pgid, grace_s):
+    if _wait_group_gone(pgid, grace_s, identity):
         return StopResult(signal="SIGTERM", seconds=time.monotonic() - started, gone=True)
-    _signal_group(pgid, signal.SIGKILL)
-    gone = _wait_group_gone(pgid, kill_wait_s)
+    if group_alive(pgid, identity):  # checked again right before the signal
+        _signal_group(pgid, signal.SIGKILL)
+    gone = _wait_group_gone(pgid, kill_wait_s, identity)
     return StopResult(signal="SIGKILL", seconds=time.monotonic() - started, gone=gone)
 
 
@@ -220,12 +338,59 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def _wait_group_gone(pgid: int, timeout_s: float) -> bool:
+def _wait_group_gone(pgid: int, timeout_s: float, identity: ProcessIdentity | None = None) -> bool:
     deadline = time.monotonic() + timeout_s
-    while group_alive(pgid):
+    while group_alive(pgid, identity):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.1)
+    return True
+
+
+def _shift_logs(path: Path, keep: int) -> None:
+    """path.{keep-1} → path.{keep}, …, path.1 → path.2 (what was path.{keep} is dropped)."""
+    for n in range(keep - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{n}")
+        if older.exists():
+            older.replace(path.with_name(f"{path.name}.{n + 1}"))
+
+
+def retire_log(path: str | Path, *, keep: int) -> None:
+    """Before a launch: the previous run's log becomes path.1 (older ones shift, `keep` kept)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    if keep <= 0:
+        path.unlink()
+        return
+    _shift_logs(path, keep)
+    path.replace(path.with_name(f"{path.name}.1"))
+
+
+def rotate_log(path: str | Path | None, *, max_bytes: int, keep: int) -> bool:
+    """Copy-truncate the live log of a running server once it is over `max_bytes`.
+
+    The server writes through a descriptor it inherited (opened O_APPEND by `launch`), so the
+    file cannot be renamed under it; instead its content is copied to path.1 (older copies
+    shift, `keep` kept) and the file truncated: with O_APPEND the next write lands at the new
+    end, without a hole. Lines written between the copy and the truncate are lost (as with
+    logrotate's copytruncate). Returns whether it rotated.
+    """
+    if not path:
+        return False
+    path = Path(path)
+    try:
+        if path.stat().st_size <= max_bytes:
+            return False
+    except OSError:
+        return False
+    if keep > 0:
+        _shift_logs(path, keep)
+        partial = path.with_name(f"{path.name}.rotating")
+        with open(path, "rb") as source, open(partial, "wb") as copy:
+            shutil.copyfileobj(source, copy, 1024 * 1024)
+        partial.replace(path.with_name(f"{path.name}.1"))
+    os.truncate(path, 0)
     return True
 
 
@@ -248,17 +413,23 @@ def log_tail(path: str | Path | None, *, lines: int = 80, max_bytes: int = 64 * 
 # --- HTTP -----------------------------------------------------------------------
 
 
-def check_health(base_url: str, *, timeout_s: float = 5.0) -> bool:
+def auth_headers(api_key: str) -> dict[str, str]:
+    """The header a server started with `VLLM_API_KEY` wants (none when it has no key)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def check_health(base_url: str, *, timeout_s: float = 5.0, api_key: str = "") -> bool:
     """vLLM's `/health` answers 200 with an empty body when the engine is alive."""
     try:
-        return httpx.get(f"{base_url}/health", timeout=timeout_s).status_code == 200
+        response = httpx.get(f"{base_url}/health", timeout=timeout_s, headers=auth_headers(api_key))
+        return response.status_code == 200
     except httpx.HTTPError:
         return False
 
 
-def served_models(base_url: str, *, timeout_s: float = 5.0) -> list[str] | None:
+def served_models(base_url: str, *, timeout_s: float = 5.0, api_key: str = "") -> list[str] | None:
     try:
-        response = httpx.get(f"{base_url}/v1/models", timeout=timeout_s)
+        response = httpx.get(f"{base_url}/v1/models", timeout=timeout_s, headers=auth_headers(api_key))
         if response.status_code != 200:
             return None
         return [m["id"] for m in response.json().get("data", [])]
@@ -266,9 +437,20 @@ def served_models(base_url: str, *, timeout_s: float = 5.0) -> list[str] | None:
         return None
 
 
-def scrape_metrics(base_url: str, *, timeout_s: float = 5.0) -> VllmMetrics | None:
+def refuses_key(base_url: str, *, api_key: str = "", timeout_s: float = 5.0) -> bool:
+    """Whether the server turns our key (or its absence) away on /v1 (HTTP 401/403).
+
+    /health and /metrics stay open on vLLM whatever its key, so they cannot tell."""
     try:
-        response = httpx.get(f"{base_url}/metrics", timeout=timeout_s)
+        response = httpx.get(f"{base_url}/v1/models", timeout=timeout_s, headers=auth_headers(api_key))
+    except httpx.HTTPError:
+        return False
+    return response.status_code in (401, 403)
+
+
+def scrape_metrics(base_url: str, *, timeout_s: float = 5.0, api_key: str = "") -> VllmMetrics | None:
+    try:
+        response = httpx.get(f"{base_url}/metrics", timeout=timeout_s, headers=auth_headers(api_key))
         if response.status_code != 200:
             return None
         return parse_vllm_metrics(response.text)
@@ -286,6 +468,7 @@ def wait_until_ready(
     on_health: Callable[[], None] | None = None,
     keep_going: Callable[[], None] | None = None,
     interval_s: float = 0.5,
+    api_key: str = "",
 ) -> None:
     """Poll `/health`, then `/v1/models` until `model` is listed.
 
@@ -301,12 +484,12 @@ def wait_until_ready(
             keep_going()
         if not alive():
             raise ServerExited(returncode())
-        if not healthy and check_health(base_url, timeout_s=2.0):
+        if not healthy and check_health(base_url, timeout_s=2.0, api_key=api_key):
             healthy = True
             if on_health is not None:
                 on_health()
         if healthy:
-            models = served_models(base_url, timeout_s=2.0)
+            models = served_models(base_url, timeout_s=2.0, api_key=api_key)
             if models is not None and model in models:
                 return
         if time.monotonic() >= deadline:
@@ -315,7 +498,9 @@ def wait_until_ready(
         time.sleep(interval_s)
 
 
-def _chat(base_url: str, model: str, prompt: str, *, max_tokens: int, timeout_s: float) -> str:
+def _chat(
+    base_url: str, model: str, prompt: str, *, max_tokens: int, timeout_s: float, api_key: str = ""
+) -> str:
     """One non-streamed chat completion; falls back to /v1/completions when the
     model has no chat template (vLLM answers 400 for chat then)."""
     response = httpx.post(
@@ -327,12 +512,14 @@ def _chat(base_url: str, model: str, prompt: str, *, max_tokens: int, timeout_s:
             "temperature": 0,
         },
         timeout=timeout_s,
+        headers=auth_headers(api_key),
     )
     if response.status_code == 400 and "chat template" in response.text.lower():
         response = httpx.post(
             f"{base_url}/v1/completions",
             json={"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
             timeout=timeout_s,
+            headers=auth_headers(api_key),
         )
         response.raise_for_status()
         return _text(response.json(), chat=False)
@@ -351,23 +538,25 @@ def _text(body: object, *, chat: bool) -> str:
     return text
 
 
-def warm_up(base_url: str, model: str, *, timeout_s: float = 120.0) -> float:
+def warm_up(base_url: str, model: str, *, timeout_s: float = 120.0, api_key: str = "") -> float:
     """One throwaway request (the first one pays for lazy initialisation); returns seconds."""
     started = time.monotonic()
     try:
-        _chat(base_url, model, WARM_UP_PROMPT, max_tokens=4, timeout_s=timeout_s)
+        _chat(base_url, model, WARM_UP_PROMPT, max_tokens=4, timeout_s=timeout_s, api_key=api_key)
     except (httpx.HTTPError, SmokeTestFailed) as error:
         raise SmokeTestFailed(f"warm-up request failed: {error}") from error
     return time.monotonic() - started
 
 
-def smoke_test(base_url: str, model: str, *, expected_substring: str = "", timeout_s: float = 60.0) -> str:
+def smoke_test(
+    base_url: str, model: str, *, expected_substring: str = "", timeout_s: float = 60.0, api_key: str = ""
+) -> str:
     """A fixed prompt; the reply must be well-formed, non-empty and contain the expected text.
 
     Returns the reply. Raises SmokeTestFailed saying what was wrong.
     """
     try:
-        reply = _chat(base_url, model, SMOKE_PROMPT, max_tokens=16, timeout_s=timeout_s)
+        reply = _chat(base_url, model, SMOKE_PROMPT, max_tokens=16, timeout_s=timeout_s, api_key=api_key)
     except httpx.HTTPStatusError as error:
         raise SmokeTestFailed(
             f"smoke test got HTTP {error.response.status_code}: {error.response.text[:200]}"

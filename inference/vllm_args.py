@@ -103,9 +103,14 @@ def check_extra_args(extra_args: Sequence[str]) -> None:
             raise InputError("extra_args", f"{flag} is set by the portal; remove it from the profile")
 
 
-def vllm_command(python: str, args: Sequence[str]) -> list[str]:
-    """The real engine, from the node's vLLM environment."""
-    return [python, "-m", VLLM_MODULE, *args]
+# Guards every path but /health, /metrics, /ping and /version with VLLM_API_KEY (vLLM itself
+# guards only /v1, /v2, /inference and /cohere); needs the portal's code on PYTHONPATH.
+VLLM_GUARD_MIDDLEWARE = "inference.vllm_guard.guard"
+
+
+def vllm_command(python: str, args: Sequence[str], *, guard: bool = False) -> list[str]:
+    """The real engine, from the node's vLLM environment (`guard`: with inference.vllm_guard)."""
+    return [python, "-m", VLLM_MODULE, *args, *(["--middleware", VLLM_GUARD_MIDDLEWARE] if guard else [])]
 
 
 def sim_command(python: str, args: Sequence[str], *, hardware: str | None) -> list[str]:

@@ -268,6 +268,13 @@ DEPLOYMENT_SUPERVISE_INTERVAL_S = env.int("DEPLOYMENT_SUPERVISE_INTERVAL_S", def
 DEPLOYMENT_HEALTH_FAILURES = env.int("DEPLOYMENT_HEALTH_FAILURES", default=3)
 DEPLOYMENT_RESTART_LIMIT = env.int("DEPLOYMENT_RESTART_LIMIT", default=5)
 DEPLOYMENT_RESTART_BACKOFF_S = env.float("DEPLOYMENT_RESTART_BACKOFF_S", default=10.0)
+# The engine's server.log: copy-truncated past this size by supervision, this many old copies kept.
+ENGINE_LOG_MAX_BYTES = env.int("ENGINE_LOG_MAX_BYTES", default=64 * 1024 * 1024)
+ENGINE_LOG_KEEP = env.int("ENGINE_LOG_KEEP", default=3)
+if not 64 * 1024 <= ENGINE_LOG_MAX_BYTES <= 2**40:
+    raise ImproperlyConfigured("ENGINE_LOG_MAX_BYTES must be between 65536 and 2**40")
+if not 0 <= ENGINE_LOG_KEEP <= 100:
+    raise ImproperlyConfigured("ENGINE_LOG_KEEP must be between 0 and 100")
 # A node agent keeps its servers running when it exits (a restarted agent adopts them again);
 # `make run` sets this on its agent so Ctrl-C leaves no vLLM behind on a laptop.
 PORTAL_AGENT_STOP_SERVERS_ON_EXIT = env_bool("PORTAL_AGENT_STOP_SERVERS_ON_EXIT", default=False)

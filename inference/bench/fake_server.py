@@ -30,8 +30,10 @@ class FakeServer:
         token_interval_s: float = 0.01,
         fail_every: int = 0,
         chunk_tokens: int = 1,
+        api_key: str = "",
     ) -> None:
         self.model = model
+        self.api_key = api_key  # as vLLM's VLLM_API_KEY: /v1/* wants it as a bearer token
         self.first_token_s = first_token_s
         self.token_interval_s = token_interval_s
         self.fail_every = fail_every
@@ -44,12 +46,19 @@ class FakeServer:
 
     def app(self) -> web.Application:
         """The aiohttp app; serve it with `web.AppRunner(app, access_log=None)`: logging costs per request."""
-        app = web.Application()
+        app = web.Application(middlewares=[self.authenticate] if self.api_key else [])
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
         return app
+
+    @web.middleware
+    async def authenticate(self, request: web.Request, handler) -> web.StreamResponse:
+        given = request.headers.get("Authorization")
+        if request.path.startswith("/v1") and given != f"Bearer {self.api_key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(text="")

@@ -93,7 +93,8 @@ class BenchConfig:
     level_timeout_s: float | None = None  # None: no limit
     slo: dict[str, float] | None = None  # vLLM goodput config, ms
     scrape_interval_s: float = 1.0
-    api_key: str | None = None
+    # Bearer token for every request: /v1/models, completions and /metrics (never in a repr).
+    api_key: str | None = field(default=None, repr=False)
     calibrate: bool = True
 
     @property
@@ -146,7 +147,8 @@ async def preflight(session: aiohttp.ClientSession, config: BenchConfig) -> int 
     """
     url = f"{config.root}/v1/models"
     try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as response:
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with session.get(url, headers=_headers(config), timeout=timeout) as response:
             if response.status != 200:
                 raise InputError(
                     "url", f"{url} answered HTTP {response.status}: {(await response.text())[:200]}"
@@ -251,6 +253,7 @@ class ServerWatch:
     def __init__(self, session: aiohttp.ClientSession, config: BenchConfig) -> None:
         self.session = session
         self.url = f"{config.root}/metrics"
+        self.headers = _headers(config)
         self.interval = config.scrape_interval_s
         self.before = None
         self.after = None
@@ -261,7 +264,8 @@ class ServerWatch:
 
     async def scrape(self):
         try:
-            async with self.session.get(self.url, timeout=aiohttp.ClientTimeout(total=5)) as response:
+            timeout = aiohttp.ClientTimeout(total=5)
+            async with self.session.get(self.url, headers=self.headers, timeout=timeout) as response:
                 if response.status != 200:
                     raise ValueError(f"HTTP {response.status}")
                 metrics = parse_vllm_metrics(await response.text())

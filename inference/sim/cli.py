@@ -8,6 +8,7 @@ and a vLLM-like message on stderr, before the port is bound.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -42,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", required=True, help="model directory, config.json, or a bundled config name"
     )
     parser.add_argument("--served-model-name", nargs="+", default=None)
+    parser.add_argument(
+        "--api-key", default=None, help="bearer token /v1/* wants (default: $VLLM_API_KEY; none: open)"
+    )
     parser.add_argument(
         "--tokenizer", default=None, help="directory or tokenizer.json (default: the model's)"
     )
@@ -132,7 +136,13 @@ def main(argv: list[str] | None = None) -> int:
 
     names = args.served_model_name or [args.model]
     server = SimServer(
-        engine, served_model_names=names, tokenizer=tokenizer, model_root=root, speedup=args.speedup
+        engine,
+        served_model_names=names,
+        tokenizer=tokenizer,
+        model_root=root,
+        speedup=args.speedup,
+        # As vLLM: --api-key, else VLLM_API_KEY (the portal uses the environment, never argv).
+        api_key=args.api_key or os.environ.get("VLLM_API_KEY", ""),
     )
     print(f"INFO inference.sim: {engine.describe()}", flush=True)
     print(f"INFO inference.sim: serving {', '.join(names)} on http://{args.host}:{args.port}", flush=True)

@@ -7,12 +7,17 @@ Endpoints: `/health`, `/v1/models`, `/v1/completions`, `/v1/chat/completions`
 One engine task runs the same scheduler as the virtual-clock sweep, but on the
 wall clock: it schedules a step, sleeps for the step's simulated duration
 (divided by `speedup`), then hands each sampled token to its request's stream.
+
+With an API key (`VLLM_API_KEY` in the environment, or `--api-key`) it guards what
+vLLM guards: every path under `/v1` wants `Authorization: Bearer <key>` (401
+otherwise); `/health`, `/ping`, `/version` and `/metrics` stay open, as in vLLM.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import time
@@ -63,8 +68,10 @@ class SimServer:
         tokenizer: Tokenizer,
         model_root: str,
         speedup: float = 1.0,
+        api_key: str = "",
     ) -> None:
         self.engine = engine
+        self.api_key = api_key
         self.names = served_model_names
         self.tokenizer = tokenizer
         self.model_root = model_root
@@ -145,7 +152,7 @@ class SimServer:
 
     # --- HTTP ------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 2**20)
+        app = web.Application(client_max_size=64 * 2**20, middlewares=[self.authenticate])
         app[SERVER_KEY] = self
         app.router.add_get("/health", self.health)
         app.router.add_get("/ping", self.health)
@@ -157,6 +164,15 @@ class SimServer:
         app.on_startup.append(self.start)
         app.on_cleanup.append(self.stop)
         return app
+
+    @web.middleware
+    async def authenticate(self, request: web.Request, handler) -> web.StreamResponse:
+        """vLLM's check: with a key set, `/v1/*` wants `Authorization: Bearer <key>`."""
+        if self.api_key and request.path.startswith("/v1") and request.method != "OPTIONS":
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=503 if self.dead else 200, text=self.dead or "")

@@ -35,7 +35,7 @@ def _plain(value):
 
 
 # Never written to the log, whatever the model.
-SECRET_FIELDS = {"digest", "password"}
+SECRET_FIELDS = {"digest", "password", "engine_api_key"}
 
 
 def field_values(instance: models.Model, fields: list[str] | None = None) -> dict:

@@ -11,6 +11,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from inference.bench.workloads import MAX_INLINE_CHARS
+from portal.core.api import StaffOnlyFieldsMixin
 from portal.deployments.selectors import deployments_visible_to
 
 from . import services
@@ -26,12 +27,14 @@ from .services import (
 )
 
 
-class RunListSerializer(serializers.ModelSerializer):
+class RunListSerializer(StaffOnlyFieldsMixin, serializers.ModelSerializer):
+    staff_only_fields = ("endpoint_url",)
+
     # Null for an imported table or a bare endpoint (and after the deployment is deleted).
     deployment = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     profile = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     endpoint_url = serializers.CharField(
-        read_only=True, help_text="Server root (no /v1); blank for an import."
+        read_only=True, help_text="Server root (no /v1); blank for an import. Staff only."
     )
 
     class Meta:
@@ -100,7 +103,7 @@ class BenchmarkRunViewSet(viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT}, description="The run in its JSON export shape.")
     def retrieve(self, request, *args, **kwargs):
-        return Response(run_export(self.get_object()))
+        return Response(run_export(self.get_object(), staff=request.user.is_staff))
 
     @extend_schema(request=RunCreateSerializer, responses=RunListSerializer)
     def create(self, request):
@@ -114,7 +117,8 @@ class BenchmarkRunViewSet(viewsets.ReadOnlyModelViewSet):
             if deployment is None:
                 raise NotFound(f"no deployment {deployment_name!r}")
         run = services.benchmark_run_create(user=request.user, deployment=deployment, **values)
-        return Response(RunListSerializer(run).data, status=status.HTTP_201_CREATED)
+        data = RunListSerializer(run, context={"request": request}).data
+        return Response(data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=RunListSerializer)
     @action(detail=True, methods=["post"])
@@ -122,7 +126,8 @@ class BenchmarkRunViewSet(viewsets.ReadOnlyModelViewSet):
         run = self.get_object()
         if not (request.user.is_staff or run.created_by_id == request.user.pk):
             raise PermissionDenied("only staff or the run's creator may cancel it")
-        return Response(RunListSerializer(services.benchmark_run_cancel(run=run)).data)
+        run = services.benchmark_run_cancel(run=run)
+        return Response(RunListSerializer(run, context={"request": request}).data)
 
     @extend_schema(
         request=None,

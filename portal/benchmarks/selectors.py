@@ -104,9 +104,12 @@ def run_levels(run: BenchmarkRun) -> list[dict]:
     return [level.results for level in run.levels.all()]
 
 
-def run_export(run: BenchmarkRun) -> dict:
-    """The run as JSON: metadata, snapshot and one object per level under vLLM's key names."""
-    return {
+def run_export(run: BenchmarkRun, *, staff: bool = True) -> dict:
+    """The run as JSON: metadata, snapshot and one object per level under vLLM's key names.
+
+    Where the server listened (`endpoint_url`) is for staff only (docs/decisions.md).
+    """
+    exported = {
         "run": {
             "id": run.pk,
             "kind": run.kind,
@@ -130,6 +133,9 @@ def run_export(run: BenchmarkRun) -> dict:
         "sla_concurrency": run.sla_concurrency,
         "sla_reason": run.sla_reason,
     }
+    if not staff:
+        exported["run"]["endpoint_url"] = ""
+    return exported
 
 
 def run_export_csv(run: BenchmarkRun) -> str:
@@ -172,7 +178,9 @@ def _flatten(data: dict, prefix: str = "") -> dict:
     return flat
 
 
-def compare_runs(a: BenchmarkRun, b: BenchmarkRun, *, threshold: float = 0.05) -> dict:
+def compare_runs(
+    a: BenchmarkRun, b: BenchmarkRun, *, threshold: float = 0.05, staff: bool = True
+) -> dict:
     """Two runs side by side, levels matched by concurrency (or rate), with deltas b − a.
 
     A change beyond `threshold` (5 %) is marked better or worse by the metric's direction.
@@ -210,7 +218,7 @@ def compare_runs(a: BenchmarkRun, b: BenchmarkRun, *, threshold: float = 0.05) -
         for key in sorted(set(snap_a) | set(snap_b))
         if snap_a.get(key) != snap_b.get(key) and not key.startswith("roofline")
     ]
-    for key in ("mix", "model_name", "endpoint_url"):
+    for key in ("mix", "model_name", "endpoint_url") if staff else ("mix", "model_name"):
         if getattr(a, key) != getattr(b, key):
             changed.append({"key": key, "a": getattr(a, key), "b": getattr(b, key)})
     return {"rows": rows, "changed": changed}

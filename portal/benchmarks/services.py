@@ -233,10 +233,11 @@ def deployment_snapshot(deployment: Deployment) -> dict:
     return snapshot
 
 
-def server_version(base_url: str) -> str:
+def server_version(base_url: str, *, api_key: str = "") -> str:
     """vLLM serves its version at /version; other servers may not ("" then)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        response = httpx.get(f"{base_url.rstrip('/')}/version", timeout=3)
+        response = httpx.get(f"{base_url.rstrip('/')}/version", timeout=3, headers=headers)
         if response.status_code == 200:
             return str(response.json().get("version") or "")
     except (httpx.HTTPError, ValueError, AttributeError):
@@ -460,6 +461,16 @@ def benchmark_run_execute(*, run_id: int) -> None:
         raise
 
 
+def _engine_api_key(run: BenchmarkRun) -> str:
+    """The measured server's own key: its deployment's, or (a staff run by URL) the one of the
+    deployment serving at that URL; read when the run starts, never stored with the run."""
+    found = Deployment.objects.filter(pk=run.deployment_id) if run.deployment_id else None
+    if found is None or not found.exists():
+        root = run.endpoint_url.rstrip("/").removesuffix("/v1")  # given as OpenAI clients are, or not
+        found = Deployment.objects.filter(endpoint_url=root).exclude(endpoint_url="")
+    return found.values_list("engine_api_key", flat=True).first() or ""
+
+
 def _execute(run: BenchmarkRun) -> None:
     if run.cancel_requested:
         _finish(run, RunState.CANCELLED, "cancelled before it started")
@@ -476,8 +487,9 @@ def _execute(run: BenchmarkRun) -> None:
     if first is None:
         _finish(run, RunState.DONE, "")
         return
+    api_key = _engine_api_key(run)
     if not run.snapshot.get("vllm_version"):
-        version = server_version(run.endpoint_url)
+        version = server_version(run.endpoint_url, api_key=api_key)
         if version:
             run.snapshot["vllm_version"] = version
             BenchmarkRun.objects.filter(pk=run.pk).update(snapshot=run.snapshot)
@@ -491,6 +503,7 @@ def _execute(run: BenchmarkRun) -> None:
         tokenizer=run.config.get("tokenizer") or None,
         level_timeout_s=run.config.get("level_timeout_s"),
         slo={"ttft": sla.p95_ttft_s * 1000, "tpot": sla.p95_tpot_s * 1000},
+        api_key=api_key or None,
     )
     events: queue.Queue = queue.Queue()
     cancel = threading.Event()

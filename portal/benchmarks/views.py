@@ -212,7 +212,7 @@ def run_apply_cap(request, pk: int):
 @login_required
 def run_export_json(request, pk: int):
     run = run_get_for_user(request.user, pk)
-    response = JsonResponse(run_export(run), json_dumps_params={"indent": 2})
+    response = JsonResponse(run_export(run, staff=request.user.is_staff), json_dumps_params={"indent": 2})
     response["Content-Disposition"] = f'attachment; filename="benchmark-run-{run.pk}.json"'
     return response
 
@@ -232,7 +232,8 @@ def run_compare(request):
     except ValueError as error:
         raise Http404("compare needs ?a=<run>&b=<run>") from error
     a, b = run_get_for_user(request.user, a_id), run_get_for_user(request.user, b_id)
-    return render(request, "benchmarks/run_compare.html", {"a": a, "b": b, "comparison": compare_runs(a, b)})
+    comparison = compare_runs(a, b, staff=request.user.is_staff)
+    return render(request, "benchmarks/run_compare.html", {"a": a, "b": b, "comparison": comparison})
 
 
 @staff_member_required

@@ -61,3 +61,22 @@ class ModelCleanMixin:
         except DjangoValidationError as error:
             raise exceptions.ValidationError(error.message_dict) from error
         return attrs
+
+
+class StaffOnlyFieldsMixin:
+    """Leave `staff_only_fields` out of what a serializer shows anyone but staff.
+
+    Where servers listen (endpoint URLs, ports, node hostnames, command lines) is for
+    operators: members reach models through the gateway only (docs/decisions.md).
+    """
+
+    staff_only_fields: tuple[str, ...] = ()
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        request = self.context.get("request")
+        user = getattr(request, "user", None)
+        if not (user is not None and user.is_staff):
+            for name in self.staff_only_fields:
+                data.pop(name, None)
+        return data

@@ -180,6 +180,14 @@ class DeploymentAdmin(admin.ModelAdmin):
 
 class AdoptedEndpointForm(forms.ModelForm):
     url = forms.CharField(help_text="http://host:port/v1 of the running vLLM server.")
+    # Write-only: the stored key is never rendered back (PasswordInput drops it).
+    api_key = forms.CharField(
+        required=False,
+        max_length=200,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="The key the server was started with (--api-key / VLLM_API_KEY). "
+        "Blank: none when adding, unchanged when editing.",
+    )
 
     class Meta:
         model = AdoptedEndpoint
@@ -192,6 +200,10 @@ class AdoptedEndpointForm(forms.ModelForm):
                 cleaned["endpoint_url"] = services.endpoint_url_from(cleaned.get("url", ""))
             except ApplicationError as error:
                 raise forms.ValidationError({"url": error.message}) from error
+        try:
+            cleaned["api_key"] = services.engine_api_key_clean(cleaned.get("api_key", ""))
+        except ApplicationError as error:
+            raise forms.ValidationError({"api_key": error.message}) from error
         return cleaned
 
 
@@ -208,11 +220,13 @@ class AdoptedEndpointAdmin(admin.ModelAdmin):
 
     def get_fields(self, request, obj=None):
         if obj is None:
-            return ["name", "team", "model_version", "node", "shared", "url"]
-        return ["name", "team", "model_version", "node", "shared", *self.readonly_fields]
+            return ["name", "team", "model_version", "node", "shared", "url", "api_key"]
+        return ["name", "team", "model_version", "node", "shared", "api_key", *self.readonly_fields]
 
     def save_model(self, request, obj, form, change) -> None:
         if change:
+            if form.cleaned_data.get("api_key"):
+                obj.engine_api_key = form.cleaned_data["api_key"]
             super().save_model(request, obj, form, change)
             return
         data = form.cleaned_data
@@ -223,5 +237,6 @@ class AdoptedEndpointAdmin(admin.ModelAdmin):
             url=data["url"],
             node=data.get("node"),
             shared=data.get("shared", False),
+            api_key=data.get("api_key", ""),
         )
         obj.pk, obj._state.adding = created.pk, False

@@ -15,7 +15,7 @@ from inference.errors import InputError
 from inference.hardware import get_gpu
 from inference.planner import ProfileSettings
 from portal.audit.api import AuditedModelViewSetMixin
-from portal.core.api import ModelCleanMixin
+from portal.core.api import ModelCleanMixin, StaffOnlyFieldsMixin
 from portal.core.errors import ApplicationError
 from portal.inventory.models import Node
 from portal.registry.models import ModelVersion
@@ -30,7 +30,7 @@ from .models import (
     DesiredState,
     MetricsSample,
 )
-from .selectors import deployments_visible_to
+from .selectors import deployment_text_for, deployments_visible_to
 
 
 def _plan_dict(plan) -> dict | None:
@@ -78,7 +78,9 @@ class ProfileViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
     lookup_field = "name"
 
 
-class DeploymentSerializer(serializers.ModelSerializer):
+class DeploymentSerializer(StaffOnlyFieldsMixin, serializers.ModelSerializer):
+    staff_only_fields = ("endpoint_url", "port", "pid", "command_line")
+
     team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
     model_version = serializers.SlugRelatedField(slug_field="name", queryset=ModelVersion.objects.all())
     profile = serializers.SlugRelatedField(slug_field="name", queryset=DeploymentProfile.objects.all())
@@ -89,7 +91,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
     plan = serializers.SerializerMethodField()
     engine = serializers.CharField(source="effective_engine", read_only=True)
     endpoint_url = serializers.CharField(
-        read_only=True, help_text="Server root (no /v1); blank until it serves."
+        read_only=True, help_text="Server root (no /v1); blank until it serves. Staff only."
     )
     command_line = serializers.CharField(read_only=True)
 
@@ -144,6 +146,13 @@ class DeploymentSerializer(serializers.ModelSerializer):
         except ApplicationError:
             return None
 
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        user = getattr(self.context.get("request"), "user", None)
+        if user is not None and "state_reason" in data:
+            data["state_reason"] = deployment_text_for(user, instance, data["state_reason"])
+        return data
+
     def create(self, validated_data):
         return services.deployment_create(**validated_data)
 
@@ -180,6 +189,15 @@ class RegisterEndpointSerializer(serializers.Serializer):
         slug_field="name", queryset=Node.objects.all(), required=False, allow_null=True, default=None
     )
     shared = serializers.BooleanField(required=False, default=False)
+    api_key = serializers.CharField(
+        required=False,
+        default="",
+        allow_blank=True,
+        max_length=200,
+        write_only=True,
+        trim_whitespace=True,
+        help_text="The key the server was started with (sent to it as a bearer token; never shown).",
+    )
 
 
 class DeploymentViewSet(viewsets.ModelViewSet):
@@ -228,7 +246,10 @@ class DeploymentViewSet(viewsets.ModelViewSet):
     @action(detail=True, methods=["get"], pagination_class=None)
     def timeline(self, request, name=None):
         """Every step of the deployment's life, oldest first."""
-        events = self.get_object().events.all()
+        deployment = self.get_object()
+        events = list(deployment.events.all())
+        for e in events:  # shown, never saved
+            e.message = deployment_text_for(request.user, deployment, e.message, step=e.step)
         return Response(EventSerializer(events, many=True).data)
 
     @extend_schema(responses={200: SampleSerializer(many=True)})

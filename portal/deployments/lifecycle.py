@@ -46,7 +46,7 @@ LOG_NAME = "server.log"
 # real error before pages of engine-core shutdown noise.
 CLASSIFY_BYTES = 256 * 1024
 # What a deployment row says about its server once there is none (stopped, failed, restarting).
-NO_PROCESS = {"endpoint_url": "", "pid": None, "pgid": None, "serving_since": None}
+NO_PROCESS = {"endpoint_url": "", "pid": None, "pgid": None, "process_identity": {}, "serving_since": None}
 
 
 class LeaseLost(Exception):
@@ -156,6 +156,11 @@ def step(deployment_id: int, name: str, started: str = ""):
 # --- Start ---------------------------------------------------------------------------------
 
 
+def _identity(deployment: Deployment) -> supervisor.ProcessIdentity | None:
+    """Who the recorded pid/pgid was at launch; signals go to it only while it still is."""
+    return supervisor.ProcessIdentity.from_dict(deployment.process_identity)
+
+
 def _load(deployment_id: int) -> Deployment:
     return Deployment.objects.select_related("node", "profile", "model_version", "team").get(pk=deployment_id)
 
@@ -188,16 +193,20 @@ def _start(lease: Lease, *, reason: str = "") -> str:
         return "adopted"
     if deployment.desired_state != DesiredState.RUNNING:
         return "not wanted"
-    if deployment.state == DeploymentState.SERVING and supervisor.process_alive(deployment.pid):
+    if deployment.state == DeploymentState.SERVING and supervisor.process_alive(
+        deployment.pid, _identity(deployment)
+    ):
         return "already serving"
     if deployment.state == DeploymentState.FAILED:
         # A failed start is not retried by a leftover message (a double click, a redelivery):
         # a new request, or supervision scheduling a restart, sets the state to pending first.
         return "failed earlier: request a start again"
-    if supervisor.group_alive(deployment.pgid):
+    if supervisor.group_alive(deployment.pgid, _identity(deployment)):
         # A server from an interrupted start or a half-dead one (API server gone,
         # engine processes left): never run two for one deployment.
-        result = supervisor.stop_group(deployment.pgid, grace_s=settings.DEPLOYMENT_STOP_GRACE_S)
+        result = supervisor.stop_group(
+            deployment.pgid, grace_s=settings.DEPLOYMENT_STOP_GRACE_S, identity=_identity(deployment)
+        )
         event(did, "cleanup", EventStatus.OK, f"stopped the previous process group {deployment.pgid}")
         if not result.gone:
             lease.write(
@@ -223,15 +232,25 @@ def _start(lease: Lease, *, reason: str = "") -> str:
         return "failed"
     except Abandoned:
         if launch.launched is not None:
-            supervisor.stop_group(launch.launched.pgid, grace_s=settings.DEPLOYMENT_STOP_GRACE_S)
-        lease.write(state=DeploymentState.STOPPED, state_reason="stopped during start", pid=None, pgid=None)
+            supervisor.stop_group(
+                launch.launched.pgid,
+                grace_s=settings.DEPLOYMENT_STOP_GRACE_S,
+                identity=launch.launched.identity,
+            )
+        lease.write(
+            state=DeploymentState.STOPPED,
+            state_reason="stopped during start",
+            pid=None,
+            pgid=None,
+            process_identity={},
+        )
         event(did, "start", EventStatus.SKIPPED, "the deployment was stopped while starting")
         return "abandoned"
     except LeaseLost:
         # Another agent owns the deployment now; a server we launched is not in its
         # record (our write of the pid was fenced out or will be overwritten), so stop it.
         if launch.launched is not None:
-            supervisor.stop_group(launch.launched.pgid, grace_s=5)
+            supervisor.stop_group(launch.launched.pgid, grace_s=5, identity=launch.launched.identity)
         raise
     except Exception as error:
         _fail(lease, deployment, StepFailed("start", f"unexpected error: {error!r}", "internal"), launch)
@@ -283,12 +302,13 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
             hardware = gpus[0].catalog_key if gpus else deployment.profile.target_gpu
             argv = sim_command(python, args, hardware=hardware or None)
         else:
-            argv = vllm_command(python, args)
+            argv = vllm_command(python, args, guard=True)
         result["message"] = command_line(argv)
 
     log_path = run_dir / LOG_NAME
-    if log_path.exists():
-        log_path.replace(run_dir / f"{LOG_NAME}.1")  # keep the previous run's log for a post-mortem
+    # The previous run's log becomes server.log.1 (for a post-mortem); older ones shift up.
+    supervisor.retire_log(log_path, keep=settings.ENGINE_LOG_KEEP)
+    api_key = _api_key(lease, deployment)
     with step(did, "launch") as result:
         try:
             launched = supervisor.launch(
@@ -296,7 +316,8 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
                 log_path=log_path,
                 cuda_visible_devices=",".join(str(i) for i in deployment.gpu_indices),
                 cwd=run_dir,
-                env=_sim_env() if engine == "sim" else None,
+                env=_portal_on_path(),  # the simulator, and vLLM's --middleware inference.vllm_guard
+                api_key=api_key,
             )
         except OSError as error:
             raise StepFailed(
@@ -309,6 +330,7 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
             port=port,
             pid=launched.pid,
             pgid=launched.pgid,
+            process_identity=launched.identity.to_dict() if launched.identity else {},
             run_dir=str(run_dir),
             log_path=str(log_path),
             launched_at=timezone.now(),
@@ -334,6 +356,7 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
                 returncode=lambda: launched.process.returncode,
                 on_health=lambda: event(did, "health", EventStatus.OK, "/health answers"),
                 keep_going=keep_going,
+                api_key=api_key,
             )
         except supervisor.ServerExited as error:
             raise _startup_failure(
@@ -346,14 +369,17 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
 
     with step(did, "warm-up") as result:
         try:
-            result["message"] = f"{supervisor.warm_up(local_url, model_version.name):.2f} s"
+            result["message"] = f"{supervisor.warm_up(local_url, model_version.name, api_key=api_key):.2f} s"
         except supervisor.SmokeTestFailed as error:
             raise StepFailed("warm-up", str(error), "warm_up_failed") from error
 
     with step(did, "smoke test") as result:
         try:
             reply = supervisor.smoke_test(
-                local_url, model_version.name, expected_substring=model_version.smoke_expected_substring
+                local_url,
+                model_version.name,
+                expected_substring=model_version.smoke_expected_substring,
+                api_key=api_key,
             )
         except supervisor.SmokeTestFailed as error:
             raise StepFailed("smoke test", str(error), "smoke_test_failed") from error
@@ -361,8 +387,19 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
     return base_url
 
 
-def _sim_env() -> dict[str, str]:
-    """The simulator is the portal's own `inference.sim`: put the portal's code on its path."""
+def _api_key(lease: Lease, deployment: Deployment) -> str:
+    """The deployment's server key; one made now for a deployment created before keys were."""
+    if not deployment.engine_api_key:
+        from .services import engine_api_key_new
+
+        deployment.engine_api_key = engine_api_key_new()
+        lease.write(engine_api_key=deployment.engine_api_key)
+    return deployment.engine_api_key
+
+
+def _portal_on_path() -> dict[str, str]:
+    """The simulator (`inference.sim`) and vLLM's guard (`inference.vllm_guard`) are the portal's
+    own code: put it on the server's path."""
     path = [str(settings.BASE_DIR), os.environ.get("PYTHONPATH", "")]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
 
@@ -555,8 +592,12 @@ def _serving(lease: Lease, deployment: Deployment, base_url: str, launch: _Launc
 def _fail(lease: Lease, deployment: Deployment, failure: StepFailed, launch: _Launch) -> None:
     tail = ""
     if launch.launched is not None:
-        if supervisor.group_alive(launch.launched.pgid):
-            supervisor.stop_group(launch.launched.pgid, grace_s=settings.DEPLOYMENT_STOP_GRACE_S)
+        if supervisor.group_alive(launch.launched.pgid, launch.launched.identity):
+            supervisor.stop_group(
+                launch.launched.pgid,
+                grace_s=settings.DEPLOYMENT_STOP_GRACE_S,
+                identity=launch.launched.identity,
+            )
         tail = supervisor.log_tail(launch.launched.log_path)
     lease.write(
         state=DeploymentState.FAILED,
@@ -596,7 +637,7 @@ def _stop(lease: Lease, deployment: Deployment, *, drain: bool, reason: str) -> 
     if deployment.adopted:
         event(did, "stop", EventStatus.SKIPPED, "an adopted server is never stopped by the portal")
         return "adopted"
-    if not supervisor.group_alive(deployment.pgid):
+    if not supervisor.group_alive(deployment.pgid, _identity(deployment)):
         if deployment.state != DeploymentState.STOPPED or deployment.pid:
             lease.write(
                 state=DeploymentState.STOPPED,
@@ -613,7 +654,10 @@ def _stop(lease: Lease, deployment: Deployment, *, drain: bool, reason: str) -> 
     lease.write(state=DeploymentState.STOPPING, state_reason="stopping")
     with step(did, "stop") as result:
         stopped = supervisor.stop_group(
-            deployment.pgid, grace_s=settings.DEPLOYMENT_STOP_GRACE_S, kill_wait_s=15
+            deployment.pgid,
+            grace_s=settings.DEPLOYMENT_STOP_GRACE_S,
+            kill_wait_s=15,
+            identity=_identity(deployment),
         )
         if not stopped.gone:
             lease.write(
@@ -644,7 +688,7 @@ def _drain(lease: Lease, deployment: Deployment) -> str:
     deadline = began + settings.DEPLOYMENT_DRAIN_TIMEOUT_S
     while True:
         lease.renew()
-        metrics = supervisor.scrape_metrics(base, timeout_s=2)
+        metrics = supervisor.scrape_metrics(base, timeout_s=2, api_key=deployment.engine_api_key)
         in_flight = None if metrics is None else (metrics.running or 0) + (metrics.waiting or 0)
         if in_flight == 0:
             return f"no request in flight after {time.monotonic() - began:.1f} s"
@@ -747,14 +791,19 @@ def _pending_rescue_s() -> float:
 
 def _check_serving(lease: Lease, deployment: Deployment) -> str:
     did = deployment.pk
-    if not supervisor.process_alive(deployment.pid):
+    if not supervisor.process_alive(deployment.pid, _identity(deployment)):
         tail = supervisor.log_tail(deployment.log_path, lines=40)
         lease.write(log_tail=tail)
         return _schedule_restart(lease, deployment, f"the server process {deployment.pid} is gone")
     base = _local_url(deployment)
-    healthy = supervisor.check_health(base, timeout_s=5)
-    metrics = supervisor.scrape_metrics(base, timeout_s=5) if healthy else None
-    memory = supervisor.group_rss_mb(deployment.pgid)
+    key = deployment.engine_api_key
+    healthy = supervisor.check_health(base, timeout_s=5, api_key=key)
+    metrics = supervisor.scrape_metrics(base, timeout_s=5, api_key=key) if healthy else None
+    memory = supervisor.group_rss_mb(deployment.pgid, _identity(deployment))
+    if supervisor.rotate_log(
+        deployment.log_path, max_bytes=settings.ENGINE_LOG_MAX_BYTES, keep=settings.ENGINE_LOG_KEEP
+    ):
+        event(did, "log", EventStatus.INFO, f"{LOG_NAME} rotated at {settings.ENGINE_LOG_MAX_BYTES} bytes")
     values = metrics.to_dict() if metrics is not None else {}
     MetricsSample.objects.create(deployment_id=did, healthy=healthy, memory_mb=memory, **values)
     now = timezone.now()
@@ -816,8 +865,8 @@ def _check_serving(lease: Lease, deployment: Deployment) -> str:
 def _schedule_restart(lease: Lease, deployment: Deployment, why: str) -> str:
     """Kill what is left of the server and start again after a backoff, up to the limit."""
     did = deployment.pk
-    if supervisor.group_alive(deployment.pgid):
-        supervisor.stop_group(deployment.pgid, grace_s=5)
+    if supervisor.group_alive(deployment.pgid, _identity(deployment)):
+        supervisor.stop_group(deployment.pgid, grace_s=5, identity=_identity(deployment))
     attempt = deployment.restart_count + 1
     limit = settings.DEPLOYMENT_RESTART_LIMIT
     if attempt > limit:
@@ -885,14 +934,17 @@ def adopted_check(deployment_id: int) -> str:
     deployment = Deployment.objects.filter(pk=deployment_id, adopted=True).first()
     if deployment is None:
         return "not adopted"  # a check sent before the row changed: nothing to watch
-    base = deployment.endpoint_url
-    healthy = supervisor.check_health(base, timeout_s=5)
-    metrics = supervisor.scrape_metrics(base, timeout_s=5) if healthy else None
+    base, key = deployment.endpoint_url, deployment.engine_api_key
+    healthy = supervisor.check_health(base, timeout_s=5, api_key=key)
+    metrics = supervisor.scrape_metrics(base, timeout_s=5, api_key=key) if healthy else None
     MetricsSample.objects.create(
         deployment_id=deployment_id, healthy=healthy, **(metrics.to_dict() if metrics else {})
     )
-    state = DeploymentState.SERVING if healthy else DeploymentState.FAILED
-    reason = "" if healthy else f"{base}/health does not answer"
+    refused = healthy and supervisor.refuses_key(base, api_key=key, timeout_s=5)
+    state = DeploymentState.SERVING if healthy and not refused else DeploymentState.FAILED
+    reason = "" if state == DeploymentState.SERVING else f"{base}/health does not answer"
+    if refused:
+        reason = f"{base}/v1 refuses the registered API key (HTTP 401): register the server's key"
     if deployment.state != state:
         Deployment.objects.filter(pk=deployment_id, adopted=True).update(
             state=state, state_reason=reason, last_checked_at=timezone.now()

@@ -169,12 +169,19 @@ class Deployment(models.Model):
         help_text="Every team's keys may call it through the gateway (else only its own team's).",
     )
 
+    # The bearer token the server wants on /v1/* (vLLM's VLLM_API_KEY, given in its environment).
+    # A secret: never in an API, page, form, log or audit event (docs/decisions.md, engine API keys).
+    engine_api_key = models.CharField(max_length=200, blank=True, editable=False)
+
     # --- What the node agent launched (written under the deployment's lease) ---
     engine_used = models.CharField(max_length=10, blank=True, help_text="Engine of the last launch.")
     command = models.JSONField(default=list, blank=True, help_text="argv of the last launch.")
     port = models.PositiveIntegerField(null=True, blank=True)
     pid = models.PositiveIntegerField(null=True, blank=True)
     pgid = models.PositiveIntegerField(null=True, blank=True)
+    # Boot id, start time and command line of the pid when launched (supervisor.ProcessIdentity):
+    # a pid or pgid is only signalled while it is still that process.
+    process_identity = models.JSONField(default=dict, blank=True, editable=False)
     run_dir = models.CharField(max_length=500, blank=True)
     log_path = models.CharField(max_length=500, blank=True)
     log_tail = models.TextField(blank=True, help_text="Last lines of the server log, as the agent read them.")

@@ -6,6 +6,8 @@ APIs fetch deployments through these functions, never with an ad hoc `.get()`.
 
 from __future__ import annotations
 
+import re
+
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 
@@ -21,6 +23,28 @@ def deployments_visible_to(user) -> QuerySet[Deployment]:
 
 def deployment_get_for_user(user, name: str) -> Deployment:
     return get_object_or_404(deployments_visible_to(user), name=name)
+
+
+_URL_ORIGIN = re.compile(r"\bhttps?://[^\s/'\"]+")
+# Steps whose whole message says where and how the server runs (argv, pid, log path).
+STAFF_ONLY_STEPS = frozenset({"command", "launch", "port"})
+
+
+def deployment_text_for(user, deployment: Deployment, text: str, *, step: str = "") -> str:
+    """Text about a deployment (an event, a state reason) as `user` may read it.
+
+    Where servers listen is for staff only (docs/decisions.md, engine API keys): for
+    anyone else URLs and the node's hostname are blanked out.
+    """
+    if user.is_staff or not text:
+        return text
+    if step in STAFF_ONLY_STEPS:
+        return "(shown to staff only)"
+    text = _URL_ORIGIN.sub("<server>", text)
+    node = deployment.node
+    if node is not None and node.hostname and node.hostname != node.name:
+        text = text.replace(node.hostname, "<node>")
+    return text
 
 
 def serving_deployments_for_model(model_name: str) -> QuerySet[Deployment]:

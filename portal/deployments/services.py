@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import secrets
 from urllib.parse import urlsplit
 
 from django.db import transaction
@@ -26,6 +28,25 @@ from .models import Deployment, DeploymentEvent, DeploymentProfile, DeploymentSt
 # Where a deployment runs; fixed once it exists (a new placement is a new deployment).
 DEPLOYMENT_PLACEMENT_FIELDS = ("name", "team", "model_version", "profile", "node", "gpu_indices")
 DEPLOYMENT_CREATE_FIELDS = (*DEPLOYMENT_PLACEMENT_FIELDS, "desired_state", "concurrency_cap", "shared")
+
+
+# What an adopted server's key may be: it travels in an HTTP header, so visible ASCII, no spaces.
+_API_KEY_RE = re.compile(r"^[\x21-\x7e]{1,200}$")
+
+
+def engine_api_key_new() -> str:
+    """A fresh per-deployment secret for the server's VLLM_API_KEY (256 bits)."""
+    return secrets.token_urlsafe(32)
+
+
+def engine_api_key_clean(value: str) -> str:
+    """An adopted server's key as given ("" = the server wants none); refuses what a header cannot carry."""
+    value = (value or "").strip()
+    if value and not _API_KEY_RE.match(value):
+        raise ApplicationError(
+            "api_key must be 1 to 200 visible ASCII characters without spaces", field="api_key"
+        )
+    return value
 
 
 def settings_from(**values) -> ProfileSettings:
@@ -218,6 +239,7 @@ def deployment_create(
         concurrency_cap=concurrency_cap,
         shared=shared,
         start_requested_at=timezone.now() if running else None,
+        engine_api_key=engine_api_key_new(),
     )
     clean_or_raise(deployment)
     deployment.save()
@@ -423,13 +445,16 @@ def endpoint_register(
     url: str,
     node: Node | None = None,
     shared: bool = False,
+    api_key: str = "",
 ) -> Deployment:
     """Record a vLLM server the portal did not start (`register_endpoint`).
 
     It serves `model_version` under its name, so the gateway routes to it and
-    benchmarks can target it; supervision only health-checks it.
+    benchmarks can target it; supervision only health-checks it. `api_key` is the
+    key it was started with (`--api-key` / VLLM_API_KEY), sent as a bearer token.
     """
     endpoint = endpoint_url_from(url)
+    api_key = engine_api_key_clean(api_key)
     if Deployment.objects.filter(adopted=True, endpoint_url=endpoint).exists():
         raise ApplicationError(f"{endpoint} is already registered", field="url")
     deployment = Deployment(
@@ -444,6 +469,7 @@ def endpoint_register(
         state_reason="adopted: waiting for the first health check",
         endpoint_url=endpoint,
         engine_used="external",
+        engine_api_key=api_key,
     )
     clean_or_raise(deployment)
     deployment.save()
@@ -451,7 +477,12 @@ def endpoint_register(
     audit_event_record(
         action="deployment.register_endpoint",
         target=deployment,
-        changes={"team": team.slug, "endpoint_url": endpoint, "shared": shared},
+        changes={
+            "team": team.slug,
+            "endpoint_url": endpoint,
+            "shared": shared,
+            "with_api_key": bool(api_key),
+        },
     )
     from .tasks import check_adopted
 

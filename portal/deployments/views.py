@@ -13,7 +13,7 @@ from portal.core.errors import ApplicationError
 from . import services
 from .forms import PlannerForm
 from .models import DeploymentProfile, DeploymentState
-from .selectors import deployment_get_for_user, deployments_visible_to
+from .selectors import deployment_get_for_user, deployment_text_for, deployments_visible_to
 from .sparklines import rates, sparkline
 
 # States in which the page refreshes itself quickly, to show the steps as they happen.
@@ -69,6 +69,9 @@ def deployment_detail(request, name: str):
     deployment = deployment_get_for_user(request.user, name)
     plan, error = _plan_or_error(lambda: services.deployment_plan(deployment))
     events = list(deployment.events.order_by("-at", "-id")[:100])[::-1]
+    for e in events:  # shown, never saved
+        e.message = deployment_text_for(request.user, deployment, e.message, step=e.step)
+    deployment.state_reason = deployment_text_for(request.user, deployment, deployment.state_reason)
     return render(
         request,
         "deployments/deployment_detail.html",

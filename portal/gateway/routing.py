@@ -42,6 +42,8 @@ class Replica:
     # Parsed once per route load, not per request (httpx re-parses a string URL every time).
     chat_url: httpx.URL
     completions_url: httpx.URL
+    # The server's own key (VLLM_API_KEY), sent upstream as a bearer token; never the client's.
+    api_key: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ def _load_route(model: str) -> Route:
             d.shared,
             httpx.URL(d.endpoint_url.rstrip("/") + "/v1/chat/completions"),
             httpx.URL(d.endpoint_url.rstrip("/") + "/v1/completions"),
+            d.engine_api_key,
         )
         for d in serving_deployments_for_model(model).order_by("pk")
     )

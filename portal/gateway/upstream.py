@@ -50,16 +50,18 @@ def client() -> httpx.AsyncClient:
     return _get()[0]
 
 
-async def open_stream(url: httpx.URL | str, body: bytes, request_id: str) -> httpx.Response:
-    """POST to upstream; returns once its status and headers are in (body not read)."""
+async def open_stream(
+    url: httpx.URL | str, body: bytes, request_id: str, api_key: str = ""
+) -> httpx.Response:
+    """POST to upstream; returns once its status and headers are in (body not read).
+
+    `api_key` is the replica's own server key (the client's gateway key never goes upstream).
+    """
     _client, transport, timeout = _get()
-    request = httpx.Request(
-        "POST",
-        url,
-        content=body,
-        headers={"content-type": "application/json", "x-request-id": request_id},
-        extensions={"timeout": timeout},
-    )
+    headers = {"content-type": "application/json", "x-request-id": request_id}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
+    request = httpx.Request("POST", url, content=body, headers=headers, extensions={"timeout": timeout})
     return await transport.handle_async_request(request)
 
 

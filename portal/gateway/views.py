@@ -238,7 +238,10 @@ async def _serve(request, ex: Exchange, *, chat: bool):
                 # Tiered first-token timeout (docs/v100-field-guide.md#gateway-rules: short 30 s, long 60 s).
                 async with asyncio.timeout(first_token_timeout):
                     ex.upstream = response = await open_stream(
-                        replica.chat_url if chat else replica.completions_url, body, ex.request_id
+                        replica.chat_url if chat else replica.completions_url,
+                        body,
+                        ex.request_id,
+                        replica.api_key,
                     )
                     if response.status_code == 200:
                         # The transport's byte stream itself: httpx's aiter_raw() adds a chunker
@@ -247,7 +250,10 @@ async def _serve(request, ex: Exchange, *, chat: bool):
                         first = await _first_chunk(chunks)
             else:
                 ex.upstream = response = await open_stream(
-                    replica.chat_url if chat else replica.completions_url, body, ex.request_id
+                    replica.chat_url if chat else replica.completions_url,
+                    body,
+                    ex.request_id,
+                    replica.api_key,
                 )
         except (TimeoutError, httpx.TimeoutException) as exc:
             if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):

@@ -505,6 +505,7 @@ def _start(run: _Run, context: dict) -> str:
     run.write(engine_start_s=engine_start_s)
     # The agent runs on the node: the server answers on the loopback whatever address it binds.
     context["local_url"] = f"http://127.0.0.1:{deployment.port}"
+    context["api_key"] = deployment.engine_api_key  # the engine answers only its deployment's key
     context["profile"] = profile
     started = f"{engine_start_s:.1f} s" if engine_start_s is not None else "unknown"
     return f"{name} serving at {deployment.endpoint_url}; engine start {started}"
@@ -534,7 +535,7 @@ def _bench(run: _Run, context: dict) -> str:
             "request_timeout": 600.0,
             "sla_ttft": sla.p95_ttft_s,
             "sla_tpot": sla.p95_tpot_s,
-            "api_key": None,
+            "api_key": context.get("api_key"),
             "json_path": None,
             "samples": False,
         }

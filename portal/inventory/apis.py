@@ -11,7 +11,7 @@ from inference.errors import InputError
 from inference.hardware import get_gpu
 from portal.audit.api import AuditedModelViewSetMixin
 from portal.audit.services import audit_event_record
-from portal.core.api import ModelCleanMixin
+from portal.core.api import ModelCleanMixin, StaffOnlyFieldsMixin
 
 from . import services
 from .models import Gpu, Node
@@ -70,7 +70,9 @@ SOFTWARE_FIELDS = (
 )
 
 
-class NodeSerializer(ModelCleanMixin, serializers.ModelSerializer):
+class NodeSerializer(StaffOnlyFieldsMixin, ModelCleanMixin, serializers.ModelSerializer):
+    staff_only_fields = ("hostname",)
+
     gpus = GpuSerializer(many=True, read_only=True)
     queue = serializers.CharField(read_only=True)
 

@@ -154,7 +154,7 @@ def test_registering_an_endpoint_is_recorded(alice, team, llama7b):
         == 201
     )
     assert only("deployment.register_endpoint").changes == {
-        "team": "search", "endpoint_url": "http://127.0.0.1:9", "shared": True,
+        "team": "search", "endpoint_url": "http://127.0.0.1:9", "shared": True, "with_api_key": False,
     }  # fmt: skip
 
 

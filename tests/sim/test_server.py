@@ -230,3 +230,37 @@ def test_it_answers_503_once_the_engine_has_failed():
     assert failed == 500
     assert health == 503
     assert later == 503 and kind == "EngineDeadError"
+
+
+def test_it_guards_v1_with_vllm_api_key_and_leaves_health_and_metrics_open():
+    async def go():
+        args = build_parser().parse_args(ARGV)
+        engine, tokenizer, root = engine_from_args(args)
+        server = SimServer(
+            engine, served_model_names=["llama-2-7b"], tokenizer=tokenizer, model_root=root, speedup=50,
+            api_key="sim-key",
+        )  # fmt: skip
+        async with TestClient(TestServer(server.app())) as client:
+            bearer = {"Authorization": "Bearer sim-key"}
+            body = completion(max_tokens=2)
+            return [
+                (await client.get("/v1/models")).status,
+                (await client.post("/v1/completions", json=body)).status,
+                (await client.get("/v1/models", headers={"Authorization": "Bearer nope"})).status,
+                (await client.get("/v1/models", headers=bearer)).status,
+                (await client.post("/v1/completions", json=body, headers=bearer)).status,
+                (await client.get("/health")).status,
+                (await client.get("/metrics")).status,
+            ]
+
+    assert asyncio.run(go()) == [401, 401, 401, 200, 200, 200, 200]
+
+
+def test_it_reads_the_api_key_from_the_environment_like_vllm(monkeypatch):
+    captured = {}
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")
+    monkeypatch.setattr(
+        "aiohttp.web.run_app", lambda app, **kw: captured.setdefault("key", app[SERVER_KEY].api_key)
+    )
+    assert main([*ARGV, "--port", "1"]) == 0
+    assert captured["key"] == "from-env"

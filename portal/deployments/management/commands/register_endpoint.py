@@ -1,10 +1,15 @@
 """`manage.py register_endpoint --model <name> --url http://host:port/v1`: adopt a running vLLM server.
 
 The portal did not start it and never stops it; it routes the model's traffic to
-it and health-checks it like its own deployments.
+it and health-checks it like its own deployments. A server started with an API key
+(`--api-key` / VLLM_API_KEY) is registered with `--api-key-file <path>` ("-": stdin):
+never on the command line, where `ps` and shell history would keep it.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -27,6 +32,10 @@ class Command(BaseCommand):
         parser.add_argument(
             "--shared", action="store_true", help="every team's keys may call it (default: its team's only)"
         )
+        parser.add_argument(
+            "--api-key-file",
+            help="file holding the key the server wants as a bearer token ('-': read it from stdin)",
+        )
 
     def handle(self, *args, **options) -> None:
         try:
@@ -45,6 +54,7 @@ class Command(BaseCommand):
             node = Node.objects.filter(name=options["node"]).first()
             if node is None:
                 raise CommandError(f"--node: no node {options['node']!r}")
+        api_key = self._api_key(options["api_key_file"])
         name = options["name"] or f"{model_version.name.replace('.', '-')}-adopted"[:100]
         try:
             deployment = endpoint_register(
@@ -54,9 +64,22 @@ class Command(BaseCommand):
                 url=options["url"],
                 node=node,
                 shared=options["shared"],
+                api_key=api_key,
             )
         except ApplicationError as error:
-            raise CommandError(f"--{error.field or 'url'}: {error.message}") from error
+            field = "api-key-file" if error.field == "api_key" else error.field or "url"
+            raise CommandError(f"--{field}: {error.message}") from error
         self.stdout.write(
             f"adopted {deployment.endpoint_url} as deployment {deployment.name} serving {model_version.name}"
         )
+
+    def _api_key(self, path: str | None) -> str:
+        if not path:
+            return ""
+        try:
+            text = sys.stdin.read(4096) if path == "-" else Path(path).read_text(encoding="utf-8")[:4096]
+        except (OSError, UnicodeDecodeError) as error:
+            raise CommandError(f"--api-key-file: cannot read {path}: {error}") from error
+        if not text.strip():
+            raise CommandError(f"--api-key-file: {path} is empty")
+        return text.strip()

@@ -11,6 +11,7 @@ vLLM forks `VLLM::EngineCore`, so stopping the group is tested for real.
 Behaviour switches (environment, read at start):
   FAKE_VLLM_STARTUP_S   seconds before the port opens (default 0.3)
   FAKE_VLLM_FAIL        print this text (e.g. a real vLLM error line) and exit 1
+  VLLM_API_KEY          as vLLM: /v1/* answers 401 without `Authorization: Bearer <key>`
 Files in the working directory (the deployment's run dir):
   startup_s             read at start: overrides FAKE_VLLM_STARTUP_S
 read per request:
@@ -58,7 +59,16 @@ def main() -> None:
             self.end_headers()
             self.wfile.write(data)
 
+        def _refused(self) -> bool:
+            key = os.environ.get("VLLM_API_KEY", "")
+            if key and self.path.startswith("/v1") and self.headers.get("Authorization") != f"Bearer {key}":
+                self._json({"error": "Unauthorized"}, 401)
+                return True
+            return False
+
         def do_GET(self) -> None:
+            if self._refused():
+                return
             if self.path == "/health":
                 if os.path.exists("hang"):
                     self.send_response(503)
@@ -94,6 +104,8 @@ def main() -> None:
                 self._json({"error": "not found"}, 404)
 
         def do_POST(self) -> None:
+            if self._refused():
+                return
             body = json.loads(self.rfile.read(int(self.headers["content-length"])))
             tokens["generation"] += body.get("max_tokens", 16)
             if self.path == "/v1/chat/completions":
