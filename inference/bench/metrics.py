@@ -45,6 +45,12 @@ class RequestRecord:
     error: str | None = None
     # When a failed request gave up (None: unknown); successful ones end at their last event.
     end: float | None = None
+    status: int = 0  # the HTTP status (0: no response)
+
+    @property
+    def error_kind(self) -> str:
+        """The error without its detail ("HTTP 429 rate_limit_exceeded"; "" when none), for counting."""
+        return (self.error or "").partition(": ")[0]
 
     @property
     def ok(self) -> bool:
