@@ -1,7 +1,8 @@
 """Per-level statistics, defined exactly as vLLM's `vllm bench serve` defines them.
 
 vLLM (benchmarks/serve.py, lib/endpoint_request_func.py) times a streamed
-request like this, and so do we:
+request like this, and so does our one streaming client (`inference.bench.client`),
+which fills a `RequestRecord` for the load generator, the soak and the proxy benchmark:
 - the clock starts just before the HTTP request;
 - every streamed chunk with a non-empty `choices` list is a token event (the
   usage-only chunk and `[DONE]` are not), however many tokens it carries;
