@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -35,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,6 +198,32 @@ def group_cpu_s(pgid: int) -> float:
     return total / CLK_TCK
 
 
+def connections_per_process(pgid: int, port: int) -> list[int]:
+    """Established connections on `port` held by each process of group `pgid` (how uvicorn's workers
+    shared the clients: they accept from one socket, the kernel does not balance them)."""
+    inodes = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for line in Path(name).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(int(fields[9]))
+    counts = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            links = [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        held = sum(1 for link in links if link.startswith("socket:[") and int(link[8:-1]) in inodes)
+        if held:
+            counts.append(held)
+    return sorted(counts, reverse=True)
+
+
 def redis_calls(port: int) -> dict[str, int]:
     """Calls per command since the last reset (commands run inside Lua scripts are counted too)."""
     import redis
@@ -263,12 +291,21 @@ def measure(world: World, target: str, level: int, args) -> dict:
         base, process = world.gateways[int(target.split("-")[1])]
         url, pgid = f"{base}/v1/chat/completions", process.pid
         headers = {"Authorization": f"Bearer {world.token}"}
+    redis_pgid = world.processes[0].pid  # redis-server, first started, in a process group of its own
     cpu_before = group_cpu_s(pgid) if pgid else 0.0
+    redis_cpu_before = group_cpu_s(redis_pgid)
     redis_reset(world.redis_port)
+    spread: list[int] = []
+    if pgid:  # sampled halfway through the run
+        port = int(url.split(":")[2].split("/")[0])
+        timer = threading.Timer(args.duration / 2, lambda: spread.extend(connections_per_process(pgid, port)))
+        timer.start()
     result = asyncio.run(
         closed_loop(url, headers, concurrency=level, duration=args.duration, chunks=args.chunks)
     )
     calls = redis_calls(world.redis_port)
+    redis_cpu = group_cpu_s(redis_pgid) - redis_cpu_before
+    result["connections_per_process"] = spread
     result["server_cpu"] = (group_cpu_s(pgid) - cpu_before) / result["elapsed_s"] if pgid else float("nan")
     if pgid and result["requests"]:
         # Every command counts, the flusher's and the metrics flush's too: they are part of what a
@@ -280,6 +317,7 @@ def measure(world: World, target: str, level: int, args) -> dict:
         ) / result["requests"]
         scripts = calls.get("evalsha", 0) + calls.get("eval", 0)
         result["redis_scripts_per_request"] = scripts / result["requests"]
+        result["redis_cpu_ms_per_request"] = redis_cpu * 1000 / result["requests"]
     return result
 
 
@@ -327,7 +365,8 @@ def main() -> None:
                         f"  rep {rep + 1} c={level:<3} {target:<10} {result['req_s']:8.1f} req/s "
                         f"{result['chunks_s']:9.0f} chunks/s  TTFT P50 {result['ttft_p50_ms']:6.2f} ms "
                         f"P99 {result['ttft_p99_ms']:7.2f} ms  server CPU {result['server_cpu']:4.2f}  "
-                        f"client CPU {result['client_cpu']:4.2f}  errors {result['errors']}",
+                        f"client CPU {result['client_cpu']:4.2f}  errors {result['errors']}"
+                        + (f"  connections {c}" if (c := result["connections_per_process"]) else ""),
                         flush=True,
                     )
         print_table(results, args)
@@ -390,10 +429,12 @@ def print_table(results: dict, args) -> None:
             target = f"gateway-{n}"
             per = med(level, target, "redis_commands_per_request")
             scripts = med(level, target, "redis_scripts_per_request")
+            cpu_ms = med(level, target, "redis_cpu_ms_per_request")
             top = sorted(results[(level, target)][0]["redis_calls"].items(), key=lambda kv: -kv[1])[:8]
             print(
                 f"Redis at {level} streams, gateway ×{n}: {per:.1f} commands per request in {scripts:.2f} "
-                f"script runs; first run: " + ", ".join(f"{name} {v:.2f}" for name, v in top)
+                f"script runs, {cpu_ms:.3f} ms of Redis CPU per request; first run: "
+                + ", ".join(f"{name} {v:.2f}" for name, v in top)
             )
 
 if __name__ == "__main__":
