@@ -108,7 +108,7 @@ def build_world(world: World, directory: Path, args) -> None:
         gateway = start(
             ["-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
              "--workers", str(workers), "--loop", "uvloop", "--http", "httptools", "--no-access-log",
-             "--log-level", "info"],
+             "--log-level", "info", "--timeout-graceful-shutdown", "3"],
             stdout=_log(directory, name), stderr=subprocess.STDOUT,
         )  # fmt: skip
         world.processes.append(gateway)

@@ -113,7 +113,8 @@ def _start(log_path: Path, *, port: int, workers: int) -> subprocess.Popen:
     with open(log_path, "wb") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--port", str(port),
-             "--workers", str(workers), "--loop", "uvloop", "--http", "httptools", "--no-access-log"],
+             "--workers", str(workers), "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+             "--timeout-graceful-shutdown", "3"],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
 
