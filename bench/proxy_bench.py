@@ -1,218 +1,441 @@
 """The gateway's proxy benchmark: the same closed-loop streaming load, direct and through the gateway.
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/portal REDIS_URL=redis://127.0.0.1:6379/0 \\
-        .venv/bin/python -m bench.proxy_bench [--levels 64,8] [--duration 5] [--repeats 3] [--chunks 32]
+    .venv/bin/python -m bench.proxy_bench [--levels 64,8] [--workers 1,2] [--duration 5] [--repeats 3]
+        [--chunks 32] [--interval-ms 5] [--json out.json]
 
-Starts a fast local OpenAI-compatible streaming upstream (bench/fake_upstream.py,
-32 chunks 5 ms apart), one gateway web process (uvicorn, uvloop + httptools, as in
-production) with auth, quotas (team and key: rpm, tpm, tokens/day, concurrency;
-a deployment cap) and usage recording on, and a usage flusher process (the Celery
-task's loop). Then, for each level and repetition, runs the load directly against
-the upstream and through the gateway, side by side (alternating which goes first),
-and prints requests/s, chunks/s and TTFT P50/P99 for both, with their ratio:
-medians over the repetitions.
+A throwaway world on 127.0.0.1, in a temporary directory (the machine's PostgreSQL
+and Redis are not touched): a SQLite database (migrated), a private
+`redis-server`, and a fast OpenAI-compatible streaming upstream
+(bench/fake_upstream.py, 32 chunks 5 ms apart) registered as an adopted endpoint
+through the portal's services, with a team and key whose quotas are set but too
+high to bind (rpm, tpm, tokens/day, concurrency on both; a deployment cap), so
+every check still runs. For each `--workers` count N it starts one gateway
+(`uvicorn --workers N`, uvloop + httptools, as in production) on its own port,
+and one usage flusher (the Celery task's loop) for all of them.
+
+Then, for each repetition and level, it runs the load directly against the
+upstream and through each gateway, side by side (the order rotates every
+repetition), every request through the one streaming client
+(`inference.bench.client.stream_request`), and prints requests/s, chunks/s and
+TTFT P50/P99 (`inference.bench.metrics.percentile`), the CPU the gateway's
+processes and the client used, and the ratios: gateway ÷ direct, and N
+processes ÷ 1 process. Medians over the repetitions. It also counts the Redis
+commands the gateway ran per request (`INFO commandstats`: the calls its Lua
+scripts make, and the round trips).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import os
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
+import threading
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from bench._common import flusher_loop, free_port, start, stop, table, wait_up
-
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-os.environ.setdefault("SECRET_KEY", "proxy-bench-only-secret-key-0123456789abcdefghijklmnop")
-os.environ.setdefault("SECURE_SSL_REDIRECT", "false")
-os.environ.setdefault("LOG_LEVEL", "WARNING")
+from bench._common import flusher_loop, free_port, spawn, start, stop, table, wait_up
 
 MODEL = "bench-fake-model"
+HIGH = {"rpm_limit": 10**7, "tpm_limit": 10**9, "tokens_per_day": 10**12, "max_concurrent": 10_000}
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class World:
+    processes: list[subprocess.Popen] = field(default_factory=list)
+    upstream: str = ""
+    redis_port: int = 0
+    token: str = ""
+    # uvicorn --workers N → (its URL, its process)
+    gateways: dict[int, tuple[str, subprocess.Popen]] = field(default_factory=dict)
+
+
+def _log(directory: Path, name: str):
+    return open(directory / f"{name}.log", "wb")  # the child keeps it open until it exits
+
+
+def build_world(world: World, directory: Path, args) -> None:
+    """Redis, the upstream, the database, the key, the gateways and the flusher; processes go in
+    `world.processes` as they start, so the caller stops whatever did start."""
+    if shutil.which("redis-server") is None:
+        raise SystemExit("redis-server is not installed: the benchmark runs its own private Redis")
+    world.redis_port, upstream_port = free_port(), free_port()
+    world.processes.append(
+        spawn(["redis-server", "--bind", "127.0.0.1", "--port", str(world.redis_port), "--save", "",
+               "--appendonly", "no", "--dir", str(directory)], stdout=_log(directory, "redis"),
+              stderr=subprocess.STDOUT)
+    )  # fmt: skip
+    redis_url = f"redis://127.0.0.1:{world.redis_port}"
+    os.environ.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "portal.settings",
+            "DATABASE_URL": f"sqlite:///{directory / 'portal.sqlite3'}",
+            "REDIS_URL": f"{redis_url}/0",
+            "GATEWAY_REDIS_URL": f"{redis_url}/0",
+            "CELERY_BROKER_URL": f"{redis_url}/1",
+            "CELERY_RESULT_BACKEND": f"{redis_url}/1",
+            # The adopted endpoint's first health check runs inline instead of waiting for a worker.
+            "CELERY_TASK_ALWAYS_EAGER": "true",
+            "PORTAL_RUN_DIR": str(directory / "run"),
+            "SECRET_KEY": "proxy-bench-only-secret-key-0123456789abcdefghijklmnop",
+            "SECURE_SSL_REDIRECT": "false",
+            "DEBUG": "false",
+            "LOG_LEVEL": "WARNING",
+        }
+    )
+    upstream = start(
+        ["-m", "bench.fake_upstream", "--port", str(upstream_port), "--chunks", str(args.chunks),
+         "--interval-ms", str(args.interval_ms), "--model", MODEL],
+        stdout=_log(directory, "upstream"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    world.processes.append(upstream)
+    world.upstream = f"http://127.0.0.1:{upstream_port}"
+    wait_up(f"{world.upstream}/health", upstream)
+    _wait_redis(world.redis_port, world.processes[0])
+    world.token = setup_portal(world.upstream)
+
+    for workers in args.workers:
+        port = free_port()
+        name = f"gateway-{workers}"
+        gateway = start(
+            ["-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+             "--workers", str(workers), "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+             "--log-level", "info", "--timeout-graceful-shutdown", "3"],
+            stdout=_log(directory, name), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        world.processes.append(gateway)
+        world.gateways[workers] = (f"http://127.0.0.1:{port}", gateway)
+    world.processes.append(
+        start(["-m", "bench.proxy_bench", "--flusher"], stdout=_log(directory, "flusher"),
+              stderr=subprocess.STDOUT)
+    )  # fmt: skip
+    for workers, (url, process) in world.gateways.items():
+        _wait_workers(directory / f"gateway-{workers}.log", process, workers)
+        wait_up(f"{url}/v1/models", process)
+
+
+def _wait_redis(port: int, process: subprocess.Popen) -> None:
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            return
+        except redis.ConnectionError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the private redis-server did not start (see redis.log)") from None
+            time.sleep(0.1)
+        finally:
+            client.close()
+
+
+def _wait_workers(log_path: Path, process: subprocess.Popen, workers: int, timeout: float = 120) -> None:
+    """Until each of uvicorn's workers has loaded the application (it logs this line after)."""
+    deadline = time.monotonic() + timeout
+    while log_path.read_text(errors="replace").count("Started server process") < workers:
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"the gateway with {workers} workers did not start (see {log_path})")
+        time.sleep(0.2)
 
 
 def setup_portal(upstream: str) -> str:
-    """Team, model, deployment on the fake upstream, and a fresh key (returned)."""
+    """Migrate; the team, the model, the upstream as its adopted endpoint with a cap; a key (returned).
+    All through the portal's services, as `register_endpoint` and `create_key` do."""
     import django
 
     django.setup()
     from django.core.management import call_command
+    from django.db import connection
 
     call_command("migrate", verbosity=0)
-    from portal.deployments.models import Deployment, DeploymentProfile
-    from portal.inventory.models import Node
-    from portal.registry.models import ModelVersion
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA journal_mode=WAL")  # the flusher writes while the gateways read
+
+    from inference.hf_config import known_configs
+    from portal.deployments.services import deployment_set_concurrency_cap, endpoint_register
     from portal.registry.services import model_version_create
     from portal.teams.models import Team
     from portal.teams.services import api_key_create
-    from tests.conftest import bundled_config
 
-    # Quotas high enough never to refuse, so every check still runs.
-    team, _ = Team.objects.update_or_create(
-        slug="proxy-bench",
-        defaults={"name": "Proxy bench", "rpm_limit": 10**7, "tpm_limit": 10**9, "tokens_per_day": 10**12,
-                  "max_concurrent": 10_000},
-    )  # fmt: skip
-    version = ModelVersion.objects.filter(name=MODEL).first() or model_version_create(
-        name=MODEL, config=bundled_config("llama-2-7b-chat-hf")
-    )
-    profile, _ = DeploymentProfile.objects.get_or_create(
-        name="proxy-bench", defaults={"model_version": version}
-    )
-    node, _ = Node.objects.get_or_create(name="proxy-bench", defaults={"hostname": "127.0.0.1"})
-    Deployment.objects.update_or_create(
-        name="proxy-bench",
-        defaults={"team": team, "model_version": version, "profile": profile, "node": node,
-                  "desired_state": "running", "state": "serving", "endpoint_url": upstream,
-                  "concurrency_cap": 10_000},
-    )  # fmt: skip
-    _key, token = api_key_create(
-        team=team, name="proxy bench", allowed_models=[MODEL], rpm_limit=10**7, tpm_limit=10**9,
-        tokens_per_day=10**12, max_concurrent=10_000,
-    )  # fmt: skip
+    # Teams have no service of their own: they are created in the admin, as this does.
+    team = Team.objects.create(name="Proxy bench", slug="proxy-bench", **HIGH)
+    config = json.loads(known_configs()["llama-2-7b-chat-hf"].read_text())
+    version = model_version_create(name=MODEL, config=config)
+    deployment = endpoint_register(name="proxy-bench", team=team, model_version=version, url=f"{upstream}/v1")
+    deployment.refresh_from_db()
+    if deployment.state != "serving":
+        raise SystemExit(f"the fake upstream's endpoint is {deployment.state}: {deployment.state_reason}")
+    deployment_set_concurrency_cap(deployment=deployment, cap=10_000, source="proxy bench: never binds")
+    _key, token = api_key_create(team=team, name="proxy bench", allowed_models=[MODEL], **HIGH)
     return token
 
 
-async def closed_loop(url: str, headers: dict, *, concurrency: int, duration: float, max_tokens: int) -> dict:
-    """`concurrency` users, each sending its next streamed request as soon as the last ends."""
+# --- measuring ----------------------------------------------------------------------------------------
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) used so far by every live process in process group `pgid`."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[2]) == pgid:  # fields after the command: state, ppid, pgrp, …, utime (11), stime (12)
+            total += int(fields[11]) + int(fields[12])
+    return total / CLK_TCK
+
+
+def connections_per_process(pgid: int, port: int) -> list[int]:
+    """Established connections on `port` held by each process of group `pgid` (how uvicorn's workers
+    shared the clients: they accept from one socket, the kernel does not balance them)."""
+    inodes = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for line in Path(name).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(int(fields[9]))
+    counts = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            links = [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        held = sum(1 for link in links if link.startswith("socket:[") and int(link[8:-1]) in inodes)
+        if held:
+            counts.append(held)
+    return sorted(counts, reverse=True)
+
+
+def redis_calls(port: int) -> dict[str, int]:
+    """Calls per command since the last reset (commands run inside Lua scripts are counted too)."""
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port)
+    try:
+        stats = client.info("commandstats")
+    finally:
+        client.close()
+    return {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()}
+
+
+def redis_reset(port: int) -> None:
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port)
+    try:
+        client.config_resetstat()
+    finally:
+        client.close()
+
+
+async def closed_loop(url: str, headers: dict, *, concurrency: int, duration: float, chunks: int) -> dict:
+    """`concurrency` users, each sending its next streamed request as soon as the last ends; requests
+    started within `duration` count, and throughput is over the time until the last of them ended."""
     import aiohttp
 
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say something."}], "stream": True,
-            "max_tokens": max_tokens}  # fmt: skip
-    ttfts: list[float] = []
-    chunks = 0
-    done = 0
-    errors = 0
+    from inference.bench.client import RequestInput, completion_body, stream_request
+    from inference.bench.metrics import percentile
+
+    body = json.dumps(completion_body(MODEL, "Say something.", max_tokens=chunks, chat=True)).encode()
+    request = RequestInput(url=url, body=body, headers=headers, timeout_s=60, expected_output_tokens=chunks)
+    records = []
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         stop_at = time.perf_counter() + duration
 
         async def user() -> None:
-            nonlocal chunks, done, errors
             while time.perf_counter() < stop_at:
-                t0 = time.perf_counter()
-                first = None
-                n = 0
-                async with session.post(url, json=body, headers=headers) as response:
-                    if response.status != 200:
-                        errors += 1
-                        await response.read()
-                        continue
-                    async for data in response.content.iter_any():
-                        if first is None:
-                            first = time.perf_counter() - t0
-                        n += data.count(b"data: ")
-                ttfts.append(first)
-                chunks += n
-                done += 1
+                records.append(await stream_request(session, request))
 
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         await asyncio.gather(*[user() for _ in range(concurrency)])
         elapsed = time.perf_counter() - started
-    ttfts.sort()
+        client_cpu = (time.process_time() - cpu_started) / elapsed
+    ok = [r for r in records if r.ok]
+    ttfts = [r.ttft for r in ok]
     return {
-        "req_s": done / elapsed,
-        "chunks_s": chunks / elapsed,
-        "ttft_p50_ms": statistics.median(ttfts) * 1000 if ttfts else float("nan"),
-        "ttft_p99_ms": ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))] * 1000 if ttfts else float("nan"),
-        "errors": errors,
-        "requests": done,
+        "req_s": len(ok) / elapsed,
+        "chunks_s": sum(len(r.token_times) for r in ok) / elapsed,
+        "ttft_p50_ms": percentile(ttfts, 50) * 1000 if ttfts else float("nan"),
+        "ttft_p99_ms": percentile(ttfts, 99) * 1000 if ttfts else float("nan"),
+        "errors": len(records) - len(ok),
+        "requests": len(ok),
+        "elapsed_s": elapsed,
+        "client_cpu": client_cpu,
     }
+
+
+def measure(world: World, target: str, level: int, args) -> dict:
+    """One run of the load against `target` ("direct" or "gateway-N"), with the CPU its server used."""
+    if target == "direct":
+        url, headers, pgid = f"{world.upstream}/v1/chat/completions", {}, None
+    else:
+        base, process = world.gateways[int(target.split("-")[1])]
+        url, pgid = f"{base}/v1/chat/completions", process.pid
+        headers = {"Authorization": f"Bearer {world.token}"}
+    redis_pgid = world.processes[0].pid  # redis-server, first started, in a process group of its own
+    cpu_before = group_cpu_s(pgid) if pgid else 0.0
+    redis_cpu_before = group_cpu_s(redis_pgid)
+    redis_reset(world.redis_port)
+    spread: list[int] = []
+    if pgid:  # sampled halfway through the run
+        port = int(url.split(":")[2].split("/")[0])
+        timer = threading.Timer(args.duration / 2, lambda: spread.extend(connections_per_process(pgid, port)))
+        timer.start()
+    result = asyncio.run(
+        closed_loop(url, headers, concurrency=level, duration=args.duration, chunks=args.chunks)
+    )
+    calls = redis_calls(world.redis_port)
+    redis_cpu = group_cpu_s(redis_pgid) - redis_cpu_before
+    result["connections_per_process"] = spread
+    result["server_cpu"] = (group_cpu_s(pgid) - cpu_before) / result["elapsed_s"] if pgid else float("nan")
+    if pgid and result["requests"]:
+        # Every command counts, the flusher's and the metrics flush's too: they are part of what a
+        # request costs Redis. evalsha calls are the script runs (round trips); the commands the
+        # scripts run inside are counted under their own names as well.
+        result["redis_calls"] = {name: n / result["requests"] for name, n in calls.items()}
+        result["redis_commands_per_request"] = sum(
+            n for name, n in calls.items() if name not in ("evalsha", "eval", "config|resetstat", "info")
+        ) / result["requests"]
+        scripts = calls.get("evalsha", 0) + calls.get("eval", 0)
+        result["redis_scripts_per_request"] = scripts / result["requests"]
+        result["redis_cpu_ms_per_request"] = redis_cpu * 1000 / result["requests"]
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--levels", default="64,8")
+    parser.add_argument("--levels", default="64,8", help="concurrent streams, comma-separated")
+    parser.add_argument(
+        "--workers", default="1,2", help="uvicorn --workers N for one gateway each, comma-separated"
+    )
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--chunks", type=int, default=32)
     parser.add_argument("--interval-ms", type=float, default=5)
+    parser.add_argument("--json", help="write every run and the medians here")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, database)")
     parser.add_argument("--flusher", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.flusher:
         return flusher_loop()
+    args.levels = _counts(parser, "--levels", args.levels, 1, 4096)
+    args.workers = _counts(parser, "--workers", args.workers, 1, 16)
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-
-    upstream_port, gateway_port = free_port(), free_port()
-    upstream = f"http://127.0.0.1:{upstream_port}"
-    gateway = f"http://127.0.0.1:{gateway_port}"
-    processes = [
-        start(["-m", "bench.fake_upstream", "--port", str(upstream_port), "--chunks", str(args.chunks),
-               "--interval-ms", str(args.interval_ms)])
-    ]  # fmt: skip
+    directory = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
+    world = World()
     try:
-        wait_up(f"{upstream}/health", processes[0])
-        token = setup_portal(upstream)
-        processes.append(
-            start(["-m", "uvicorn", "portal.asgi:application", "--port", str(gateway_port),
-                   "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"])
-        )  # fmt: skip
-        processes.append(start(["-m", "bench.proxy_bench", "--flusher"]))
-        wait_up(f"{gateway}/v1/models", processes[1])
-        targets = {
-            "direct": (f"{upstream}/v1/chat/completions", {}),
-            "gateway": (f"{gateway}/v1/chat/completions", {"Authorization": f"Bearer {token}"}),
-        }
-        levels = [int(x) for x in args.levels.split(",")]
-        # Warm up both paths (connections, caches, the tokenizer).
-        for url, headers in targets.values():
-            asyncio.run(closed_loop(url, headers, concurrency=8, duration=1, max_tokens=args.chunks))
+        print(f"proxy bench: setting up in {directory}", flush=True)
+        build_world(world, directory, args)
+        targets = ["direct", *[f"gateway-{n}" for n in args.workers]]
+        # Warm up every path (connections, caches, the key row in each worker).
+        for target in targets:
+            measure(world, target, 8, argparse.Namespace(**{**vars(args), "duration": 1.0}))
         results: dict[tuple[int, str], list[dict]] = {}
         for rep in range(args.repeats):
-            for level in levels:
-                order = ["direct", "gateway"] if rep % 2 == 0 else ["gateway", "direct"]
-                for name in order:
-                    url, headers = targets[name]
-                    result = asyncio.run(
-                        closed_loop(
-                            url, headers, concurrency=level, duration=args.duration, max_tokens=args.chunks
-                        )
-                    )
-                    results.setdefault((level, name), []).append(result)
+            for level in args.levels:
+                order = targets[rep % len(targets):] + targets[:rep % len(targets)]
+                for target in order:
+                    result = measure(world, target, level, args)
+                    results.setdefault((level, target), []).append(result)
                     print(
-                        f"  rep {rep + 1} c={level:<3} {name:<8} {result['req_s']:8.1f} req/s "
+                        f"  rep {rep + 1} c={level:<3} {target:<10} {result['req_s']:8.1f} req/s "
                         f"{result['chunks_s']:9.0f} chunks/s  TTFT P50 {result['ttft_p50_ms']:6.2f} ms "
-                        f"P99 {result['ttft_p99_ms']:7.2f} ms  errors {result['errors']}",
+                        f"P99 {result['ttft_p99_ms']:7.2f} ms  server CPU {result['server_cpu']:4.2f}  "
+                        f"client CPU {result['client_cpu']:4.2f}  errors {result['errors']}"
+                        + (f"  connections {c}" if (c := result["connections_per_process"]) else ""),
                         flush=True,
                     )
-        print_table(results, levels, args)
+        print_table(results, args)
+        if args.json:
+            runs = [{"level": lv, "target": t, "runs": rs} for (lv, t), rs in results.items()]
+            Path(args.json).write_text(json.dumps({"config": {k: v for k, v in vars(args).items()
+                                                              if k != "flusher"}, "results": runs},
+                                                  indent=2) + "\n")  # fmt: skip
     finally:
-        for process in reversed(processes):
+        for process in reversed(world.processes):
             stop(process)
+        if args.keep:
+            print(f"proxy bench: kept {directory}", file=sys.stderr)
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
-def print_table(results: dict, levels: list[int], args) -> None:
-    def med(level: int, name: str, metric: str) -> float:
-        return statistics.median(r[metric] for r in results[(level, name)])
+def _counts(parser: argparse.ArgumentParser, flag: str, text: str, low: int, high: int) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        parser.error(f"{flag}: comma-separated integers, e.g. 1,2")
+    if not values or any(not low <= v <= high for v in values):
+        parser.error(f"{flag}: each between {low} and {high}")
+    return values
+
+
+def print_table(results: dict, args) -> None:
+    def med(level: int, target: str, metric: str) -> float:
+        return statistics.median(r[metric] for r in results[(level, target)])
+
+    def row(level: int, target: str, label: str, ratios: str, server_cpu: str) -> list[str]:
+        specs = (("req_s", ".1f"), ("chunks_s", ".0f"), ("ttft_p50_ms", ".2f"), ("ttft_p99_ms", ".2f"))
+        cells = [f"{med(level, target, metric):{spec}}" for metric, spec in specs]
+        return [str(level), label, *cells, ratios, server_cpu, f"{med(level, target, 'client_cpu'):.2f}"]
 
     rows = []
-    for level in levels:
-        for name in ("direct", "gateway"):
-            rows.append(
-                [str(level), name, f"{med(level, name, 'req_s'):.1f}", f"{med(level, name, 'chunks_s'):.0f}",
-                 f"{med(level, name, 'ttft_p50_ms'):.2f}", f"{med(level, name, 'ttft_p99_ms'):.2f}"]
-            )  # fmt: skip
-        ratio = med(level, "gateway", "req_s") / med(level, "direct", "req_s")
-        chunk_ratio = med(level, "gateway", "chunks_s") / med(level, "direct", "chunks_s")
-        added = med(level, "gateway", "ttft_p50_ms") - med(level, "direct", "ttft_p50_ms")
-        added99 = med(level, "gateway", "ttft_p99_ms") - med(level, "direct", "ttft_p99_ms")
-        rows.append(
-            [str(level), "ratio", f"{ratio:.2f}", f"{chunk_ratio:.2f}", f"{added:+.2f}", f"{added99:+.2f}"]
-        )
+    for level in args.levels:
+        direct = med(level, "direct", "req_s")
+        rows.append(row(level, "direct", "direct", "", ""))
+        first = med(level, f"gateway-{args.workers[0]}", "req_s")
+        for n in args.workers:
+            target = f"gateway-{n}"
+            rate = med(level, target, "req_s")
+            ratios = f"{rate / direct:.2f} / {rate / first:.2f}"
+            cpu = f"{med(level, target, 'server_cpu'):.2f}"
+            rows.append(row(level, target, f"gateway ×{n}", ratios, cpu))
     print()
     print(
         f"Proxy benchmark: closed loop, {args.chunks} chunks {args.interval_ms:g} ms apart, "
-        f"{args.duration:g} s per run, median of {args.repeats} runs; one gateway process "
+        f"{args.duration:g} s per run, median of {args.repeats} runs; gateway ×N = uvicorn --workers N "
         "(auth + quotas + usage on)"
     )
-    print(table(["streams", "path", "req/s", "chunks/s", "TTFT P50 ms", "TTFT P99 ms"], rows, left=(1,)))
-    print("(ratio rows: gateway ÷ direct throughput; TTFT columns: gateway − direct, ms)")
-
+    header = ["streams", "path", "req/s", "chunks/s", "TTFT P50 ms", "TTFT P99 ms",
+              f"÷ direct / ÷ ×{args.workers[0]}", "gateway CPU", "client CPU"]  # fmt: skip
+    print(table(header, rows, left=(1,)))
+    print("(CPU: cores busy during the run, all of the gateway's processes; the client is one event loop)")
+    for level in args.levels:
+        for n in args.workers:
+            target = f"gateway-{n}"
+            per = med(level, target, "redis_commands_per_request")
+            scripts = med(level, target, "redis_scripts_per_request")
+            cpu_ms = med(level, target, "redis_cpu_ms_per_request")
+            top = sorted(results[(level, target)][0]["redis_calls"].items(), key=lambda kv: -kv[1])[:8]
+            print(
+                f"Redis at {level} streams, gateway ×{n}: {per:.1f} commands per request in {scripts:.2f} "
+                f"script runs, {cpu_ms:.3f} ms of Redis CPU per request; first run: "
+                + ", ".join(f"{name} {v:.2f}" for name, v in top)
+            )
 
 if __name__ == "__main__":
     main()

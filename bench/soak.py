@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench._common import flusher_loop, free_port, spawn, start, stop, table, wait_up
+from inference.bench.metrics import RequestRecord, percentile
 
 MODEL = "llama-2-7b-chat-hf"
 HARDWARE = "v100-sxm2-32gb"
@@ -212,22 +213,13 @@ def setup_portal(sim_url: str, *, quota_rpm: int) -> tuple[str, str]:
 
 @dataclass
 class Result:
+    """One soak request: who sent it, and what the one streaming client recorded (`RequestRecord`)."""
+
     group: str  # gateway, direct, quota
     started: float  # seconds since the load began
-    ttft: float | None = None
-    total: float | None = None
-    tokens: int = 0
-    expected: int = 0
-    status: int = 0
-    error: str = ""  # its kind; "" when the stream was whole
+    record: RequestRecord
     long_prompt: bool = False  # over the gateway's long-prompt threshold (its limiter applies)
     user: int = 0  # which user of its group sent it
-
-    @property
-    def tpot(self) -> float | None:
-        if self.ttft is None or self.total is None or self.tokens < 2:
-            return None
-        return (self.total - self.ttft) / (self.tokens - 1)
 
 
 def prompt_pool(
@@ -255,73 +247,6 @@ def prompt_pool(
         long = prompt_tokens(body, chat=True, tokenizer_path=None) > long_prompt_tokens
         pool.append((spec.output_tokens, long, json.dumps(body).encode()))
     return pool
-
-
-def _error_code(raw: bytes) -> str:
-    try:
-        error = json.loads(raw).get("error") or {}
-    except (ValueError, AttributeError):
-        return ""
-    if not isinstance(error, dict):
-        return str(error)[:40]
-    return str(error.get("code") or error.get("type") or "")
-
-
-async def one_request(
-    session, url: str, headers: dict, expected: int, body: bytes, result: Result, timeout_s: float
-) -> None:
-    """Stream one chat completion into `result`; never raises but CancelledError."""
-    import aiohttp
-
-    result.expected = expected
-    t0 = time.perf_counter()
-    try:
-        async with asyncio.timeout(timeout_s):
-            async with session.post(url, data=body, headers=headers) as response:
-                result.status = response.status
-                if response.status != 200:
-                    code = _error_code(await response.read())
-                    result.error = f"HTTP {response.status} {code}".strip()
-                    return
-                buffer = b""
-                done = False
-                async for data in response.content.iter_any():
-                    buffer += data
-                    if b"\n\n" not in buffer:
-                        continue
-                    *events, buffer = buffer.split(b"\n\n")
-                    for event in events:
-                        if not event.startswith(b"data:"):
-                            continue
-                        payload = event[5:].strip()
-                        if payload == b"[DONE]":
-                            done = True
-                            continue
-                        message = json.loads(payload)
-                        if "error" in message:
-                            error = message["error"]
-                            code = error.get("code") if isinstance(error, dict) else error
-                            result.error = f"stream error event {code}"
-                            continue
-                        choices = message.get("choices") or ()
-                        if choices and "role" not in (choices[0].get("delta") or {}):
-                            result.tokens += 1
-                            if result.ttft is None:
-                                result.ttft = time.perf_counter() - t0
-        result.total = time.perf_counter() - t0
-        if not result.error:
-            if not done:
-                result.error = "stream ended without [DONE]"
-            elif result.tokens != expected:
-                result.error = "stream incomplete (tokens != max_tokens)"
-    except TimeoutError:
-        result.error = "client timeout"
-    except aiohttp.ClientError as error:
-        result.error = f"connection error ({type(error).__name__})"
-    except OSError as error:
-        result.error = f"connection error ({type(error).__name__})"
-    except ValueError:
-        result.error = "unreadable stream event"
 
 
 @dataclass
@@ -352,6 +277,7 @@ def _cpu_s(pid: int) -> float:
 async def run_load(world: World, args, pool: list[tuple[int, bool, bytes]]) -> dict:
     import aiohttp
 
+    from inference.bench.client import RequestInput, stream_request
     from inference.bench.loadgen import SelfWatch
     from inference.metrics import parse_vllm_metrics
 
@@ -377,17 +303,19 @@ async def run_load(world: World, args, pool: list[tuple[int, bool, bytes]]) -> d
             walk = f"quota-{index}" if group == "quota" else str(index)
             rng = random.Random(f"{walk}-{args.seed}")  # noqa: S311 (a reproducible walk, not security)
             url = f"{root}/v1/chat/completions"
-            headers = {**headers, "Content-Type": "application/json"}
             while time.perf_counter() < stop_at:
                 expected, long_prompt, body = pool[rng.randrange(len(pool))]
-                result = Result(group, time.perf_counter() - began, long_prompt=long_prompt, user=index)
+                request = RequestInput(
+                    url, body, headers, timeout_s=args.request_timeout, expected_output_tokens=expected
+                )
+                started = time.perf_counter() - began
                 in_flight[group] += 1
                 try:
-                    await one_request(session, url, headers, expected, body, result, args.request_timeout)
+                    record = await stream_request(session, request)
                 finally:
                     in_flight[group] -= 1
-                results.append(result)
-                if result.error:
+                results.append(Result(group, started, record, long_prompt=long_prompt, user=index))
+                if record.error:
                     # A quota refusal, or a failing path: do not hot-loop on it.
                     await asyncio.sleep(args.quota_backoff if group == "quota" else 0.5)
 
@@ -462,8 +390,6 @@ def usage_check(expected: int, wait_s: float = 15) -> int:
 
 
 def _pct(values: list[float], q: float) -> float | None:
-    from inference.bench.metrics import percentile
-
     return percentile(values, q) if values else None
 
 
@@ -485,18 +411,18 @@ def summarize(load: dict, args, usage_rows: int | None) -> dict:
     # "paired": the gateway users that walk the same requests as the direct ones.
     for group, users in (("direct", None), ("gateway", None), ("paired", args.direct_clients)):
         measured = [
-            r
+            r.record
             for r in results
             if r.group == ("direct" if group == "direct" else "gateway") and warm <= r.started < stop_s
-            and not r.error and (users is None or r.user < users)
+            and r.record.ok and (users is None or r.user < users)
         ]  # fmt: skip
-        ttft = [r.ttft for r in measured if r.ttft is not None]
-        total = [r.total for r in measured if r.total is not None]
-        tpot = [r.tpot for r in measured if r.tpot is not None]
+        ttft = [r.ttft for r in measured]
+        total = [r.e2el for r in measured]
+        tpot = [t for r in measured if (t := r.tpot) is not None]
         paths[group] = {
             "clients": args.clients if group == "gateway" else args.direct_clients,
             "requests": len(measured),
-            "tokens_s": sum(r.tokens for r in measured) / args.duration,
+            "tokens_s": sum(r.output_tokens for r in measured) / args.duration,
             "ttft_p50_ms": _ms(_pct(ttft, 50)),
             "ttft_p99_ms": _ms(_pct(ttft, 99)),
             "total_p50_s": _pct(total, 50),
@@ -515,17 +441,16 @@ def summarize(load: dict, args, usage_rows: int | None) -> dict:
         row: dict = {}
         for group in ("direct", "gateway"):
             ttft = [
-                r.ttft
+                r.record.ttft
                 for r in results
-                if r.group == group and r.long_prompt == long and warm <= r.started < stop_s
-                and not r.error and r.ttft is not None
-            ]  # fmt: skip
+                if r.group == group and r.long_prompt == long and warm <= r.started < stop_s and r.record.ok
+            ]
             row[group] = {"requests": len(ttft), "p50_ms": _ms(_pct(ttft, 50)), "p99_ms": _ms(_pct(ttft, 99))}
         row["added_p50_ms"] = _minus(row["gateway"]["p50_ms"], row["direct"]["p50_ms"])
         row["added_p99_ms"] = _minus(row["gateway"]["p99_ms"], row["direct"]["p99_ms"])
         by_prompt[kind] = row
 
-    errors = Counter(f"{r.group}: {r.error}" for r in results if r.error)
+    errors = Counter(f"{r.group}: {r.record.error_kind}" for r in results if not r.record.ok)
     intended = Counter(
         {kind: n for kind, n in errors.items() if kind.startswith("quota: HTTP 429")}
     )  # fmt: skip

@@ -12,10 +12,9 @@ OpenAI-compatible server's `/v1/completions` (streaming, `ignore_eos` +
 - stops at a request count or after a duration; a level that hits its timeout,
   or a sweep that is cancelled, keeps what it measured and is marked partial.
 
-The client is aiohttp: httpx's default transport is the bottleneck under many
-concurrent streams (docs/architecture.md#gateway-upstream-client). Hooks let a caller (the Celery job, the
-command) follow progress and cancel; they are called on the event loop thread
-and must not block.
+Each request goes through the one streaming client (`inference.bench.client`).
+Hooks let a caller (the Celery job, the command) follow progress and cancel; they
+are called on the event loop thread and must not block.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from typing import Protocol
 
 import aiohttp
 
+from inference.bench.client import RequestInput, completion_body, stream_request
 from inference.bench.metrics import RequestRecord, percentile, summarize_level
 from inference.bench.prompts import EstimatingPromptBuilder, PromptBuilder, prompt_builder
 from inference.bench.workloads import Mix, RequestSpec, fit_to_context
@@ -169,82 +169,15 @@ async def preflight(session: aiohttp.ClientSession, config: BenchConfig) -> int 
     return max_model_len if isinstance(max_model_len, int) and max_model_len > 0 else None
 
 
-def _payload(config: BenchConfig, prompt: str, output_tokens: int) -> dict:
-    return {
-        "model": config.model,
-        "prompt": prompt,
-        "max_tokens": output_tokens,
-        "ignore_eos": True,  # forced output lengths: comparable runs (vLLM accepts it)
-        "temperature": 0.0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-
-
-async def send_request(
-    session: aiohttp.ClientSession, config: BenchConfig, prompt: str, spec: RequestSpec, record: RequestRecord
-) -> RequestRecord:
-    """Stream one completion into `record`, timed as vLLM times it. Never raises but CancelledError."""
-    url = f"{config.root}/v1/completions"
-    payload = _payload(config, prompt, spec.output_tokens)
-    record.prompt_tokens = spec.prompt_tokens
-    timeout = aiohttp.ClientTimeout(total=config.request_timeout_s)
-    record.start = time.perf_counter()
-    try:
-        async with session.post(url, json=payload, headers=_headers(config), timeout=timeout) as response:
-            if response.status != 200:
-                body = (await response.text())[:200].strip()
-                record.error = f"HTTP {response.status}: {body or response.reason}"
-                return record
-            buffer = ""
-            decoder = _Utf8()
-            async for chunk in response.content.iter_any():
-                buffer += decoder.decode(chunk)
-                # SSE events end with a blank line; keep an incomplete tail for the next read.
-                *events, buffer = buffer.split("\n\n")
-                for event in events:
-                    _handle_event(event.strip(), record)
-            if buffer.strip():
-                _handle_event(buffer.strip(), record)
-        if not record.token_times and record.error is None:
-            record.error = "the stream ended without a token"
-    except asyncio.CancelledError:
-        record.error = record.error or "cancelled"
-        raise
-    except (aiohttp.ClientError, TimeoutError, OSError) as error:
-        record.error = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    except (json.JSONDecodeError, ValueError) as error:
-        record.error = f"unreadable stream: {error}"
-    finally:
-        record.end = time.perf_counter()
-    return record
-
-
-class _Utf8:
-    def __init__(self) -> None:
-        import codecs
-
-        self._decoder = codecs.getincrementaldecoder("utf-8")()
-
-    def decode(self, data: bytes) -> str:
-        return self._decoder.decode(data)
-
-
-def _handle_event(event: str, record: RequestRecord) -> None:
-    if not event or event.startswith(":"):
-        return
-    data = event.removeprefix("data:").strip()
-    if data == "[DONE]":
-        return
-    message = json.loads(data)
-    if message.get("choices"):
-        record.token_times.append(time.perf_counter())
-    elif usage := message.get("usage"):
-        record.output_tokens = int(usage.get("completion_tokens") or 0)
-        if usage.get("prompt_tokens") is not None:
-            record.prompt_tokens = int(usage["prompt_tokens"])
-    elif error := message.get("error"):
-        record.error = f"server error in stream: {error.get('message') if isinstance(error, dict) else error}"
+def request_input(config: BenchConfig, prompt: str, spec: RequestSpec) -> RequestInput:
+    """One streamed completion with its output length forced, so runs compare."""
+    return RequestInput(
+        url=f"{config.root}/v1/completions",
+        body=completion_body(config.model, prompt, max_tokens=spec.output_tokens),
+        headers=_headers(config),
+        timeout_s=config.request_timeout_s,
+        prompt_tokens=spec.prompt_tokens,
+    )
 
 
 class ServerWatch:
@@ -396,7 +329,7 @@ async def _run_level(
     async def one(warm: bool, spec: RequestSpec, prompt: str) -> None:
         record = RequestRecord(start=time.perf_counter())
         state.records.append((warm, record))
-        await send_request(session, config, prompt, spec, record)
+        await stream_request(session, request_input(config, prompt, spec), record)
         state.done += 1
         hooks.progress(index, state.done, state.planned)
 
@@ -482,7 +415,7 @@ async def _calibrate(session, config: BenchConfig, builder) -> tuple[int, str]:
     probe = RequestSpec(prompt_tokens=64, output_tokens=1)
     prompt = builder.build(probe, seed=-1)
     record = RequestRecord(start=0.0)
-    await send_request(session, config, prompt, probe, record)
+    await stream_request(session, request_input(config, prompt, probe), record)
     if record.error:
         return 0, f"calibration request failed: {record.error}"
     server_count = record.prompt_tokens

@@ -1,7 +1,8 @@
 """Per-level statistics, defined exactly as vLLM's `vllm bench serve` defines them.
 
 vLLM (benchmarks/serve.py, lib/endpoint_request_func.py) times a streamed
-request like this, and so do we:
+request like this, and so does our one streaming client (`inference.bench.client`),
+which fills a `RequestRecord` for the load generator, the soak and the proxy benchmark:
 - the clock starts just before the HTTP request;
 - every streamed chunk with a non-empty `choices` list is a token event (the
   usage-only chunk and `[DONE]` are not), however many tokens it carries;
@@ -45,6 +46,12 @@ class RequestRecord:
     error: str | None = None
     # When a failed request gave up (None: unknown); successful ones end at their last event.
     end: float | None = None
+    status: int = 0  # the HTTP status (0: no response)
+
+    @property
+    def error_kind(self) -> str:
+        """The error without its detail ("HTTP 429 rate_limit_exceeded"; "" when none), for counting."""
+        return (self.error or "").partition(": ")[0]
 
     @property
     def ok(self) -> bool:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.soak import Result, Sample, parse_args, summarize
+from inference.bench.metrics import RequestRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,15 +47,22 @@ def test_a_tiny_soak_runs_clean_prints_its_tables_and_cleans_up(tmp_path):
 def test_only_the_low_quota_keys_429s_are_intended_and_a_missing_usage_record_is_an_error():
     args = parse_args(["--clients", "2", "--duration", "10", "--warmup", "2"])
     args.long_prompt_tokens = 2000
+    def streamed(ttft: float, total: float) -> RequestRecord:
+        # 10 tokens, the first at `ttft`, the last at `total`, as the streaming client records them.
+        times = [ttft + (total - ttft) * i / 9 for i in range(10)]
+        return RequestRecord(0.0, times, 64, 10, status=200)
+
+    refused = "HTTP 429 rate_limit_exceeded: slow down"
     results = [
-        Result("gateway", 3.0, ttft=0.05, total=1.0, tokens=10, expected=10, status=200),
-        Result("direct", 3.0, ttft=0.04, total=1.0, tokens=10, expected=10, status=200),
-        Result("gateway", 3.5, ttft=0.3, total=1.2, tokens=10, expected=10, status=200, long_prompt=True),
-        Result("direct", 3.5, ttft=0.1, total=1.1, tokens=10, expected=10, status=200, long_prompt=True),
-        Result("quota", 3.0, status=429, error="HTTP 429 rate_limit_exceeded"),
-        Result("gateway", 4.0, status=429, error="HTTP 429 rate_limit_exceeded"),
-        Result("gateway", 5.0, status=200, tokens=3, expected=10, error="stream ended without [DONE]"),
-    ]
+        Result("gateway", 3.0, streamed(0.05, 1.0)),
+        Result("direct", 3.0, streamed(0.04, 1.0)),
+        Result("gateway", 3.5, streamed(0.3, 1.2), long_prompt=True),
+        Result("direct", 3.5, streamed(0.1, 1.1), long_prompt=True),
+        Result("quota", 3.0, RequestRecord(0.0, status=429, error=refused)),
+        Result("gateway", 4.0, RequestRecord(0.0, status=429, error=refused)),
+        Result("gateway", 5.0, RequestRecord(0.0, [0.1, 0.2, 0.3], 64, 3, status=200,
+                                             error="stream ended without [DONE]")),
+    ]  # fmt: skip
     samples = [
         Sample(t, 100.0 + t, t / 10, t / 20, {"gateway": 2}, 4, 0, 0) for t in (2.0, 5.0, 7.0, 9.0, 11.0)
     ]
