@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from urllib.parse import urlsplit
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -258,7 +259,17 @@ def resolve_model(name_or_path: str, *, allow_paths: bool = False) -> ModelArch:
     Paths to a config.json are accepted only from the command line
     (`allow_paths`): over the API they would let a caller probe the server's files.
     """
-    version = ModelVersion.objects.filter(name=name_or_path).first()
+    try:
+        version = ModelVersion.objects.filter(name=name_or_path).first()
+    except DatabaseError as error:
+        # A fresh clone (no migrate yet) still plans a bundled config or a config.json path.
+        if name_or_path in known_configs() or (allow_paths and Path(name_or_path).exists()):
+            return resolve_model_config(name_or_path)
+        raise ApplicationError(
+            f"'{name_or_path[:100]}' is not a bundled config, and registered models cannot be read "
+            "(run `python manage.py migrate` first)",
+            field="model",
+        ) from error
     if version is not None:
         return version.arch()
     if not allow_paths and name_or_path not in known_configs():
