@@ -123,3 +123,11 @@ def test_it_refuses_a_team_slug_that_is_taken(team):
 
 def test_it_shows_a_tiny_models_parameters_in_millions(tiny_version):
     assert tiny_version.params_display.endswith(" M") and tiny_version.params_display != "0.0 M"
+
+
+def test_it_shows_an_external_version_as_such_on_the_model_pages(vllm_server, team, bob, client, capsys):
+    run("--url", vllm_server, capsys=capsys)
+    client.force_login(bob)
+    assert "unknown (external)" in client.get("/models/").content.decode()
+    page = client.get("/models/qwen-ext/").content.decode()
+    assert "only its name and\nmax model length (4096) are known" in page
