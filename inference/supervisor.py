@@ -428,11 +428,30 @@ def check_health(base_url: str, *, timeout_s: float = 5.0, api_key: str = "") ->
 
 
 def served_models(base_url: str, *, timeout_s: float = 5.0, api_key: str = "") -> list[str] | None:
+    cards = served_model_cards(base_url, timeout_s=timeout_s, api_key=api_key)
+    return None if cards is None else [card["id"] for card in cards]
+
+
+def served_model_cards(base_url: str, *, timeout_s: float = 5.0, api_key: str = "") -> list[dict] | None:
+    """`/v1/models`'s entries as {"id", "max_model_len", "root"}; None when the server does not answer.
+
+    vLLM adds `max_model_len` and `root` (the path or hub id it loaded) to OpenAI's model card.
+    """
     try:
         response = httpx.get(f"{base_url}/v1/models", timeout=timeout_s, headers=auth_headers(api_key))
         if response.status_code != 200:
             return None
-        return [m["id"] for m in response.json().get("data", [])]
+        cards = []
+        for entry in response.json().get("data", []):
+            length = entry.get("max_model_len")
+            cards.append(
+                {
+                    "id": str(entry["id"]),
+                    "max_model_len": length if isinstance(length, int) and length > 0 else None,
+                    "root": entry.get("root") if isinstance(entry.get("root"), str) else None,
+                }
+            )
+        return cards
     except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
         return None
 

@@ -370,6 +370,28 @@ class SimServer:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(http)
+        try:
+            await self._stream_chunks(response, sim, stream, chat, seed, model, include_usage)
+        except ConnectionResetError:
+            # The client closed the stream early (aiohttp's ClientConnectionResetError): ordinary
+            # traffic, not a server error, so one line instead of aiohttp's "Error handling request"
+            # traceback. The caller aborts the request; the connection is closed as aiohttp would.
+            tokens = sim.num_output_tokens
+            logger.info("%s: the client closed the stream after %d tokens", sim.request_id, tokens)
+            if http.transport is not None:
+                http.transport.close()
+        return response
+
+    async def _stream_chunks(
+        self,
+        response: web.StreamResponse,
+        sim: SimRequest,
+        stream: Stream,
+        chat: bool,
+        seed: int,
+        model: str,
+        include_usage: bool,
+    ) -> None:
         created = int(time.time())
         kind = "chat.completion.chunk" if chat else "text_completion"
 
@@ -422,4 +444,3 @@ class SimServer:
             await response.write(chunk([], self._usage(sim)))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
-        return response

@@ -88,6 +88,18 @@ def run_new(request):
     return render(request, "benchmarks/run_new.html", {"form": form})
 
 
+def _level_tables(headers: list[str], rows: list[list[str]]) -> list[tuple[list[str], list[list[str]]]]:
+    """The levels table in two parts that each fit the page's width (21 columns do not): throughput
+    and TTFT, then per-token latencies and the rest, both keyed by the first column."""
+    split = next((i for i, h in enumerate(headers) if h.split()[-2:-1] in (["TPOT"], ["ITL"])), 0)
+    if split <= 1:
+        return [(headers, rows)]
+    return [
+        (headers[:split], [row[:split] for row in rows]),
+        ([headers[0], *headers[split:]], [[row[0], *row[split:]] for row in rows]),
+    ]
+
+
 @login_required
 def run_detail(request, pk: int):
     run = run_get_for_user(request.user, pk)
@@ -156,6 +168,7 @@ def run_detail(request, pk: int):
             "levels": levels,
             "headers": headers,
             "rows": rows,
+            "level_tables": _level_tables(headers, rows),
             "plots": plots,
             "distribution": distribution,
             "chosen": chosen,

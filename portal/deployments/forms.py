@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from django import forms
+from django.utils.text import slugify
 
 from inference.hardware import GPU_CATALOG
 from inference.hf_config import known_configs
+from portal.inventory.models import Node
 from portal.registry.models import ModelVersion
 
 from .models import DeploymentProfile, Dtype
+
+# GPUs on which vLLM should run eager (no CUDA graphs): the planner's `eager_off_on_volta` rule.
+EAGER_GPUS = tuple(key for key, spec in GPU_CATALOG.items() if spec.is_volta)
 
 
 def _model_choices() -> list[tuple[str, str]]:
@@ -53,6 +58,12 @@ class PlannerForm(forms.Form):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fields["model"].choices = _model_choices()
+        # Eager mode is the safe default on Volta (the planner warns without it), so the form's
+        # default follows the GPU: here for the first GPU, in the page's script on a change.
+        if not self.is_bound and "enforce_eager" not in self.initial:
+            gpu = GPU_CATALOG.get(self.initial.get("gpu") or self.fields["gpu"].initial)
+            self.initial["enforce_eager"] = bool(gpu and gpu.is_volta)
+        self.fields["gpu"].widget.attrs["data-eager-gpus"] = " ".join(EAGER_GPUS)
 
     # The profile knobs the form carries, by ProfileSettings' names.
     SETTINGS_FIELDS = (
@@ -83,6 +94,42 @@ class PlannerForm(forms.Form):
         values = {name: self.cleaned_data[name] for name in self.SETTINGS_FIELDS}
         values["quantization"] = values["quantization"] or None
         return values
+
+    def profile_query(self) -> dict | None:
+        """The admin's "add profile" form filled from this valid form; None when the model is not
+        registered (a profile names a registered model version)."""
+        data = self.cleaned_data
+        version = ModelVersion.objects.filter(name=data["model"], external=False).first()
+        if version is None:
+            return None
+        tp = data["tensor_parallel_size"] or data["gpus"]
+        query = {
+            "name": slugify(f"{version.name}-{data['gpu']}-tp{tp}")[:100],
+            "model_version": version.pk,
+            "target_gpu": data["gpu"],
+            "target_gpu_count": data["gpus"],
+            "tensor_parallel_size": tp,
+        }
+        for name in ("dtype", "max_model_len", "gpu_memory_utilization", "max_num_seqs", "block_size"):
+            if data[name] is not None:
+                query[name] = data[name]
+        if data["quantization"]:
+            query["quantization"] = data["quantization"]
+        # The admin reads any non-empty value of a checkbox as checked: name only those that are on.
+        for name in ("enforce_eager", "enable_prefix_caching", "enable_chunked_prefill"):
+            if data[name]:
+                query[name] = "on"
+        return query
+
+    @classmethod
+    def initial_from_node(cls, node: Node) -> dict:
+        """The node's GPUs as the planner's target: catalog model, count and interconnect."""
+        gpus = list(node.gpus.all())
+        keys = {gpu.catalog_key for gpu in gpus}
+        if not gpus or len(keys) != 1 or next(iter(keys)) not in GPU_CATALOG:
+            return {}
+        linked = any(gpu.nvlink_peers for gpu in gpus)
+        return {"gpu": keys.pop(), "gpus": len(gpus), "interconnect": "nvlink" if linked else "pcie"}
 
     @classmethod
     def initial_from_profile(cls, profile: DeploymentProfile) -> dict:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 import secrets
+from pathlib import Path
 from urllib.parse import urlsplit
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -63,8 +64,19 @@ def profile_settings(profile: DeploymentProfile) -> ProfileSettings:
     return settings_from(**profile.settings_values())
 
 
+def planned_arch(model_version: ModelVersion) -> ModelArch:
+    """The architecture the planner works from; an external version has none to plan with."""
+    if model_version.external:
+        raise ApplicationError(
+            f"{model_version.name} was recorded from a running server, so its architecture is unknown; "
+            "register it from its config.json (manage.py register_model) to plan it",
+            field="model_version",
+        )
+    return model_version.arch()
+
+
 def plan_for(*, model_version: ModelVersion, profile: DeploymentProfile, placement: Placement) -> Plan:
-    return plan_deployment(model_version.arch(), profile_settings(profile), placement)
+    return plan_deployment(planned_arch(model_version), profile_settings(profile), placement)
 
 
 def target_placement(*, gpu_key: str, gpu_count: int, nvlink_connected: bool | None = None) -> Placement:
@@ -101,8 +113,9 @@ def plan_on_catalog_gpus(
 
 
 def profile_plan(profile: DeploymentProfile) -> Plan | None:
-    """The plan against the profile's own target, or None when it names no model or GPU."""
-    if profile.model_version is None or not profile.target_gpu:
+    """The plan against the profile's own target, or None when it names no model (or an external
+    one) or no GPU."""
+    if profile.model_version is None or profile.model_version.external or not profile.target_gpu:
         return None
     placement = target_placement(gpu_key=profile.target_gpu, gpu_count=profile.target_gpu_count)
     return plan_for(model_version=profile.model_version, profile=profile, placement=placement)
@@ -184,7 +197,7 @@ def deployment_check(
                 f"so choose exactly that many GPUs (got {len(gpu_indices)})",
                 field="gpu_indices",
             )
-        plan = plan_deployment(model_version.arch(), settings, placement)
+        plan = plan_deployment(planned_arch(model_version), settings, placement)
         errors = [f for f in plan.findings if f.level == "error"]
         if errors:
             raise ApplicationError(
@@ -280,9 +293,19 @@ def resolve_model(name_or_path: str, *, allow_paths: bool = False) -> ModelArch:
     Paths to a config.json are accepted only from the command line
     (`allow_paths`): over the API they would let a caller probe the server's files.
     """
-    version = ModelVersion.objects.filter(name=name_or_path).first()
+    try:
+        version = ModelVersion.objects.filter(name=name_or_path).first()
+    except DatabaseError as error:
+        # A fresh clone (no migrate yet) still plans a bundled config or a config.json path.
+        if name_or_path in known_configs() or (allow_paths and Path(name_or_path).exists()):
+            return resolve_model_config(name_or_path)
+        raise ApplicationError(
+            f"'{name_or_path[:100]}' is not a bundled config, and registered models cannot be read "
+            "(run `python manage.py migrate` first)",
+            field="model",
+        ) from error
     if version is not None:
-        return version.arch()
+        return planned_arch(version)
     if not allow_paths and name_or_path not in known_configs():
         # Only names: a relative path ("models", "..") would still reach the filesystem, and
         # the answer would say which of the server's directories exist.

@@ -6,9 +6,13 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.http import urlencode
 from django.views.decorators.http import require_POST
 
+from inference.rules import finding_title
 from portal.core.errors import ApplicationError
+from portal.inventory.models import Node
 
 from . import services
 from .forms import PlannerForm
@@ -37,7 +41,16 @@ def _plan_or_error(compute):
 @login_required
 def profile_list(request):
     profiles = DeploymentProfile.objects.select_related("model_version")
-    rows = [(profile, _plan_or_error(lambda p=profile: services.profile_plan(p))[0]) for profile in profiles]
+    rows = []
+    for profile in profiles:
+        plan = _plan_or_error(lambda p=profile: services.profile_plan(p))[0]
+        # Short names with the message on hover: the codes alone mean nothing to a reader.
+        findings = [
+            {"level": f["level"], "title": finding_title(f["code"]), "message": f["message"]}
+            for f in (plan["findings"] if plan else [])
+            if f["level"] in ("error", "warning")
+        ]
+        rows.append((profile, plan, findings))
     return render(request, "deployments/profile_list.html", {"rows": rows})
 
 
@@ -132,15 +145,26 @@ def deployment_action(request, name: str, action: str):
 @login_required
 def planner(request):
     """Try a model × profile × GPUs without saving anything (GET, so results can be linked)."""
-    plan, error = None, None
+    plan, error, profile_link = None, None, None
     if "model" in request.GET:
         form = PlannerForm(request.GET)
         if form.is_valid():
             plan, error = _plan_or_error(lambda: _plan_from_form(form))
+            query = form.profile_query() if plan and plan["ok"] and request.user.is_staff else None
+            if query is not None:
+                profile_link = f"{reverse('admin:deployments_deploymentprofile_add')}?{urlencode(query)}"
     else:
         profile = DeploymentProfile.objects.filter(name=request.GET.get("profile", "")).first()
-        form = PlannerForm(initial=PlannerForm.initial_from_profile(profile) if profile else None)
-    return render(request, "deployments/planner.html", {"form": form, "plan": plan, "plan_error": error})
+        node = Node.objects.filter(name=request.GET.get("node", "")).first()
+        initial = PlannerForm.initial_from_profile(profile) if profile else {}
+        if node is not None:
+            initial.update(PlannerForm.initial_from_node(node))
+        form = PlannerForm(initial=initial)
+    return render(
+        request,
+        "deployments/planner.html",
+        {"form": form, "plan": plan, "plan_error": error, "profile_link": profile_link},
+    )
 
 
 def _plan_from_form(form: PlannerForm):

@@ -4,7 +4,7 @@ from django.contrib import admin, messages
 from portal.core.errors import ApplicationError
 
 from .models import Gpu, Node, NodeAcceptance
-from .services import node_apply_nvidia_smi_text
+from .services import node_apply_nvidia_smi_text, nvidia_smi_text_parse
 
 
 class GpuInline(admin.TabularInline):
@@ -38,6 +38,20 @@ class NodeForm(forms.ModelForm):
     class Meta:
         model = Node
         fields = ["name", "hostname", "description", "vllm_python"]
+
+    def clean(self) -> dict:
+        """Refuse the whole form, pasted text kept, when a pasted part does not read: saving the node
+        without the GPUs the operator pasted would look like success."""
+        data = super().clean()
+        query, topology = data.get("nvidia_smi_query", ""), data.get("nvidia_smi_topology", "")
+        if topology.strip() and not query.strip():
+            self.add_error("nvidia_smi_topology", "the topology needs the GPU list (CSV) above; paste both")
+        elif query.strip():
+            try:
+                nvidia_smi_text_parse(query_csv=query, topology_text=topology)
+            except ApplicationError as error:
+                self.add_error(error.field if error.field in self.fields else None, error.message)
+        return data
 
 
 @admin.register(Node)

@@ -69,6 +69,27 @@ def node_apply_discovery(
     return gpus
 
 
+def nvidia_smi_text_parse(*, query_csv: str, topology_text: str = "") -> tuple[list[GpuReading], Topology]:
+    """Parse pasted nvidia-smi output, naming the part that failed: `nvidia_smi_query` (the CSV,
+    including a GPU the catalog lacks) or `nvidia_smi_topology` (`topo -m`). Nothing is written."""
+    try:
+        readings = parse_query_csv(query_csv)
+        gpus_from_readings(readings, Topology(links={}))  # every GPU must be in the catalog
+    except InputError as error:
+        raise ApplicationError(f"GPU list (CSV): {error.message}", field="nvidia_smi_query") from error
+    except ApplicationError as error:
+        raise ApplicationError(f"GPU list (CSV): {error.message}", field="nvidia_smi_query") from error
+    if not topology_text.strip():
+        return readings, Topology(links={})
+    try:
+        return readings, parse_topology(topology_text)
+    except InputError as error:
+        raise ApplicationError(
+            f"topology (`nvidia-smi topo -m`): {error.message}; fix it or leave it out",
+            field="nvidia_smi_topology",
+        ) from error
+
+
 def node_apply_nvidia_smi_text(*, node: Node, query_csv: str, topology_text: str = "") -> list[Gpu]:
     """Parse pasted or uploaded nvidia-smi output, then apply it (the hand-entry path)."""
     try:
@@ -77,6 +98,32 @@ def node_apply_nvidia_smi_text(*, node: Node, query_csv: str, topology_text: str
     except InputError as error:
         raise ApplicationError.from_input_error(error) from error
     return node_apply_discovery(node=node, readings=readings, topology=topology, topology_text=topology_text)
+
+
+@transaction.atomic
+def node_create_from_nvidia_smi(
+    *,
+    name: str,
+    hostname: str = "",
+    description: str = "",
+    vllm_python: str = "",
+    query_csv: str = "",
+    topology_text: str = "",
+) -> Node:
+    """A node and, when pasted, its GPUs (the "Add a node" page): both parts parse, or nothing is saved."""
+    if topology_text.strip() and not query_csv.strip():
+        raise ApplicationError(
+            "the topology needs the GPU list (CSV) beside it; paste both or leave it out",
+            field="nvidia_smi_topology",
+        )
+    parsed = None
+    if query_csv.strip():
+        parsed = nvidia_smi_text_parse(query_csv=query_csv, topology_text=topology_text)
+    node = node_create(name=name, hostname=hostname, description=description, vllm_python=vllm_python)
+    if parsed is not None:
+        readings, topology = parsed
+        node_apply_discovery(node=node, readings=readings, topology=topology, topology_text=topology_text)
+    return node
 
 
 def node_record_software(*, node: Node, facts: EnvFacts | None, python: str, error: str = "") -> Node:

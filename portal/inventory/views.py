@@ -12,6 +12,7 @@ from django.views.decorators.http import require_POST
 from inference.env_probe import build_advice, missing_kernels
 from inference.hardware import GPU_CATALOG
 from inference.tiny_model import shape_names
+from portal.audit.services import audit_event_record
 from portal.benchmarks.plots import acceptance_plots, safe_svg
 from portal.core.errors import ApplicationError
 
@@ -22,12 +23,41 @@ from .acceptance import (
     MAX_REQUESTS_PER_LEVEL,
     node_acceptance_request,
 )
+from .forms import NodeCreateForm
 from .selectors import gpus_in_use, node_latest_acceptance, node_list
+from .services import node_create_from_nvidia_smi
 
 
 @login_required
 def node_list_view(request):
     return render(request, "inventory/node_list.html", {"nodes": node_list()})
+
+
+@login_required
+def node_new(request):
+    """Add a node (staff), with its GPUs from pasted nvidia-smi output: all of it, or nothing."""
+    if not request.user.is_staff:
+        raise PermissionDenied
+    form = NodeCreateForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            node = node_create_from_nvidia_smi(
+                name=data["name"],
+                hostname=data["hostname"],
+                description=data["description"],
+                vllm_python=data["vllm_python"],
+                query_csv=data["nvidia_smi_query"],
+                topology_text=data["nvidia_smi_topology"],
+            )
+        except ApplicationError as error:
+            # The pasted text stays in the form, with the failing part named beside it.
+            form.add_error(error.field if error.field in form.fields else None, error.message)
+        else:
+            audit_event_record(action="node.create", target=node, changes={"gpus": node.gpus.count()})
+            messages.success(request, f"node {node.name} added with {node.gpus.count()} GPUs")
+            return redirect("inventory:node-detail", name=node.name)
+    return render(request, "inventory/node_new.html", {"form": form}, status=400 if form.errors else 200)
 
 
 @login_required

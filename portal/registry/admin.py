@@ -56,7 +56,7 @@ class ModelVersionAdmin(admin.ModelAdmin):
 
     @admin.display(description="Parameters", ordering="param_count")
     def params(self, version: ModelVersion) -> str:
-        return f"{version.params_billions:.2f} B"
+        return version.params_display
 
     @admin.display(description="Hashed", boolean=True)
     def hashed(self, version: ModelVersion) -> bool:

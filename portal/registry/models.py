@@ -73,6 +73,11 @@ class ModelVersion(models.Model):
     tokenizer_files = models.JSONField(default=dict, blank=True, help_text="Relative path → SHA-256.")
     hashed_at = models.DateTimeField(null=True, blank=True)
 
+    external = models.BooleanField(
+        default=False,
+        help_text="Recorded from a running server's /v1/models (register_endpoint): only its name and "
+        "max model length are known, so the planner cannot plan it.",
+    )
     smoke_expected_substring = models.CharField(
         max_length=200, blank=True, help_text="A smoke-test reply must contain this (blank: any sane reply)."
     )
@@ -113,6 +118,15 @@ class ModelVersion(models.Model):
     @property
     def params_billions(self) -> float:
         return self.param_count / 1e9
+
+    @property
+    def params_display(self) -> str:
+        """ "6.74 B", "1.10 B", or "4.6 M" for a tiny test model (whose billions round to 0.00)."""
+        if self.external:
+            return "unknown (external)"
+        if self.param_count >= 100_000_000:
+            return f"{self.param_count / 1e9:.2f} B"
+        return f"{self.param_count / 1e6:.1f} M"
 
 
 class ConversionState(models.TextChoices):

@@ -108,6 +108,40 @@ def model_version_create(
     return version
 
 
+# An external version's architecture is unknown; these stand in for it so that the row is valid.
+# `external` keeps them away from the planner and the pages show "unknown".
+_EXTERNAL_ARCH = dict(
+    model_type="external",
+    num_layers=1,
+    hidden_size=1,
+    num_attention_heads=1,
+    num_kv_heads=1,
+    head_dim=1,
+    intermediate_size=1,
+    vocab_size=1,
+)
+
+
+@transaction.atomic
+def model_version_record_external(*, name: str, max_model_len: int | None, source: str) -> ModelVersion:
+    """A model version known only from a running server's `/v1/models` (`register_endpoint`)."""
+    version = ModelVersion(
+        name=name,
+        source=source[:255],
+        external=True,
+        max_position_embeddings=max_model_len or 1,
+        **_EXTERNAL_ARCH,
+    )
+    clean_or_raise(version, exclude=["param_count"])
+    version.save()
+    audit_event_record(
+        action="model_version.record_external",
+        target=version,
+        changes={"source": version.source, "max_model_len": max_model_len},
+    )
+    return version
+
+
 def model_version_record_hashes(*, model_version: ModelVersion, hashes: ModelHashes) -> ModelVersion:
     model_version.weights_sha256 = hashes.weights_sha256
     model_version.tokenizer_sha256 = hashes.tokenizer_sha256

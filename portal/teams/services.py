@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from inference.redis_keys import RedisKeys
 from portal.audit.services import audit_event_record
-from portal.core.errors import ApplicationError
+from portal.core.errors import ApplicationError, clean_or_raise
 from portal.core.redis_client import gateway_redis, redis_keys
 from portal.observability import metrics
 
@@ -63,6 +63,16 @@ def api_key_prefix(token: str) -> str | None:
 
 def api_key_matches(token: str, digest: str) -> bool:
     return hmac.compare_digest(api_key_digest(token), digest)
+
+
+@transaction.atomic
+def team_create(*, slug: str, name: str = "", gpu_quota: int = 0) -> Team:
+    """A new team (`manage.py create_team`); its name defaults to the slug."""
+    team = Team(slug=slug, name=name or slug, gpu_quota=gpu_quota)
+    clean_or_raise(team)
+    team.save()
+    audit_event_record(action="team.create", target=team, changes={"slug": slug, "gpu_quota": gpu_quota})
+    return team
 
 
 def _clean_models(models: list[str] | None) -> list[str]:

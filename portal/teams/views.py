@@ -45,19 +45,27 @@ def team_detail(request, slug: str):
 def team_keys(request, slug: str):
     team = team_get_for_user(request.user, slug)
     new_token = None
+    context = {}
     form = ApiKeyCreateForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            _key, new_token = api_key_create(team=team, created_by=request.user, **form.service_kwargs())
+            key, new_token = api_key_create(team=team, created_by=request.user, **form.service_kwargs())
         except ApplicationError as error:
             form.add_error(error.field if error.field in form.fields else None, error.message)
         else:
             form = ApiKeyCreateForm()
+            # A model the key may call, for the snippets; without a list any served one will do.
+            models = key.allowed_models or team.allowed_models
+            context = {
+                "base_url": request.build_absolute_uri("/v1"),
+                "example_model": models[0] if models else "MODEL",
+                "example_model_known": bool(models),
+            }
     # The new key is rendered in this response only: never put in a message, the session or a redirect.
     return render(
         request,
         "teams/team_keys.html",
-        {"team": team, "keys": api_keys_of(team), "form": form, "new_token": new_token},
+        {"team": team, "keys": api_keys_of(team), "form": form, "new_token": new_token, **context},
         # A refused form is the client's error: 400, with the fields named on the page.
         status=400 if form.is_bound and form.errors else 200,
     )

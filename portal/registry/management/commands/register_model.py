@@ -42,5 +42,5 @@ class Command(BaseCommand):
         except ApplicationError as error:
             raise CommandError(f"{error.field}: {error.message}" if error.field else error.message) from error
         self.stdout.write(
-            f"registered {version.name}: {version.params_billions:.2f} B parameters, {version.weight_dtype}"
+            f"registered {version.name}: {version.params_display} parameters, {version.weight_dtype}"
         )
