@@ -87,7 +87,7 @@ def test_it_is_idempotent_and_takes_in_late_records(deployment):
 
 def breaking_minutes(deployment, start, count, *, ttft_ms=3000.0):
     for i in range(count):
-        usage(deployment, start + dt.timedelta(minutes=i, seconds=10), ttft_ms=ttft_ms, duration_ms=ttft_ms + 9)
+        usage(deployment, start + dt.timedelta(minutes=i, seconds=10), ttft_ms=ttft_ms, duration_ms=ttft_ms)
     latency_rollup(since=start, until=start + dt.timedelta(minutes=count))
 
 
