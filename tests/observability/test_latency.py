@@ -128,3 +128,40 @@ def test_a_tpot_over_the_sla_also_breaches(deployment):
     latency_rollup(since=T0, until=T0 + dt.timedelta(minutes=SLA_BREACH_MINUTES))
     assert sla_breaches_update(now=T0 + dt.timedelta(minutes=SLA_BREACH_MINUTES))["opened"] == ["chat"]
     assert "P95 TPOT 0.211 s > 0.1 s" in SlaBreach.objects.get().reason
+
+
+def test_the_beat_schedule_rolls_up_latency_every_minute_with_a_registered_task():
+    from django.conf import settings
+
+    from portal.celery import app
+
+    app.loader.import_default_modules()
+    entry = settings.CELERY_BEAT_SCHEDULE["observability-latency-rollup"]
+    assert entry["task"] in app.tasks
+    assert entry["schedule"] == 60.0
+    assert entry["options"]["queue"] == "control"
+
+
+def test_the_task_stores_waiting_usage_records_before_rolling_up(deployment, gateway_redis_db, metrics_redis):
+    """A record still in the Redis usage queue counts in its minute as soon as the task runs."""
+    import json
+    import uuid
+
+    from django.utils import timezone
+
+    from portal.core.redis_client import redis_keys
+    from portal.observability.tasks import latency_rollup as task
+    from portal.teams.services import api_key_create
+
+    arrived = timezone.now() - dt.timedelta(minutes=2)
+    record = {
+        "request_id": uuid.uuid4().hex, "created_at": arrived.timestamp(), "team_id": deployment.team_id,
+        "api_key_id": api_key_create(team=deployment.team)[0].pk, "model": "m",
+        "deployment_id": deployment.pk, "endpoint": "chat",
+        "stream": True, "status": "completed", "http_status": 200, "error_code": "", "prompt_tokens": 5,
+        "completion_tokens": 11, "ttft_ms": 250.0, "duration_ms": 1250.0,
+    }  # fmt: skip
+    metrics_redis.rpush(redis_keys().usage, json.dumps(record))
+    task.apply()
+    row = LatencyMinute.objects.get(deployment=deployment)
+    assert (row.requests, row.p95_ttft_ms, row.p95_tpot_ms) == (1, 250.0, 100.0)
