@@ -60,3 +60,13 @@ def test_the_admin_forms_offer_the_sla(admin_client, chat):
     for url in ("/admin/deployments/deployment/add/", f"/admin/deployments/deployment/{chat.pk}/change/"):
         page = admin_client.get(url).content.decode()
         assert 'name="sla_p95_ttft_s"' in page and 'name="sla_p95_tpot_s"' in page
+
+
+def test_the_admin_lists_breaches_read_only(admin_client, chat):
+    from portal.observability.models import SlaBreach
+
+    reason = "P95 TTFT 4.00 s > 3 s"
+    SlaBreach.objects.create(deployment=chat, started_at="2026-11-30T12:00:00Z", reason=reason)
+    page = admin_client.get("/admin/observability/slabreach/").content.decode()
+    assert "P95 TTFT 4.00 s &gt; 3 s" in page
+    assert admin_client.get("/admin/observability/slabreach/add/").status_code == 403
