@@ -381,6 +381,12 @@ CELERY_BEAT_SCHEDULE["observability-sample-queues"] = {
     "schedule": 15.0,
     "options": {"queue": "control", "expires": 15.0},
 }
+# Per-deployment latency per minute (P50/P95 TTFT and TPOT) and SLA breaches, from the usage records.
+CELERY_BEAT_SCHEDULE["observability-latency-rollup"] = {
+    "task": "observability.latency_rollup",
+    "schedule": 60.0,
+    "options": {"queue": "control", "expires": 60.0},
+}
 
 # --- Retention: a daily task deletes old rows in batches (portal/core/services.py) ---
 def env_retention_days(name: str, *, default: int, least: int = 1) -> int:

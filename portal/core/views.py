@@ -7,7 +7,7 @@ from django.shortcuts import render
 
 from portal.deployments.models import DeploymentProfile, DeploymentState
 from portal.deployments.selectors import deployments_visible_to
-from portal.observability.selectors import traffic_last_hour
+from portal.observability.selectors import sla_breaches, traffic_last_hour
 from portal.registry.models import ModelVersion
 from portal.teams.charts import bar_chart_svg
 
@@ -41,6 +41,7 @@ def _ops_dashboard(request):
             "traffic_totals": _totals(traffic),
             "charts": _traffic_charts(traffic) if traffic is not None else [],
             "runs": recent_benchmark_runs(),
+            "breaches": sla_breaches(open_only=True, limit=50),
             "teams": request.user.teams.all(),
         },
     )

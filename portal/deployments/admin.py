@@ -59,10 +59,14 @@ class DeploymentProfileAdmin(admin.ModelAdmin):
         return _findings_html(lambda: services.profile_plan(profile))
 
 
+# The SLA production latency is judged by (portal/observability), editable on create and change.
+SLA_FIELDS = ("sla_p95_ttft_s", "sla_p95_tpot_s")
+
+
 class DeploymentForm(forms.ModelForm):
     class Meta:
         model = Deployment
-        fields = list(services.DEPLOYMENT_CREATE_FIELDS)
+        fields = [*services.DEPLOYMENT_CREATE_FIELDS, *SLA_FIELDS]
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -73,6 +77,11 @@ class DeploymentForm(forms.ModelForm):
 
     def clean(self):
         cleaned = super().clean()
+        if all(cleaned.get(f) is not None for f in SLA_FIELDS):
+            try:
+                services.sla_check(p95_ttft_s=cleaned["sla_p95_ttft_s"], p95_tpot_s=cleaned["sla_p95_tpot_s"])
+            except ApplicationError as error:
+                self.add_error(error.field, error.message)
         if self.instance.pk is None and not self.errors:
             # The same checks as the API; DeploymentAdmin.save_model then creates it through the service.
             try:
@@ -169,6 +178,13 @@ class DeploymentAdmin(admin.ModelAdmin):
         created = services.deployment_create(
             **{k: form.cleaned_data[k] for k in services.DEPLOYMENT_CREATE_FIELDS}
         )
+        if any(form.cleaned_data[f] != Deployment._meta.get_field(f).default for f in SLA_FIELDS):
+            services.deployment_set_sla(
+                deployment=created,
+                p95_ttft_s=form.cleaned_data["sla_p95_ttft_s"],
+                p95_tpot_s=form.cleaned_data["sla_p95_tpot_s"],
+                user=request.user,
+            )
         obj.pk, obj._state.adding = created.pk, False
 
     @admin.display(description="Planner findings on its GPUs")
@@ -195,6 +211,11 @@ class AdoptedEndpointForm(forms.ModelForm):
 
     def clean(self):
         cleaned = super().clean()
+        if all(cleaned.get(f) is not None for f in SLA_FIELDS):
+            try:
+                services.sla_check(p95_ttft_s=cleaned["sla_p95_ttft_s"], p95_tpot_s=cleaned["sla_p95_tpot_s"])
+            except ApplicationError as error:
+                self.add_error(error.field, error.message)
         if self.instance.pk is None and not self.errors:
             try:
                 cleaned["endpoint_url"] = services.endpoint_url_from(cleaned.get("url", ""))

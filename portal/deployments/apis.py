@@ -110,6 +110,8 @@ class DeploymentSerializer(StaffOnlyFieldsMixin, serializers.ModelSerializer):
             "state_reason",
             "endpoint_url",
             "concurrency_cap",
+            "sla_p95_ttft_s",
+            "sla_p95_tpot_s",
             "shared",
             "plan",
             "adopted",
@@ -126,6 +128,8 @@ class DeploymentSerializer(StaffOnlyFieldsMixin, serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = [
+            "sla_p95_ttft_s",  # set through POST .../sla/
+            "sla_p95_tpot_s",
             "state_reason",
             "endpoint_url",
             "adopted",
@@ -200,6 +204,15 @@ class RegisterEndpointSerializer(serializers.Serializer):
     )
 
 
+class SlaSerializer(serializers.Serializer):
+    p95_ttft_s = serializers.FloatField(
+        min_value=0.001, max_value=services.SLA_TTFT_MAX_S, help_text="P95 time to first token, seconds."
+    )
+    p95_tpot_s = serializers.FloatField(
+        min_value=0.0001, max_value=services.SLA_TPOT_MAX_S, help_text="P95 time per output token, seconds."
+    )
+
+
 class DeploymentViewSet(viewsets.ModelViewSet):
     """Deployments. Creating one checks the plan, free GPUs and the team's GPU quota.
 
@@ -241,6 +254,17 @@ class DeploymentViewSet(viewsets.ModelViewSet):
     @action(detail=True, methods=["post"])
     def restart(self, request, name=None):
         return self._requested(request, services.deployment_request_restart)
+
+    @extend_schema(request=SlaSerializer, responses={200: DeploymentSerializer})
+    @action(detail=True, methods=["post"])
+    def sla(self, request, name=None):
+        """Set the SLA production latency is judged by (SLA breaches) and new benchmark runs use."""
+        data = SlaSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        deployment = services.deployment_set_sla(
+            deployment=self.get_object(), user=request.user, **data.validated_data
+        )
+        return Response(self.get_serializer(deployment).data)
 
     @extend_schema(responses={200: EventSerializer(many=True)})
     @action(detail=True, methods=["get"], pagination_class=None)

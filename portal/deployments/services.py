@@ -322,6 +322,38 @@ def resolve_model(name_or_path: str, *, allow_paths: bool = False) -> ModelArch:
         ) from error
 
 
+# Bounds of a deployment's SLA (seconds): above them no request would ever count as slow.
+SLA_TTFT_MAX_S = 600.0
+SLA_TPOT_MAX_S = 60.0
+
+
+def sla_check(*, p95_ttft_s: float, p95_tpot_s: float) -> None:
+    """Refuse an SLA outside (0, max], naming the field."""
+    for field, value, top in (
+        ("sla_p95_ttft_s", p95_ttft_s, SLA_TTFT_MAX_S),
+        ("sla_p95_tpot_s", p95_tpot_s, SLA_TPOT_MAX_S),
+    ):
+        if not 0 < value <= top:
+            raise ApplicationError(f"{field} must be more than 0 and at most {top:g} seconds.", field=field)
+
+
+def deployment_set_sla(
+    *, deployment: Deployment, p95_ttft_s: float, p95_tpot_s: float, user=None
+) -> Deployment:
+    """Set the SLA that production latency (and new benchmark runs) of the deployment are judged by."""
+    sla_check(p95_ttft_s=p95_ttft_s, p95_tpot_s=p95_tpot_s)
+    before = [deployment.sla_p95_ttft_s, deployment.sla_p95_tpot_s]
+    Deployment.objects.filter(pk=deployment.pk).update(sla_p95_ttft_s=p95_ttft_s, sla_p95_tpot_s=p95_tpot_s)
+    audit_event_record(
+        action="deployment.set_sla",
+        target=deployment,
+        actor=user,
+        changes={"sla_p95_ttft_s": [before[0], p95_ttft_s], "sla_p95_tpot_s": [before[1], p95_tpot_s]},
+    )
+    deployment.sla_p95_ttft_s, deployment.sla_p95_tpot_s = p95_ttft_s, p95_tpot_s
+    return deployment
+
+
 def deployment_set_concurrency_cap(*, deployment: Deployment, cap: int | None, source: str) -> Deployment:
     """Set the gateway's in-flight cap for a deployment and say where it came from.
 

@@ -5,14 +5,23 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.http import HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import urlencode
 from django.views.decorators.http import require_POST
 
 from inference.rules import finding_title
 from portal.core.errors import ApplicationError
 from portal.inventory.models import Node
+from portal.observability.charts import Line, time_series_svg
+from portal.observability.selectors import (
+    LATENCY_WINDOWS,
+    benchmark_operating_point,
+    latency_series,
+    sla_breaches,
+)
 
 from . import services
 from .forms import PlannerForm
@@ -80,6 +89,9 @@ def deployment_list(request):
 @login_required
 def deployment_detail(request, name: str):
     deployment = deployment_get_for_user(request.user, name)
+    window = request.GET.get("latency", "hour")
+    if window not in LATENCY_WINDOWS:
+        return HttpResponseBadRequest(f"latency: must be one of {', '.join(LATENCY_WINDOWS)}")
     plan, error = _plan_or_error(lambda: services.deployment_plan(deployment))
     events = list(deployment.events.order_by("-at", "-id")[:100])[::-1]
     for e in events:  # shown, never saved
@@ -94,9 +106,71 @@ def deployment_detail(request, name: str):
             "plan_error": error,
             "events": events,
             "charts": _charts(deployment),
+            "latency": _latency(deployment, window),
             "refresh_s": 3 if deployment.state in TRANSITIONAL else 30,
         },
     )
+
+
+def _latency(deployment, window: str) -> dict:
+    """Production latency per minute over the window (issue 16), against the deployment's SLA and
+    the P95s its latest benchmark measured at the SLA operating point."""
+    start, end, points = latency_series(deployment.pk, window=window, now=timezone.now())
+    point = benchmark_operating_point(deployment.pk)
+    times = [p.start for p in points]
+
+    def lines(sla_s: float, bench_ms: float | None, name: str) -> list[Line]:
+        out = [Line(sla_s, f"SLA P95 {name} {sla_s:g} s", "sla")]
+        if point is not None and bench_ms is not None:
+            label = f"benchmark P95 {bench_ms / 1000:.3g} s at {point.concurrency} concurrent"
+            out.append(Line(bench_ms / 1000, label, "benchmark"))
+        return out
+
+    def seconds(values: list[float | None]) -> list[float | None]:
+        return [None if v is None else v / 1000 for v in values]
+
+    box = {"times": times, "start": start, "end": end}
+    charts = [
+        time_series_svg(
+            **box,
+            series={
+                "P95 TTFT": seconds([p.p95_ttft_ms for p in points]),
+                "P50 TTFT": seconds([p.p50_ttft_ms for p in points]),
+            },
+            title="Time to first token (s)",
+            unit="s",
+            lines=lines(deployment.sla_p95_ttft_s, point and point.p95_ttft_ms, "TTFT"),
+            chart_id="latency-ttft",
+        ),
+        time_series_svg(
+            **box,
+            series={
+                "P95 TPOT": seconds([p.p95_tpot_ms for p in points]),
+                "P50 TPOT": seconds([p.p50_tpot_ms for p in points]),
+            },
+            title="Time per output token (s)",
+            unit="s",
+            lines=lines(deployment.sla_p95_tpot_s, point and point.p95_tpot_ms, "TPOT"),
+            chart_id="latency-tpot",
+        ),
+        time_series_svg(
+            **box,
+            series={"requests": [p.requests for p in points], "errors": [p.errors for p in points]},
+            title=f"Requests and errors per {LATENCY_WINDOWS[window][1]} min",
+            unit="",
+            chart_id="latency-requests",
+        ),
+    ]
+    return {
+        "window": window,
+        "windows": list(LATENCY_WINDOWS),
+        "step_minutes": LATENCY_WINDOWS[window][1],
+        "charts": charts if points else [],
+        "requests": sum(p.requests for p in points),
+        "errors": sum(p.errors for p in points),
+        "operating_point": point,
+        "breaches": sla_breaches(deployment_id=deployment.pk, limit=10),
+    }
 
 
 def _charts(deployment) -> list[dict]:

@@ -22,6 +22,7 @@ from portal.core.redis_client import redis_keys
 from portal.deployments.models import Deployment, DeploymentState
 
 from . import metrics as m
+from .models import SlaBreach
 
 log = logging.getLogger("portal.metrics")
 
@@ -77,6 +78,7 @@ class PortalCollector:
         for state in DeploymentState.values:
             states.add_metric([state], by_state.get(state, 0))
         yield states
+        yield self._breaching(deployments)
 
         up = GaugeMetricFamily("portal_metrics_redis_up", "1 if the scrape could read Redis.")
         try:
@@ -112,6 +114,18 @@ class PortalCollector:
             "Usage records the flush could not store, kept in Redis for inspection (README, Operations).",
             value=dead_letters,
         )
+
+    def _breaching(self, deployments: list[tuple[int, str, str, str]]) -> GaugeMetricFamily:
+        """1 for each deployment with an open SLA breach (portal/observability/services.py), else 0."""
+        open_ids = set(SlaBreach.objects.filter(ended_at__isnull=True).values_list("deployment", flat=True))
+        gauge = GaugeMetricFamily(
+            "portal_deployment_sla_breaching",
+            "1 while the deployment's P95 TTFT or TPOT has broken its SLA for 5 minutes in a row.",
+            labels=["deployment"],
+        )
+        for pk, name, _state, _model in deployments:
+            gauge.add_metric([name], 1 if pk in open_ids else 0)
+        return gauge
 
     def _counters(self, counters: dict[tuple, float]):
         families = {
