@@ -26,12 +26,16 @@ def team_get_for_user(user, slug: str) -> Team:
 
 
 def api_keys_of(team: Team) -> QuerySet[ApiKey]:
+    """The team's keys, without the playground's (their secrets exist nowhere, so there is nothing
+    to manage; staff see them in the admin)."""
     # Live keys first: PostgreSQL sorts NULLs last unless told otherwise.
-    return team.api_keys.all().order_by(F("revoked_at").asc(nulls_first=True), "-created_at")
+    return team.api_keys.filter(playground_user__isnull=True).order_by(
+        F("revoked_at").asc(nulls_first=True), "-created_at"
+    )
 
 
 def api_key_get_for_team(team: Team, prefix: str) -> ApiKey:
-    return get_object_or_404(team.api_keys, prefix=prefix)
+    return get_object_or_404(team.api_keys.filter(playground_user__isnull=True), prefix=prefix)
 
 
 def usage_daily_series(

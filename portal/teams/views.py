@@ -35,7 +35,7 @@ def team_detail(request, slug: str):
             "team": team,
             "gpus_held": team_gpus_held(team),
             "deployments": deployments_visible_to(request.user).filter(team=team),
-            "active_keys": team.api_keys.filter(revoked_at__isnull=True).count(),
+            "active_keys": api_keys_of(team).filter(revoked_at__isnull=True).count(),
         },
     )
 
