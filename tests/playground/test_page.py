@@ -110,7 +110,9 @@ def test_it_answers_get_on_the_chat_endpoint_with_405(client: Client, bob, team)
         ({"stream": False}, "stream"),
     ],
 )
-def test_it_refuses_out_of_bounds_input_with_a_400_naming_the_field(client: Client, bob, team, changes, param):
+def test_it_refuses_out_of_bounds_input_with_a_400_naming_the_field(
+    client: Client, bob, team, changes, param
+):
     client.force_login(bob)
     response = client.post(chat_url(), good(**changes), content_type="application/json")
     assert response.status_code == 400
