@@ -154,3 +154,15 @@ def test_errors_show_as_the_gateways_message_and_code_is_copied_with_a_placehold
     expect(page.locator(".pg-copy[data-target=pg-code-python]")).to_have_text("Copied")
     assert "sk-" not in page.content()
     shot(page, "playground-copy-as-code")
+
+
+def test_a_member_whose_session_ended_is_told_to_sign_in_again(
+    page: Page, portal, fake_upstream, bob, team, cpu_node  # noqa: F811 (the fixture imported above)
+):
+    serve(team, cpu_node, name="fake-chat-2", endpoint_url=fake_upstream)
+    open_playground(page, portal)
+    page.context.clear_cookies(name="sessionid")
+    page.fill("#pg-input", "Hello?")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("#pg-error")).to_contain_text("You are signed out")
+    expect(page.locator(".pg-msg")).to_have_count(0)

@@ -82,7 +82,10 @@
         credentials: "same-origin",
         signal: controller.signal,
       });
-      if (!response.ok) {
+      const type = response.headers.get("content-type") || "";
+      if (response.redirected) {  // to the login page: the session ended
+        failed = "You are signed out: reload the page and sign in again.";
+      } else if (!response.ok || !type.startsWith("text/event-stream")) {
         failed = await errorOf(response);
       } else {
         failed = await readStream(response, (piece) => { answer += piece; replyText.textContent = answer; });
