@@ -68,6 +68,27 @@ def usage_today(team: Team) -> dict:
     }
 
 
+def usage_today_by_key(team: Team) -> list[dict]:
+    """Today's requests and tokens per key, busiest first: {"key", "name", "requests", "tokens"}
+    (a member's playground key shows as "playground (<user>)")."""
+    start = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    rows = (
+        Usage.objects.filter(team=team, created_at__gte=start)
+        .values("api_key__prefix", "api_key__name")
+        .annotate(requests=Count("id"), p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
+    )
+    out = [
+        {
+            "key": f"sk-{row['api_key__prefix']}…" if row["api_key__prefix"] else "(deleted key)",
+            "name": row["api_key__name"] or "",
+            "requests": row["requests"],
+            "tokens": (row["p"] or 0) + (row["c"] or 0),
+        }
+        for row in rows
+    ]
+    return sorted(out, key=lambda r: (-r["tokens"], -r["requests"], r["key"]))
+
+
 def usage_hourly_series(team: Team, *, hours: int = 24) -> list[tuple[dt.datetime, int]]:
     """(hour, requests) for each of the last `hours` hours, zeros included."""
     now = timezone.now().replace(minute=0, second=0, microsecond=0)

@@ -178,3 +178,28 @@ def test_it_leaves_the_playground_key_out_of_the_key_lists(client: Client, bob, 
     assert client.get("/teams/search/").context["active_keys"] == 1
     # Nor can it be revoked from the team's page (staff revoke it in the admin).
     assert client.post(f"/teams/search/keys/{hidden.prefix}/revoke/").status_code == 404
+
+
+def test_it_shows_todays_usage_per_key_with_the_playground_keys_name(client: Client, bob, team):
+    import uuid
+
+    from django.utils import timezone
+
+    from portal.playground.services import playground_key_for
+    from portal.teams.models import Usage
+    from portal.teams.services import api_key_create
+
+    playground = playground_key_for(team=team, user=bob)
+    notebook, _token = api_key_create(team=team, name="notebook")
+    for key, tokens in [(playground, 30), (playground, 12), (notebook, 5)]:
+        Usage.objects.create(
+            request_id=uuid.uuid4(), created_at=timezone.now(), team=team, api_key=key, model="m",
+            status="completed", http_status=200, prompt_tokens=tokens, completion_tokens=0, duration_ms=5,
+        )  # fmt: skip
+    client.force_login(bob)
+    response = client.get("/teams/search/usage/")
+    assert [(r["name"], r["requests"], r["tokens"]) for r in response.context["by_key"]] == [
+        ("playground (bob)", 2, 42),
+        ("notebook", 1, 5),
+    ]
+    assert "playground (bob)" in response.content.decode()
