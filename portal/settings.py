@@ -65,6 +65,7 @@ INSTALLED_APPS = [
     "portal.registry",
     "portal.deployments",
     "portal.gateway",
+    "portal.playground",
     "portal.benchmarks",
     "portal.observability",
     "portal.audit",

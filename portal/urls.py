@@ -30,6 +30,7 @@ urlpatterns = [
     path("nodes/", include("portal.inventory.urls")),
     path("models/", include("portal.registry.urls")),
     path("teams/", include("portal.teams.urls")),
+    path("teams/", include("portal.playground.urls")),
     path("benchmarks/", include("portal.benchmarks.urls")),
     path("", include("portal.deployments.urls")),
     path("", include("portal.core.urls")),

@@ -170,3 +170,9 @@ def ensure_usable(caller: Caller) -> None:
             code="daily_budget_exceeded",
             retry_after=caller.disabled_until - now,
         )
+
+
+def caller_for_key(key: ApiKey) -> Caller:
+    """The caller of a key row the portal loaded itself (with its team), for a request it
+    authenticated another way: the playground's session stands for the member's playground key."""
+    return _caller(key)

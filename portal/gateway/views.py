@@ -35,7 +35,7 @@ from .admission import (
     place,
     without_rpm,
 )
-from .auth import authenticate, ensure_usable
+from .auth import Caller, authenticate, ensure_usable
 from .errors import GatewayError, error_response
 from .routing import route_for, served_models
 from .sse import RelayResponse, RelayStream
@@ -129,6 +129,31 @@ async def _proxy(request, *, chat: bool):
     except GatewayError as error:
         metrics.unauthenticated(ex.endpoint, error)
         return error_response(error, request_id=ex.request_id)
+    return await _run(request, ex, chat=chat)
+
+
+class _Body:
+    """What `_serve` reads of a request, for a body the portal built itself (the playground)."""
+
+    method = "POST"
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.META = {"CONTENT_LENGTH": str(len(body))}
+
+
+async def proxy_as(caller: Caller, body: bytes, *, chat: bool = True) -> HttpResponse:
+    """The pipeline after authentication, for a caller the portal authenticated itself: the
+    playground, whose signed-in member stands for the team's playground key. Quotas, admission,
+    routing, relay and accounting are those of any request with that key."""
+    limiter, keeper = _limiter()
+    ex = Exchange(f"{random.getrandbits(128):032x}", "chat" if chat else "completions", limiter, keeper)
+    ex.caller = caller
+    return await _run(_Body(body), ex, chat=chat)
+
+
+async def _run(request, ex: Exchange, *, chat: bool) -> HttpResponse:
+    """Serve an authenticated request; whatever happens, its exchange finishes once."""
     try:
         return await _serve(request, ex, chat=chat)
     except GatewayError as error:

@@ -31,7 +31,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
     list_filter = ["team", "revoked_at"]
     search_fields = ["prefix", "name", "team__slug"]
     exclude = ["digest"]
-    readonly_fields = ["prefix", "team", "created_by", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = ["prefix", "team", "created_by", "created_at", "last_used_at", "revoked_at",
+                       "playground_user"]  # fmt: skip
     actions = ["revoke"]
 
     def has_add_permission(self, request) -> bool:

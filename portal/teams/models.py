@@ -95,10 +95,27 @@ class ApiKey(QuotaFields):
     )
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # Set on the one key per (team, member) that the playground page calls the gateway with: the
+    # member's session stands for it, its secret is never shown, and key lists leave it out.
+    playground_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        editable=False,
+        on_delete=models.CASCADE,
+        related_name="playground_keys",
+    )
 
     class Meta:
         ordering = ["-created_at"]
         verbose_name = "API key"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team", "playground_user"],
+                condition=models.Q(playground_user__isnull=False),
+                name="one_playground_key_per_team_member",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"sk-{self.prefix}…"

