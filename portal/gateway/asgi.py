@@ -32,6 +32,23 @@ def body_too_large(limit: int) -> tuple[str, bytes]:
     return "application/json", error.payload()
 
 
+# How long a cancelled view may run on before it is cancelled again.
+RECANCEL_S = 0.1
+
+
+async def cancel_until_done(task: asyncio.Task) -> None:
+    """Cancel `task` again until it has ended.
+
+    A library may lose a cancellation: Python 3.11's `asyncio.wait_for`, which redis-py uses
+    for its socket timeout, returns the result of a write that completed as the cancel arrived,
+    and the view goes on as if its client were still there (seen: a request whose client left
+    while queued was sent upstream and billed as completed). Cancelled once more, the view stops
+    at its next await, so such a request never reaches (or stays on) a replica.
+    """
+    while not (await asyncio.wait({task}, timeout=RECANCEL_S))[0]:
+        task.cancel()
+
+
 class GatewayHandler(ASGIHandler):
     def load_middleware(self, is_async: bool = False) -> None:
         self._view_middleware = []
@@ -87,6 +104,8 @@ class GatewayHandler(ASGIHandler):
                     task.result()
             else:
                 task.cancel()
+                if task is tasks[1]:
+                    await cancel_until_done(task)
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         if not tasks[1].cancelled() and tasks[1].exception() is None:

@@ -122,7 +122,7 @@ def test_ops_journey(page: Page, stack, reap_deployments, alice, team, tiny_mode
     page.get_by_role("button", name="Record release hashes").click()
     expect(page.locator("ul.messages")).to_contain_text("The agent on local is hashing")
     weights = page.locator("tr").filter(has_text="Weights SHA-256")
-    reload_until(page, weights, re.compile(r"[0-9a-f]{64}"), timeout_s=30)
+    reload_until(page, weights, re.compile(r"[0-9a-f]{64}"), timeout_s=120)
     shot(page, "journey-ops-05-model-hashed")
 
     # A bf16 profile for a V100: the planner refuses it and says why.
@@ -236,7 +236,7 @@ def shared_tiny_endpoint(stack, team, vllm_server, settings):
     endpoint = endpoint_register(
         name="tiny-shared", team=team, model_version=version, url=f"{vllm_server.base_url}/v1"
     )
-    deadline = time.monotonic() + 30  # the control worker's first health check marks it serving
+    deadline = time.monotonic() + 120  # the control worker's first health check marks it serving
     while Deployment.objects.get(pk=endpoint.pk).state != "serving":
         assert time.monotonic() < deadline, Deployment.objects.get(pk=endpoint.pk).state_reason
         time.sleep(0.3)
@@ -288,7 +288,7 @@ def test_team_journey(page: Page, stack, bob, team, shared_tiny_endpoint):
     # The gateway's usage record reaches the team page once beat's flush (every 5 s) has run.
     page.locator("p.subnav").get_by_role("link", name="Usage").click()
     requests_today = page.locator(".card").filter(has_text="Requests today").locator(".big")
-    reload_until(page, requests_today, "1", timeout_s=30)
+    reload_until(page, requests_today, "1", timeout_s=120)
     tokens_today = page.locator(".card").filter(has_text="Tokens today").locator(".big")
     assert int(tokens_today.inner_text().split("/")[0]) > 16
     expect(page.locator("svg.chart")).to_have_count(2)

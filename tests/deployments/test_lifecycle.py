@@ -39,6 +39,14 @@ def _steps(deployment) -> list[tuple[str, str]]:
     return [(e.step, e.status) for e in deployment.events.all()]
 
 
+def _wait_dead(pid: int, timeout_s: float = 30) -> None:
+    """Until a killed process is gone (SIGKILL is not instant on a loaded machine)."""
+    deadline = time.monotonic() + timeout_s
+    while supervisor.process_alive(pid):
+        assert time.monotonic() < deadline, f"process {pid} still alive {timeout_s:.0f} s after SIGKILL"
+        time.sleep(0.02)
+
+
 @pytest.fixture
 def deployment(team, tiny_version, tiny_profile, fake_node, reap_servers):
     return make_deployment(team, tiny_version, tiny_profile, fake_node)
@@ -230,7 +238,7 @@ def test_it_restarts_a_killed_engine_with_backoff(deployment, django_capture_on_
     _start(deployment)
     old_pgid = deployment.pgid
     os.kill(deployment.pid, signal.SIGKILL)
-    time.sleep(0.2)
+    _wait_dead(deployment.pid)
     with django_capture_on_commit_callbacks() as sent:
         assert lifecycle.deployment_supervise(deployment.pk, owner="beat") == "restart scheduled"
     deployment.refresh_from_db()
@@ -262,7 +270,7 @@ def test_it_gives_up_after_the_restart_limit(deployment, settings, django_captur
     _start(deployment)
     Deployment.objects.filter(pk=deployment.pk).update(restart_count=1)
     os.kill(deployment.pid, signal.SIGKILL)
-    time.sleep(0.2)
+    _wait_dead(deployment.pid)
     with django_capture_on_commit_callbacks() as sent:
         assert lifecycle.deployment_supervise(deployment.pk, owner="beat") == "failed"
     deployment.refresh_from_db()

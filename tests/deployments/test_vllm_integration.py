@@ -124,6 +124,13 @@ def _wait_for(deployment_id: int, predicate, *, timeout_s: float, what: str) -> 
     )
 
 
+def wait_for_text(path: Path, text: str, *, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in path.read_text(errors="replace"):
+        assert time.monotonic() < deadline, f"no {text} in {path} after {timeout_s:.0f} s"
+        time.sleep(0.5)
+
+
 def _api_servers_for(port: int) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
@@ -161,7 +168,8 @@ def _stream_chat(endpoint: str, key: str) -> list[str]:
 
 
 @pytest.mark.timeout(1200)  # two real vLLM starts on two shared cores
-def test_it_deploys_serves_recovers_from_kill_9_and_stops_a_real_vllm(setup, agent, alice):
+def test_it_deploys_serves_recovers_from_kill_9_and_stops_a_real_vllm(setup, agent, alice, tmp_path):
+    agent_log = tmp_path / "agent.log"
     requested = time.monotonic()
     response = api_client(alice).post(
         "/api/v1/deployments/",
@@ -186,7 +194,8 @@ def test_it_deploys_serves_recovers_from_kill_9_and_stops_a_real_vllm(setup, age
     deployment = _wait_for(did, lambda d: d.state == "serving", timeout_s=400, what="serving")
     deploy_to_serving = time.monotonic() - requested
     assert deployment.endpoint_url == f"http://127.0.0.1:{deployment.port}"
-    time.sleep(2)  # let the duplicate message run: it must find the deployment serving
+    # The duplicate message ran after the first (solo pool) and found the deployment serving.
+    wait_for_text(agent_log, "'already serving'", timeout_s=120)
     assert _api_servers_for(deployment.port) == [deployment.pid]
     steps = {e.step: e.seconds for e in deployment.events.filter(status="ok")}
 

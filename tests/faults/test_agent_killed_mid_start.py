@@ -170,13 +170,15 @@ def test_a_start_interrupted_by_a_killed_agent_ends_with_exactly_one_engine(
         assert serving.pid in groups[serving.pgid]
         assert Deployment.objects.get(pk=deployment.pk).state == "serving"
 
-        # The start message redelivered late (visibility timeout, a duplicate): a no-op.
-        wait_for(
-            lambda: Deployment.objects.filter(pk=deployment.pk, lease_expires_at=None).exists(),
-            timeout_s=10,
-            what="the last supervision pass done",
+        # The start message redelivered late (visibility timeout, a duplicate): a no-op. A supervision
+        # message sent just before beat stopped may still hold the lease ("busy"): wait it out.
+        outcome = wait_for(
+            lambda: (r := lifecycle.deployment_start(deployment.pk, owner="late-redelivery")) != "busy" and r,
+            timeout_s=30,
+            what="the lease free of supervision passes",
+            interval_s=0.2,
         )
-        assert lifecycle.deployment_start(deployment.pk, owner="late-redelivery") == "already serving"
+        assert outcome == "already serving"
         assert list(engine_groups(run_dir)) == [serving.pgid]
     finally:
         beat_stop.set()

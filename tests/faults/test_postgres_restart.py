@@ -89,7 +89,9 @@ def test_web_and_worker_reconnect_by_themselves_after_postgres_restarts(
         "DATABASE_URL": private_postgres.url("portal"),
         "DATABASE_CONN_MAX_AGE": "60",
         "REDIS_URL": private_redis.url,  # broker, results and the gateway's state: private too
-        "GATEWAY_CACHE_S": "60",  # the second key must be a real cache miss after the restart
+        # Longer than the whole test on a loaded machine: the first key must still be cached when
+        # PostgreSQL is stopped below; the second is a real cache miss after the restart.
+        "GATEWAY_CACHE_S": "3600",
     }
     began = time.monotonic()
     manage(env, "migrate", "--noinput")
@@ -159,7 +161,7 @@ def test_web_and_worker_reconnect_by_themselves_after_postgres_restarts(
                 # usage_flush (keeps no result) moves the gateway's records from Redis into PostgreSQL.
                 app.send_task("portal.teams.tasks.usage_flush", queue="control")
                 return wait_for(
-                    lambda: (n := usage_rows()) >= expected and n, timeout_s=20, what=f"{expected} usage rows"
+                    lambda: (n := usage_rows()) >= expected and n, timeout_s=60, what=f"{expected} usage rows"
                 )
 
             return call

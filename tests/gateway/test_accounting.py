@@ -11,14 +11,14 @@ from django.utils import timezone
 
 from portal.core.redis_client import redis_keys
 
-from .conftest import chat_body
+from .conftest import NO_FIRST_TOKEN_IN_TIME, chat_body
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
 
 
 def post(gateway, setup, body, **kw):
     return httpx.post(
-        f"{gateway.url}/v1/chat/completions", headers=setup.headers, json=body, timeout=10, **kw
+        f"{gateway.url}/v1/chat/completions", headers=setup.headers, json=body, timeout=30, **kw
     )
 
 
@@ -36,7 +36,7 @@ def test_it_records_exactly_one_usage_row_per_request_whatever_the_outcome(gatew
     post(gateway, serving, chat_body(serving.model, bogus=1))
     post(gateway, serving, chat_body(serving.model, "FAKE status=500"))
     post(gateway, serving, chat_body(serving.model, "FAKE die_after=2", stream=True))
-    post(gateway, serving, chat_body(serving.model, "FAKE delay=3", stream=True))
+    post(gateway, serving, chat_body(serving.model, NO_FIRST_TOKEN_IN_TIME, stream=True))
     rows = flushed_usage(serving)
     assert [(r.status, r.http_status) for r in rows] == [
         ("completed", 200),

@@ -9,13 +9,16 @@ import httpx
 import pytest
 
 from .conftest import (
+    OUTLASTS_THE_QUEUE,
     add_replica,
     chat_body,
     free_port,
     run_async,
+    slots_in_use,
     upstream_reset,
     upstream_stats,
     wait_for_slots_free,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
@@ -35,7 +38,8 @@ async def send_many(gateway, setup, bodies: list[dict]) -> list[httpx.Response]:
 def test_it_admits_exactly_10_of_50_simultaneous_requests_against_a_limit_of_10(gateway, serving, gw_redis):
     serving.team.max_concurrent = 10
     serving.team.save()
-    body = chat_body(serving.model, "FAKE chunks=80 interval=50", stream=True)  # each holds its slot ~4 s
+    # Each holds its slot ~8 s: long after a loaded machine has answered all 50.
+    body = chat_body(serving.model, "FAKE chunks=160 interval=50", stream=True)
     responses = run_async(send_many(gateway, serving, [body] * 50))
     statuses = [r.status_code for r in responses]
     assert statuses.count(200) == 10
@@ -87,14 +91,17 @@ def test_it_queues_the_excess_over_a_deployment_cap(gateway, serving, gw_redis):
 def test_it_answers_503_when_the_queue_wait_runs_out(gateway, serving, gw_redis):
     serving.deployment.concurrency_cap = 1
     serving.deployment.save()
-    slow = chat_body(serving.model, "FAKE chunks=60 interval=50", stream=True)  # 3 s > the 2 s queue timeout
+    slow = chat_body(serving.model, OUTLASTS_THE_QUEUE, stream=True)
+
+    def slot_taken() -> bool:
+        return slots_in_use(gw_redis, serving)["deployment"] == 1
 
     async def go():
         async with httpx.AsyncClient(timeout=30) as client:
             first = asyncio.create_task(
                 client.post(f"{gateway.url}/v1/chat/completions", headers=serving.headers, json=slow)
             )
-            await asyncio.sleep(0.5)  # the slow one holds the only slot
+            await asyncio.to_thread(wait_until, slot_taken, what="the slow one holding the only slot")
             second = await client.post(
                 f"{gateway.url}/v1/chat/completions", headers=serving.headers, json=chat_body(serving.model)
             )
@@ -153,7 +160,7 @@ def test_it_answers_502_when_every_replica_is_down(gateway, team, cpu_node, gw_r
 
 def test_it_spreads_requests_over_replicas_by_least_in_flight(gateway, serving, fake_upstream, gw_redis):
     second = add_replica(serving, endpoint_url=fake_upstream)
-    body = chat_body(serving.model, "FAKE chunks=20 interval=50", stream=True)
+    body = chat_body(serving.model, "FAKE chunks=40 interval=50", stream=True)  # 2 s: all six overlap
     run_async(send_many(gateway, serving, [body] * 6))
     from portal.teams.models import Usage
     from portal.teams.services import usage_flush

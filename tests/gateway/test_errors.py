@@ -7,7 +7,7 @@ import uuid
 import httpx
 import pytest
 
-from .conftest import chat_body, wait_for_slots_free
+from .conftest import NO_FIRST_TOKEN_IN_TIME, chat_body, wait_for_slots_free
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
 
@@ -18,7 +18,7 @@ def post(gateway, setup, body=None, *, content=None, headers=None, path="/v1/cha
         headers={**setup.headers, **(headers or {})},
         json=body if content is None else None,
         content=content,
-        timeout=10,
+        timeout=30,
     )
 
 
@@ -144,8 +144,7 @@ def test_it_answers_502_for_an_upstream_5xx_and_releases_the_slot(gateway, servi
 
 
 def test_it_answers_504_when_upstream_sends_no_first_token_in_time(gateway, serving, gw_redis):
-    # The test gateway's first-token timeout is 1.5 s.
-    response = post(gateway, serving, chat_body(serving.model, "FAKE delay=4", stream=True))
+    response = post(gateway, serving, chat_body(serving.model, NO_FIRST_TOKEN_IN_TIME, stream=True))
     assert_error(response, 504, "upstream_timeout")
     assert not any(wait_for_slots_free(gw_redis, serving).values())
 

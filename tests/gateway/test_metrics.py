@@ -8,11 +8,12 @@ import time
 import httpx
 import pytest
 
+from portal.core.redis_client import redis_keys
 from portal.observability.selectors import traffic_last_hour
 from portal.observability.services import queue_depth_sample
 from tests.observability.conftest import TOKEN, scrape, value
 
-from .conftest import chat_body, run_async
+from .conftest import OUTLASTS_THE_QUEUE, chat_body, run_async, slots_in_use, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
 
@@ -22,12 +23,25 @@ def metrics_token(settings):
     settings.PORTAL_METRICS_TOKEN = TOKEN
 
 
-def settle() -> None:
-    """Let the gateway process flush what earlier tests' requests counted (PORTAL_METRICS_FLUSH_S = 1 s)."""
-    time.sleep(1.5)
+def settle(client) -> None:
+    """Wait until the gateway process has flushed what earlier tests' requests counted: its counters
+    stay put across more than a flush interval (PORTAL_METRICS_FLUSH_S = 1 s), however late it runs."""
+
+    def gateway_samples() -> dict:
+        return {k: v for k, v in scrape(client).items() if k[0].startswith("portal_gateway_")}
+
+    deadline = time.monotonic() + 60
+    last = gateway_samples()
+    while True:
+        time.sleep(1.5)
+        now = gateway_samples()
+        if now == last:
+            return
+        assert time.monotonic() < deadline, "the gateway's counters were still moving after 60 s"
+        last = now
 
 
-def scrape_until(client, done, timeout: float = 10.0) -> dict:
+def scrape_until(client, done, timeout: float = 30.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         samples = scrape(client)
@@ -41,7 +55,7 @@ def delta(before: dict, after: dict, name: str, **labels) -> float:
 
 
 def test_gateway_requests_move_the_metrics(gateway, serving, gw_redis, client):
-    settle()
+    settle(client)
     before = scrape(client)
     url = f"{gateway.url}/v1/chat/completions"
     model = serving.model
@@ -101,19 +115,25 @@ def test_queue_depth_and_in_flight_are_read_live_and_a_queue_timeout_is_a_reject
 ):
     serving.deployment.concurrency_cap = 1
     serving.deployment.save()
-    settle()
+    settle(client)
     before = scrape(client)
     url = f"{gateway.url}/v1/chat/completions"
-    slow = chat_body(serving.model, "FAKE chunks=60 interval=50", stream=True)  # 3 s > the 2 s queue timeout
+    slow = chat_body(serving.model, OUTLASTS_THE_QUEUE, stream=True)
+
+    def slot_taken() -> bool:
+        return slots_in_use(gw_redis, serving)["deployment"] == 1
+
+    def queued() -> bool:
+        return gw_redis.zcard(redis_keys().queue(serving.model)) == 1
 
     async def go():
         async with httpx.AsyncClient(timeout=30) as http:
             first = asyncio.create_task(http.post(url, headers=serving.headers, json=slow))
-            await asyncio.sleep(0.5)  # the slow one holds the only slot
+            await asyncio.to_thread(wait_until, slot_taken, what="the slow one holding the only slot")
             second = asyncio.create_task(
                 http.post(url, headers=serving.headers, json=chat_body(serving.model))
             )
-            await asyncio.sleep(0.5)  # the second waits in the model's queue
+            await asyncio.to_thread(wait_until, queued, what="the second waiting in the model's queue")
             during = await asyncio.to_thread(scrape, client)
             sampled = await asyncio.to_thread(queue_depth_sample)
             return await first, await second, during, sampled

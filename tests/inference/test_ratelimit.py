@@ -39,6 +39,14 @@ def rid() -> str:
     return uuid.uuid4().hex
 
 
+async def until_queued(limiter: RateLimiter, model: str, n: int, timeout_s: float = 30) -> None:
+    """Until `n` requests wait in the model's queue (a loaded machine may take a while to get there)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while await limiter.redis.zcard(limiter.queue_key(model)) != n:
+        assert asyncio.get_running_loop().time() < deadline, f"not {n} queued after {timeout_s:.0f} s"
+        await asyncio.sleep(0.01)
+
+
 def team(**limits) -> Scope:
     return Scope("team", 1, Limits(**limits))
 
@@ -207,8 +215,9 @@ def test_it_queues_the_excess_over_a_cap_and_admits_it_when_a_slot_frees():
         a = await limiter.acquire_replica(request_id="a", model="m", candidates=cands)
         b = await limiter.acquire_replica(request_id="b", model="m", candidates=cands)
         waiting = asyncio.create_task(
-            limiter.acquire_replica(request_id="c", model="m", candidates=cands, timeout_s=5)
+            limiter.acquire_replica(request_id="c", model="m", candidates=cands, timeout_s=30)
         )
+        await until_queued(limiter, "m", 1)
         await asyncio.sleep(0.1)
         assert not waiting.done()
         await limiter.finish(request_id="a", deployment_id=1)
@@ -224,10 +233,11 @@ def test_it_times_out_a_queued_request_and_refuses_when_the_queue_is_full():
     async def go(limiter):
         cands = [(1, 1)]
         await limiter.acquire_replica(request_id="a", model="m", candidates=cands)
+        # b waits 1 s: less than a's 2 s lease, which would free the slot for it.
         waiting = asyncio.create_task(
-            limiter.acquire_replica(request_id="b", model="m", candidates=cands, queue_max=1, timeout_s=0.3)
+            limiter.acquire_replica(request_id="b", model="m", candidates=cands, queue_max=1, timeout_s=1)
         )
-        await asyncio.sleep(0.05)
+        await until_queued(limiter, "m", 1)
         full = await limiter.acquire_replica(
             request_id="c", model="m", candidates=cands, queue_max=1, timeout_s=0.3
         )
@@ -243,7 +253,7 @@ def test_it_leaves_the_queue_when_the_waiting_request_is_cancelled():
         cands = [(1, 1)]
         await limiter.acquire_replica(request_id="a", model="m", candidates=cands)
         waiting = asyncio.create_task(limiter.acquire_replica(request_id="b", model="m", candidates=cands))
-        await asyncio.sleep(0.05)
+        await until_queued(limiter, "m", 1)
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting

@@ -5,6 +5,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,7 @@ STUBBORN = (
     "import signal, subprocess, sys, time;"
     "signal.signal(signal.SIGTERM, signal.SIG_IGN);"
     "subprocess.Popen([sys.executable, '-c', 'import signal, time;"
-    " signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)']);"
+    " signal.signal(signal.SIGTERM, signal.SIG_IGN); print(\\'child ready\\', flush=True); time.sleep(60)']);"
     "print('ready', flush=True); time.sleep(60)"
 )
 
@@ -29,6 +30,17 @@ def _wait_log(path, text, timeout=10):
             return
         time.sleep(0.05)
     raise AssertionError(f"{text!r} never appeared in {path}")
+
+
+def _wait_zombie(pid: int, timeout=10) -> None:
+    """Until the process has exited and waits, unreaped, as a zombie (state Z in /proc)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rpartition(")")[2].split()[0] == "Z":
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} did not exit within {timeout} s")
 
 
 def test_it_launches_in_a_new_process_group_with_the_gpus_and_a_log(tmp_path):
@@ -57,8 +69,7 @@ def test_it_hides_every_gpu_with_an_empty_device_list(tmp_path):
 def test_it_kills_the_whole_group_with_sigkill_after_the_grace_period(tmp_path):
     log = tmp_path / "server.log"
     launched = supervisor.launch([sys.executable, "-c", STUBBORN], log_path=log, cuda_visible_devices="")
-    _wait_log(log, "ready")
-    time.sleep(0.3)
+    _wait_log(log, "child ready")  # both ignore SIGTERM by now
     assert len(supervisor.group_members(launched.pgid)) == 2
     result = supervisor.stop_group(launched.pgid, grace_s=0.5)
     assert result.signal == "SIGKILL" and result.gone
@@ -85,7 +96,7 @@ def test_it_counts_a_zombie_as_dead(tmp_path):
     launched = supervisor.launch(
         [sys.executable, "-c", "pass"], log_path=tmp_path / "l", cuda_visible_devices=""
     )
-    time.sleep(0.5)  # exited, not yet reaped by anyone
+    _wait_zombie(launched.pid)  # exited, not yet reaped by anyone
     assert not supervisor.process_alive(launched.pid)
 
 
