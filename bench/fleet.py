@@ -154,7 +154,8 @@ def supervision(names: list[str], ticks: int, interval_s: float) -> dict:
         deadline = time.monotonic() + interval_s * 4
         while redis.hlen(CHECKED) < len(names):
             if time.monotonic() > deadline:
-                raise SystemExit(f"only {redis.hlen(CHECKED)} of {len(names)} nodes checked in {interval_s * 4} s")
+                checked = redis.hlen(CHECKED)
+                raise SystemExit(f"only {checked} of {len(names)} nodes checked in {interval_s * 4} s")
             time.sleep(0.02)
         all_checked_s.append(max(float(v) for v in redis.hvals(CHECKED)) - t0)
         # The next tick starts at its interval in production; here at once, the worker idle again.
@@ -163,6 +164,7 @@ def supervision(names: list[str], ticks: int, interval_s: float) -> dict:
 
 def routing_refresh(repeat: int = 5) -> dict:
     from django.db import reset_queries
+
     from portal.gateway.routing import _load_route
 
     times = []
@@ -175,8 +177,9 @@ def routing_refresh(repeat: int = 5) -> dict:
 
 
 def redis_memory(inflight: int, redis_url: str) -> dict:
-    """Admit `inflight` requests over every deployment and keep them in flight; memory and keys before/after."""
+    """Admit `inflight` requests over every deployment, kept in flight; memory and keys before and after."""
     import redis.asyncio as aioredis
+
     from inference.ratelimit import Limits, RateLimiter, Scope
     from portal.core.redis_client import redis_keys
     from portal.deployments.models import Deployment
@@ -302,7 +305,7 @@ def run(args, directory: Path, processes: list[subprocess.Popen]) -> int:
     with connection.cursor() as cursor:
         cursor.execute("PRAGMA journal_mode=WAL")  # the worker reads while this process writes
 
-    staff = get_user_model().objects.create_user("ops", password="ops-password-fleet", is_staff=True)
+    staff = get_user_model().objects.create_user("ops", is_staff=True)
     client = Client()
     client.force_login(staff)
 
@@ -317,10 +320,9 @@ def run(args, directory: Path, processes: list[subprocess.Popen]) -> int:
     from portal.inventory.models import Node
 
     queues = ",".join(Node.objects.get(name=n).queue for n in names)
-    processes.append(
-        start(["-m", "bench.fleet", "--worker", queues, "--concurrency", str(args.concurrency)],
-              stdout=open(directory / "worker.log", "wb"), stderr=subprocess.STDOUT)  # fmt: skip
-    )
+    log = open(directory / "worker.log", "wb")  # noqa: SIM115 (the worker keeps it open until it exits)
+    worker = ["-m", "bench.fleet", "--worker", queues, "--concurrency", str(args.concurrency)]
+    processes.append(start(worker, stdout=log, stderr=subprocess.STDOUT))
     interval = settings.DEPLOYMENT_SUPERVISE_INTERVAL_S
     _wait_worker(processes[-1], directory)
     fanout = supervision(names, args.ticks, interval)
@@ -331,13 +333,16 @@ def run(args, directory: Path, processes: list[subprocess.Popen]) -> int:
         (f"fleet registered ({n} nodes × 8 GPUs, {deployments} deployments)", f"{build_s:.1f} s", "", True),
         ("beat task supervise_all (sends the passes), slowest tick", f"{fanout['task_ms']:.0f} ms",
          f"≤ {interval * 1000 / 10:.0f} ms", fanout["task_ms"] <= interval * 100),
-        (f"every node checked after the tick, slowest of {fanout['ticks']}", f"{fanout['all_checked_s']:.2f} s",
+        (f"every node checked after the tick, slowest of {fanout['ticks']}",
+         f"{fanout['all_checked_s']:.2f} s",
          f"≤ {interval / 2:g} s (half of {interval:g} s)", fanout["all_checked_s"] <= interval / 2),
     ]  # fmt: skip
     for path in PAGES:
         (q3, ms3), (qn, msn) = small[path], large[path]
         rows.append((f"{path} queries, 3 → {n} nodes", f"{q3} → {qn}", "same", q3 == qn))
-        rows.append((f"{path} render at {n} nodes (3 nodes)", f"{msn:.0f} ms ({ms3:.0f})", "≤ 1000 ms", msn <= 1000))
+        rows.append(
+            (f"{path} render at {n} nodes (3 nodes)", f"{msn:.0f} ms ({ms3:.0f})", "≤ 1000 ms", msn <= 1000)
+        )
     rows += [
         (f"routing table refresh, {routing['replicas']} replicas", f"{routing['ms']:.1f} ms",
          f"≤ {settings.GATEWAY_CACHE_S * 1000 / 20:.0f} ms", routing["ms"] <= settings.GATEWAY_CACHE_S * 50),
@@ -345,8 +350,8 @@ def run(args, directory: Path, processes: list[subprocess.Popen]) -> int:
          f"{memory['bytes_per_request']:.0f} B", "", True),
         (f"Redis memory per key ({memory['keys']} keys)", f"{memory['bytes_per_key']:.0f} B", "", True),
     ]  # fmt: skip
-    print(table(("metric", "value", "target", "ok"), [(m, v, t, "yes" if ok else "NO") for m, v, t, ok in rows],
-                left=(0, 2)))  # fmt: skip
+    cells = [(m, v, t, "yes" if ok else "NO") for m, v, t, ok in rows]
+    print(table(("metric", "value", "target", "ok"), cells, left=(0, 2)))
     if args.json:
         args.json.write_text(json.dumps({
             "nodes": n, "deployments": deployments, "build_s": build_s, "supervision": fanout,
