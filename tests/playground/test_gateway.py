@@ -14,7 +14,7 @@ from django.test import Client
 
 from portal.teams.models import ApiKey, Usage
 from portal.teams.services import usage_flush
-from tests.gateway.conftest import upstream_stats
+from tests.gateway.conftest import NO_FIRST_TOKEN_IN_TIME, upstream_stats
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
 
@@ -114,7 +114,8 @@ def test_it_answers_a_model_without_a_replica_with_the_gateways_503(gateway, ser
 
 def test_it_answers_an_upstream_timeout_with_the_gateways_504(gateway, serving, bob):
     with member_session(gateway, bob) as session:
-        response = chat(session, serving.model, content="FAKE delay=3")  # past the 1.5 s first token
+        # past the gateway's first-token timeout
+        response = chat(session, serving.model, content=NO_FIRST_TOKEN_IN_TIME)
     assert response.status_code == 504
     assert response.json()["error"]["code"] == "upstream_timeout"
     [row] = flushed_usage(serving.team)
