@@ -183,7 +183,8 @@ def test_it_counts_tokens_per_day_and_refunds_unused_ones():
 
 def test_it_refuses_a_blocked_key_at_once():
     async def go(limiter):
-        await limiter.block("key", KEY.id, reason="revoked")
+        # What revoking a key writes (portal.teams.services); the portal, not the gateway, blocks.
+        await limiter.redis.set(limiter.blocked_key("key", KEY.id), "revoked")
         return await limiter.admit(request_id=rid(), team=team(), key=KEY, tokens=1)
 
     admission = run(go)
@@ -248,7 +249,8 @@ def test_it_leaves_the_queue_when_the_waiting_request_is_cancelled():
         with pytest.raises(asyncio.CancelledError):
             await waiting
         await limiter.finish(request_id="a", deployment_id=1)
-        return await limiter.redis.zcard(limiter.queue_key("m")), await limiter.in_flight(1)
+        queued = await limiter.redis.zcard(limiter.queue_key("m"))
+        return queued, await limiter.redis.zcard(limiter.inflight_key(1))
 
     assert run(go) == (0, 0)
 
