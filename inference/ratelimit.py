@@ -496,13 +496,6 @@ class RateLimiter:
         """Leave a replica's long-prompt slot (its prefill is done) and keep the in-flight one."""
         await self.redis.zrem(self.long_key(deployment_id), request_id)
 
-    async def block(self, kind: str, id: int | str, *, reason: str, until_ms: int | None = None) -> None:
-        """Refuse every new request of a key or team (until `until_ms`, epoch ms, or for good)."""
-        if until_ms is None:
-            await self.redis.set(self.blocked_key(kind, id), reason)
-        else:
-            await self.redis.set(self.blocked_key(kind, id), reason, pxat=until_ms)
-
     # --- failed authentication, per client address ---------------------------------
     def auth_failures_key(self, address: str) -> str:
         return self.keys.auth_failures(address)
@@ -524,9 +517,6 @@ class RateLimiter:
             pipe.set(key, 0, px=int(window_s * 1000), nx=True)
             pipe.incr(key)
             await pipe.execute()
-
-    async def in_flight(self, deployment_id: int | str) -> int:
-        return await self.redis.zcard(self.inflight_key(deployment_id))
 
     async def renew(self, leases: dict[str, set[str]]) -> None:
         if not leases:

@@ -281,14 +281,6 @@ if not 0 <= ENGINE_LOG_KEEP <= 100:
 PORTAL_AGENT_STOP_SERVERS_ON_EXIT = env_bool("PORTAL_AGENT_STOP_SERVERS_ON_EXIT", default=False)
 if CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"] <= DEPLOYMENT_READY_TIMEOUT_S + 600:
     raise ImproperlyConfigured("CELERY_VISIBILITY_TIMEOUT must exceed DEPLOYMENT_READY_TIMEOUT_S + 600")
-CELERY_BEAT_SCHEDULE = {
-    "deployments-supervise": {
-        "task": "deployments.supervise_all",
-        "schedule": DEPLOYMENT_SUPERVISE_INTERVAL_S,
-        # A tick nobody ran in time is worthless: the next one is on its way.
-        "options": {"queue": "control", "expires": DEPLOYMENT_SUPERVISE_INTERVAL_S},
-    },
-}
 
 
 def env_number(name: str, *, default: int | float, minimum: int | float) -> int | float:
@@ -364,30 +356,12 @@ if GATEWAY_AUTH_FAILURES_PER_MINUTE < 1:
     raise ImproperlyConfigured("GATEWAY_AUTH_FAILURES_PER_MINUTE must be at least 1")
 # Connect and read timeout of the gateway's Redis calls: a hung Redis answers 503, not a hang.
 GATEWAY_REDIS_TIMEOUT_S = env.float("GATEWAY_REDIS_TIMEOUT_S", default=2.0)
-CELERY_BEAT_SCHEDULE = globals().get("CELERY_BEAT_SCHEDULE", {})
-CELERY_BEAT_SCHEDULE.update(
-    {
-        "gateway-usage-flush": {"task": "portal.teams.tasks.usage_flush", "schedule": 5.0},
-        "gateway-usage-rollup": {"task": "portal.teams.tasks.usage_rollup", "schedule": 300.0},
-    }
-)
 
 # --- Observability (portal/observability): /metrics and the dashboard's traffic history ---
 # Bearer token a Prometheus scraper sends to /metrics; unset, /metrics answers 404 (off).
 PORTAL_METRICS_TOKEN = env.str("PORTAL_METRICS_TOKEN", default="")
 # How often each process adds its in-memory counts to Redis (what a scrape can lag by).
 PORTAL_METRICS_FLUSH_S = env.float("PORTAL_METRICS_FLUSH_S", default=1.0)
-CELERY_BEAT_SCHEDULE["observability-sample-queues"] = {
-    "task": "observability.sample_queues",
-    "schedule": 15.0,
-    "options": {"queue": "control", "expires": 15.0},
-}
-# Per-deployment latency per minute (P50/P95 TTFT and TPOT) and SLA breaches, from the usage records.
-CELERY_BEAT_SCHEDULE["observability-latency-rollup"] = {
-    "task": "observability.latency_rollup",
-    "schedule": 60.0,
-    "options": {"queue": "control", "expires": 60.0},
-}
 
 # --- Retention: a daily task deletes old rows in batches (portal/core/services.py) ---
 def env_retention_days(name: str, *, default: int, least: int = 1) -> int:
@@ -409,10 +383,33 @@ RETENTION_AUDIT_DAYS = env_retention_days("RETENTION_AUDIT_DAYS", default=365)
 RETENTION_BATCH_SIZE = env_positive_int("RETENTION_BATCH_SIZE", default=5000)
 if RETENTION_BATCH_SIZE > 100_000:
     raise ImproperlyConfigured(f"RETENTION_BATCH_SIZE={RETENTION_BATCH_SIZE} must be at most 100000")
-CELERY_BEAT_SCHEDULE["retention-prune"] = {
-    "task": "core.retention_prune",
-    "schedule": crontab(hour=3, minute=17),  # daily, at a quiet hour (UTC)
-    "options": {"queue": "control", "expires": 6 * 3600},
+
+# --- Celery beat: every periodic task, in one place --------------------------------
+CELERY_BEAT_SCHEDULE = {
+    "deployments-supervise": {
+        "task": "deployments.supervise_all",
+        "schedule": DEPLOYMENT_SUPERVISE_INTERVAL_S,
+        # A tick nobody ran in time is worthless: the next one is on its way.
+        "options": {"queue": "control", "expires": DEPLOYMENT_SUPERVISE_INTERVAL_S},
+    },
+    "gateway-usage-flush": {"task": "portal.teams.tasks.usage_flush", "schedule": 5.0},
+    "gateway-usage-rollup": {"task": "portal.teams.tasks.usage_rollup", "schedule": 300.0},
+    "observability-sample-queues": {
+        "task": "observability.sample_queues",
+        "schedule": 15.0,
+        "options": {"queue": "control", "expires": 15.0},
+    },
+    # Per-deployment latency per minute (P50/P95 TTFT and TPOT) and SLA breaches, from the usage records.
+    "observability-latency-rollup": {
+        "task": "observability.latency_rollup",
+        "schedule": 60.0,
+        "options": {"queue": "control", "expires": 60.0},
+    },
+    "retention-prune": {
+        "task": "core.retention_prune",
+        "schedule": crontab(hour=3, minute=17),  # daily, at a quiet hour (UTC)
+        "options": {"queue": "control", "expires": 6 * 3600},
+    },
 }
 
 LOGGING = {

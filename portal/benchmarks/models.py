@@ -123,7 +123,3 @@ class BenchmarkLevel(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} level {self.index}"
-
-    @property
-    def little_ok(self) -> bool | None:
-        return (self.results.get("little_law") or {}).get("ok")

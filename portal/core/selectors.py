@@ -120,10 +120,6 @@ class TeamFront:
     failed_today: int
     in_flight: int | None
 
-    @property
-    def tokens_share(self) -> float | None:
-        return self.tokens_today / self.team.tokens_per_day if self.team.tokens_per_day else None
-
 
 def served_replicas() -> list[tuple[str, int, bool]]:
     """(model, owning team, shared) of every serving replica the gateway routes to

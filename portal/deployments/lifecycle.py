@@ -273,7 +273,7 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
 
     has_files = bool(model_version.path) and Path(model_version.path).is_dir()
     with step(did, "environment") as result:
-        python, result["message"] = _environment(deployment, engine, gpus, has_files)
+        python, result["message"] = _environment(deployment, engine, gpus)
 
     run_dir = Path(settings.PORTAL_RUN_DIR) / deployment.name
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -465,7 +465,7 @@ def _check_quota(deployment: Deployment) -> str:
     return f"team {team.slug}: {held + needed} of {team.gpu_quota} GPUs"
 
 
-def _environment(deployment: Deployment, engine: str, gpus, has_files: bool) -> tuple[str, str]:
+def _environment(deployment: Deployment, engine: str, gpus) -> tuple[str, str]:
     """The Python to launch with, after checking the node's torch build has the GPUs' kernels."""
     from portal.inventory.services import node_probe_software
 

@@ -1,6 +1,6 @@
 """Deployment tasks. They take IDs and call a lifecycle service.
 
-start / stop / restart / reconcile / supervise_node run on the deployment's node
+start / stop / restart / supervise_node run on the deployment's node
 (`queue=node.queue`): they start and signal local processes. supervise_all runs
 on `control` from beat and fans out one supervise_node per node, plus the health
 checks of adopted servers (plain HTTP, no process to watch).
@@ -59,21 +59,6 @@ def restart_deployment(self, deployment_id: int, reason: str = "restart requeste
     from .lifecycle import deployment_restart
 
     return deployment_restart(deployment_id, owner=_owner(self), reason=reason)
-
-
-@shared_task(bind=True, name="deployments.reconcile", **NODE_TASK_OPTIONS)
-@skip_missing_row("deployments.Deployment", arg="deployment_id")
-def reconcile_deployment(self, deployment_id: int) -> str | None:
-    """Move the deployment toward its desired state, whatever happened before."""
-    from .lifecycle import deployment_start, deployment_stop
-    from .models import Deployment, DeploymentState, DesiredState
-
-    deployment = Deployment.objects.get(pk=deployment_id)
-    if deployment.desired_state == DesiredState.RUNNING:
-        if deployment.state == DeploymentState.SERVING:
-            return "serving"
-        return deployment_start(deployment_id, owner=_owner(self), reason="reconcile")
-    return deployment_stop(deployment_id, owner=_owner(self))
 
 
 @shared_task(bind=True, name="deployments.supervise_node", acks_late=False)

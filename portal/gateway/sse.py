@@ -143,7 +143,7 @@ class RelayStream:
         except StopAsyncIteration:
             raise
         except asyncio.CancelledError:
-            await self._end("client_cancelled", 499, "client_disconnected", shielded=True)
+            await self._end("client_cancelled", 499, "client_disconnected")
             raise
         except (httpx.ReadTimeout, TimeoutError):
             error = GatewayError(504, "Upstream stopped sending tokens.", code="upstream_timeout")
@@ -156,7 +156,7 @@ class RelayStream:
             await self._end("upstream_error", 502, error.code)
             return error_event(error)
 
-    async def _end(self, status: str, http_status: int, code: str = "", *, shielded: bool = False) -> None:
+    async def _end(self, status: str, http_status: int, code: str = "") -> None:
         if self._done:
             return
         self._done = True
@@ -165,13 +165,10 @@ class RelayStream:
         if usage.get("prompt_tokens"):
             ex.prompt_tokens = int(usage["prompt_tokens"])
         ex.completion_tokens = self.relay.completion_tokens()
-        if shielded:
-            await ex.finish_shielded(status, http_status, code)
-        else:
-            await ex.finish(status, http_status, code)
+        await ex.finish(status, http_status, code)  # shielded itself: a cancellation cannot cut it
 
     async def aclose(self) -> None:
-        await self._end("client_cancelled", 499, "client_disconnected", shielded=True)
+        await self._end("client_cancelled", 499, "client_disconnected")
 
     def __del__(self) -> None:
         if not self._done and not self._loop.is_closed():

@@ -115,7 +115,3 @@ class Exchange:
             log.exception(
                 "usage not recorded for request %s (team %s)", self.request_id, self.caller.team_slug
             )
-
-    async def finish_shielded(self, status: str, http_status: int, error_code: str = "") -> None:
-        """Finish from a path that is handling a cancellation (the client went away)."""
-        await self.finish(status, http_status, error_code)

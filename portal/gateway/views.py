@@ -157,21 +157,21 @@ async def _run(request, ex: Exchange, *, chat: bool) -> HttpResponse:
     try:
         return await _serve(request, ex, chat=chat)
     except GatewayError as error:
-        await ex.finish_shielded(error.usage_status, error.status, error.code)
+        await ex.finish(error.usage_status, error.status, error.code)
         return error_response(error, request_id=ex.request_id)
     except asyncio.CancelledError:
         # The client went away while queued or waiting for upstream: nothing reaches (or stays on) vLLM.
-        await ex.finish_shielded("client_cancelled", 499, "client_disconnected")
+        await ex.finish("client_cancelled", 499, "client_disconnected")
         raise
     except RedisError as error:
         # Redis failed after admission (leaving a failed replica): no quota can be checked, so no request.
         log.warning("gateway request %s: Redis unavailable: %r", ex.request_id, error)
         refusal = limiter_unavailable()
-        await ex.finish_shielded(refusal.usage_status, refusal.status, refusal.code)
+        await ex.finish(refusal.usage_status, refusal.status, refusal.code)
         return error_response(refusal, request_id=ex.request_id)
     except Exception:
         log.exception("gateway request %s failed", ex.request_id)
-        await ex.finish_shielded("upstream_error", 500, "internal_error")
+        await ex.finish("upstream_error", 500, "internal_error")
         return error_response(
             GatewayError(500, "Internal gateway error.", code="internal_error"), request_id=ex.request_id
         )

@@ -19,7 +19,7 @@ from portal.benchmarks.models import BenchmarkRun
 from portal.deployments.models import Deployment
 from tests.fuzz import CHECKS, fuzz_schema
 
-pytestmark = [pytest.mark.django_db]
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]  # minutes of fuzzing: not in make test-fast
 
 EXAMPLES = 8
 

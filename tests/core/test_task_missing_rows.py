@@ -11,7 +11,6 @@ from portal.core.tasking import skip_missing_row
 from portal.deployments.models import Deployment
 from portal.deployments.tasks import (
     check_adopted,
-    reconcile_deployment,
     restart_deployment,
     start_deployment,
     stop_deployment,
@@ -27,7 +26,6 @@ TASKS_WITH_A_MISSING_ROW = [
     (start_deployment, MISSING_ID),
     (stop_deployment, MISSING_ID),
     (restart_deployment, MISSING_ID),
-    (reconcile_deployment, MISSING_ID),
     (check_adopted, MISSING_ID),
     (run_benchmark, MISSING_ID),
     (convert_model_version, MISSING_ID),

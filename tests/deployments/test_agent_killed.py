@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
 
 
+@pytest.mark.slow  # out of make test-fast: seconds of work on 2 cores
 def test_it_recovers_when_the_agent_dies_during_a_start(
     team, tiny_version, tiny_profile, fake_node, reap_servers, run_dir, settings, tmp_path, monkeypatch
 ):

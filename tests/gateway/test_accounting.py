@@ -30,6 +30,7 @@ def flushed_usage(setup):
     return list(Usage.objects.filter(team=setup.team).order_by("created_at"))
 
 
+@pytest.mark.slow  # out of make test-fast: seconds of work on 2 cores
 def test_it_records_exactly_one_usage_row_per_request_whatever_the_outcome(gateway, serving, gw_redis):
     post(gateway, serving, chat_body(serving.model, stream=True, max_tokens=7)).read()
     post(gateway, serving, chat_body(serving.model, max_tokens=5))

@@ -50,6 +50,7 @@ def _fixed_setup(team, node, upstream: str, name: str) -> Setup:
     return Setup(team, key, token, name, deployment, upstream)
 
 
+@pytest.mark.slow  # fuzzing: not in make test-fast
 @pytest.mark.parametrize("scoped", [True, False], ids=["key-for-the-model", "key-for-any-model"])
 def test_the_gateway_never_fails(gateway, team, cpu_node, fake_upstream, gw_redis, scoped):
     # Short answers keep the fuzz quick (the fake upstream sends one chunk per token, 5 ms apart).

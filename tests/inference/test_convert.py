@@ -365,6 +365,7 @@ else:
 
 
 @pytest.mark.integration
+@pytest.mark.vllm  # torch from the vLLM install, not the engine
 @pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="needs torch from .venv-vllm")
 def test_it_agrees_with_torch_bit_for_bit(tmp_path):
     """torch (from the vLLM venv) writes bf16 and judges our output against its own `.to(float16)`."""

@@ -191,7 +191,8 @@ def test_it_counts_tokens_per_day_and_refunds_unused_ones():
 
 def test_it_refuses_a_blocked_key_at_once():
     async def go(limiter):
-        await limiter.block("key", KEY.id, reason="revoked")
+        # What revoking a key writes (portal.teams.services); the portal, not the gateway, blocks.
+        await limiter.redis.set(limiter.blocked_key("key", KEY.id), "revoked")
         return await limiter.admit(request_id=rid(), team=team(), key=KEY, tokens=1)
 
     admission = run(go)
@@ -258,7 +259,8 @@ def test_it_leaves_the_queue_when_the_waiting_request_is_cancelled():
         with pytest.raises(asyncio.CancelledError):
             await waiting
         await limiter.finish(request_id="a", deployment_id=1)
-        return await limiter.redis.zcard(limiter.queue_key("m")), await limiter.in_flight(1)
+        queued = await limiter.redis.zcard(limiter.queue_key("m"))
+        return queued, await limiter.redis.zcard(limiter.inflight_key(1))
 
     assert run(go) == (0, 0)
 
@@ -282,7 +284,7 @@ def test_it_never_reads_a_cap_of_zero_as_no_cap():
     async def go(limiter):
         closed = await limiter.acquire_replica(request_id="a", model="m", candidates=[(1, 0)], timeout_s=0.1)
         open_ = await limiter.acquire_replica(request_id="b", model="m", candidates=[(2, None)])
-        return closed.index, closed.reason, open_.index, await limiter.in_flight(1)
+        return closed.index, closed.reason, open_.index, await limiter.redis.zcard(limiter.inflight_key(1))
 
     assert run(go) == (None, "queue_timeout", 0, 0)
 
@@ -291,13 +293,13 @@ def test_it_counts_each_prompt_of_a_batch_against_the_replica_cap():
     async def go(limiter):
         cands = [(1, 4)]
         batch = await limiter.acquire_replica(request_id="a", model="m", candidates=cands, slots=3)
-        held = await limiter.in_flight(1)
+        held = await limiter.redis.zcard(limiter.inflight_key(1))
         two_more = await limiter.acquire_replica(
             request_id="b", model="m", candidates=cands, slots=2, timeout_s=0.1
         )
         one_more = await limiter.acquire_replica(request_id="c", model="m", candidates=cands, timeout_s=0.1)
         await limiter.finish(request_id="a", deployment_id=1, replica_slots=batch.slots)
-        left = await limiter.in_flight(1)
+        left = await limiter.redis.zcard(limiter.inflight_key(1))
         return batch.slots, held, two_more.reason, one_more.index, left
 
     assert run(go) == (3, 3, "queue_timeout", 0, 1)
@@ -307,9 +309,9 @@ def test_it_gives_a_batch_larger_than_the_cap_the_whole_idle_replica():
     async def go(limiter):
         cands = [(1, 2)]
         big = await limiter.acquire_replica(request_id="a", model="m", candidates=cands, slots=5)
-        full = await limiter.in_flight(1)
+        full = await limiter.redis.zcard(limiter.inflight_key(1))
         await limiter.release_replica(request_id="a", deployment_id=1, slots=big.slots)
-        return big.index, big.slots, full, await limiter.in_flight(1)
+        return big.index, big.slots, full, await limiter.redis.zcard(limiter.inflight_key(1))
 
     assert run(go) == (0, 2, 2, 0)
 
@@ -336,6 +338,6 @@ def test_it_leaves_a_slot_taken_by_a_poll_whose_reply_was_lost_to_cancellation()
         await limiter.finish(request_id="a", deployment_id=1)
         with pytest.raises(asyncio.CancelledError):
             await waiting
-        return await limiter.in_flight(1), await limiter.redis.zcard(limiter.queue_key("m"))
+        return await limiter.redis.zcard(limiter.inflight_key(1)), await limiter.redis.zcard(limiter.queue_key("m"))
 
     assert run(go) == (0, 0)

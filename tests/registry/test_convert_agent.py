@@ -135,6 +135,7 @@ def test_it_converts_on_the_nodes_own_queue_bit_for_bit(agents, tmp_path):
         assert np.array_equal(got, bf16_bits_to_fp16(bits).view(np.uint16))
 
 
+@pytest.mark.slow  # out of make test-fast: seconds of work on 2 cores
 def test_a_killed_agent_leaves_nothing_and_a_rerun_starts_clean(agents, tmp_path):
     agent = agents()
     node = node_create(name=NODE)

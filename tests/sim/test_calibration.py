@@ -134,6 +134,7 @@ def test_it_refuses_a_calibration_it_cannot_apply(values, message):
 # --- fitting ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # out of make test-fast: seconds of work on 2 cores
 @pytest.mark.parametrize("eager", [True, False], ids=["eager", "graphs"])
 def test_it_fits_two_low_levels_and_predicts_the_higher_ones(eager):
     # Measurements made by the simulator itself with a slow host's constants: the fit must
@@ -151,6 +152,7 @@ def test_it_fits_two_low_levels_and_predicts_the_higher_ones(eager):
     assert set(fit.fitted) == {"step_overhead_s", launch, "api_s_per_token"}
 
 
+@pytest.mark.slow  # out of make test-fast: seconds of work on 2 cores
 def test_it_leaves_the_constants_a_run_does_not_exercise_alone():
     truth = sweep(config(eager=True, host=SLOW_HOST), MIX, [1, 4], requests_per_level=32)
 

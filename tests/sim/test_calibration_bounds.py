@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from portal.deployments.predict import calibrate_sweep, predict_sweep
 
 
@@ -22,6 +24,7 @@ def _level(concurrency: int, tok_s: float, tpot_ms: float) -> dict:
     }
 
 
+@pytest.mark.slow  # out of make test-fast: seconds of work on 2 cores
 def test_a_fit_at_a_bound_stays_within_it(db, tiny_model_dir):
     from inference.sim.costs import HOST_COST_BOUNDS
     from portal.registry.services import model_version_create

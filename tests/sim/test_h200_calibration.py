@@ -20,6 +20,8 @@ from inference.sim.calibration import fit_host_costs, measured_levels, simulate_
 from inference.sim.costs import DEFAULT_HOST_COSTS
 from inference.sim.engine import EngineConfig
 
+pytestmark = pytest.mark.slow  # calibration fits over recorded runs: out of make test-fast
+
 DATA = Path(__file__).parent / "data" / "h200"
 LLAMA, MISTRAL = "llama-2-7b-chat-hf", "mistral-7b-instruct-v0.3"
 MIX = load_mix("field-mix")

@@ -111,6 +111,7 @@ def test_it_refuses_to_simulate_a_profile_vllm_would_not_start():
         sweep(refused, load_mix("short-qa"), [16])
 
 
+@pytest.mark.slow  # out of make test-fast: seconds of work on 2 cores
 def test_it_reproduces_field_notes_throughput_within_twenty_percent(capsys):
     started = time.perf_counter()
     # The default 20 requests per user: the reference run held each level 10-15 minutes, so its
@@ -136,6 +137,7 @@ def test_it_reproduces_field_notes_throughput_within_twenty_percent(capsys):
         assert level["output_throughput"] == pytest.approx(throughput, rel=0.20), level["concurrency"]
 
 
+@pytest.mark.slow  # out of make test-fast: seconds of work on 2 cores
 @pytest.mark.xfail(
     strict=True,
     reason="The reference run's TTFT column, like its TPOT column, cannot be reconciled with its "

@@ -160,6 +160,7 @@ def test_a_record_with_unstorable_text_does_not_fail_the_batch(gw, team, key):
     assert sorted(Usage.objects.values_list("model", flat=True)) == ["m1", "m?x"]
 
 
+@pytest.mark.slow  # out of make test-fast: seconds of work on 2 cores
 @pytest.mark.django_db(transaction=True)
 def test_it_stores_every_record_exactly_once_with_two_flushers_racing_new_arrivals(team, key, gw):
     # Beat's flush and the rollup's flush run at once on the control worker (two tasks at a time).
