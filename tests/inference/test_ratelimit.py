@@ -338,6 +338,7 @@ def test_it_leaves_a_slot_taken_by_a_poll_whose_reply_was_lost_to_cancellation()
         await limiter.finish(request_id="a", deployment_id=1)
         with pytest.raises(asyncio.CancelledError):
             await waiting
-        return await limiter.redis.zcard(limiter.inflight_key(1)), await limiter.redis.zcard(limiter.queue_key("m"))
+        in_flight = await limiter.redis.zcard(limiter.inflight_key(1))
+        return in_flight, await limiter.redis.zcard(limiter.queue_key("m"))
 
     assert run(go) == (0, 0)
