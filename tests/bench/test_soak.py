@@ -16,6 +16,7 @@ from inference.bench.metrics import RequestRecord
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # a 6 s soak of real processes: out of make test-fast
 def test_a_tiny_soak_runs_clean_prints_its_tables_and_cleans_up(tmp_path):
     out = tmp_path / "soak.json"
     run = subprocess.run(
