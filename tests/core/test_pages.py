@@ -116,6 +116,8 @@ def _admin_add_deployment(client, **overrides):
         "gpu_indices": "[0, 1, 2, 3, 4, 5, 6, 7]",
         "desired_state": "running",
         "concurrency_cap": "",
+        "sla_p95_ttft_s": "3.0",  # the form's initial values, as a browser would send them
+        "sla_p95_tpot_s": "0.2",
         **overrides,
     }
     return client.post("/admin/deployments/deployment/add/", data)
