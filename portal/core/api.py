@@ -7,6 +7,7 @@ import copy
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import ProtectedError, RestrictedError
+from drf_spectacular.extensions import OpenApiSerializerExtension
 from rest_framework import exceptions
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -80,3 +81,17 @@ class StaffOnlyFieldsMixin:
             for name in self.staff_only_fields:
                 data.pop(name, None)
         return data
+
+
+class StaffOnlyFieldsSchema(OpenApiSerializerExtension):
+    """In the OpenAPI schema, staff-only fields are optional: members' responses leave them out."""
+
+    target_class = StaffOnlyFieldsMixin
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema, direction):
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        hidden = set(self.target.staff_only_fields)
+        if "required" in schema:
+            schema["required"] = [name for name in schema["required"] if name not in hidden]
+        return schema
