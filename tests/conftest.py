@@ -176,12 +176,7 @@ def vllm_server(tiny_model_dir, tmp_path_factory):
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the markers added here count
 def pytest_collection_modifyitems(config, items):
-    """Run the real-browser tests last; a test that starts the real vLLM is a `vllm` test.
-
-    Playwright's sync API keeps an asyncio event loop running in the main thread
-    for as long as its session-wide browser lives; any later `asyncio.run()` (the
-    gateway, the load generator, the simulator) or async-to-sync call in that
-    thread would then fail. After the browser starts, only browser tests follow.
+    """A test that starts the real vLLM is a `vllm` test; a `gpu` test skips without a GPU.
 
     A test that asks for `vllm_server` is marked `vllm` whether or not it says so,
     so `make test-fast` (`-m "not vllm ..."`) never starts the engine.
@@ -189,7 +184,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "vllm_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.vllm)
-    items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
     gpu_tests = [item for item in items if item.get_closest_marker("gpu") is not None]
     if gpu_tests:
         from tests.engines import gpu_available
@@ -197,3 +191,22 @@ def pytest_collection_modifyitems(config, items):
         if not gpu_available():
             for item in gpu_tests:
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (nvidia-smi lists none)"))
+
+
+class _BrowserTestsLast:
+    """Run the real-browser tests last, after pytest-django has ordered tests by database use.
+
+    Playwright's sync API keeps an asyncio event loop running in the main thread
+    for as long as its session-wide browser lives; any later `asyncio.run()` (the
+    gateway, the load generator, the simulator) or async-to-sync call in that
+    thread would then fail. After the browser starts, only browser tests follow.
+    (A hook of its own: the marker hook above must run first, this one last.)
+    """
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items):
+        items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_BrowserTestsLast(), "portal-browser-tests-last")
