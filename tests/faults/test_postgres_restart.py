@@ -25,6 +25,7 @@ import httpx
 import psycopg
 import pytest
 from celery import Celery
+from django.conf import settings
 
 from .conftest import ROOT, start_web, stop, wait_for
 
@@ -113,6 +114,9 @@ def test_web_and_worker_reconnect_by_themselves_after_postgres_restarts(
     )  # fmt: skip
     # Not the current app: the portal's own app must keep its broker for the tests that follow.
     app = Celery("faults-client", broker=private_redis.url, backend=private_redis.url, set_as_current=False)
+    # The worker's queues and results live under this installation's Redis namespace.
+    app.conf.broker_transport_options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
+    app.conf.result_backend_transport_options = settings.CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS
     session = httpx.Client(base_url=web.url, timeout=30)
     try:
         # Before: a signed-in session, a page, the API, the gateway and a task, each using the database.
