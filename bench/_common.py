@@ -21,6 +21,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_redis(port: int, process: subprocess.Popen, timeout: float = 10) -> None:
+    """Until the private redis-server on `port` answers PING; SystemExit if it dies or time runs out."""
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client.ping()
+            return
+        except redis.ConnectionError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the private redis-server did not start (see redis.log)") from None
+            time.sleep(0.1)
+        finally:
+            client.close()
+
+
 def wait_up(url: str, process: subprocess.Popen, timeout: float = 60) -> None:
     """Until `url` answers anything over HTTP; SystemExit if the process dies or time runs out."""
     import httpx

@@ -44,7 +44,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench._common import free_port, spawn, start, stop, table
+from bench._common import free_port, spawn, start, stop, table, wait_redis
 
 MODEL = "llama-2-7b-chat-hf"
 PAGES = ("/", "/nodes/", "/deployments/")
@@ -233,22 +233,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _wait_redis(port: int, process: subprocess.Popen) -> None:
-    import redis
-
-    client = redis.Redis(host="127.0.0.1", port=port)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            return
-        except redis.ConnectionError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the private redis-server did not start") from None
-            time.sleep(0.1)
-        finally:
-            client.close()
-
 
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -291,7 +275,7 @@ def run(args, directory: Path, processes: list[subprocess.Popen]) -> int:
             "LOG_LEVEL": "WARNING",
         }
     )
-    _wait_redis(port, processes[0])
+    wait_redis(port, processes[0])
     import django
 
     django.setup()

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench._common import flusher_loop, free_port, spawn, start, stop, table, wait_up
+from bench._common import flusher_loop, free_port, spawn, start, stop, table, wait_redis, wait_up
 
 MODEL = "bench-fake-model"
 HIGH = {"rpm_limit": 10**7, "tpm_limit": 10**9, "tokens_per_day": 10**12, "max_concurrent": 10_000}
@@ -99,7 +99,7 @@ def build_world(world: World, directory: Path, args) -> None:
     world.processes.append(upstream)
     world.upstream = f"http://127.0.0.1:{upstream_port}"
     wait_up(f"{world.upstream}/health", upstream)
-    _wait_redis(world.redis_port, world.processes[0])
+    wait_redis(world.redis_port, world.processes[0])
     world.token = setup_portal(world.upstream)
 
     for workers in args.workers:
@@ -121,22 +121,6 @@ def build_world(world: World, directory: Path, args) -> None:
         _wait_workers(directory / f"gateway-{workers}.log", process, workers)
         wait_up(f"{url}/v1/models", process)
 
-
-def _wait_redis(port: int, process: subprocess.Popen) -> None:
-    import redis
-
-    client = redis.Redis(host="127.0.0.1", port=port)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            return
-        except redis.ConnectionError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the private redis-server did not start (see redis.log)") from None
-            time.sleep(0.1)
-        finally:
-            client.close()
 
 
 def _wait_workers(log_path: Path, process: subprocess.Popen, workers: int, timeout: float = 120) -> None:

@@ -61,7 +61,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench._common import flusher_loop, free_port, spawn, start, stop, table, wait_up
+from bench._common import flusher_loop, free_port, spawn, start, stop, table, wait_redis, wait_up
 from inference.bench.metrics import RequestRecord, percentile
 
 MODEL = "llama-2-7b-chat-hf"
@@ -142,7 +142,7 @@ def build_world(world: World, directory: Path, args) -> None:
     world.processes.append(sim)
     world.sim, world.sim_pid = f"http://127.0.0.1:{sim_port}", sim.pid
     wait_up(f"{world.sim}/health", sim)
-    _wait_redis(redis_port, world.processes[0])
+    wait_redis(redis_port, world.processes[0])
 
     world.token, world.quota_token = setup_portal(world.sim, quota_rpm=args.quota_rpm)
 
@@ -159,22 +159,6 @@ def build_world(world: World, directory: Path, args) -> None:
     )
     wait_up(f"{world.gateway}/v1/models", gateway)
 
-
-def _wait_redis(port: int, process: subprocess.Popen) -> None:
-    import redis
-
-    client = redis.Redis(host="127.0.0.1", port=port)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            return
-        except redis.ConnectionError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the private redis-server did not start (see redis.log)") from None
-            time.sleep(0.1)
-        finally:
-            client.close()
 
 
 def setup_portal(sim_url: str, *, quota_rpm: int) -> tuple[str, str]:
