@@ -237,7 +237,7 @@ class Admission:
 
 
 @dataclass
-class Placement:
+class SlotGrant:
     """Where a request was admitted (index into the candidates) or why not."""
 
     index: int | None
@@ -355,7 +355,7 @@ class RateLimiter:
         queue_max: int = 256,
         timeout_s: float = 10.0,
         slots: int = 1,
-    ) -> Placement:
+    ) -> SlotGrant:
         """Take an in-flight slot on the least-loaded replica that has room, waiting in the model's
         FIFO queue (bounded by `queue_max`) for at most `timeout_s`.
 
@@ -383,7 +383,7 @@ class RateLimiter:
         timeout_s: float = 10.0,
         on_admitted: Callable[[Admission], None] | None = None,
         slots: int = 1,
-    ) -> tuple[Admission, Placement | None]:
+    ) -> tuple[Admission, SlotGrant | None]:
         """`admit`, then `acquire_replica` if admitted, with the first try of both in one script.
 
         `on_admitted` gets the admission before any wait in the queue: a caller cancelled while
@@ -403,7 +403,7 @@ class RateLimiter:
 
     async def _wait_for_slot(
         self, keys: list, args: list, request_id: str, model: str, timeout_s: float, *, first: tuple | None
-    ) -> Placement:
+    ) -> SlotGrant:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + timeout_s
@@ -420,13 +420,13 @@ class RateLimiter:
                     queued = False
                     need, cap = args[6], args[6 + index]
                     taken = need if cap < 0 else min(need, cap)
-                    return Placement(index - 1, waited_s=loop.time() - started, slots=taken)
+                    return SlotGrant(index - 1, waited_s=loop.time() - started, slots=taken)
                 if index < 0:
-                    return Placement(None, "queue_full", loop.time() - started)
+                    return SlotGrant(None, "queue_full", loop.time() - started)
                 queued = True
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    return Placement(None, "queue_timeout", loop.time() - started)
+                    return SlotGrant(None, "queue_timeout", loop.time() - started)
                 await asyncio.sleep(min(delay, remaining))
                 delay = min(delay * 2, 0.05)
         except asyncio.CancelledError:

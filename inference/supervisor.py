@@ -33,7 +33,7 @@ from pathlib import Path
 
 import httpx
 
-from inference.metrics import VllmMetrics, parse_vllm_metrics
+from inference.vllm_metrics import VllmMetrics, parse_vllm_metrics
 
 SMOKE_PROMPT = "Say hello in one short sentence."
 # The environment variable vLLM (and inference.sim) read their API key from; never an argv flag,

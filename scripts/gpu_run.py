@@ -13,7 +13,7 @@ H200, where the portal's own dependencies (Django, PostgreSQL) are not installed
 from the GPU: a 7B model takes seconds, not the minutes numpy needs), starts it with
 `inference.vllm_args` + `inference.supervisor` (the argv, process group, readiness wait,
 warm-up and smoke test of every deployment), benchmarks the levels with
-`inference.bench.loadgen`, and writes `bench-<shape>-<mode>.json` in the format of
+`inference.loadgen.loadgen`, and writes `bench-<shape>-<mode>.json` in the format of
 `manage.py bench --json` (what `manage.py simulate --calibrate-from` reads), plus the
 engine's start time and versions. `--parity C` also runs vLLM's own `bench serve` on the
 same server at concurrency C with fixed lengths, beside the portal's bench with the same.
@@ -33,12 +33,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from inference import supervisor  # noqa: E402
-from inference.bench.loadgen import BenchConfig, LevelPlan, run_blocking, run_sweep  # noqa: E402
-from inference.bench.metrics import format_table  # noqa: E402
-from inference.bench.sla import Sla, operating_point  # noqa: E402
-from inference.bench.workloads import load_mix  # noqa: E402
 from inference.env_probe import probe_environment  # noqa: E402
 from inference.hf_config import known_configs  # noqa: E402
+from inference.loadgen.loadgen import BenchConfig, LevelPlan, run_blocking, run_sweep  # noqa: E402
+from inference.loadgen.sla import Sla, operating_point  # noqa: E402
+from inference.loadgen.summary import format_table  # noqa: E402
+from inference.loadgen.workloads import load_mix  # noqa: E402
 from inference.planner import ProfileSettings  # noqa: E402
 from inference.vllm_args import ServerArgs, command_line, vllm_args, vllm_command  # noqa: E402
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench._common import free_port
+from perf._common import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL_NAME = "tiny-llama"

@@ -1,4 +1,4 @@
-"""Fit a node's host-side costs (`HostCosts`) to levels measured with the portal's bench.
+"""Fit a node's host-side costs (`HostCosts`) to levels measured with the portal's load generator.
 
 The simulator's GPU physics (roofline, all-reduces) come from the datasheet; what a
 datasheet cannot say is how fast the node's CPU and vLLM version schedule a step, launch
@@ -25,8 +25,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from inference.bench.workloads import Mix, fit_to_context
 from inference.errors import InputError
+from inference.loadgen.workloads import Mix, fit_to_context
 from inference.sim.costs import DEFAULT_HOST_COSTS, HOST_COST_BOUNDS, HostCosts
 from inference.sim.engine import EngineConfig, SimEngine
 from inference.sim.virtual import run_level

@@ -1,6 +1,6 @@
 """The simulator's `/metrics`, under vLLM's metric names (V1 engine).
 
-`inference.metrics` reads the gauges and counters; the histograms have vLLM's
+`inference.vllm_metrics` reads the gauges and counters; the histograms have vLLM's
 names and bucket edges so dashboards built for vLLM read them unchanged.
 """
 

@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from inference.bench.metrics import RequestRecord, summarize_level
-from inference.bench.sla import Sla, operating_point
-from inference.bench.workloads import Mix, RequestSpec, fit_to_context
 from inference.errors import InputError
+from inference.loadgen.sla import Sla, operating_point
+from inference.loadgen.summary import RequestRecord, summarize_level
+from inference.loadgen.workloads import Mix, RequestSpec, fit_to_context
 from inference.sim.engine import EngineConfig, SimEngine
 from inference.sim.scheduler import SimRequest
 

@@ -10,7 +10,7 @@ from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
-from inference.bench.workloads import MAX_INLINE_CHARS
+from inference.loadgen.workloads import MAX_INLINE_CHARS
 from portal.core.api import StaffOnlyFieldsMixin
 from portal.deployments.selectors import deployments_visible_to
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django import forms
 
-from inference.bench.workloads import MAX_INLINE_CHARS, PRESETS
+from inference.loadgen.workloads import MAX_INLINE_CHARS, PRESETS
 
 from .services import FIELD_GUIDE_7B_TABLE, MAX_SEED
 

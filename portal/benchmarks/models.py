@@ -110,7 +110,7 @@ class BenchmarkLevel(models.Model):
     index = models.PositiveSmallIntegerField()
     concurrency = models.PositiveIntegerField(null=True, blank=True)
     request_rate = models.FloatField(null=True, blank=True)
-    # The level dict under vLLM's key names (inference.bench.metrics.summarize_level), plus
+    # The level dict under vLLM's key names (inference.loadgen.summary.summarize_level), plus
     # the server's and the client's readings, the Little's-law check and the roofline share.
     results = models.JSONField(default=dict)
     # Per-request TTFT/TPOT/E2EL (ms) for the distribution plot; kept apart: large.

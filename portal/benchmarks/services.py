@@ -1,6 +1,6 @@
 """Writes for benchmark runs: create, execute (the Celery job's body), cancel, import, apply the SLA cap.
 
-The job runs the async load generator (`inference.bench.loadgen.run_sweep`)
+The job runs the async load generator (`inference.loadgen.loadgen.run_sweep`)
 with `asyncio.run` in a worker thread, and keeps every ORM call on the task's
 own thread: the generator's hooks only put events on a queue, which this thread
 drains to save each level as it finishes, publish progress, renew the lease and
@@ -25,11 +25,11 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from inference.bench.loadgen import BenchConfig, LevelPlan, SweepResult, run_sweep
-from inference.bench.metrics import little_law_from_table
-from inference.bench.sla import Sla, operating_point
-from inference.bench.workloads import load_mix, mix_from_dict
 from inference.errors import InputError
+from inference.loadgen.loadgen import BenchConfig, LevelPlan, SweepResult, run_sweep
+from inference.loadgen.sla import Sla, operating_point
+from inference.loadgen.summary import little_law_from_table
+from inference.loadgen.workloads import load_mix, mix_from_dict
 from inference.planner import GB
 from portal.celery import BENCHMARK_QUEUE
 from portal.core.errors import ApplicationError

@@ -11,7 +11,7 @@ from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from inference.bench.workloads import PRESETS
+from inference.loadgen.workloads import PRESETS
 from portal.core.errors import ApplicationError
 from portal.deployments.models import DeploymentProfile
 from portal.deployments.selectors import deployment_get_for_user, deployments_visible_to

@@ -20,7 +20,7 @@ from portal.core.redis_client import redis_keys
 from portal.deployments.models import Deployment, DeploymentState, DesiredState, MetricsSample
 from portal.inventory.models import Node
 from portal.inventory.selectors import node_list
-from portal.observability import metrics
+from portal.observability import prometheus
 from portal.teams.models import ApiKey, Team, Usage, UsageStatus
 
 
@@ -72,7 +72,7 @@ def _live_slots(key_for: Callable[[int], str], ids: list[int]) -> dict[int, int]
         return {}
     now_ms = int(time.time() * 1000)
     try:
-        with metrics.client().pipeline(transaction=False) as pipe:
+        with prometheus.client().pipeline(transaction=False) as pipe:
             for pk in ids:
                 pipe.zcount(key_for(pk), now_ms, "+inf")
             return dict(zip(ids, pipe.execute(), strict=True))

@@ -20,10 +20,10 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
-from inference.bench.metrics import format_table
-from inference.bench.sla import Sla
-from inference.bench.workloads import PRESETS, load_mix
 from inference.errors import InputError
+from inference.loadgen.sla import Sla
+from inference.loadgen.summary import format_table
+from inference.loadgen.workloads import PRESETS, load_mix
 from inference.sim.calibration import fit_host_costs, measured_levels
 from inference.sim.costs import HostCosts
 from inference.sim.engine import EngineConfig, EngineRefused

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from inference.ratelimit import Admission, Placement, RateLimiter, Scope
+from inference.ratelimit import Admission, RateLimiter, Scope, SlotGrant
 from portal.core.middleware import bad_text
 
 from .errors import GatewayError
@@ -233,7 +233,7 @@ async def admit_and_place(
     long_prompt: bool,
     on_admitted: Callable[[Admission], None],
     slots: int,
-) -> tuple[Admission, Placement | None]:
+) -> tuple[Admission, SlotGrant | None]:
     """Quotas, then a replica slot: one Redis round trip when both say yes at once.
     `on_admitted` learns of the admission before the request waits in the queue."""
     try:
@@ -291,11 +291,11 @@ def check_admission(admission: Admission) -> None:
     )
 
 
-def check_placement(placement: Placement, model: str) -> int:
+def check_slot_grant(grant: SlotGrant, model: str) -> int:
     """The index of the replica the request was placed on, or the 429/503 of a full or slow queue."""
-    if placement.index is not None:
-        return placement.index
-    if placement.reason == "queue_full":
+    if grant.index is not None:
+        return grant.index
+    if grant.reason == "queue_full":
         raise GatewayError(
             429,
             f"Every replica of `{model}` is at capacity and its queue is full.",
@@ -318,7 +318,7 @@ async def place(
     candidates: list[tuple[int, int | None]],
     long_prompt: bool,
     slots: int,
-) -> Placement:
+) -> SlotGrant:
     try:
         return await limiter.acquire_replica(
             request_id=request_id,

@@ -99,7 +99,7 @@ class GatewayHandler(ASGIHandler):
                 # A disconnect (uvicorn reports one once the response is complete) is read, not
                 # re-raised: raising it here would add this frame to its traceback, and this frame
                 # holds `tasks`, which hold the exception: a cycle that kept every request's
-                # objects (request, body, relay) alive until a rare full GC pass (bench/soak.py).
+                # objects (request, body, relay) alive until a rare full GC pass (perf/soak.py).
                 if task.cancelled() or not isinstance(task.exception(), RequestAborted):
                     task.result()
             else:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from inference.ratelimit import Admission, LeaseKeeper, RateLimiter, Scope
-from portal.observability import metrics
+from portal.observability import prometheus
 
 from .auth import Caller
 
@@ -71,7 +71,7 @@ class Exchange:
         await asyncio.shield(self._finish(status, http_status, error_code))
 
     async def _finish(self, status: str, http_status: int, error_code: str) -> None:
-        metrics.exchange_ended(self, status, http_status, error_code)  # in memory; flushed in the background
+        prometheus.exchange_ended(self, status, http_status, error_code)  # in memory; flushed later
         for zsets, member in self.leases:
             self.keeper.drop(zsets, member)
         if self.upstream is not None:

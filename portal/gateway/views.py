@@ -23,12 +23,12 @@ from redis.exceptions import RedisError
 
 from inference.ratelimit import LeaseKeeper, RateLimiter, Scope, slot_members
 from portal.core.redis_client import redis_keys
-from portal.observability import metrics
+from portal.observability import prometheus
 
 from .admission import (
     admit_and_place,
     check_admission,
-    check_placement,
+    check_slot_grant,
     gate,
     limiter_unavailable,
     parse,
@@ -127,7 +127,7 @@ async def _proxy(request, *, chat: bool):
     try:
         ex.caller = await authenticate(request, limiter)
     except GatewayError as error:
-        metrics.unauthenticated(ex.endpoint, error)
+        prometheus.unauthenticated(ex.endpoint, error)
         return error_response(error, request_id=ex.request_id)
     return await _run(request, ex, chat=chat)
 
@@ -250,7 +250,7 @@ async def _serve(request, ex: Exchange, *, chat: bool):
                 long_prompt=long_prompt,
                 slots=parsed.prompts,
             )
-        replica = remaining.pop(check_placement(placement, parsed.model))
+        replica = remaining.pop(check_slot_grant(placement, parsed.model))
         ex.placed = True
         ex.deployment_id, ex.replica_slots = replica.id, placement.slots
         placement = None

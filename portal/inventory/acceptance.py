@@ -34,11 +34,11 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from inference.bench import cli as bench_cli
-from inference.bench.sla import Sla, operating_point
-from inference.bench.workloads import load_mix
 from inference.errors import InputError
 from inference.hardware import get_gpu
+from inference.loadgen import cli as bench_cli
+from inference.loadgen.sla import Sla, operating_point
+from inference.loadgen.workloads import load_mix
 from inference.tiny_model import resolve_shape, write_model_atomically
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise

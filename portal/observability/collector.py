@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from portal.core.redis_client import redis_keys
 from portal.deployments.models import Deployment, DeploymentState
 
-from . import metrics as m
+from . import prometheus as m
 from .models import SlaBreach
 
 log = logging.getLogger("portal.metrics")

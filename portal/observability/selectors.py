@@ -13,7 +13,7 @@ import redis
 from portal.benchmarks.models import FINISHED_STATES, BenchmarkRun
 from portal.core.redis_client import redis_keys
 
-from . import metrics
+from . import prometheus
 from .models import LatencyMinute, SlaBreach
 
 
@@ -43,7 +43,7 @@ def traffic_last_hour(*, minutes: int = 60, now: float | None = None) -> list[Tr
     wanted = list(range(current - minutes + 1, current + 1))
     keys = redis_keys()
     try:
-        with metrics.client().pipeline(transaction=False) as pipe:
+        with prometheus.client().pipeline(transaction=False) as pipe:
             for minute in wanted:
                 pipe.hgetall(keys.metrics_minute(minute))
             rows = pipe.execute()

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from portal.deployments.models import Deployment
 
-from . import metrics
+from . import prometheus
 from .collector import live_gauges
 from .models import LatencyMinute, SlaBreach
 
@@ -25,9 +25,9 @@ logger = logging.getLogger("portal.sla")
 def queue_depth_sample(*, at: float | None = None) -> int:
     """Read every served model's queue now and keep the minute's largest total; returns the total."""
     deployments = list(Deployment.objects.values_list("pk", "name", "state", "model_version__name"))
-    queues, _inflight = live_gauges(metrics.client(), deployments)
+    queues, _inflight = live_gauges(prometheus.client(), deployments)
     total = sum(queues.values())
-    metrics.minute_max("queue_depth", total, at=time.time() if at is None else at)
+    prometheus.minute_max("queue_depth", total, at=time.time() if at is None else at)
     return total
 
 

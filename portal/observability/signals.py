@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery.signals import task_failure, task_retry, task_success
 
-from .metrics import celery_task_outcome
+from .prometheus import celery_task_outcome
 
 
 def _name(sender) -> str:

@@ -29,7 +29,7 @@ from inference.redis_keys import RedisKeys
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
 from portal.core.redis_client import gateway_redis, redis_keys
-from portal.observability import metrics
+from portal.observability import prometheus
 
 from .models import BIGINT_MAX, INT_MAX, ApiKey, Team, Usage, UsageDaily, UsageStatus
 
@@ -276,7 +276,7 @@ def usage_flush(*, batch: int = 1000) -> int:
                 pipe.rpush(keys.usage_dead, *[_dead_entry(raw, reason, now) for raw, reason in dead])
                 pipe.ltrim(keys.usage_dead, -USAGE_DEAD_MAX, -1)
                 for reason, n in Counter(reason for _raw, reason in dead).items():
-                    field = metrics.encode_field((metrics.USAGE_DEAD_LETTERS, reason))
+                    field = prometheus.encode_field((prometheus.USAGE_DEAD_LETTERS, reason))
                     pipe.hincrby(keys.metrics_counters, field, n)
             pipe.delete(taken)
             pipe.zrem(keys.usage_flushers, flusher)

@@ -25,7 +25,7 @@ def busy_portal(team, alice):
     from portal.benchmarks.models import BenchmarkLevel, BenchmarkRun
     from portal.deployments.models import Deployment, DeploymentProfile, MetricsSample
     from portal.inventory.models import Node
-    from portal.observability import metrics
+    from portal.observability import prometheus
     from portal.registry.models import ModelVersion
     from portal.teams.models import Team, Usage
     from portal.teams.services import api_key_create, api_key_revoke
@@ -61,23 +61,23 @@ def busy_portal(team, alice):
         at = now - (59 - minute) * 60
         load = 30 + 20 * math.sin(minute / 9)
         for i in range(int(load)):
-            metrics.gateway_request_ended(
+            prometheus.gateway_request_ended(
                 endpoint="chat", model="llama-2-13b-chat-hf", status="completed", http_status=200,
                 duration_s=2.0, ttft_s=0.2, prompt_tokens=380 + i % 40, completion_tokens=240, at=at,
             )  # fmt: skip
         if 38 <= minute <= 41:
             for _ in range(4):
-                metrics.gateway_request_ended(
+                prometheus.gateway_request_ended(
                     endpoint="chat", model="gemma-2-27b-it-gptq-4bit", status="upstream_error",
                     http_status=502, error_code="upstream_error", at=at,
                 )  # fmt: skip
         for _ in range(minute % 7 == 0):
-            metrics.gateway_request_ended(
+            prometheus.gateway_request_ended(
                 endpoint="chat", model="", status="rejected", http_status=429,
                 error_code="rate_limit_exceeded", at=at,
             )  # fmt: skip
-        metrics.minute_max("queue_depth", max(0, int(load) - 40), at=at)
-    assert metrics.recorder.flush()
+        prometheus.minute_max("queue_depth", max(0, int(load) - 40), at=at)
+    assert prometheus.recorder.flush()
 
     done = BenchmarkRun.objects.create(
         deployment=chat, profile=chat.profile, mix="field-mix", state="done", sla_concurrency=32,

@@ -12,7 +12,7 @@ import time
 import pytest
 from playwright.sync_api import Page, expect
 
-from bench._common import free_port
+from perf._common import free_port
 from tests.browser.conftest import login, shot
 from tests.gateway.conftest import REDIS_URL, ROOT, fake_upstream, stop, wait_until_up  # noqa: F401
 

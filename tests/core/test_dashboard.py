@@ -13,7 +13,7 @@ from django.utils import timezone
 from portal.benchmarks.models import BenchmarkLevel, BenchmarkRun
 from portal.core.redis_client import redis_keys
 from portal.deployments.models import Deployment, MetricsSample
-from portal.observability import metrics
+from portal.observability import prometheus
 from portal.observability.services import queue_depth_sample
 from portal.registry.services import model_version_create
 from portal.teams.models import Team, Usage
@@ -84,16 +84,16 @@ def test_staff_see_the_last_hour_of_gateway_traffic(client, alice, fleet):
     now = time.time()
     for minutes_ago, n in [(50, 3), (2, 6)]:
         for _ in range(n):
-            metrics.gateway_request_ended(
+            prometheus.gateway_request_ended(
                 endpoint="chat", model="llama-2-7b-chat-hf", status="completed", http_status=200,
                 duration_s=1.0, ttft_s=0.1, prompt_tokens=100, completion_tokens=20,
                 at=now - minutes_ago * 60,
             )  # fmt: skip
-    metrics.gateway_request_ended(
+    prometheus.gateway_request_ended(
         endpoint="chat", model="llama-2-7b-chat-hf", status="upstream_error", http_status=502,
         error_code="upstream_error", at=now - 120,
     )  # fmt: skip
-    metrics.gateway_request_ended(
+    prometheus.gateway_request_ended(
         endpoint="chat",
         model="",
         status="rejected",
@@ -101,9 +101,9 @@ def test_staff_see_the_last_hour_of_gateway_traffic(client, alice, fleet):
         error_code="invalid_api_key",
         at=now - 60,
     )
-    metrics.minute_max("queue_depth", 7, at=now - 60)
-    metrics.minute_max("queue_depth", 3, at=now - 60)  # a later, smaller sample does not lower the minute's
-    assert metrics.recorder.flush()
+    prometheus.minute_max("queue_depth", 7, at=now - 60)
+    prometheus.minute_max("queue_depth", 3, at=now - 60)  # a later, smaller sample keeps the max
+    assert prometheus.recorder.flush()
     client.force_login(alice)
     response = client.get("/")
     page = response.content.decode()

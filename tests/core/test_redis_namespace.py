@@ -11,7 +11,7 @@ from django.conf import settings
 from inference.redis_keys import RedisKeys
 from portal.celery import app
 from portal.core.redis_client import redis_keys
-from portal.observability import metrics
+from portal.observability import prometheus
 from portal.observability.selectors import traffic_last_hour
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("gateway_redis_db")]
@@ -47,6 +47,6 @@ def test_the_dashboard_shows_only_this_installations_traffic(shared_redis):
     minute = int(now // 60)
     shared_redis.hset(THEIRS.metrics_minute(minute), mapping={"requests": 10_000, "rejected": 7_418})
     assert traffic_last_hour(now=now)[-1].requests == 0
-    metrics.gateway_request_ended(endpoint="chat", model="m", status="completed", http_status=200, at=now)
-    assert metrics.recorder.flush()
+    prometheus.gateway_request_ended(endpoint="chat", model="m", status="completed", http_status=200, at=now)
+    assert prometheus.recorder.flush()
     assert traffic_last_hour(now=now)[-1].requests == 1

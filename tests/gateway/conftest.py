@@ -1,6 +1,6 @@
 """The gateway under test runs as it does in production: uvicorn in its own process,
 against the test database and the real Redis, in front of a fake OpenAI-compatible
-upstream (bench/fake_upstream.py) in another process."""
+upstream (perf/fake_upstream.py) in another process."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import httpx
 import pytest
 import redis
 
-from bench._common import free_port
+from perf._common import free_port
 from portal.core.redis_client import redis_keys
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,10 +61,10 @@ def stop(process: subprocess.Popen) -> None:
 
 
 def spawn_fake_upstream(interval_ms: int) -> tuple[str, subprocess.Popen]:
-    """bench/fake_upstream.py on a free loopback port, up and answering; stop it with `stop()`."""
+    """perf/fake_upstream.py on a free loopback port, up and answering; stop it with `stop()`."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "bench.fake_upstream", "--port", str(port), "--interval-ms", str(interval_ms)],
+        [sys.executable, "-m", "perf.fake_upstream", "--port", str(port), "--interval-ms", str(interval_ms)],
         cwd=ROOT,
         start_new_session=True,
     )

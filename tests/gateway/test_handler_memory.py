@@ -1,6 +1,6 @@
 """The lean `/v1/` handler frees each request as it ends, without waiting for the cycle collector.
 
-The soak (bench/soak.py) found the web process growing ~15 MB a minute under 200 streams:
+The soak (perf/soak.py) found the web process growing ~15 MB a minute under 200 streams:
 every request's objects stayed in a reference cycle through the disconnect exception
 until a full GC pass, which the process's GC thresholds (portal/asgi.py) make rare.
 """

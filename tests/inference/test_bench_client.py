@@ -9,8 +9,8 @@ import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from inference.bench.client import RequestInput, completion_body, stream_request
-from inference.bench.metrics import RequestRecord
+from inference.loadgen.client import RequestInput, completion_body, stream_request
+from inference.loadgen.summary import RequestRecord
 
 
 def _sse(*messages: dict | str) -> list[bytes]:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from inference.bench.metrics import RequestRecord, format_table, little_law, percentile, summarize_level
+from inference.loadgen.summary import RequestRecord, format_table, little_law, percentile, summarize_level
 
 
 def test_it_times_one_request_like_vllm():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
-from inference.bench.prompts import _CORPUS, EstimatingPromptBuilder, PromptBuilder, prompt_builder
-from inference.bench.workloads import RequestSpec, load_mix
 from inference.errors import InputError
+from inference.loadgen.prompts import _CORPUS, EstimatingPromptBuilder, PromptBuilder, prompt_builder
+from inference.loadgen.workloads import RequestSpec, load_mix
 
 
 @pytest.fixture(scope="module")

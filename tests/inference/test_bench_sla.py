@@ -1,6 +1,6 @@
 """Picking the SLA operating point."""
 
-from inference.bench.sla import Sla, operating_point
+from inference.loadgen.sla import Sla, operating_point
 
 # The 7B/TP8 table of docs/v100-field-guide.md#reference-run, in vLLM's key names (ms).
 FIELD_TABLE = [

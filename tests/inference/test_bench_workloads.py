@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from inference.bench.workloads import PRESETS, Bucket, Mix, RequestSpec, load_mix
 from inference.errors import InputError
+from inference.loadgen.workloads import PRESETS, Bucket, Mix, RequestSpec, load_mix
 
 
 def test_it_has_the_named_presets():
@@ -136,7 +136,7 @@ def test_it_bounds_what_a_mix_may_ask_for(spec):
 
 
 def test_it_shortens_prompts_to_fit_the_context_and_keeps_outputs():
-    from inference.bench.workloads import RequestSpec, fit_to_context
+    from inference.loadgen.workloads import RequestSpec, fit_to_context
 
     assert fit_to_context(RequestSpec(3900, 400), 4096) == RequestSpec(3696, 400)
     assert fit_to_context(RequestSpec(1000, 400), 4096) == RequestSpec(1000, 400)

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from aiohttp.test_utils import TestServer
 
-from inference.bench.loadgen import BenchConfig, LevelPlan, run_sweep
-from inference.bench.workloads import load_mix
+from inference.loadgen.loadgen import BenchConfig, LevelPlan, run_sweep
+from inference.loadgen.workloads import load_mix
 from inference.sim.cli import build_parser, engine_from_args
 from inference.sim.server import SimServer
 from inference.sim.virtual import run_level

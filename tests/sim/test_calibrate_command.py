@@ -8,9 +8,9 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from inference.bench.workloads import load_mix
 from inference.hardware import get_gpu
 from inference.hf_config import resolve_model_config
+from inference.loadgen.workloads import load_mix
 from inference.planner import ProfileSettings
 from inference.sim.costs import HostCosts
 from inference.sim.engine import EngineConfig

@@ -8,9 +8,9 @@ import json
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from inference.metrics import histogram_totals, parse_vllm_metrics
 from inference.sim.cli import build_parser, engine_from_args, main
 from inference.sim.server import SERVER_KEY, SimServer
+from inference.vllm_metrics import histogram_totals, parse_vllm_metrics
 
 ARGV = [
     "--model", "llama-2-7b-chat-hf", "--served-model-name", "llama-2-7b", "--hardware", "v100-sxm2-32gb",

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from inference.bench.metrics import format_table
-from inference.bench.workloads import load_mix
 from inference.errors import InputError
 from inference.hardware import get_gpu
 from inference.hf_config import resolve_model_config
+from inference.loadgen.summary import format_table
+from inference.loadgen.workloads import load_mix
 from inference.planner import ProfileSettings
 from inference.sim.engine import EngineConfig, EngineRefused
 from inference.sim.virtual import run_level, sweep

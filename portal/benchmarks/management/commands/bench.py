@@ -4,15 +4,15 @@
         --mix <name> [--json out.json]
 
 
-The same load generator and statistics as the Celery job (inference.bench); no database needed.
+The same load generator and statistics as the Celery job (inference.loadgen); no database needed.
 """
 
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from inference.bench import cli
 from inference.errors import InputError
+from inference.loadgen import cli
 
 
 class Command(BaseCommand):

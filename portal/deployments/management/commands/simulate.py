@@ -23,7 +23,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from inference.bench.metrics import format_table
+from inference.loadgen.summary import format_table
 from portal.core.errors import ApplicationError
 from portal.deployments.management.commands.plan import Command as PlanCommand
 from portal.deployments.management.commands.plan import _flag

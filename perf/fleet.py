@@ -1,6 +1,6 @@
 """A fleet of 100 nodes: supervision fan-out, page costs, routing refresh and Redis memory at fleet size.
 
-    .venv/bin/python -m bench.fleet [--nodes 100] [--per-node 2] [--ticks 3] [--inflight 2000] [--json f]
+    .venv/bin/python -m perf.fleet [--nodes 100] [--per-node 2] [--ticks 3] [--inflight 2000] [--json f]
 
 A throwaway world on 127.0.0.1, in a temporary directory: a SQLite database
 (migrated) and a private `redis-server` (the machine's PostgreSQL and Redis are
@@ -44,7 +44,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench._common import free_port, spawn, start, stop, table, wait_redis
+from perf._common import free_port, spawn, start, stop, table, wait_redis
 
 MODEL = "llama-2-7b-chat-hf"
 PAGES = ("/", "/nodes/", "/deployments/")
@@ -305,7 +305,7 @@ def run(args, directory: Path, processes: list[subprocess.Popen]) -> int:
 
     queues = ",".join(Node.objects.get(name=n).queue for n in names)
     log = open(directory / "worker.log", "wb")  # noqa: SIM115 (the worker keeps it open until it exits)
-    worker = ["-m", "bench.fleet", "--worker", queues, "--concurrency", str(args.concurrency)]
+    worker = ["-m", "perf.fleet", "--worker", queues, "--concurrency", str(args.concurrency)]
     processes.append(start(worker, stdout=log, stderr=subprocess.STDOUT))
     interval = settings.DEPLOYMENT_SUPERVISE_INTERVAL_S
     _wait_worker(processes[-1], directory)

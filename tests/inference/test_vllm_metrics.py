@@ -2,7 +2,7 @@
 
 import pytest
 
-from inference.metrics import histogram_totals, parse_vllm_metrics
+from inference.vllm_metrics import histogram_totals, parse_vllm_metrics
 
 # Shaped like vLLM 0.3x's V1 engine output (names, labels, counters with _total).
 VLLM_METRICS = """\

@@ -8,7 +8,7 @@ the usage chunk reports that count). It also serves `/v1/models`, `/health` and
 a `/metrics` with vLLM's metric names. Faults for tests: every `fail_every`-th
 request answers HTTP 500; `chunk_tokens` > 1 sends several tokens per chunk.
 
-Run it standalone: `python -m inference.bench.fake_server --port 8100 --first-token-ms 50 --token-ms 10`.
+Run it standalone: `python -m inference.loadgen.fake_server --port 8100 --first-token-ms 50 --token-ms 10`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A small, fast OpenAI-compatible streaming server, for the gateway's tests and benchmark.
 
-    python -m bench.fake_upstream --port 8199 [--chunks 32] [--interval-ms 5] [--model fake]
+    python -m perf.fake_upstream --port 8199 [--chunks 32] [--interval-ms 5] [--model fake]
 
 Serves `/v1/chat/completions` and `/v1/completions` (stream and not, with vLLM's
 chunk shapes and the final usage chunk when `stream_options.include_usage`),

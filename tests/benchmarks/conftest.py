@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 from aiohttp import web
 
-from inference.bench.fake_server import FakeServer
+from inference.loadgen.fake_server import FakeServer
 
 MODEL = "llama-2-7b-chat-hf"
 

@@ -1,4 +1,4 @@
-"""The fleet bench (bench/fleet.py) at a tiny size, so it cannot rot; and page query counts by fleet size."""
+"""The fleet bench (perf/fleet.py) at a tiny size, so it cannot rot; and page query counts by fleet size."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.fleet import PAGES, build_fleet, page_costs
+from perf.fleet import PAGES, build_fleet, page_costs
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_tiny_fleet_bench_supervises_every_node_prints_its_table_and_cleans_up():
     run = subprocess.run(
-        [sys.executable, "-m", "bench.fleet", "--nodes", "5", "--ticks", "1", "--inflight", "50",
+        [sys.executable, "-m", "perf.fleet", "--nodes", "5", "--ticks", "1", "--inflight", "50",
          "--concurrency", "2"],
         cwd=ROOT, capture_output=True, text=True, timeout=240,
     )  # fmt: skip

@@ -1,10 +1,10 @@
 """The one streaming client: one OpenAI-compatible request, streamed and timed into a `RequestRecord`.
 
-The load generator (`inference.bench.loadgen`), the soak (`bench/soak.py`) and the proxy
-benchmark (`bench/proxy_bench.py`) all send their requests through `stream_request`, so a
+The load generator (`inference.loadgen.loadgen`), the soak (`perf/soak.py`) and the proxy
+benchmark (`perf/proxy_bench.py`) all send their requests through `stream_request`, so a
 request is timed, checked and described the same way everywhere. It is modelled on vLLM's
 benchmarks/backend_request_func.py (one input, one async function, one output record) and
-times a request exactly as `inference.bench.metrics` describes:
+times a request exactly as `inference.loadgen.summary` describes:
 - the clock starts just before the HTTP request;
 - every SSE chunk with a non-empty `choices` list is a token event, except a chat chunk whose
   delta carries only the role (the server's preamble, not a token);
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from inference.bench.metrics import RequestRecord
+from inference.loadgen.summary import RequestRecord
 
 ERROR_BODY_CHARS = 200
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from portal.deployments.models import Deployment
-from portal.observability import metrics
+from portal.observability import prometheus
 from portal.observability.collector import read_counters
 
 from .conftest import TOKEN, scrape, value
@@ -64,10 +64,10 @@ def test_it_serves_deployments_by_state_in_prometheus_text(client, metrics_redis
 
 
 def test_a_request_lands_in_the_right_histogram_buckets(client, metrics_redis):
-    metrics.gateway_request_ended(
+    prometheus.gateway_request_ended(
         endpoint="chat", model="m", status="completed", http_status=200, duration_s=0.3, ttft_s=0.05
     )
-    assert metrics.recorder.flush()
+    assert prometheus.recorder.flush()
     samples = scrape(client)
     bucket = "portal_gateway_request_duration_seconds_bucket"
     assert value(samples, bucket, model="m", le="0.25") == 0
@@ -80,11 +80,11 @@ def test_a_request_lands_in_the_right_histogram_buckets(client, metrics_redis):
 
 def test_a_client_cannot_mint_a_series_with_an_unknown_model_name(client, metrics_redis):
     for i in range(3):
-        metrics.gateway_request_ended(
+        prometheus.gateway_request_ended(
             endpoint="chat", model=f"no-such-model-{i}", status="rejected", http_status=404,
             error_code="model_not_found",
         )  # fmt: skip
-    assert metrics.recorder.flush()
+    assert prometheus.recorder.flush()
     samples = scrape(client)
     assert value(samples, "portal_gateway_requests_total", model="", endpoint="chat", status="rejected",
                  code="404") == 3  # fmt: skip
@@ -93,35 +93,35 @@ def test_a_client_cannot_mint_a_series_with_an_unknown_model_name(client, metric
 
 def test_counts_survive_a_redis_outage_and_land_once(client, metrics_redis, settings):
     good = settings.GATEWAY_REDIS_URL
-    key = (metrics.REQUESTS, "m", "completions", "completed", "200")
+    key = (prometheus.REQUESTS, "m", "completions", "completed", "200")
     settings.GATEWAY_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there: a real refused connection
-    metrics.gateway_request_ended(endpoint="completions", model="m", status="completed", http_status=200)
-    assert metrics.recorder.flush() is False
+    prometheus.gateway_request_ended(endpoint="completions", model="m", status="completed", http_status=200)
+    assert prometheus.recorder.flush() is False
     response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     assert b"portal_metrics_redis_up 0.0" in response.content  # the scrape still answers
-    metrics.gateway_request_ended(endpoint="completions", model="m", status="completed", http_status=200)
+    prometheus.gateway_request_ended(endpoint="completions", model="m", status="completed", http_status=200)
     settings.GATEWAY_REDIS_URL = good
     assert key not in read_counters(metrics_redis)
-    assert metrics.recorder.flush() is True
+    assert prometheus.recorder.flush() is True
     assert read_counters(metrics_redis)[key] == 2
-    assert metrics.recorder.flush() is True  # nothing left to send twice
+    assert prometheus.recorder.flush() is True  # nothing left to send twice
     assert read_counters(metrics_redis)[key] == 2
 
 
 def _flush_in_child(queue) -> None:
-    queue.put(metrics.recorder.flush())
+    queue.put(prometheus.recorder.flush())
 
 
 def test_a_forked_child_does_not_send_its_parents_counts_again(metrics_redis):
-    metrics.gateway_request_ended(endpoint="chat", model="fork", status="completed", http_status=200)
+    prometheus.gateway_request_ended(endpoint="chat", model="fork", status="completed", http_status=200)
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
     child = context.Process(target=_flush_in_child, args=(queue,))
     child.start()
     child.join(30)
     assert queue.get(timeout=5) is True  # flushed nothing (or its copy would count again below)
-    assert metrics.recorder.flush()
-    assert read_counters(metrics_redis)[(metrics.REQUESTS, "fork", "chat", "completed", "200")] == 1
+    assert prometheus.recorder.flush()
+    assert read_counters(metrics_redis)[(prometheus.REQUESTS, "fork", "chat", "completed", "200")] == 1
 
 
 # --- Celery task outcomes, from a real worker ---------------------------------------------

@@ -1,4 +1,4 @@
-"""The soak script (bench/soak.py) at tiny numbers, so it cannot rot; and how it sorts errors."""
+"""The soak script (perf/soak.py) at tiny numbers, so it cannot rot; and how it sorts errors."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.soak import Result, Sample, parse_args, summarize
-from inference.bench.metrics import RequestRecord
+from inference.loadgen.summary import RequestRecord
+from perf.soak import Result, Sample, parse_args, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_tiny_soak_runs_clean_prints_its_tables_and_cleans_up(tmp_path):
     out = tmp_path / "soak.json"
     run = subprocess.run(
-        [sys.executable, "-m", "bench.soak", "--clients", "8", "--direct-clients", "2",
+        [sys.executable, "-m", "perf.soak", "--clients", "8", "--direct-clients", "2",
          "--quota-clients", "1", "--duration", "5", "--warmup", "1", "--mix", "fixed:64:16",
          "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=90,

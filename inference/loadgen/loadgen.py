@@ -12,7 +12,7 @@ OpenAI-compatible server's `/v1/completions` (streaming, `ignore_eos` +
 - stops at a request count or after a duration; a level that hits its timeout,
   or a sweep that is cancelled, keeps what it measured and is marked partial.
 
-Each request goes through the one streaming client (`inference.bench.client`).
+Each request goes through the one streaming client (`inference.loadgen.client`).
 Hooks let a caller (the Celery job, the command) follow progress and cancel; they
 are called on the event loop thread and must not block.
 """
@@ -29,12 +29,12 @@ from typing import Protocol
 
 import aiohttp
 
-from inference.bench.client import RequestInput, completion_body, stream_request
-from inference.bench.metrics import RequestRecord, percentile, summarize_level
-from inference.bench.prompts import EstimatingPromptBuilder, PromptBuilder, prompt_builder
-from inference.bench.workloads import Mix, RequestSpec, fit_to_context
 from inference.errors import InputError
-from inference.metrics import parse_vllm_metrics
+from inference.loadgen.client import RequestInput, completion_body, stream_request
+from inference.loadgen.prompts import EstimatingPromptBuilder, PromptBuilder, prompt_builder
+from inference.loadgen.summary import RequestRecord, percentile, summarize_level
+from inference.loadgen.workloads import Mix, RequestSpec, fit_to_context
+from inference.vllm_metrics import parse_vllm_metrics
 
 # A level is client-bound when the load generator's event loop (one core) was this busy,
 CLIENT_CPU_LIMIT = 0.90

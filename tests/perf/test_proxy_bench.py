@@ -1,4 +1,4 @@
-"""The proxy benchmark (bench/proxy_bench.py) at tiny numbers, so it cannot rot."""
+"""The proxy benchmark (perf/proxy_bench.py) at tiny numbers, so it cannot rot."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_tiny_proxy_bench_runs_one_and_two_processes_clean_and_counts_redis_work(tmp_path):
     out = tmp_path / "proxy.json"
     run = subprocess.run(
-        [sys.executable, "-m", "bench.proxy_bench", "--levels", "4", "--workers", "1,2", "--duration", "1",
+        [sys.executable, "-m", "perf.proxy_bench", "--levels", "4", "--workers", "1,2", "--duration", "1",
          "--repeats", "1", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
@@ -37,7 +37,7 @@ def test_a_tiny_proxy_bench_runs_one_and_two_processes_clean_and_counts_redis_wo
 
 def test_the_proxy_bench_refuses_an_unbounded_worker_count():
     run = subprocess.run(
-        [sys.executable, "-m", "bench.proxy_bench", "--workers", "1,99"],
+        [sys.executable, "-m", "perf.proxy_bench", "--workers", "1,99"],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert run.returncode == 2

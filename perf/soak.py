@@ -1,6 +1,6 @@
 """The gateway soak: hundreds of concurrent streaming clients through the gateway to the V100 simulator.
 
-    .venv/bin/python -m bench.soak --clients 200 --duration 180 [--warmup 30] [--direct-clients 20]
+    .venv/bin/python -m perf.soak --clients 200 --duration 180 [--warmup 30] [--direct-clients 20]
         [--quota-clients 2] [--mix field-mix] [--json soak.json]
 
 A throwaway world on 127.0.0.1, in a temporary directory: a SQLite database
@@ -61,8 +61,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench._common import flusher_loop, free_port, spawn, start, stop, table, wait_redis, wait_up
-from inference.bench.metrics import RequestRecord, percentile
+from inference.loadgen.summary import RequestRecord, percentile
+from perf._common import flusher_loop, free_port, spawn, start, stop, table, wait_redis, wait_up
 
 MODEL = "llama-2-7b-chat-hf"
 HARDWARE = "v100-sxm2-32gb"
@@ -155,7 +155,7 @@ def build_world(world: World, directory: Path, args) -> None:
     world.processes.append(gateway)
     world.gateway, world.gateway_pid = f"http://127.0.0.1:{gateway_port}", gateway.pid
     world.processes.append(
-        start(["-m", "bench.soak", "--flusher"], stdout=_log(directory, "flusher"), stderr=subprocess.STDOUT)
+        start(["-m", "perf.soak", "--flusher"], stdout=_log(directory, "flusher"), stderr=subprocess.STDOUT)
     )
     wait_up(f"{world.gateway}/v1/models", gateway)
 
@@ -211,8 +211,8 @@ def prompt_pool(
 ) -> list[tuple[int, bool, bytes]]:
     """(forced output tokens, long prompt?, encoded request body) for PROMPT_POOL draws of the mix;
     a prompt is long as the gateway counts it (`portal.gateway.tokens`, no tokenizer here)."""
-    from inference.bench.prompts import EstimatingPromptBuilder
-    from inference.bench.workloads import fit_to_context, load_mix
+    from inference.loadgen.prompts import EstimatingPromptBuilder
+    from inference.loadgen.workloads import fit_to_context, load_mix
     from portal.gateway.tokens import prompt_tokens
 
     # The simulator counts 4 characters per token without a tokenizer; so does this builder.
@@ -261,9 +261,9 @@ def _cpu_s(pid: int) -> float:
 async def run_load(world: World, args, pool: list[tuple[int, bool, bytes]]) -> dict:
     import aiohttp
 
-    from inference.bench.client import RequestInput, stream_request
-    from inference.bench.loadgen import SelfWatch
-    from inference.metrics import parse_vllm_metrics
+    from inference.loadgen.client import RequestInput, stream_request
+    from inference.loadgen.loadgen import SelfWatch
+    from inference.vllm_metrics import parse_vllm_metrics
 
     results: list[Result] = []
     samples: list[Sample] = []
@@ -615,7 +615,7 @@ def print_report(summary: dict) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m perf.soak", description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=200, help="streaming users through the gateway")
     parser.add_argument(
         "--duration", type=float, default=180, help="seconds held and measured after the warm-up"
@@ -626,7 +626,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quota-clients", type=int, default=2, help="users of the low-quota key")
     parser.add_argument("--quota-rpm", type=int, default=2, help="the low-quota key's requests per minute")
     parser.add_argument("--quota-backoff", type=float, default=1.0, help="seconds a refused quota user waits")
-    parser.add_argument("--mix", default="field-mix", help="workload mix (inference.bench.workloads)")
+    parser.add_argument("--mix", default="field-mix", help="workload mix (inference.loadgen.workloads)")
     parser.add_argument("--hardware", default=HARDWARE, help="simulated GPU (catalog key)")
     parser.add_argument("--request-timeout", type=float, default=120, help="client timeout per request, s")
     parser.add_argument("--sample-interval", type=float, default=None, help="RSS sampling, s (default ≤ 5)")

@@ -17,8 +17,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from inference.bench.workloads import RequestSpec
 from inference.errors import InputError
+from inference.loadgen.workloads import RequestSpec
 
 CHARS_PER_TOKEN_ESTIMATE = 4.0
 

@@ -1,4 +1,4 @@
-"""The benchmark from a shell: `python manage.py bench …` (and `python -m inference.bench.cli …`).
+"""The benchmark from a shell: `python manage.py bench …` (and `python -m inference.loadgen.cli …`).
 
 Prints the per-level table and the SLA operating point; `--json out.json` writes
 {"levels": [...], "sla_concurrency": N, ...} with vLLM's result key names.
@@ -11,11 +11,11 @@ import json
 import sys
 from pathlib import Path
 
-from inference.bench.loadgen import BenchConfig, LevelPlan, run_blocking, run_sweep
-from inference.bench.metrics import format_table
-from inference.bench.sla import Sla, operating_point
-from inference.bench.workloads import load_mix
 from inference.errors import InputError
+from inference.loadgen.loadgen import BenchConfig, LevelPlan, run_blocking, run_sweep
+from inference.loadgen.sla import Sla, operating_point
+from inference.loadgen.summary import format_table
+from inference.loadgen.workloads import load_mix
 
 
 def _list(text: str | None, kind, flag: str) -> list:
