@@ -20,6 +20,18 @@ INT_MAX = 2**31 - 1
 BIGINT_MAX = 2**63 - 1
 
 
+class PriorityClass(models.TextChoices):
+    """How the gateway admits a team's (or key's) requests to a deployment.
+
+    Interactive requests take any free slot and queue first; batch requests take only spare
+    capacity (below a share of the deployment's cap), wait in their own queue with a longer
+    deadline, and are never placed ahead of an interactive request.
+    """
+
+    INTERACTIVE = "interactive", "interactive"
+    BATCH = "batch", "batch"
+
+
 class QuotaFields(models.Model):
     """Request quotas shared by teams and keys; blank means "no limit at this level"."""
 
@@ -66,6 +78,12 @@ class Team(QuotaFields):
     allowed_models = models.JSONField(
         default=list, blank=True, help_text="Model names the team may call (empty: every served model)."
     )
+    priority_class = models.CharField(
+        max_length=12,
+        choices=PriorityClass.choices,
+        default=PriorityClass.INTERACTIVE,
+        help_text="How the gateway admits this team's requests (a key may override it).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -87,6 +105,12 @@ class ApiKey(QuotaFields):
     digest = models.CharField(max_length=64, editable=False)
     allowed_models = models.JSONField(
         default=list, blank=True, help_text="Model names this key may call (empty: the team's models)."
+    )
+    priority_class = models.CharField(
+        max_length=12,
+        choices=PriorityClass.choices,
+        blank=True,
+        help_text="How the gateway admits this key's requests (blank: the team's class).",
     )
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
@@ -150,6 +174,9 @@ class Usage(models.Model):
         "deployments.Deployment", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     endpoint = models.CharField(max_length=30, blank=True)
+    priority_class = models.CharField(
+        max_length=12, choices=PriorityClass.choices, default=PriorityClass.INTERACTIVE
+    )
     stream = models.BooleanField(default=False)
     status = models.CharField(max_length=20, choices=UsageStatus.choices)
     http_status = models.PositiveSmallIntegerField()
@@ -168,12 +195,15 @@ class Usage(models.Model):
 
 
 class UsageDaily(models.Model):
-    """Usage summed per UTC day, team, key and model (recomputed by the rollup task)."""
+    """Usage summed per UTC day, team, key, model and priority class (recomputed by the rollup task)."""
 
     day = models.DateField()
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="usage_daily")
     api_key = models.ForeignKey(ApiKey, null=True, on_delete=models.SET_NULL, related_name="usage_daily")
     model = models.CharField(max_length=100, blank=True)
+    priority_class = models.CharField(
+        max_length=12, choices=PriorityClass.choices, default=PriorityClass.INTERACTIVE
+    )
     requests = models.PositiveIntegerField(default=0)
     completed = models.PositiveIntegerField(default=0)
     rejected = models.PositiveIntegerField(default=0)

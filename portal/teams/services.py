@@ -415,7 +415,7 @@ def usage_rollup(*, day: dt.date) -> int:
     start = dt.datetime.combine(day, dt.time.min, tzinfo=dt.UTC)
     groups = (
         Usage.objects.filter(created_at__gte=start, created_at__lt=start + dt.timedelta(days=1))
-        .values("team_id", "api_key_id", "model")
+        .values("team_id", "api_key_id", "model", "priority_class")
         .annotate(
             requests=Count("id"),
             completed=Count("id", filter=Q(status=UsageStatus.COMPLETED)),
@@ -430,6 +430,7 @@ def usage_rollup(*, day: dt.date) -> int:
             team_id=g["team_id"],
             api_key_id=g["api_key_id"],
             model=g["model"],
+            priority_class=g["priority_class"],
             requests=g["requests"],
             completed=g["completed"],
             rejected=g["rejected"],
