@@ -147,8 +147,23 @@ def launch(
         pgid=process.pid,
         log_path=str(log_path),
         process=process,
-        identity=process_identity(process.pid),
+        identity=_identity_after_exec(process.pid),
     )
+
+
+def _identity_after_exec(pid: int, wait_s: float = 2.0) -> ProcessIdentity | None:
+    """The new process's identity once its command line is readable.
+
+    Popen returns when the child's exec has released the parent (vfork), which is before the
+    kernel has laid out the new program's arguments: /proc/<pid>/cmdline reads empty for that
+    moment, and an identity without its command line cannot tell a reused pid apart.
+    """
+    deadline = time.monotonic() + wait_s
+    identity = process_identity(pid)
+    while identity is not None and not identity.cmdline and time.monotonic() < deadline:
+        time.sleep(0.005)
+        identity = process_identity(pid)
+    return identity
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,14 @@ os.environ.setdefault("CSRF_COOKIE_SECURE", "false")
 # Pinned in the environment, so every process a test starts (uvicorn, Celery workers) shares the
 # test's keys and queues: derived from the database, it would differ, as pytest-django renames it.
 os.environ.setdefault("PORTAL_REDIS_NAMESPACE", "test")
+# Under pytest-xdist (`make test-fast`) each worker gets its own namespace: workers share one
+# Redis database, and a test that empties its keys must not empty another worker's.
+# Processes a worker starts inherit both variables and must keep the worker's namespace as it is.
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _worker and not os.environ["PORTAL_REDIS_NAMESPACE"].endswith(_worker):
+    os.environ["PORTAL_REDIS_NAMESPACE"] = f"{os.environ['PORTAL_REDIS_NAMESPACE']}-{_worker}"
 
-from portal.settings import *  # noqa: F403
+from portal.settings import *  # noqa: E402, F403
 
 # No collectstatic manifest in tests: serve static files straight from the apps.
 STORAGES["staticfiles"] = {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}  # noqa: F405
