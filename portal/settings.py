@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "portal.benchmarks",
     "portal.observability",
     "portal.audit",
+    "portal.dashboard",  # the top: reads and writes across the others (docs/architecture.md#layers)
 ]
 
 MIDDLEWARE = [
@@ -143,7 +144,7 @@ STORAGES = {
 SERVESTATIC_USE_FINDERS = DEBUG
 
 LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "core:home"
+LOGIN_REDIRECT_URL = "dashboard:home"
 LOGOUT_REDIRECT_URL = "login"
 
 # --- Password guessing: django-axes counts failed logins (form, admin, the API's Basic auth) ---
@@ -363,7 +364,7 @@ PORTAL_METRICS_TOKEN = env.str("PORTAL_METRICS_TOKEN", default="")
 # How often each process adds its in-memory counts to Redis (what a scrape can lag by).
 PORTAL_METRICS_FLUSH_S = env.float("PORTAL_METRICS_FLUSH_S", default=1.0)
 
-# --- Retention: a daily task deletes old rows in batches (portal/core/services.py) ---
+# --- Retention: a daily task deletes old rows in batches (portal/dashboard/services.py) ---
 def env_retention_days(name: str, *, default: int, least: int = 1) -> int:
     """Days to keep; 0 keeps forever."""
     value = env.int(name, default=default)
@@ -406,7 +407,7 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"queue": "control", "expires": 60.0},
     },
     "retention-prune": {
-        "task": "core.retention_prune",
+        "task": "dashboard.retention_prune",
         "schedule": crontab(hour=3, minute=17),  # daily, at a quiet hour (UTC)
         "options": {"queue": "control", "expires": 6 * 3600},
     },

@@ -33,5 +33,5 @@ urlpatterns = [
     path("teams/", include("portal.playground.urls")),
     path("benchmarks/", include("portal.benchmarks.urls")),
     path("", include("portal.deployments.urls")),
-    path("", include("portal.core.urls")),
+    path("", include("portal.dashboard.urls")),
 ]

@@ -2,7 +2,7 @@
 
 Rows are written by `portal.audit.services.audit_event_record` and never changed
 or deleted by the portal (the model and its queryset refuse; the admin is read-only),
-except by the daily retention prune after `RETENTION_AUDIT_DAYS` (portal/core/services.py).
+except by the daily retention prune after `RETENTION_AUDIT_DAYS` (portal/dashboard/services.py).
 """
 
 from __future__ import annotations

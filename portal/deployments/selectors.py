@@ -7,11 +7,14 @@ APIs fetch deployments through these functions, never with an ad hoc `.get()`.
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 
-from .models import Deployment
+from portal.teams.models import Team
+
+from .models import Deployment, DeploymentState
 
 
 def deployments_visible_to(user) -> QuerySet[Deployment]:
@@ -23,6 +26,26 @@ def deployments_visible_to(user) -> QuerySet[Deployment]:
 
 def deployment_get_for_user(user, name: str) -> Deployment:
     return get_object_or_404(deployments_visible_to(user), name=name)
+
+
+def served_replicas() -> list[tuple[str, int, bool]]:
+    """(model, owning team, shared) of every serving replica the gateway routes to
+    (as portal.gateway.routing sees them: a team reaches its own and shared ones)."""
+    return list(
+        Deployment.objects.filter(state=DeploymentState.SERVING)
+        .exclude(endpoint_url="")
+        .values_list("model_version__name", "team_id", "shared")
+    )
+
+
+def models_callable_by(team: Team, replicas: list[tuple[str, int, bool]]) -> list[tuple[str, int]]:
+    """(model, replicas the team's keys reach), within the team's allowed models if it has any."""
+    allowed = set(team.allowed_models)
+    counts: dict[str, int] = defaultdict(int)
+    for model, owner, shared in replicas:
+        if (shared or owner == team.pk) and (not allowed or model in allowed):
+            counts[model] += 1
+    return sorted(counts.items())
 
 
 _URL_ORIGIN = re.compile(r"\bhttps?://[^\s/'\"]+")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.shortcuts import get_object_or_404
 
-from portal.core.selectors import models_callable_by, served_replicas
+from portal.deployments.selectors import models_callable_by, served_replicas
 from portal.teams.models import Team
 
 

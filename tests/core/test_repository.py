@@ -2,11 +2,13 @@
 
 The facts the code relies on live in docs/v100-field-guide.md and docs/architecture.md;
 a citation of the outside notes they came from would send a reader to a file that
-does not exist here.
+does not exist here. And the apps keep their layers (docs/architecture.md#layers): core,
+at the bottom, imports no other app; the dashboard, at the top, is imported by none.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 from pathlib import Path
@@ -59,3 +61,62 @@ def test_it_has_the_sections_the_code_cites():
             for heading in re.findall(r"^#+ (.+)$", headings, flags=re.MULTILINE)
         }
         assert anchor in slugs, f"docs/{doc}.md has no section #{anchor}"
+
+
+PORTAL = ROOT / "portal"
+APPS = sorted(path.parent.name for path in PORTAL.glob("*/apps.py"))
+
+
+def portal_imports(path: Path) -> set[str]:
+    """Every portal module `path` imports, at the top or inside a function, as a dotted name."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against the file's own package
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            # `from portal import teams` imports the app itself
+            names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        found.update(name for name in names if name.split(".")[0] == "portal")
+    return found
+
+
+def app_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in APPS else None
+
+
+def test_it_finds_the_apps_and_lazy_imports():
+    assert {"core", "dashboard", "teams", "gateway"} <= set(APPS)
+    # The guard below would pass vacuously if it missed imports inside functions.
+    lazy = portal_imports(PORTAL / "dashboard" / "tasks.py")
+    assert "portal.dashboard.services.retention_prune" in lazy
+
+
+def test_core_imports_no_other_app():
+    reaching_up = [
+        f"{path.relative_to(ROOT)}: {module}"
+        for path in sorted((PORTAL / "core").rglob("*.py"))
+        for module in sorted(portal_imports(path))
+        if app_of(module) not in (None, "core")
+    ]
+    advice = "core is the bottom layer; move what needs other apps to them, or to portal/dashboard:\n"
+    assert reaching_up == [], advice + "\n".join(reaching_up)
+
+
+def test_no_app_imports_the_dashboard():
+    reaching_down = [
+        f"{path.relative_to(ROOT)}: {module}"
+        for app in APPS
+        if app != "dashboard"
+        for path in sorted((PORTAL / app).rglob("*.py"))
+        for module in sorted(portal_imports(path))
+        if app_of(module) == "dashboard"
+    ]
+    assert reaching_down == [], "the dashboard is the top layer:\n" + "\n".join(reaching_down)

@@ -3,7 +3,7 @@
 import pytest
 from django.core.management import call_command
 
-from portal.core.management.commands.seed_demo import LOCAL_VLLM_PYTHON
+from portal.dashboard.management.commands.seed_demo import LOCAL_VLLM_PYTHON
 from portal.deployments.models import Deployment
 from portal.inventory.models import Node
 

@@ -12,7 +12,7 @@ from django.core.management.base import CommandError
 from inference.sim.cli import build_parser, engine_from_args
 from inference.sim.costs import HostCosts
 from inference.sim.engine import EngineRefused
-from portal.core.management.commands.seed_demo import PROFILES, V100_DEFAULTS
+from portal.dashboard.management.commands.seed_demo import PROFILES, V100_DEFAULTS
 
 pytestmark = pytest.mark.django_db
 

@@ -2,5 +2,5 @@ from django.urls import path
 
 from . import views
 
-app_name = "core"
+app_name = "dashboard"
 urlpatterns = [path("", views.home, name="home")]

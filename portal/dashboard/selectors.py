@@ -18,6 +18,7 @@ from django.utils import timezone
 from portal.benchmarks.models import BenchmarkRun
 from portal.core.redis_client import redis_keys
 from portal.deployments.models import Deployment, DeploymentState, DesiredState, MetricsSample
+from portal.deployments.selectors import models_callable_by, served_replicas
 from portal.inventory.models import Node
 from portal.inventory.selectors import node_list
 from portal.observability import prometheus
@@ -119,26 +120,6 @@ class TeamFront:
     tokens_today: int
     failed_today: int
     in_flight: int | None
-
-
-def served_replicas() -> list[tuple[str, int, bool]]:
-    """(model, owning team, shared) of every serving replica the gateway routes to
-    (as portal.gateway.routing sees them: a team reaches its own and shared ones)."""
-    return list(
-        Deployment.objects.filter(state=DeploymentState.SERVING)
-        .exclude(endpoint_url="")
-        .values_list("model_version__name", "team_id", "shared")
-    )
-
-
-def models_callable_by(team: Team, replicas: list[tuple[str, int, bool]]) -> list[tuple[str, int]]:
-    """(model, replicas the team's keys reach), within the team's allowed models if it has any."""
-    allowed = set(team.allowed_models)
-    counts: dict[str, int] = defaultdict(int)
-    for model, owner, shared in replicas:
-        if (shared or owner == team.pk) and (not allowed or model in allowed):
-            counts[model] += 1
-    return sorted(counts.items())
 
 
 def team_fronts(user) -> list[TeamFront]:

@@ -13,7 +13,7 @@ from django.utils import timezone
 from portal.audit.models import AppendOnlyError, AuditEvent
 from portal.audit.services import audit_event_record
 from portal.core import services as core_services
-from portal.core.services import retention_prune
+from portal.dashboard.services import retention_prune
 from portal.deployments.models import Deployment, DeploymentEvent, MetricsSample
 from portal.teams.models import Usage, UsageDaily
 from portal.teams.services import usage_rollup
@@ -140,7 +140,7 @@ def test_beat_runs_the_prune_daily_on_the_control_queue(settings):
 
 
 def test_the_beat_task_prunes_with_the_settings(retention, team):
-    from portal.core.tasks import retention_prune as task
+    from portal.dashboard.tasks import retention_prune as task
 
     _usage(team, timezone.now().date() - dt.timedelta(days=30), minute=0)
     result = task.apply()

@@ -197,7 +197,7 @@ def test_a_member_sees_their_teams_models_keys_quotas_and_usage_today(client, bo
     assert "mistral-7b-instruct" not in page  # another team's unshared deployment
     # No secret: neither the key nor its digest.
     assert search_token.split(".", 1)[1] not in page and search_key.digest not in page
-    assert next(t.name for t in response.templates) == "core/team_home.html"
+    assert next(t.name for t in response.templates) == "dashboard/team_home.html"
     assert "dgx-v100-01" not in page  # no ops dashboard
 
 

@@ -18,7 +18,7 @@ from .selectors import deployment_health, node_occupancy, recent_benchmark_runs,
 def home(request):
     if request.user.is_staff:
         return _ops_dashboard(request)
-    return render(request, "core/team_home.html", {"fronts": team_fronts(request.user)})
+    return render(request, "dashboard/team_home.html", {"fronts": team_fronts(request.user)})
 
 
 def _ops_dashboard(request):
@@ -27,7 +27,7 @@ def _ops_dashboard(request):
     traffic = traffic_last_hour()
     return render(
         request,
-        "core/home.html",
+        "dashboard/home.html",
         {
             "occupancy": occupancy,
             "gpu_total": sum(o.gpus for o in occupancy),
