@@ -19,6 +19,11 @@ agree.
   many slots, as members `<id>`, `<id>#2`, …, `<id>#k` (at most the cap).
 - Blocks: a key or team listed under `blocked:*` is refused at once (revocation,
   daily budget spent), checked inside the admission script at no extra cost.
+- Priority classes: a batch request sees each replica's cap as its batch share
+  (`batch_limit`: ceil(share × cap), so it starts only while in flight < share × cap),
+  waits in the model's batch queue, and is placed only while no interactive request
+  waits for the model: a freed slot goes to an interactive waiter first, and
+  interactive requests never look at the batch queue at all.
 
 Pure Python plus `redis.asyncio`; no Django.
 """
@@ -28,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -97,9 +103,12 @@ end
 """
 ADMIT = _NOW + _ADMIT_BODY + "return {'ok', 0, day}"
 
-# KEYS: queue_zset, then per candidate i: inflight_zset_i, long_zset_i
+# KEYS: queue_zset (the request's class's), interactive_queue_zset, then per candidate i:
+#       inflight_zset_i, long_zset_i
 # ARGV: request_id, lease_ms, is_long, long_cap, queue_max, queue_stale_ms, slots (prompts),
-#       then cap_i per candidate (-1 = no cap; 0 = no room, never "unlimited")
+#       is_batch, interactive_queue_stale_ms,
+#       then cap_i per candidate (-1 = no cap; 0 = no room, never "unlimited"; a batch request's
+#       is its batch limit)
 # Returns {index (1-based) or 0 = wait or -1 = queue full, queue position}
 # (K0, A0: where its keys and arguments start, so the same code runs alone or after ADMIT.)
 _ACQUIRE_FN = """
@@ -107,17 +116,25 @@ local function acquire(K0, A0)
   local req, lease, is_long = ARGV[A0+1], tonumber(ARGV[A0+2]), ARGV[A0+3] == '1'
   local long_cap, queue_max, stale = tonumber(ARGV[A0+4]), tonumber(ARGV[A0+5]), tonumber(ARGV[A0+6])
   local need = tonumber(ARGV[A0+7])
+  local is_batch = ARGV[A0+8] == '1'
   local queue = KEYS[K0+1]
   redis.call('ZREMRANGEBYSCORE', queue, '-inf', now - stale)
   local rank = redis.call('ZRANK', queue, req)
   local queued = redis.call('ZCARD', queue)
+  -- A batch request yields to any interactive request waiting for the model (abandoned entries
+  -- of a dead process aside): the freed slot is the interactive one's.
+  local yield = false
+  if is_batch then
+    redis.call('ZREMRANGEBYSCORE', KEYS[K0+2], '-inf', now - tonumber(ARGV[A0+9]))
+    yield = redis.call('EXISTS', KEYS[K0+2]) == 1
+  end
   local best, best_load, best_take, free_total = 0, math.huge, 0, 0
-  local n = (#KEYS - K0 - 1) / 2
+  local n = (#KEYS - K0 - 2) / 2
   for i = 1, n do
-    local inflight, long = KEYS[K0+2*i], KEYS[K0+2*i+1]
+    local inflight, long = KEYS[K0+1+2*i], KEYS[K0+2+2*i]
     redis.call('ZREMRANGEBYSCORE', inflight, '-inf', now)
     local load = redis.call('ZCARD', inflight)
-    local cap = tonumber(ARGV[A0+7+i])
+    local cap = tonumber(ARGV[A0+9+i])
     local free = (cap >= 0) and (cap - load) or 1000000
     if free > 0 then free_total = free_total + free end
     -- More prompts than the cap: the request takes the whole replica (waits for it to be idle).
@@ -131,10 +148,10 @@ local function acquire(K0, A0)
   end
   -- FIFO: a request may start only when fewer requests wait ahead of it than there are free slots.
   local position = rank or queued
-  if best > 0 and position < free_total then
-    redis.call('ZADD', KEYS[K0+2*best], now + lease, req)
-    for j = 2, best_take do redis.call('ZADD', KEYS[K0+2*best], now + lease, req .. '#' .. j) end
-    if is_long then redis.call('ZADD', KEYS[K0+2*best+1], now + lease, req) end
+  if best > 0 and position < free_total and not yield then
+    redis.call('ZADD', KEYS[K0+1+2*best], now + lease, req)
+    for j = 2, best_take do redis.call('ZADD', KEYS[K0+1+2*best], now + lease, req .. '#' .. j) end
+    if is_long then redis.call('ZADD', KEYS[K0+2+2*best], now + lease, req) end
     if rank then redis.call('ZREM', queue, req) end
     return best, 0
   end
@@ -246,6 +263,17 @@ class SlotGrant:
     slots: int = 1  # replica slots taken: one per prompt, at most the replica's cap
 
 
+def batch_limit(cap: int | None, share: float) -> int | None:
+    """The in-flight count a batch request may bring a replica to: it may start only while in
+    flight < share × cap, i.e. in flight < ceil(share × cap) (None: no cap, no limit).
+
+    Computed here rather than in Lua so a share like 0.3 × 10 (3.0000000000000004 in floating
+    point) gives 3, not 4."""
+    if cap is None:
+        return None
+    return math.ceil(round(cap * share, 9))
+
+
 def slot_members(request_id: str, slots: int) -> list[str]:
     """The members a request holds in a replica's in-flight set: one per slot."""
     return [request_id, *(f"{request_id}#{j}" for j in range(2, slots + 1))]
@@ -282,8 +310,8 @@ class RateLimiter:
     def long_key(self, deployment_id: int | str) -> str:
         return self.keys.long(deployment_id)
 
-    def queue_key(self, model: str) -> str:
-        return self.keys.queue(model)
+    def queue_key(self, model: str, *, batch: bool = False) -> str:
+        return self.keys.batch_queue(model) if batch else self.keys.queue(model)
 
     # --- admission -------------------------------------------------------------
     async def admit(self, *, request_id: str, team: Scope, key: Scope, tokens: int) -> Admission:
@@ -328,10 +356,15 @@ class RateLimiter:
         queue_max: int,
         timeout_s: float,
         slots: int,
+        batch_share: float | None,
+        interactive_timeout_s: float | None,
     ) -> tuple[list, list]:
-        keys = [self.queue_key(model)]
+        batch = batch_share is not None
+        keys = [self.queue_key(model, batch=batch), self.queue_key(model)]
         for deployment_id, _cap in candidates:
             keys += [self.inflight_key(deployment_id), self.long_key(deployment_id)]
+        caps = [batch_limit(cap, batch_share) if batch else cap for _id, cap in candidates]
+        interactive_timeout_s = timeout_s if interactive_timeout_s is None else interactive_timeout_s
         args = [
             request_id,
             self.lease_ms,
@@ -340,7 +373,9 @@ class RateLimiter:
             queue_max,
             int(timeout_s * 1000) + self.lease_ms,  # a queued entry older than this was abandoned
             max(1, slots),
-            *[-1 if cap is None else cap for _id, cap in candidates],
+            1 if batch else 0,
+            int(interactive_timeout_s * 1000) + self.lease_ms,  # the same, for the interactive queue
+            *[-1 if cap is None else cap for cap in caps],
         ]
         return keys, args
 
@@ -355,6 +390,8 @@ class RateLimiter:
         queue_max: int = 256,
         timeout_s: float = 10.0,
         slots: int = 1,
+        batch_share: float | None = None,
+        interactive_timeout_s: float | None = None,
     ) -> SlotGrant:
         """Take an in-flight slot on the least-loaded replica that has room, waiting in the model's
         FIFO queue (bounded by `queue_max`) for at most `timeout_s`.
@@ -362,11 +399,16 @@ class RateLimiter:
         `candidates` are (deployment id, concurrency cap or None). Cancellation (the client went
         away) leaves the queue at once, so a request cancelled while queued never reaches a replica.
         `slots`: how many prompts the request carries; it takes that many slots, at most the cap.
+        `batch_share` (0 < share ≤ 1) makes it a batch request: it takes a slot only while the
+        replica's in-flight count is below share × cap and no interactive request waits for the
+        model, and waits in the model's batch queue; `interactive_timeout_s` is the interactive
+        queue's deadline (to tell its abandoned entries), when it differs from `timeout_s`.
         """
         keys, args = self._acquire_keys_args(
-            request_id, model, candidates, long_prompt, long_cap, queue_max, timeout_s, slots
-        )
-        return await self._wait_for_slot(keys, args, request_id, model, timeout_s, first=None)
+            request_id, model, candidates, long_prompt, long_cap, queue_max, timeout_s, slots,
+            batch_share, interactive_timeout_s,
+        )  # fmt: skip
+        return await self._wait_for_slot(keys, args, request_id, timeout_s, first=None)
 
     async def admit_and_place(
         self,
@@ -383,6 +425,8 @@ class RateLimiter:
         timeout_s: float = 10.0,
         on_admitted: Callable[[Admission], None] | None = None,
         slots: int = 1,
+        batch_share: float | None = None,
+        interactive_timeout_s: float | None = None,
     ) -> tuple[Admission, SlotGrant | None]:
         """`admit`, then `acquire_replica` if admitted, with the first try of both in one script.
 
@@ -390,8 +434,9 @@ class RateLimiter:
         queued never sees the return value, yet must still release its slots and reservation."""
         admit_keys, admit_args = self._admit_keys_args(request_id, team, key, tokens)
         keys, args = self._acquire_keys_args(
-            request_id, model, candidates, long_prompt, long_cap, queue_max, timeout_s, slots
-        )
+            request_id, model, candidates, long_prompt, long_cap, queue_max, timeout_s, slots,
+            batch_share, interactive_timeout_s,
+        )  # fmt: skip
         result = await self._admit_place(keys=admit_keys + keys, args=admit_args + args)
         admission = self._admission(result, tokens)
         if not admission.ok:
@@ -399,10 +444,10 @@ class RateLimiter:
         if on_admitted is not None:
             on_admitted(admission)
         first = (int(result[3]), int(result[4]))
-        return admission, await self._wait_for_slot(keys, args, request_id, model, timeout_s, first=first)
+        return admission, await self._wait_for_slot(keys, args, request_id, timeout_s, first=first)
 
     async def _wait_for_slot(
-        self, keys: list, args: list, request_id: str, model: str, timeout_s: float, *, first: tuple | None
+        self, keys: list, args: list, request_id: str, timeout_s: float, *, first: tuple | None
     ) -> SlotGrant:
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -418,7 +463,7 @@ class RateLimiter:
                 index = int(index)
                 if index > 0:
                     queued = False
-                    need, cap = args[6], args[6 + index]
+                    need, cap = args[6], args[8 + index]
                     taken = need if cap < 0 else min(need, cap)
                     return SlotGrant(index - 1, waited_s=loop.time() - started, slots=taken)
                 if index < 0:
@@ -436,15 +481,15 @@ class RateLimiter:
             raise
         finally:
             if queued:
-                # Shielded so a cancelled request still leaves the queue.
-                await asyncio.shield(self.redis.zrem(self.queue_key(model), request_id))
+                # Shielded so a cancelled request still leaves the queue (its class's: keys[0]).
+                await asyncio.shield(self.redis.zrem(keys[0], request_id))
 
     async def _leave_candidates(self, keys: list, request_id: str, slots: int) -> None:
         """Leave the in-flight and long-prompt sets of every candidate (keys as `_acquire_keys_args`)."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            for inflight in keys[1::2]:
+            for inflight in keys[2::2]:
                 pipe.zrem(inflight, *slot_members(request_id, slots))
-            for long in keys[2::2]:
+            for long in keys[3::2]:
                 pipe.zrem(long, request_id)
             await pipe.execute()
 

@@ -66,6 +66,10 @@ class RedisKeys:
     def queue(self, model: str) -> str:
         return f"{self.gateway}queue:{model}"
 
+    def batch_queue(self, model: str) -> str:
+        """Batch requests waiting for a model's spare capacity, apart from the interactive queue."""
+        return f"{self.gateway}bqueue:{model}"
+
     def auth_failures(self, address: str) -> str:
         """Failed authentications from one client address in its current window."""
         return f"{self.gateway}authfail:{address}"

@@ -346,6 +346,12 @@ GATEWAY_READ_TIMEOUT_S = env.float("GATEWAY_READ_TIMEOUT_S", default=60.0)
 GATEWAY_CONNECT_TIMEOUT_S = env.float("GATEWAY_CONNECT_TIMEOUT_S", default=5.0)
 GATEWAY_MAX_CONNECTIONS = env.int("GATEWAY_MAX_CONNECTIONS", default=1000)
 GATEWAY_SLOT_LEASE_S = env.float("GATEWAY_SLOT_LEASE_S", default=30.0)
+# Priority classes (docs/decisions.md): a batch request takes a replica slot only while the
+# replica's in-flight count is below this share of its cap, and waits in its own queue this long.
+GATEWAY_BATCH_SHARE = env_number("GATEWAY_BATCH_SHARE", default=0.5, minimum=0.0)
+if not 0 < GATEWAY_BATCH_SHARE <= 1:
+    raise ImproperlyConfigured(f"GATEWAY_BATCH_SHARE={GATEWAY_BATCH_SHARE} must be above 0 and at most 1")
+GATEWAY_BATCH_QUEUE_TIMEOUT_S = env_number("GATEWAY_BATCH_QUEUE_TIMEOUT_S", default=120.0, minimum=0.001)
 # Most prompts one /v1/completions request may carry (`"prompt": [...]`); vLLM runs each as a request.
 GATEWAY_MAX_PROMPTS = env.int("GATEWAY_MAX_PROMPTS", default=32)
 if not 1 <= GATEWAY_MAX_PROMPTS <= 1024:

@@ -6,7 +6,9 @@ clamps `max_tokens` to the team's clamp, and asks upstream for the usage chunk.
 prompt tokens plus the output cap of every sequence (prompts × n × max_tokens).
 `place` then takes a slot per prompt on a replica (least in flight under its
 cap; long prompts under the long-prompt cap), waiting in the model's bounded
-queue if none has room.
+queue if none has room. A batch-class caller takes only spare capacity (below
+GATEWAY_BATCH_SHARE of a replica's cap, never while an interactive request
+waits), waiting in the model's batch queue for GATEWAY_BATCH_QUEUE_TIMEOUT_S.
 """
 
 from __future__ import annotations
@@ -233,6 +235,7 @@ async def admit_and_place(
     long_prompt: bool,
     on_admitted: Callable[[Admission], None],
     slots: int,
+    batch: bool = False,
 ) -> tuple[Admission, SlotGrant | None]:
     """Quotas, then a replica slot: one Redis round trip when both say yes at once.
     `on_admitted` learns of the admission before the request waits in the queue."""
@@ -247,18 +250,21 @@ async def admit_and_place(
             long_prompt=long_prompt,
             on_admitted=on_admitted,
             slots=slots,
-            **_queue_limits(),
+            **_queue_limits(batch),
         )
     except RedisError:
         raise limiter_unavailable() from None
 
 
-def _queue_limits() -> dict:
-    """The per-deployment limits every placement applies (read per call: tests override settings)."""
+def _queue_limits(batch: bool) -> dict:
+    """The per-deployment limits every placement applies (read per call: tests override settings);
+    a batch request's share of the cap and its own queue deadline."""
     return {
         "long_cap": settings.GATEWAY_LONG_PROMPT_MAX_INFLIGHT,
         "queue_max": settings.GATEWAY_QUEUE_MAX,
-        "timeout_s": settings.GATEWAY_QUEUE_TIMEOUT_S,
+        "timeout_s": settings.GATEWAY_BATCH_QUEUE_TIMEOUT_S if batch else settings.GATEWAY_QUEUE_TIMEOUT_S,
+        "batch_share": settings.GATEWAY_BATCH_SHARE if batch else None,
+        "interactive_timeout_s": settings.GATEWAY_QUEUE_TIMEOUT_S,
     }
 
 
@@ -291,10 +297,27 @@ def check_admission(admission: Admission) -> None:
     )
 
 
-def check_slot_grant(grant: SlotGrant, model: str) -> int:
-    """The index of the replica the request was placed on, or the 429/503 of a full or slow queue."""
+def check_slot_grant(grant: SlotGrant, model: str, *, batch: bool = False) -> int:
+    """The index of the replica the request was placed on, or the 429/503 of a full or slow queue
+    (a batch request's say it was the batch queue: its capacity is the spare share of the cap)."""
     if grant.index is not None:
         return grant.index
+    if batch:
+        if grant.reason == "queue_full":
+            raise GatewayError(
+                429,
+                f"This key is in the batch class: `{model}` has no spare capacity for batch requests "
+                "and its batch queue is full.",
+                code="batch_queue_full",
+                retry_after=5,
+            )
+        raise GatewayError(
+            503,
+            f"This key is in the batch class: `{model}` had no spare capacity for batch requests "
+            f"for {settings.GATEWAY_BATCH_QUEUE_TIMEOUT_S:g} s.",
+            code="batch_queue_timeout",
+            retry_after=5,
+        )
     if grant.reason == "queue_full":
         raise GatewayError(
             429,
@@ -318,6 +341,7 @@ async def place(
     candidates: list[tuple[int, int | None]],
     long_prompt: bool,
     slots: int,
+    batch: bool = False,
 ) -> SlotGrant:
     try:
         return await limiter.acquire_replica(
@@ -326,7 +350,7 @@ async def place(
             candidates=candidates,
             long_prompt=long_prompt,
             slots=slots,
-            **_queue_limits(),
+            **_queue_limits(batch),
         )
     except RedisError:
         raise limiter_unavailable() from None

@@ -24,7 +24,7 @@ from django.db import close_old_connections
 from redis.exceptions import RedisError
 
 from inference.ratelimit import Limits, RateLimiter
-from portal.teams.models import ApiKey
+from portal.teams.models import ApiKey, PriorityClass
 from portal.teams.services import api_key_matches, api_key_prefix
 
 from .cache import TtlCache
@@ -45,6 +45,11 @@ class Caller:
     revoked: bool
     expires_at: float | None  # epoch seconds
     disabled_until: float | None
+    priority_class: str = PriorityClass.INTERACTIVE  # the key's class, else its team's
+
+    @property
+    def is_batch(self) -> bool:
+        return self.priority_class == PriorityClass.BATCH
 
 
 log = logging.getLogger("portal.gateway")
@@ -83,6 +88,9 @@ def _caller(key: ApiKey) -> Caller:
         revoked=key.revoked_at is not None,
         expires_at=key.expires_at.timestamp() if key.expires_at else None,
         disabled_until=max(disabled) if disabled else None,
+        # Cached with the row (GATEWAY_CACHE_S), as every other key field: a change reaches each
+        # process within one cache interval.
+        priority_class=key.priority_class or team.priority_class,
     )
 
 

@@ -88,6 +88,7 @@ class Exchange:
             "model": self.model,
             "deployment_id": self.deployment_id,
             "endpoint": self.endpoint,
+            "priority_class": self.caller.priority_class,
             "stream": self.stream,
             "status": status,
             "http_status": http_status,

@@ -231,6 +231,7 @@ async def _serve(request, ex: Exchange, *, chat: bool):
         long_prompt=long_prompt,
         on_admitted=ex.admitted,
         slots=parsed.prompts,
+        batch=caller.is_batch,
     )
     check_admission(ex.admission)
     ex.hold([limiter.concurrency_key(s) for s in (ex.team, ex.key) if s.limits.max_concurrent])
@@ -249,8 +250,9 @@ async def _serve(request, ex: Exchange, *, chat: bool):
                 candidates=[(r.id, r.cap) for r in remaining],
                 long_prompt=long_prompt,
                 slots=parsed.prompts,
+                batch=caller.is_batch,
             )
-        replica = remaining.pop(check_slot_grant(placement, parsed.model))
+        replica = remaining.pop(check_slot_grant(placement, parsed.model, batch=caller.is_batch))
         ex.placed = True
         ex.deployment_id, ex.replica_slots = replica.id, placement.slots
         placement = None

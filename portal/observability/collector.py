@@ -39,6 +39,20 @@ def _queue_stale_ms() -> int:
     return int((settings.GATEWAY_QUEUE_TIMEOUT_S + settings.GATEWAY_SLOT_LEASE_S) * 1000)
 
 
+def _batch_queue_stale_ms() -> int:
+    return int((settings.GATEWAY_BATCH_QUEUE_TIMEOUT_S + settings.GATEWAY_SLOT_LEASE_S) * 1000)
+
+
+def batch_queue_depths(client: redis.Redis, models: list[str]) -> dict[str, int]:
+    """Batch requests waiting for spare capacity, per model, now."""
+    now_ms = int(time.time() * 1000)
+    keys = redis_keys()
+    with client.pipeline(transaction=False) as pipe:
+        for model in models:
+            pipe.zcount(keys.batch_queue(model), now_ms - _batch_queue_stale_ms(), "+inf")
+        return dict(zip(models, pipe.execute(), strict=True))
+
+
 def read_counters(client: redis.Redis) -> dict[tuple, float]:
     out = {}
     for field, value in client.hgetall(redis_keys().metrics_counters).items():
@@ -85,6 +99,7 @@ class PortalCollector:
             client = m.client()
             counters = read_counters(client)
             queues, inflight = live_gauges(client, deployments)
+            batch_queues = batch_queue_depths(client, list(queues))
             dead_letters = client.llen(redis_keys().usage_dead)
         except redis.RedisError as error:
             log.warning("metrics scrape without Redis: %s", error)
@@ -101,6 +116,14 @@ class PortalCollector:
         for model, n in queues.items():
             queue.add_metric([model], n)
         yield queue
+        batch_queue = GaugeMetricFamily(
+            "portal_gateway_batch_queue_depth",
+            "Batch-class requests waiting for a model's spare capacity (apart from the queue depth).",
+            labels=["model"],
+        )
+        for model, n in batch_queues.items():
+            batch_queue.add_metric([model], n)
+        yield batch_queue
         flight = GaugeMetricFamily(
             "portal_gateway_inflight_requests",
             "Gateway requests holding a slot on each serving deployment.",

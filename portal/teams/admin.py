@@ -9,8 +9,8 @@ from .services import api_key_revoke
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
     list_display = [
-        "name", "slug", "gpu_quota", "rpm_limit", "tpm_limit", "tokens_per_day", "max_concurrent",
-        "disabled_until", "member_count", "created_at",
+        "name", "slug", "priority_class", "gpu_quota", "rpm_limit", "tpm_limit", "tokens_per_day",
+        "max_concurrent", "disabled_until", "member_count", "created_at",
     ]  # fmt: skip
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
@@ -26,9 +26,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
     """Keys are created by their team (page or `create_key`), so the secret is shown once, to them.
     The digest is never shown."""
 
-    list_display = ["__str__", "team", "name", "allowed_models", "created_at", "expires_at", "last_used_at",
-                    "revoked_at", "disabled_until"]  # fmt: skip
-    list_filter = ["team", "revoked_at"]
+    list_display = ["__str__", "team", "name", "priority_class", "allowed_models", "created_at", "expires_at",
+                    "last_used_at", "revoked_at", "disabled_until"]  # fmt: skip
+    list_filter = ["team", "priority_class", "revoked_at"]
     search_fields = ["prefix", "name", "team__slug"]
     exclude = ["digest"]
     readonly_fields = ["prefix", "team", "created_by", "created_at", "last_used_at", "revoked_at",
@@ -46,9 +46,10 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 @admin.register(Usage)
 class UsageAdmin(admin.ModelAdmin):
-    list_display = ["created_at", "team", "api_key", "model", "deployment", "status", "http_status",
-                    "prompt_tokens", "completion_tokens", "ttft_ms", "duration_ms"]  # fmt: skip
-    list_filter = ["status", "team", "model"]
+    list_display = ["created_at", "team", "api_key", "model", "priority_class", "deployment", "status",
+                    "http_status", "prompt_tokens", "completion_tokens", "ttft_ms",
+                    "duration_ms"]  # fmt: skip
+    list_filter = ["status", "priority_class", "team", "model"]
     date_hierarchy = "created_at"
 
     def has_add_permission(self, request) -> bool:
@@ -60,9 +61,9 @@ class UsageAdmin(admin.ModelAdmin):
 
 @admin.register(UsageDaily)
 class UsageDailyAdmin(admin.ModelAdmin):
-    list_display = ["day", "team", "api_key", "model", "requests", "completed", "rejected", "failed",
-                    "prompt_tokens", "completion_tokens"]  # fmt: skip
-    list_filter = ["team", "model"]
+    list_display = ["day", "team", "api_key", "model", "priority_class", "requests", "completed", "rejected",
+                    "failed", "prompt_tokens", "completion_tokens"]  # fmt: skip
+    list_filter = ["team", "model", "priority_class"]
     date_hierarchy = "day"
     change_list_template = "admin/teams/usagedaily/change_list.html"
 

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
 
 from portal.audit.api import AuditedModelViewSetMixin
 from portal.deployments.services import team_gpus_held
 
-from .models import Team
+from .models import PriorityClass, Team
+from .selectors import usage_by_priority_class
 
 
 class TeamSerializer(serializers.ModelSerializer):
@@ -19,10 +24,18 @@ class TeamSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Team
-        fields = ["id", "name", "slug", "members", "gpu_quota", "gpus_held", "created_at"]
+        fields = ["id", "name", "slug", "members", "gpu_quota", "priority_class", "gpus_held", "created_at"]
 
     def get_gpus_held(self, team: Team) -> int:
         return team_gpus_held(team)
+
+
+class UsageByClassSerializer(serializers.Serializer):
+    priority_class = serializers.ChoiceField(choices=PriorityClass.choices)
+    today_requests = serializers.IntegerField()
+    today_tokens = serializers.IntegerField()
+    days_requests = serializers.IntegerField(help_text="The last 30 UTC days, today included (rollups).")
+    days_tokens = serializers.IntegerField()
 
 
 class TeamViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
@@ -35,3 +48,9 @@ class TeamViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
         teams = Team.objects.prefetch_related("members")
         user = self.request.user
         return teams if user.is_staff else teams.filter(members=user)
+
+    @extend_schema(responses=UsageByClassSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def usage(self, request: Request, slug: str | None = None) -> Response:
+        """The team's usage per priority class: today (usage records) and the last 30 days (rollups)."""
+        return Response(UsageByClassSerializer(usage_by_priority_class(self.get_object()), many=True).data)

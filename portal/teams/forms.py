@@ -7,7 +7,7 @@ import datetime as dt
 from django import forms
 from django.utils import timezone
 
-from .models import BIGINT_MAX, INT_MAX
+from .models import BIGINT_MAX, INT_MAX, PriorityClass
 
 
 class ApiKeyCreateForm(forms.Form):
@@ -28,6 +28,13 @@ class ApiKeyCreateForm(forms.Form):
     max_concurrent = forms.IntegerField(
         min_value=1, max_value=INT_MAX, required=False, label="Concurrent requests"
     )
+    priority_class = forms.ChoiceField(
+        choices=[("", "the team's class"), *PriorityClass.choices],
+        required=False,
+        label="Priority class",
+        help_text="batch: only the spare capacity of a deployment, after interactive requests, with a "
+        "longer queue wait (for offline jobs).",
+    )
 
     def service_kwargs(self) -> dict:
         data = self.cleaned_data
@@ -40,4 +47,5 @@ class ApiKeyCreateForm(forms.Form):
             "tpm_limit": data.get("tpm_limit"),
             "tokens_per_day": data.get("tokens_per_day"),
             "max_concurrent": data.get("max_concurrent"),
+            "priority_class": data.get("priority_class") or "",
         }

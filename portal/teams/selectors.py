@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from portal.core.redis_client import gateway_redis, redis_keys
 
-from .models import ApiKey, Team, Usage, UsageDaily, UsageStatus
+from .models import ApiKey, PriorityClass, Team, Usage, UsageDaily, UsageStatus
 
 
 def teams_visible_to(user) -> QuerySet[Team]:
@@ -87,6 +87,40 @@ def usage_today_by_key(team: Team) -> list[dict]:
         for row in rows
     ]
     return sorted(out, key=lambda r: (-r["tokens"], -r["requests"], r["key"]))
+
+
+def usage_by_priority_class(team: Team, *, days: int = 30) -> list[dict]:
+    """Requests and tokens per priority class: today's straight from the usage records (as the rest
+    of today's figures), and the last `days` UTC days (today included) from the daily rollups.
+    One row per class, every class present: {"priority_class", "today_requests", "today_tokens",
+    "days_requests", "days_tokens"}."""
+    start = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    today = {
+        row["priority_class"]: row
+        for row in Usage.objects.filter(team=team, created_at__gte=start)
+        .values("priority_class")
+        .annotate(requests=Count("id"), p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
+    }
+    first_day = start.date() - dt.timedelta(days=days - 1)
+    rolled = {
+        row["priority_class"]: row
+        for row in UsageDaily.objects.filter(team=team, day__gte=first_day)
+        .values("priority_class")
+        .annotate(requests=Sum("requests"), p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
+    }
+    out = []
+    for value in PriorityClass.values:
+        t, r = today.get(value, {}), rolled.get(value, {})
+        out.append(
+            {
+                "priority_class": value,
+                "today_requests": t.get("requests") or 0,
+                "today_tokens": (t.get("p") or 0) + (t.get("c") or 0),
+                "days_requests": r.get("requests") or 0,
+                "days_tokens": (r.get("p") or 0) + (r.get("c") or 0),
+            }
+        )
+    return out
 
 
 def usage_hourly_series(team: Team, *, hours: int = 24) -> list[tuple[dt.datetime, int]]:

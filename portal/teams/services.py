@@ -31,7 +31,7 @@ from portal.core.errors import ApplicationError, clean_or_raise
 from portal.core.redis_client import gateway_redis, redis_keys
 from portal.observability import prometheus
 
-from .models import BIGINT_MAX, INT_MAX, ApiKey, Team, Usage, UsageDaily, UsageStatus
+from .models import BIGINT_MAX, INT_MAX, ApiKey, PriorityClass, Team, Usage, UsageDaily, UsageStatus
 
 KEY_SCHEME = "sk-"
 log = logging.getLogger("portal.teams")
@@ -90,8 +90,28 @@ def api_key_create(
     tpm_limit: int | None = None,
     tokens_per_day: int | None = None,
     max_concurrent: int | None = None,
+    priority_class: str = "",
 ) -> tuple[ApiKey, str]:
-    """Create a key; returns the row and the key itself, which is never shown again."""
+    """Create a key; returns the row and the key itself, which is never shown again.
+
+    `priority_class` blank: the team's. A member may make a key batch (it only gives capacity
+    up), but only staff (or a shell command, `created_by` None) may make a batch team's key
+    interactive: that would undo the class ops gave the team."""
+    if priority_class not in ("", *PriorityClass.values):
+        raise ApplicationError(
+            f"Must be one of {', '.join(PriorityClass.values)} (blank: the team's class).",
+            field="priority_class",
+        )
+    if (
+        priority_class == PriorityClass.INTERACTIVE
+        and team.priority_class == PriorityClass.BATCH
+        and created_by is not None
+        and not created_by.is_staff
+    ):
+        raise ApplicationError(
+            "The team is in the batch class; only staff may give one of its keys the interactive class.",
+            field="priority_class",
+        )
     for field, value, most in [
         ("rpm_limit", rpm_limit, INT_MAX),
         ("tpm_limit", tpm_limit, INT_MAX),
@@ -123,12 +143,13 @@ def api_key_create(
         tpm_limit=tpm_limit,
         tokens_per_day=tokens_per_day,
         max_concurrent=max_concurrent,
+        priority_class=priority_class,
     )
     audit_event_record(
         action="api_key.create",
         target=key,
         actor=created_by,
-        changes={"team": team.slug, "name": name, "allowed_models": models},
+        changes={"team": team.slug, "name": name, "allowed_models": models, "priority_class": priority_class},
     )
     return key, token
 
@@ -213,6 +234,10 @@ def _storable(text: object, limit: int) -> str:
     return text.encode("utf-8", "replace").decode()[:limit]
 
 
+def _priority_class(value: object) -> str:
+    return value if value in PriorityClass.values else PriorityClass.INTERACTIVE
+
+
 def _usage_from_json(raw: bytes) -> Usage | None:
     try:
         data = json.loads(raw)
@@ -224,6 +249,8 @@ def _usage_from_json(raw: bytes) -> Usage | None:
             model=_storable(data.get("model"), 100),
             deployment_id=data.get("deployment_id"),
             endpoint=_storable(data.get("endpoint"), 30),
+            # Records queued before the gateway knew classes carry none: they were interactive.
+            priority_class=_priority_class(data.get("priority_class")),
             stream=bool(data.get("stream")),
             status=data["status"],
             http_status=data["http_status"],

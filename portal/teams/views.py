@@ -18,6 +18,7 @@ from .selectors import (
     api_key_get_for_team,
     api_keys_of,
     team_get_for_user,
+    usage_by_priority_class,
     usage_daily_series,
     usage_hourly_series,
     usage_today,
@@ -93,6 +94,7 @@ def team_usage(request, slug: str):
             "team": team,
             "today": today,
             "by_key": usage_today_by_key(team),
+            "by_class": usage_by_priority_class(team),
             "in_flight": team_in_flight(team),
             "daily_chart": bar_chart_svg(
                 [(d.strftime("%m-%d"), v) for d, v in daily],

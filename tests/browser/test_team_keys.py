@@ -23,12 +23,14 @@ def test_a_member_creates_sees_once_and_revokes_a_key(page: Page, live_server, b
     page.fill("#id_name", "notebook")
     page.fill("#id_models", "llama-2-7b-chat-hf")
     page.fill("#id_rpm_limit", "60")
+    page.select_option("#id_priority_class", "batch")
     page.get_by_role("button", name="Create key").click()
     token = page.locator("#new-key").inner_text().strip()
     assert token.startswith("sk-")
     shot(page, "team-keys-created")
     prefix = token.removeprefix("sk-").split(".")[0]
     expect(page.locator("table")).to_contain_text(f"sk-{prefix}…")
+    expect(page.locator("td.priority-class")).to_have_text("batch")
 
     page.goto(f"{live_server.url}/teams/search/keys/")
     expect(page.locator("#new-key")).to_have_count(0)
@@ -53,7 +55,14 @@ def test_a_member_sees_usage_against_quotas_as_charts(page: Page, live_server, b
         request_id=uuid.uuid4(), created_at=timezone.now(), team=team, model="m", status="completed",
         http_status=200, prompt_tokens=10, completion_tokens=20, duration_ms=50,
     )  # fmt: skip
+    Usage.objects.create(
+        request_id=uuid.uuid4(), created_at=timezone.now(), team=team, model="m", status="completed",
+        http_status=200, prompt_tokens=1, completion_tokens=2, duration_ms=50, priority_class="batch",
+    )  # fmt: skip
     login(page, live_server, "bob", "bob-password", next_path="/teams/search/usage/")
     expect(page.locator("svg.chart")).to_have_count(2)
+    # Today per class: 1 interactive request of 30 tokens, 1 batch request of 3.
+    expect(page.locator("table.by-class tr", has_text="batch")).to_contain_text("3")
+    expect(page.locator("table.by-class tr", has_text="interactive")).to_contain_text("30")
     expect(page.locator("main")).to_contain_text("50000")
     shot(page, "team-usage")

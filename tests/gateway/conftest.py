@@ -28,6 +28,8 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 QUEUE_TIMEOUT_S = 4
 UPSTREAM_TIMEOUT_S = 4  # first token, and between reads
 OUTLASTS_THE_QUEUE = "FAKE chunks=140 interval=50"  # holds its slot 7 s: 3 s past the queue timeout
+BATCH_QUEUE_TIMEOUT_S = 6  # the batch class's own deadline: longer than the interactive one
+OUTLASTS_THE_BATCH_QUEUE = "FAKE chunks=180 interval=50"  # holds its slot 9 s: 3 s past it
 NO_FIRST_TOKEN_IN_TIME = "FAKE delay=7"  # 3 s past the first-token timeout
 
 
@@ -109,6 +111,7 @@ def gateway(django_db_setup, django_db_blocker, tmp_path_factory):
         # Seconds a loaded machine's ordinary requests never take (a real vLLM-CPU answer included);
         # tests that reach a timeout ask for delays well beyond it (QUEUE_WAIT_S and the like).
         "GATEWAY_QUEUE_TIMEOUT_S": str(QUEUE_TIMEOUT_S),
+        "GATEWAY_BATCH_QUEUE_TIMEOUT_S": str(BATCH_QUEUE_TIMEOUT_S),
         "GATEWAY_FIRST_TOKEN_TIMEOUT_S": str(UPSTREAM_TIMEOUT_S),
         "GATEWAY_READ_TIMEOUT_S": str(UPSTREAM_TIMEOUT_S),
         "GATEWAY_SLOT_LEASE_S": "30",

@@ -1,4 +1,5 @@
-"""`manage.py create_key --team <slug> --models a,b [--rpm N --tpm N --tokens-per-day N --max-concurrent N]`
+"""`manage.py create_key --team <slug> --models a,b [--rpm N --tpm N --tokens-per-day N --max-concurrent N]
+[--priority-class interactive|batch]`
 
 Prints the new key once (stdout, nothing else on that line); it is not stored and cannot be shown again.
 """
@@ -37,6 +38,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--max-concurrent", type=positive, help="Requests in flight at once for this key."
         )
+        parser.add_argument(
+            "--priority-class",
+            choices=["interactive", "batch"],
+            default="",
+            help="How the gateway admits this key's requests (default: the team's class).",
+        )
         parser.add_argument("--expires-in-days", type=positive, help="Expire the key after this many days.")
 
     def handle(self, *args, **options) -> None:
@@ -54,6 +61,7 @@ class Command(BaseCommand):
                 tpm_limit=options.get("tpm"),
                 tokens_per_day=options.get("tokens_per_day"),
                 max_concurrent=options.get("max_concurrent"),
+                priority_class=options.get("priority_class") or "",
             )
         except ApplicationError as error:
             raise CommandError(f"--{error.field.replace('_', '-')}: {error.message}") from error
