@@ -88,7 +88,7 @@ def test_a_key_created_and_revoked_by_a_member_is_recorded(bob, team):
     key = ApiKey.objects.get(team=team)
     created = only("api_key.create")
     assert (created.actor, created.target_id, created.ip) == (bob, str(key.pk), "127.0.0.1")
-    assert created.changes == {"team": "search", "name": "ci", "allowed_models": []}
+    assert created.changes == {"team": "search", "name": "ci", "allowed_models": [], "priority_class": ""}
     assert client.post(f"/teams/search/keys/{key.prefix}/revoke/").status_code == 302
     revoked = only("api_key.revoke")
     assert (revoked.actor, revoked.target_id) == (bob, str(key.pk))
