@@ -207,15 +207,17 @@ def test_two_flushers_holding_a_batch_at_the_same_moment_hold_different_records(
     push(gw, *records)
     both_hold_one = threading.Barrier(2, timeout=10)
     first_batches: dict[int, set[str]] = {}
-    insert = Usage.objects.bulk_create
+    from portal.teams import services
 
-    def insert_once_both_hold_a_batch(rows, **kwargs):
+    insert = services.usage_insert
+
+    def insert_once_both_hold_a_batch(rows):
         if threading.get_ident() not in first_batches:  # each flusher's first batch: wait for the other's
             first_batches[threading.get_ident()] = {r.request_id.hex for r in rows}
             both_hold_one.wait()
-        return insert(rows, **kwargs)
+        return insert(rows)
 
-    monkeypatch.setattr(Usage.objects, "bulk_create", insert_once_both_hold_a_batch)
+    monkeypatch.setattr(services, "usage_insert", insert_once_both_hold_a_batch)
 
     def flush() -> None:
         try:
