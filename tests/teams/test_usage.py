@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import threading
 import time
 import uuid
 
 import pytest
-import redis
 from django.utils import timezone
 
 from portal.core.redis_client import redis_keys
@@ -18,27 +16,6 @@ from portal.teams.models import ApiKey, Team, Usage, UsageDaily
 from portal.teams.services import api_key_create, budgets_enforce, usage_flush, usage_rollup
 
 pytestmark = pytest.mark.django_db
-
-
-def _clear(client: redis.Redis) -> None:
-    stale = [*client.scan_iter(f"{redis_keys().gateway}*"), *client.scan_iter(f"{redis_keys().metrics}*")]
-    if stale:
-        client.delete(*stale)
-
-
-@pytest.fixture
-def gw(settings):
-    settings.GATEWAY_REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
-    client = redis.Redis.from_url(settings.GATEWAY_REDIS_URL)
-    _clear(client)
-    yield client
-    _clear(client)
-    client.close()
-
-
-@pytest.fixture
-def key(team):
-    return api_key_create(team=team)[0]
 
 
 def record(
