@@ -157,7 +157,7 @@ def _copy_plain(rows: list) -> None:
         f"COPY {Usage._meta.db_table} ({columns}) FROM STDIN"
     ) as copy:
         for row in rows:
-            copy.write_row([f.get_db_prep_save(getattr(row, f.attname), connection) for f in fields])
+            copy.write_row([getattr(row, f.attname) for f in fields])
 
 
 def run(args) -> list[list[str]]:
