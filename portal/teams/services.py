@@ -249,9 +249,10 @@ def usage_flush(*, batch: int = 1000) -> int:
     Safe to run in several workers at once: each batch is moved, in one step, from the queue
     to a list of the flusher's own, and removed from there only after its rows are committed.
     A flusher that dies leaves its batch there; the next flush puts it back on the queue once
-    the batch's lease ran out. A batch stored twice is harmless: the request id is unique and
-    a second insert of it is a no-op. A record that cannot be stored (unreadable, a team or key
-    this database does not know, a value PostgreSQL refuses) goes to the dead-letter list
+    the batch's lease ran out. A batch stored twice is harmless: (request id, arrival time) is
+    unique, both come from the gateway's record, and a second insert of it is a no-op. A record
+    that cannot be stored (unreadable, a team or key this database does not know, a value
+    PostgreSQL refuses) goes to the dead-letter list
     (`RedisKeys.usage_dead`), is counted in /metrics, and the flush goes on.
     """
     client = gateway_redis()
