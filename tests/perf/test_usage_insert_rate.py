@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,9 +34,9 @@ def test_a_tiny_insert_rate_bench_prints_every_method_and_drops_its_database():
     assert re.search(r"\| rows stored +\| +420 \|", run.stdout)  # 7 methods × 60
     assert re.search(r"\| bytes per row .*\| +[\d,]+ \|", run.stdout)
     name = re.search(r"database (portal_insert_bench_\d+)", run.stdout).group(1)
-    listed = subprocess.run(["psql", f"{server}/postgres", "-Atc", "SELECT datname FROM pg_database"],
-                            capture_output=True, text=True, check=True).stdout  # fmt: skip
-    assert name not in listed.split()
+    with psycopg.connect(f"{server}/postgres") as conn:
+        listed = [row[0] for row in conn.execute("SELECT datname FROM pg_database")]
+    assert name not in listed
 
 
 def test_it_refuses_bad_arguments():
