@@ -93,6 +93,11 @@ class RedisKeys:
         """The batch one flusher took and has not yet stored."""
         return f"{self.gateway}usage:taken:{flusher}"
 
+    @property
+    def usage_hours(self) -> str:
+        """Set: the UTC hours (epoch seconds) the flush stored records in since the hourly rollup last ran."""
+        return f"{self.gateway}usage:hours"
+
     # --- the portal's metrics ------------------------------------------------------
     @property
     def metrics(self) -> str:

@@ -382,6 +382,10 @@ def env_retention_days(name: str, *, default: int, least: int = 1) -> int:
 # Gateway usage records; each UTC day is rolled up into UsageDaily (kept forever) before its
 # records go. At least 2: the rollup task recomputes today and yesterday from the records.
 RETENTION_USAGE_DAYS = env_retention_days("RETENTION_USAGE_DAYS", default=90, least=2)
+# PostgreSQL: days ahead that get their usage partition before they start (portal/teams/partitions.py).
+USAGE_PARTITIONS_AHEAD_DAYS = env_positive_int("USAGE_PARTITIONS_AHEAD_DAYS", default=7)
+if USAGE_PARTITIONS_AHEAD_DAYS > 366:
+    raise ImproperlyConfigured(f"USAGE_PARTITIONS_AHEAD_DAYS={USAGE_PARTITIONS_AHEAD_DAYS}: at most 366")
 RETENTION_DEPLOYMENT_EVENTS_DAYS = env_retention_days("RETENTION_DEPLOYMENT_EVENTS_DAYS", default=180)
 # Supervision and adopted-server health samples (the deployment page charts the latest 60).
 RETENTION_METRICS_SAMPLES_DAYS = env_retention_days("RETENTION_METRICS_SAMPLES_DAYS", default=7)
@@ -401,6 +405,12 @@ CELERY_BEAT_SCHEDULE = {
     },
     "gateway-usage-flush": {"task": "portal.teams.tasks.usage_flush", "schedule": 5.0},
     "gateway-usage-rollup": {"task": "portal.teams.tasks.usage_rollup", "schedule": 300.0},
+    # Hourly, though the days ahead are made a week early: a missed run costs nothing.
+    "gateway-usage-partitions": {
+        "task": "portal.teams.tasks.usage_partitions_maintain",
+        "schedule": crontab(minute=7),
+        "options": {"queue": "control", "expires": 3000},
+    },
     "observability-sample-queues": {
         "task": "observability.sample_queues",
         "schedule": 15.0,

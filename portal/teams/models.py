@@ -163,15 +163,33 @@ class UsageStatus(models.TextChoices):
 
 
 class Usage(models.Model):
-    """One row per gateway request that got past authentication, whatever its outcome."""
+    """One row per gateway request that got past authentication, whatever its outcome.
 
-    request_id = models.UUIDField(unique=True, default=uuid.uuid4, editable=False)
+    On PostgreSQL the table is partitioned by UTC day of `created_at` (migration 0006,
+    `portal/teams/partitions.py`): the primary key is (id, created_at) there, and a request is
+    stored once per (request_id, created_at), which a replayed record repeats exactly (both come
+    from the gateway's record). Retention drops whole days. No foreign-key constraints in the
+    database: the flush checks team, key and deployment itself, and a constraint would cost a
+    lookup per inserted row at 2,000 rows/s; Django still applies `on_delete`.
+    """
+
+    request_id = models.UUIDField(default=uuid.uuid4, editable=False)
     created_at = models.DateTimeField(db_index=True, help_text="When the request arrived.")
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="usage")
-    api_key = models.ForeignKey(ApiKey, null=True, on_delete=models.SET_NULL, related_name="usage")
+    # No index of its own: (team, created_at) below serves every lookup by team.
+    team = models.ForeignKey(
+        Team, on_delete=models.CASCADE, related_name="usage", db_constraint=False, db_index=False
+    )
+    api_key = models.ForeignKey(
+        ApiKey, null=True, on_delete=models.SET_NULL, related_name="usage", db_constraint=False
+    )
     model = models.CharField(max_length=100, blank=True)
     deployment = models.ForeignKey(
-        "deployments.Deployment", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        "deployments.Deployment",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_constraint=False,
     )
     endpoint = models.CharField(max_length=30, blank=True)
     priority_class = models.CharField(
@@ -189,9 +207,47 @@ class Usage(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["team", "created_at"])]
+        constraints = [
+            # PostgreSQL wants the partition key in every unique constraint of a partitioned table.
+            models.UniqueConstraint(fields=["request_id", "created_at"], name="usage_request_once"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.request_id} {self.status}"
+
+
+class UsageHourly(models.Model):
+    """Usage summed per UTC hour, team, key, model and priority class; kept forever.
+
+    Recomputed from the usage records of each hour the flush wrote to (`usage_rollup_hours`);
+    the daily rows are summed from these. Pages read these, not the records.
+    """
+
+    hour = models.DateTimeField(help_text="Start of the UTC hour.")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="usage_hourly")
+    api_key = models.ForeignKey(ApiKey, null=True, on_delete=models.SET_NULL, related_name="usage_hourly")
+    model = models.CharField(max_length=100, blank=True)
+    priority_class = models.CharField(
+        max_length=12, choices=PriorityClass.choices, default=PriorityClass.INTERACTIVE
+    )
+    requests = models.PositiveIntegerField(default=0)
+    completed = models.PositiveIntegerField(default=0)
+    rejected = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0, help_text="Upstream errors, timeouts and cancellations.")
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-hour", "team"]
+        indexes = [models.Index(fields=["team", "hour"]), models.Index(fields=["hour"])]
+        verbose_name_plural = "usage (hourly)"
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H}h {self.team_id} {self.model}"
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
 
 
 class UsageDaily(models.Model):

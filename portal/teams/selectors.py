@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from portal.core.redis_client import gateway_redis, redis_keys
 
-from .models import ApiKey, PriorityClass, Team, Usage, UsageDaily, UsageStatus
+from .models import ApiKey, PriorityClass, Team, Usage, UsageDaily, UsageHourly, UsageStatus
 
 
 def teams_visible_to(user) -> QuerySet[Team]:
@@ -54,7 +54,8 @@ def usage_daily_series(
 
 
 def usage_today(team: Team) -> dict:
-    """Today's totals straight from the usage records (the rollup may lag by minutes)."""
+    """Today's totals straight from the usage records (the rollup may lag by minutes): one UTC day
+    of records at most, the largest raw read a page makes."""
     start = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
     rows = Usage.objects.filter(team=team, created_at__gte=start)
     totals = rows.aggregate(
@@ -123,13 +124,30 @@ def usage_by_priority_class(team: Team, *, days: int = 30) -> list[dict]:
     return out
 
 
-def usage_hourly_series(team: Team, *, hours: int = 24) -> list[tuple[dt.datetime, int]]:
-    """(hour, requests) for each of the last `hours` hours, zeros included."""
-    now = timezone.now().replace(minute=0, second=0, microsecond=0)
+# Hours read from the usage records themselves rather than the hourly rollup: the current one and
+# the one before, which the rollup (every few minutes) may not have caught up with yet.
+RAW_HOURS = 2
+
+
+def usage_hourly_series(
+    team: Team, *, hours: int = 24, now: dt.datetime | None = None
+) -> list[tuple[dt.datetime, int]]:
+    """(hour, requests) for each of the last `hours` UTC hours, zeros included: the hourly rollup,
+    and the usage records for the last RAW_HOURS only (never a day's worth of records)."""
+    now = (now or timezone.now()).astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
     start = now - dt.timedelta(hours=hours - 1)
-    counts = dict(
-        Usage.objects.filter(team=team, created_at__gte=start)
-        .annotate(hour=TruncHour("created_at"))
+    raw_from = max(start, now - dt.timedelta(hours=RAW_HOURS - 1))
+    counts = {
+        hour.astimezone(dt.UTC): n
+        for hour, n in UsageHourly.objects.filter(team=team, hour__gte=start, hour__lt=raw_from)
+        .values_list("hour")
+        .annotate(n=Sum("requests"))
+        .values_list("hour", "n")
+    }
+    counts.update(
+        (hour.astimezone(dt.UTC), n)
+        for hour, n in Usage.objects.filter(team=team, created_at__gte=raw_from)
+        .annotate(hour=TruncHour("created_at", tzinfo=dt.UTC))
         .values_list("hour")
         .annotate(n=Count("id"))
         .values_list("hour", "n")

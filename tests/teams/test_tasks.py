@@ -12,7 +12,7 @@ from portal.celery import app
 
 def test_the_beat_schedule_names_registered_tasks():
     app.loader.import_default_modules()
-    for name in ("gateway-usage-flush", "gateway-usage-rollup"):
+    for name in ("gateway-usage-flush", "gateway-usage-rollup", "gateway-usage-partitions"):
         assert settings.CELERY_BEAT_SCHEDULE[name]["task"] in app.tasks
 
 

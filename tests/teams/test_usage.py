@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import threading
 import time
 import uuid
 
 import pytest
-import redis
 from django.utils import timezone
 
 from portal.core.redis_client import redis_keys
@@ -18,27 +16,6 @@ from portal.teams.models import ApiKey, Team, Usage, UsageDaily
 from portal.teams.services import api_key_create, budgets_enforce, usage_flush, usage_rollup
 
 pytestmark = pytest.mark.django_db
-
-
-def _clear(client: redis.Redis) -> None:
-    stale = [*client.scan_iter(f"{redis_keys().gateway}*"), *client.scan_iter(f"{redis_keys().metrics}*")]
-    if stale:
-        client.delete(*stale)
-
-
-@pytest.fixture
-def gw(settings):
-    settings.GATEWAY_REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
-    client = redis.Redis.from_url(settings.GATEWAY_REDIS_URL)
-    _clear(client)
-    yield client
-    _clear(client)
-    client.close()
-
-
-@pytest.fixture
-def key(team):
-    return api_key_create(team=team)[0]
 
 
 def record(
@@ -207,15 +184,17 @@ def test_two_flushers_holding_a_batch_at_the_same_moment_hold_different_records(
     push(gw, *records)
     both_hold_one = threading.Barrier(2, timeout=10)
     first_batches: dict[int, set[str]] = {}
-    insert = Usage.objects.bulk_create
+    from portal.teams import services
 
-    def insert_once_both_hold_a_batch(rows, **kwargs):
+    insert = services.usage_insert
+
+    def insert_once_both_hold_a_batch(rows):
         if threading.get_ident() not in first_batches:  # each flusher's first batch: wait for the other's
             first_batches[threading.get_ident()] = {r.request_id.hex for r in rows}
             both_hold_one.wait()
-        return insert(rows, **kwargs)
+        return insert(rows)
 
-    monkeypatch.setattr(Usage.objects, "bulk_create", insert_once_both_hold_a_batch)
+    monkeypatch.setattr(services, "usage_insert", insert_once_both_hold_a_batch)
 
     def flush() -> None:
         try:
