@@ -50,7 +50,7 @@ class TeamViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
         return teams if user.is_staff else teams.filter(members=user)
 
     @extend_schema(responses=UsageByClassSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)  # one row per class: nothing to page
     def usage(self, request: Request, slug: str | None = None) -> Response:
         """The team's usage per priority class: today (usage records) and the last 30 days (rollups)."""
         return Response(UsageByClassSerializer(usage_by_priority_class(self.get_object()), many=True).data)

@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from portal.core.redis_client import redis_keys
-from portal.core.services import retention_prune
+from portal.dashboard.services import retention_prune
 from portal.teams import partitions
 from portal.teams.models import Usage, UsageDaily, UsageHourly
 from portal.teams.selectors import usage_hourly_series

@@ -17,7 +17,7 @@ from portal.core.redis_client import redis_keys
 from portal.teams.models import ApiKey, Usage, UsageDaily
 from portal.teams.services import api_key_create, usage_flush
 
-from .test_usage import gw, record  # noqa: F401 (gw is a fixture)
+from .test_usage import record
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("gateway_redis_db")]
 
@@ -74,7 +74,7 @@ def test_only_staff_set_a_teams_class_through_the_api(alice, bob, team):
     assert team.priority_class == "batch"
 
 
-def test_the_flush_stores_the_class_and_an_old_record_without_one_is_interactive(team, gw):  # noqa: F811
+def test_the_flush_stores_the_class_and_an_old_record_without_one_is_interactive(team, gw):
     key, _ = api_key_create(team=team)
     batch = {**record(team, key), "priority_class": "batch"}
     old = record(team, key)  # queued by a gateway from before classes
@@ -86,7 +86,7 @@ def test_the_flush_stores_the_class_and_an_old_record_without_one_is_interactive
     }
 
 
-def test_the_usage_page_and_the_api_split_usage_by_class(bob, charlie, team, gw):  # noqa: F811
+def test_the_usage_page_and_the_api_split_usage_by_class(bob, charlie, team, gw):
     key, _ = api_key_create(team=team)
     records = [
         {**record(team, key, prompt=1, completion=2), "priority_class": "batch"},
