@@ -369,9 +369,9 @@ def _touch_last_used(rows: list[Usage]) -> None:
 
 
 def _existing_deployments(ids: set[int]) -> set[int]:
-    from portal.deployments.models import Deployment
-
-    return set(Deployment.objects.filter(pk__in=ids).values_list("pk", flat=True)) if ids else set()
+    # Through the foreign key's model: teams sits below deployments and does not import it.
+    deployments = Usage._meta.get_field("deployment").related_model._default_manager
+    return set(deployments.filter(pk__in=ids).values_list("pk", flat=True)) if ids else set()
 
 
 # KEYS: dead-letter list, usage list. Moves every dead-lettered record back to the queue in one step.
