@@ -317,7 +317,6 @@ def _check_quota(deployment: Deployment) -> str:
     return f"team {team.slug}: {held + needed} of {team.gpu_quota} GPUs"
 
 
-
 def _serving(lease: Lease, deployment: Deployment, base_url: str, launch: _Launch, task_began: float) -> None:
     now = timezone.now()
     lease.write(
