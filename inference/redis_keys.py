@@ -14,8 +14,12 @@ Pure Python; no Django.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
+
+# Counter families added to from below observability (which exports every family it finds).
+USAGE_DEAD_LETTERS = "usage_dead_letters"  # (reason): usage records the flush could not store
 
 NAMESPACE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -106,6 +110,11 @@ class RedisKeys:
     @property
     def metrics_counters(self) -> str:
         return f"{self.metrics}counters"
+
+    @staticmethod
+    def counter_field(key: tuple) -> str:
+        """A field of the `metrics_counters` hash: JSON `[family, labels...]`."""
+        return json.dumps(key, separators=(",", ":"))
 
     def metrics_minute(self, minute: int) -> str:
         return f"{self.metrics}minute:{minute}"

@@ -116,17 +116,17 @@ def worker_main(queues: str, concurrency: int) -> None:
 
     django.setup()
     from portal.core.redis_client import gateway_redis
-    from portal.deployments import lifecycle
+    from portal.deployments.agent import supervise
     from portal.deployments.models import Deployment
 
     def node_supervise(node_name: str, *, owner: str) -> dict[str, str]:
-        # The real pass's read (lifecycle.node_supervise); the per-deployment process checks are what
+        # The real pass's read (agent.supervise.node_supervise); the per-deployment process checks are what
         # a real agent does on its own host, in parallel with every other node's.
         rows = dict(Deployment.objects.filter(node__name=node_name, adopted=False).values_list("pk", "name"))
         gateway_redis().hset(CHECKED, node_name, time.time())
         return {name: "simulated" for name in rows.values()}
 
-    lifecycle.node_supervise = node_supervise
+    supervise.node_supervise = node_supervise
     from portal.celery import app
 
     app.worker_main(["worker", "-Q", queues, "--pool", "threads", "--concurrency", str(concurrency),

@@ -4,10 +4,9 @@ from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
 from portal.benchmarks.apis import BenchmarkRunViewSet
-from portal.deployments.apis import DeploymentViewSet, PlanApi, ProfileViewSet
+from portal.deployments.apis import DeploymentViewSet, PlanApi, ProfileViewSet, TeamViewSet
 from portal.inventory.apis import GpuViewSet, NodeViewSet
 from portal.registry.apis import ConversionJobViewSet, ModelVersionViewSet
-from portal.teams.apis import TeamViewSet
 
 router = DefaultRouter()
 router.register("nodes", NodeViewSet, basename="node")
@@ -28,6 +27,7 @@ urlpatterns = [
     path("api/v1/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("nodes/", include("portal.inventory.urls")),
+    path("nodes/", include("portal.benchmarks.node_urls")),
     path("models/", include("portal.registry.urls")),
     path("teams/", include("portal.teams.urls")),
     path("teams/", include("portal.playground.urls")),

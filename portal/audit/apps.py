@@ -7,4 +7,4 @@ class AuditConfig(AppConfig):
     verbose_name = "audit log"
 
     def ready(self) -> None:
-        from . import signals  # noqa: F401  (mirrors the admin's LogEntry, records team quota changes)
+        from . import signals  # noqa: F401  (mirrors the admin's LogEntry)

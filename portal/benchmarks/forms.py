@@ -1,11 +1,14 @@
-"""Forms: start a benchmark run, import an external table."""
+"""Forms: start a benchmark run, import an external table, accept a node."""
 
 from __future__ import annotations
 
 from django import forms
 
+from inference.hardware import GPU_CATALOG
 from inference.loadgen.workloads import MAX_INLINE_CHARS, PRESETS
+from inference.tiny_model import shape_names
 
+from .acceptance import DEFAULT_CONCURRENCY, DEFAULT_MIX, DEFAULT_SHAPE, MAX_REQUESTS_PER_LEVEL
 from .services import FIELD_GUIDE_7B_TABLE, MAX_SEED
 
 
@@ -77,3 +80,21 @@ class ImportForm(forms.Form):
     def __init__(self, *args, deployments=(), **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fields["deployment"].choices = [("", "—")] + [(d.name, d.name) for d in deployments]
+
+
+class AcceptanceForm(forms.Form):
+    """The node page's "accept this node" form; bounds here, the rest checked by the service."""
+
+    shape = forms.ChoiceField(choices=[(name, name) for name in shape_names()], initial=DEFAULT_SHAPE)
+    layers = forms.IntegerField(min_value=1, max_value=512, required=False, help_text="blank: the shape's")
+    concurrency = forms.CharField(
+        max_length=100, initial=",".join(map(str, DEFAULT_CONCURRENCY)), help_text="2 to 4 levels"
+    )
+    mix = forms.CharField(max_length=200, initial=DEFAULT_MIX)
+    requests_per_level = forms.IntegerField(
+        min_value=1, max_value=MAX_REQUESTS_PER_LEVEL, required=False, help_text="blank: 4 per user"
+    )
+    enforce_eager = forms.BooleanField(required=False, label="eager (no CUDA graphs)")
+    predict_gpu = forms.ChoiceField(
+        choices=[("", "the node's GPU"), *((key, key) for key in sorted(GPU_CATALOG))], required=False
+    )

@@ -229,7 +229,7 @@ def safe_svg(svg: str) -> SafeString:
 
 def acceptance_plots(levels: list[dict]) -> list[str]:
     """A node acceptance: measured vs the simulator's prediction (and its calibrated fit) per level,
-    for output tok/s and mean TPOT (`portal.inventory.acceptance.compare` rows)."""
+    for output tok/s and mean TPOT (`portal.benchmarks.acceptance.compare` rows)."""
     if not levels:
         return []
     x = [str(row["concurrency"]) for row in levels]

@@ -1,4 +1,5 @@
-"""The benchmark job: IDs in, the service does the work. Runs on the `control` queue."""
+"""Benchmark tasks: IDs in, the service does the work. A run goes to the `benchmarks` queue; a
+node acceptance to the node's own queue."""
 
 from __future__ import annotations
 
@@ -15,3 +16,16 @@ def run_benchmark(run_id: int) -> None:
     from .services import benchmark_run_execute
 
     benchmark_run_execute(run_id=run_id)
+
+
+@shared_task(name="benchmarks.accept_node")
+def accept_node(acceptance_id: int) -> str:
+    """Run a node acceptance (portal/benchmarks/acceptance.py); returns its state.
+
+    Runs on the node itself (sent with `send_to_node`). Not acks_late: a redelivered half-done
+    acceptance would start a second reference server; a lost one is marked abandoned after
+    ACCEPTANCE_STALE_S and can be requested again.
+    """
+    from .acceptance import node_acceptance_run
+
+    return node_acceptance_run(acceptance_id=acceptance_id).state

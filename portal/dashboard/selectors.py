@@ -17,8 +17,8 @@ from django.utils import timezone
 
 from portal.benchmarks.models import BenchmarkRun
 from portal.core.redis_client import redis_keys
-from portal.deployments.models import Deployment, DeploymentState, DesiredState, MetricsSample
-from portal.deployments.selectors import models_callable_by, served_replicas
+from portal.deployments.models import Deployment, DeploymentState, MetricsSample
+from portal.deployments.selectors import gpus_held_per_node, models_callable_by, served_replicas
 from portal.inventory.models import Node
 from portal.inventory.selectors import node_list
 from portal.observability import prometheus
@@ -39,15 +39,11 @@ class NodeOccupancy:
 
 def node_occupancy() -> list[NodeOccupancy]:
     """GPUs held by deployments that should be running, per node (3 queries)."""
-    held: dict[int, set[int]] = defaultdict(set)
-    for node_id, indices in Deployment.objects.filter(
-        desired_state=DesiredState.RUNNING, node__isnull=False
-    ).values_list("node_id", "gpu_indices"):
-        held[node_id].update(indices or [])
+    held = gpus_held_per_node()
     out = []
     for node in node_list():
         gpus = list(node.gpus.all())  # prefetched
-        out.append(NodeOccupancy(node, len(gpus), len(held[node.pk]), gpus[0].name if gpus else ""))
+        out.append(NodeOccupancy(node, len(gpus), len(held.get(node.pk, ())), gpus[0].name if gpus else ""))
     return out
 
 

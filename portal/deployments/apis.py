@@ -19,6 +19,7 @@ from portal.core.api import ModelCleanMixin, StaffOnlyFieldsMixin
 from portal.core.errors import ApplicationError
 from portal.inventory.models import Node
 from portal.registry.models import ModelVersion
+from portal.teams import apis as teams_apis
 from portal.teams.models import Team
 
 from . import services
@@ -30,7 +31,7 @@ from .models import (
     DesiredState,
     MetricsSample,
 )
-from .selectors import deployment_text_for, deployments_visible_to
+from .selectors import deployment_text_for, deployments_visible_to, gpus_held_by_team
 
 
 def _plan_dict(plan) -> dict | None:
@@ -330,3 +331,21 @@ class PlanApi(APIView):
         data = PlanRequestSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         return Response(services.plan_on_catalog_gpus(**data.validated_data).to_dict())
+
+
+class TeamWithGpusSerializer(teams_apis.TeamSerializer):
+    """A team as the API shows it: with the GPUs its deployments hold against `gpu_quota`."""
+
+    gpus_held = serializers.SerializerMethodField()
+
+    class Meta(teams_apis.TeamSerializer.Meta):
+        fields = [*teams_apis.TeamSerializer.Meta.fields[:-1], "gpus_held", "created_at"]
+
+    def get_gpus_held(self, team: Team) -> int:
+        return gpus_held_by_team(team)
+
+
+class TeamViewSet(teams_apis.TeamViewSet):
+    """`/api/v1/teams/`: the teams app's viewset, with GPUs held (which only deployments know)."""
+
+    serializer_class = TeamWithGpusSerializer

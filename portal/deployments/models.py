@@ -232,7 +232,7 @@ class Deployment(models.Model):
         return self.name
 
     def get_absolute_url(self) -> str:
-        return reverse("deployments:deployment-detail", args=[self.name])
+        return reverse("observability:deployment-detail", args=[self.name])
 
     @property
     def effective_engine(self) -> str:

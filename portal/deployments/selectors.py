@@ -12,9 +12,10 @@ from collections import defaultdict
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 
+from portal.inventory.models import Node
 from portal.teams.models import Team
 
-from .models import Deployment, DeploymentState
+from .models import Deployment, DeploymentState, DesiredState
 
 
 def deployments_visible_to(user) -> QuerySet[Deployment]:
@@ -81,3 +82,38 @@ def serving_deployments_for_model(model_name: str) -> QuerySet[Deployment]:
         .filter(state="serving", model_version__name=model_name)
         .exclude(endpoint_url="")
     )
+
+
+# --- Which GPUs are held ------------------------------------------------------------------------
+# A deployment holds its GPUs while it is wanted running, whatever its state: a start in flight, a
+# restart backoff or a failure the operator has not yet stopped all keep them from anyone else.
+
+
+def _holding(exclude_deployment_id: int | None = None) -> QuerySet[Deployment]:
+    deployments = Deployment.objects.filter(desired_state=DesiredState.RUNNING)
+    if exclude_deployment_id is not None:
+        deployments = deployments.exclude(pk=exclude_deployment_id)
+    return deployments
+
+
+def gpus_held_on_node(node: Node, *, exclude_deployment_id: int | None = None) -> dict[int, str]:
+    """GPU index → name of the deployment that holds it, on one node."""
+    held: dict[int, str] = {}
+    for name, indices in _holding(exclude_deployment_id).filter(node=node).values_list("name", "gpu_indices"):
+        for index in indices or []:
+            held[index] = name
+    return held
+
+
+def gpus_held_per_node() -> dict[int, set[int]]:
+    """Node id → indices of its held GPUs, for every node (one query)."""
+    held: dict[int, set[int]] = defaultdict(set)
+    for node_id, indices in _holding().filter(node__isnull=False).values_list("node_id", "gpu_indices"):
+        held[node_id].update(indices or [])
+    return held
+
+
+def gpus_held_by_team(team: Team, *, exclude_deployment_id: int | None = None) -> int:
+    """How many GPUs the team's deployments hold (what its `gpu_quota` bounds)."""
+    indices = _holding(exclude_deployment_id).filter(team=team).values_list("gpu_indices", flat=True)
+    return sum(len(i or []) for i in indices)

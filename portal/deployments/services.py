@@ -19,12 +19,13 @@ from inference.nvidia_smi import Topology
 from inference.planner import Placement, Plan, ProfileSettings, plan_deployment
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
+from portal.inventory.dispatch import send_to_control, send_to_node
 from portal.inventory.models import Node
-from portal.inventory.selectors import gpus_in_use
 from portal.registry.models import ModelVersion
 from portal.teams.models import Team
 
 from .models import Deployment, DeploymentEvent, DeploymentProfile, DeploymentState, DesiredState, EventStatus
+from .placement import holding_problems
 
 # Where a deployment runs; fixed once it exists (a new placement is a new deployment).
 DEPLOYMENT_PLACEMENT_FIELDS = ("name", "team", "model_version", "profile", "node", "gpu_indices")
@@ -164,13 +165,6 @@ def deployment_plan(deployment: Deployment) -> Plan | None:
     return plan_for(model_version=deployment.model_version, profile=deployment.profile, placement=placement)
 
 
-def team_gpus_held(team: Team, *, exclude_deployment_id: int | None = None) -> int:
-    deployments = team.deployments.filter(desired_state=DesiredState.RUNNING)
-    if exclude_deployment_id is not None:
-        deployments = deployments.exclude(pk=exclude_deployment_id)
-    return sum(len(d.gpu_indices) for d in deployments)
-
-
 def deployment_check(
     *,
     team: Team,
@@ -206,8 +200,7 @@ def deployment_check(
                 extra={"findings": [f.to_dict() for f in plan.findings]},
             )
     if desired_state == DesiredState.RUNNING:
-        _check_gpus_free(node=node, gpu_indices=gpu_indices)
-        _check_team_quota(team=team, extra_gpus=len(gpu_indices))
+        _check_holding(team=team, node=node, gpu_indices=gpu_indices)
 
 
 @transaction.atomic
@@ -269,22 +262,15 @@ def deployment_create(
     return deployment
 
 
-def _check_gpus_free(*, node: Node, gpu_indices: list[int], exclude_deployment_id: int | None = None) -> None:
-    held = gpus_in_use(node, exclude_deployment_id=exclude_deployment_id)
-    taken = {i: held[i] for i in gpu_indices if i in held}
-    if taken:
-        listing = ", ".join(f"GPU {i} ({name})" for i, name in sorted(taken.items()))
-        raise ApplicationError(f"already held by a running deployment: {listing}", field="gpu_indices")
-
-
-def _check_team_quota(*, team: Team, extra_gpus: int, exclude_deployment_id: int | None = None) -> None:
-    held = team_gpus_held(team, exclude_deployment_id=exclude_deployment_id)
-    if held + extra_gpus > team.gpu_quota:
-        raise ApplicationError(
-            f"team {team.slug} holds {held} of its {team.gpu_quota} GPUs; "
-            f"this deployment needs {extra_gpus} more",
-            field="team",
-        )
+def _check_holding(
+    *, team: Team, node: Node, gpu_indices: list[int], exclude_deployment_id: int | None = None
+) -> None:
+    """Refuse GPUs another running deployment holds, or a team over its GPU quota."""
+    problems = holding_problems(
+        team=team, node=node, gpu_indices=gpu_indices, exclude_deployment_id=exclude_deployment_id
+    )
+    if problems:
+        raise ApplicationError(problems[0].message, field=problems[0].field)
 
 
 def resolve_model(name_or_path: str, *, allow_paths: bool = False) -> ModelArch:
@@ -384,22 +370,9 @@ def _event(deployment: Deployment, step: str, message: str) -> None:
 
 
 def _send(deployment: Deployment, action: str, **kwargs) -> None:
-    """Queue a lifecycle task on the deployment's node once the request is committed.
-
-    The message expires: a node whose agent is down does not find a pile of stale
-    commands when it comes back; supervision reconciles from the desired state instead.
-    """
-    from . import tasks
-
-    task = {
-        "start": tasks.start_deployment,
-        "stop": tasks.stop_deployment,
-        "restart": tasks.restart_deployment,
-    }[action]
-    queue = deployment.node.queue
-    transaction.on_commit(
-        lambda: task.apply_async(args=[deployment.pk], kwargs=kwargs, queue=queue, expires=600)
-    )
+    """Ask the deployment's node to `action` it once the request is committed (the message
+    expires: supervision reconciles from the desired state instead; portal/inventory/dispatch.py)."""
+    send_to_node(deployment.node, f"deployments.{action}", args=[deployment.pk], kwargs=kwargs)
 
 
 def _who(user) -> str:
@@ -421,9 +394,8 @@ def deployment_request_start(*, deployment: Deployment, user=None) -> Deployment
     team = Team.objects.select_for_update().get(pk=deployment.team_id)
     node = Node.objects.select_for_update().get(pk=deployment.node_id)
     if deployment.desired_state != DesiredState.RUNNING:
-        _check_gpus_free(node=node, gpu_indices=deployment.gpu_indices, exclude_deployment_id=deployment.pk)
-        _check_team_quota(
-            team=team, extra_gpus=len(deployment.gpu_indices), exclude_deployment_id=deployment.pk
+        _check_holding(
+            team=team, node=node, gpu_indices=deployment.gpu_indices, exclude_deployment_id=deployment.pk
         )
     updates = {
         "desired_state": DesiredState.RUNNING,
@@ -539,9 +511,7 @@ def endpoint_register(
             "with_api_key": bool(api_key),
         },
     )
-    from .tasks import check_adopted
-
-    transaction.on_commit(lambda: check_adopted.delay(deployment.pk))
+    send_to_control("deployments.check_adopted", args=[deployment.pk])
     return deployment
 
 

@@ -1,7 +1,7 @@
-"""Deployment tasks. They take IDs and call a lifecycle service.
+"""Deployment tasks. They take IDs and call the node agent (`portal/deployments/agent/`).
 
-start / stop / restart / supervise_node run on the deployment's node
-(`queue=node.queue`): they start and signal local processes. supervise_all runs
+start / stop / restart / supervise_node run on the deployment's node (sent with
+`portal.inventory.dispatch.send_to_node`): they start and signal local processes. supervise_all runs
 on `control` from beat and fans out one supervise_node per node, plus the health
 checks of adopted servers (plain HTTP, no process to watch).
 
@@ -32,7 +32,7 @@ NODE_TASK_OPTIONS = {
 
 
 def _owner(task) -> str:
-    from .lifecycle import agent_owner
+    from .agent.lease import agent_owner
 
     return agent_owner(task.request.id)
 
@@ -40,7 +40,7 @@ def _owner(task) -> str:
 @shared_task(bind=True, name="deployments.start", **NODE_TASK_OPTIONS)
 @skip_missing_row("deployments.Deployment", arg="deployment_id")
 def start_deployment(self, deployment_id: int, reason: str = "") -> str | None:
-    from .lifecycle import deployment_start
+    from .agent.start import deployment_start
 
     return deployment_start(deployment_id, owner=_owner(self), reason=reason)
 
@@ -48,7 +48,7 @@ def start_deployment(self, deployment_id: int, reason: str = "") -> str | None:
 @shared_task(bind=True, name="deployments.stop", **NODE_TASK_OPTIONS)
 @skip_missing_row("deployments.Deployment", arg="deployment_id")
 def stop_deployment(self, deployment_id: int) -> str | None:
-    from .lifecycle import deployment_stop
+    from .agent.stop import deployment_stop
 
     return deployment_stop(deployment_id, owner=_owner(self))
 
@@ -56,7 +56,7 @@ def stop_deployment(self, deployment_id: int) -> str | None:
 @shared_task(bind=True, name="deployments.restart", **NODE_TASK_OPTIONS)
 @skip_missing_row("deployments.Deployment", arg="deployment_id")
 def restart_deployment(self, deployment_id: int, reason: str = "restart requested") -> str | None:
-    from .lifecycle import deployment_restart
+    from .agent.restart import deployment_restart
 
     return deployment_restart(deployment_id, owner=_owner(self), reason=reason)
 
@@ -64,7 +64,7 @@ def restart_deployment(self, deployment_id: int, reason: str = "restart requeste
 @shared_task(bind=True, name="deployments.supervise_node", acks_late=False)
 def supervise_node(self, node_name: str) -> dict[str, str]:
     """One supervision pass on the node (not retried: the next beat tick is the retry)."""
-    from .lifecycle import node_supervise
+    from .agent.supervise import node_supervise
 
     return node_supervise(node_name, owner=_owner(self))
 
@@ -72,7 +72,7 @@ def supervise_node(self, node_name: str) -> dict[str, str]:
 @shared_task(name="deployments.check_adopted")
 @skip_missing_row("deployments.Deployment", arg="deployment_id")
 def check_adopted(deployment_id: int) -> str | None:
-    from .lifecycle import adopted_check
+    from .agent.adopted import adopted_check
 
     return adopted_check(deployment_id)
 
@@ -80,22 +80,19 @@ def check_adopted(deployment_id: int) -> str | None:
 @shared_task(name="deployments.supervise_all")
 def supervise_all() -> int:
     """Beat: send a supervision pass to every node with a deployment to watch."""
-    from django.conf import settings
-
+    from portal.inventory.dispatch import send_to_control, send_to_node
     from portal.inventory.models import Node
 
     from .models import Deployment, DeploymentState, DesiredState
 
-    interval = settings.DEPLOYMENT_SUPERVISE_INTERVAL_S
     watched = Deployment.objects.filter(adopted=False).exclude(
         desired_state=DesiredState.STOPPED, state=DeploymentState.STOPPED
     )
     nodes = Node.objects.filter(deployments__in=watched).distinct()
     for node in nodes:
-        # A pass that waited longer than one interval is stale; the next one replaces it.
-        supervise_node.apply_async(args=[node.name], queue=node.queue, expires=interval * 2)
+        send_to_node(node, "deployments.supervise_node", args=[node.name])
     for pk in Deployment.objects.filter(adopted=True).values_list("pk", flat=True):
-        check_adopted.delay(pk)
+        send_to_control("deployments.check_adopted", args=[pk])
     return len(nodes)
 
 
@@ -109,6 +106,6 @@ def stop_local_servers(**_kwargs) -> None:
 
     if not settings.PORTAL_AGENT_STOP_SERVERS_ON_EXIT:
         return
-    from .lifecycle import stop_node_servers
+    from .agent.stop import stop_node_servers
 
     stop_node_servers(settings.PORTAL_LOCAL_NODE, reason="the local agent exited")

@@ -14,10 +14,9 @@ from portal.audit.services import audit_event_record
 from portal.core.api import ModelCleanMixin, StaffOnlyFieldsMixin
 
 from . import services
+from .dispatch import send_to_node
 from .models import Gpu, Node
 from .selectors import node_list
-from .tasks import discover_gpus
-from .tasks import probe_software as probe_software_task
 
 
 class GpuSerializer(ModelCleanMixin, serializers.ModelSerializer):
@@ -129,18 +128,18 @@ class NodeViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
     def discover(self, request, name=None):
         """Ask the node's agent to read its GPUs with nvidia-smi."""
         node = self.get_object()
-        result = discover_gpus.apply_async(args=[node.name], queue=node.queue)
-        audit_event_record(action="node.discover", target=node, changes={"task_id": result.id})
-        return Response({"task_id": result.id, "queue": node.queue}, status=status.HTTP_202_ACCEPTED)
+        task_id = send_to_node(node, "inventory.discover_gpus", args=[node.name])
+        audit_event_record(action="node.discover", target=node, changes={"task_id": task_id})
+        return Response({"task_id": task_id, "queue": node.queue}, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={202: None})
     @action(detail=True, methods=["post"], url_path="probe-software")
     def probe_software(self, request, name=None):
         """Ask the node's agent to report its vLLM environment (vLLM, torch, CUDA, kernels)."""
         node = self.get_object()
-        result = probe_software_task.apply_async(args=[node.name], queue=node.queue)
-        audit_event_record(action="node.probe_software", target=node, changes={"task_id": result.id})
-        return Response({"task_id": result.id, "queue": node.queue}, status=status.HTTP_202_ACCEPTED)
+        task_id = send_to_node(node, "inventory.probe_software", args=[node.name])
+        audit_event_record(action="node.probe_software", target=node, changes={"task_id": task_id})
+        return Response({"task_id": task_id, "queue": node.queue}, status=status.HTTP_202_ACCEPTED)
 
 
 class GpuViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):

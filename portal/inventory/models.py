@@ -59,7 +59,7 @@ class Node(models.Model):
         return self.name
 
     def get_absolute_url(self) -> str:
-        return reverse("inventory:node-detail", args=[self.name])
+        return reverse("nodes:detail", args=[self.name])
 
     @property
     def queue(self) -> str:
@@ -128,7 +128,7 @@ class AcceptanceState(models.TextChoices):
 
 class NodeAcceptance(models.Model):
     """One acceptance ("burn-in") of a node: a reference model started, benchmarked and compared
-    with the simulator's prediction for the same profile and workload (portal/inventory/acceptance.py)."""
+    with the simulator's prediction for the same profile and workload (portal/benchmarks/acceptance.py)."""
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="acceptances")
     requested_by = models.CharField(max_length=150, blank=True, help_text="Username, or `system`.")

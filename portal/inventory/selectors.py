@@ -11,20 +11,6 @@ def node_list() -> QuerySet[Node]:
     return Node.objects.annotate(gpu_count=Count("gpus")).prefetch_related("gpus")
 
 
-def gpus_in_use(node: Node, *, exclude_deployment_id: int | None = None) -> dict[int, str]:
-    """GPU index → name of the deployment that holds it (desired state running)."""
-    from portal.deployments.models import DesiredState
-
-    held: dict[int, str] = {}
-    deployments = node.deployments.filter(desired_state=DesiredState.RUNNING)
-    if exclude_deployment_id is not None:
-        deployments = deployments.exclude(pk=exclude_deployment_id)
-    for deployment in deployments:
-        for index in deployment.gpu_indices:
-            held[index] = deployment.name
-    return held
-
-
 def node_latest_acceptance(node: Node):
     """The node's most recent acceptance (running or finished), or None."""
     return node.acceptances.order_by("-started_at", "-id").first()

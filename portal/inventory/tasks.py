@@ -52,15 +52,3 @@ def probe_software(node_name: str) -> dict | None:
         "arch_list": facts.arch_list,
     }
 
-
-@shared_task(name="inventory.accept_node")
-def accept_node(acceptance_id: int) -> str:
-    """Run a node acceptance (portal/inventory/acceptance.py); returns its state.
-
-    Must run on the node itself: send it with `queue=node.queue`. Not acks_late: a redelivered
-    half-done acceptance would start a second reference server; a lost one is marked abandoned
-    after ACCEPTANCE_STALE_S and can be requested again.
-    """
-    from .acceptance import node_acceptance_run
-
-    return node_acceptance_run(acceptance_id=acceptance_id).state

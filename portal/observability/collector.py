@@ -18,6 +18,7 @@ from django.conf import settings
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from inference.redis_keys import USAGE_DEAD_LETTERS
 from portal.core.redis_client import redis_keys
 from portal.deployments.models import Deployment, DeploymentState
 
@@ -172,7 +173,7 @@ class PortalCollector:
             m.CELERY: CounterMetricFamily(
                 "portal_celery_tasks", "Celery task outcomes.", labels=["task", "outcome"]
             ),
-            m.USAGE_DEAD_LETTERS: CounterMetricFamily(
+            USAGE_DEAD_LETTERS: CounterMetricFamily(
                 "portal_usage_dead_letters",
                 "Usage records the flush refused (dead-lettered), by reason.",
                 labels=["reason"],

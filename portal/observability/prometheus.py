@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import bisect
-import json
 import logging
 import os
 import threading
@@ -26,6 +25,7 @@ import time
 import redis
 from django.conf import settings
 
+from inference.redis_keys import RedisKeys
 from portal.core.redis_client import gateway_redis, redis_keys
 
 log = logging.getLogger("portal.metrics")
@@ -44,7 +44,6 @@ UPSTREAM_ERRORS = "upstream_errors"  # (model, reason)
 DURATION = "duration"  # histogram parts: (model, "b", bucket index) | (model, "sum") | (model, "count")
 TTFT = "ttft"
 CELERY = "celery"  # (task, outcome)
-USAGE_DEAD_LETTERS = "usage_dead_letters"  # (reason): usage records the flush could not store
 
 # Codes whose `model` is whatever the client typed: labelled "" so a client cannot mint series.
 UNROUTED_CODES = frozenset({"model_not_found", "model_not_allowed"})
@@ -56,8 +55,7 @@ def client() -> redis.Redis:
     return gateway_redis()
 
 
-def encode_field(key: tuple) -> str:
-    return json.dumps(key, separators=(",", ":"))
+encode_field = RedisKeys.counter_field  # the hash layout lives with the keys (teams adds to it too)
 
 
 class Recorder:

@@ -23,6 +23,7 @@ from inference.hf_config import arch_from_config
 from inference.modelspec import ModelArch
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
+from portal.inventory.dispatch import send_to_node
 
 from .models import (
     ACTIVE_CONVERSION_STATES,
@@ -184,9 +185,7 @@ def model_version_request_hashes(*, model_version: ModelVersion, node) -> None:
         # The release hashes are what a start checks the files against: never overwrite them
         # from whatever the files are now (`manage.py hash_model --model` can, deliberately).
         raise ApplicationError(f"{model_version.name} already has release hashes", field="path")
-    from .tasks import hash_model_version
-
-    transaction.on_commit(lambda: hash_model_version.apply_async(args=[model_version.pk], queue=node.queue))
+    send_to_node(node, "registry.hash_model_version", args=[model_version.pk])
 
 
 # --- bf16 → fp16 conversion ---------------------------------------------------------
@@ -282,9 +281,7 @@ def conversion_job_start(
             },
         )
         if node is not None and enqueue:
-            from .tasks import convert_model_version
-
-            transaction.on_commit(lambda: convert_model_version.apply_async(args=[job.pk], queue=node.queue))
+            send_to_node(node, "registry.convert_model_version", args=[job.pk])
     return job
 
 

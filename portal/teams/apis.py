@@ -1,4 +1,7 @@
-"""REST API for teams. Members see their own teams; staff see all."""
+"""REST API for teams. Members see their own teams; staff see all.
+
+The routed viewset adds the GPUs a team's deployments hold (portal/deployments/apis.py).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal.audit.api import AuditedModelViewSetMixin
-from portal.deployments.services import team_gpus_held
 
 from .models import PriorityClass, Team
 from .selectors import usage_by_priority_class
@@ -20,14 +22,10 @@ class TeamSerializer(serializers.ModelSerializer):
     members = serializers.SlugRelatedField(
         slug_field="username", many=True, queryset=get_user_model().objects.all(), required=False
     )
-    gpus_held = serializers.SerializerMethodField()
 
     class Meta:
         model = Team
-        fields = ["id", "name", "slug", "members", "gpu_quota", "priority_class", "gpus_held", "created_at"]
-
-    def get_gpus_held(self, team: Team) -> int:
-        return team_gpus_held(team)
+        fields = ["id", "name", "slug", "members", "gpu_quota", "priority_class", "created_at"]
 
 
 class UsageByClassSerializer(serializers.Serializer):

@@ -93,7 +93,7 @@ class Team(QuotaFields):
         return self.name
 
     def get_absolute_url(self) -> str:
-        return reverse("teams:detail", args=[self.slug])
+        return reverse("deployments:team-detail", args=[self.slug])
 
 
 class ApiKey(QuotaFields):

@@ -27,11 +27,10 @@ from django.db.models import Count, Q, Sum
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
-from inference.redis_keys import RedisKeys
+from inference.redis_keys import USAGE_DEAD_LETTERS, RedisKeys
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
 from portal.core.redis_client import gateway_redis, redis_keys
-from portal.observability import prometheus
 
 from . import partitions
 from .models import (
@@ -320,7 +319,7 @@ def usage_flush(*, batch: int = 1000) -> int:
                 pipe.rpush(keys.usage_dead, *[_dead_entry(raw, reason, now) for raw, reason in dead])
                 pipe.ltrim(keys.usage_dead, -USAGE_DEAD_MAX, -1)
                 for reason, n in Counter(reason for _raw, reason in dead).items():
-                    field = prometheus.encode_field((prometheus.USAGE_DEAD_LETTERS, reason))
+                    field = keys.counter_field((USAGE_DEAD_LETTERS, reason))
                     pipe.hincrby(keys.metrics_counters, field, n)
             if hours:
                 pipe.sadd(keys.usage_hours, *hours)
@@ -459,9 +458,9 @@ def _touch_last_used(rows: list[Usage]) -> None:
 
 
 def _existing_deployments(ids: set[int]) -> set[int]:
-    from portal.deployments.models import Deployment
-
-    return set(Deployment.objects.filter(pk__in=ids).values_list("pk", flat=True)) if ids else set()
+    # Through the foreign key's model: teams sits below deployments and does not import it.
+    deployments = Usage._meta.get_field("deployment").related_model._default_manager
+    return set(deployments.filter(pk__in=ids).values_list("pk", flat=True)) if ids else set()
 
 
 # KEYS: dead-letter list, usage list. Moves every dead-lettered record back to the queue in one step.

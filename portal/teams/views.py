@@ -1,5 +1,7 @@
 """Team pages: members see their own team; staff see every team. Members manage the team's
-API keys (create: shown once; list: prefix and last use; revoke) and see usage against quotas."""
+API keys (create: shown once; list: prefix and last use; revoke) and see usage against quotas.
+The team's overview (its deployments and the GPUs they hold) is a deployments page
+(portal/deployments/views.py, `deployments:team-detail`)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,6 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from portal.core.errors import ApplicationError
-from portal.deployments.selectors import deployments_visible_to
-from portal.deployments.services import team_gpus_held
 
 from .charts import bar_chart_svg
 from .forms import ApiKeyCreateForm
@@ -25,21 +25,6 @@ from .selectors import (
     usage_today_by_key,
 )
 from .services import api_key_create, api_key_revoke, team_in_flight
-
-
-@login_required
-def team_detail(request, slug: str):
-    team = team_get_for_user(request.user, slug)
-    return render(
-        request,
-        "teams/team_detail.html",
-        {
-            "team": team,
-            "gpus_held": team_gpus_held(team),
-            "deployments": deployments_visible_to(request.user).filter(team=team),
-            "active_keys": api_keys_of(team).filter(revoked_at__isnull=True).count(),
-        },
-    )
 
 
 @never_cache  # the page that shows a new key must not be cached anywhere

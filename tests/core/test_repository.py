@@ -1,4 +1,5 @@
-"""The repository stands alone: nothing in it cites notes that are not in it.
+"""The repository stands alone: nothing in it cites notes that are not in it; and its apps form
+layers, each importing only the apps below it.
 
 The facts the code relies on live in docs/v100-field-guide.md and docs/architecture.md;
 a citation of the outside notes they came from would send a reader to a file that
@@ -120,3 +121,55 @@ def test_no_app_imports_the_dashboard():
         if app_of(module) == "dashboard"
     ]
     assert reaching_down == [], "the dashboard is the top layer:\n" + "\n".join(reaching_down)
+
+
+# --- Layers: each app imports only the apps below it (docs/architecture.md#layers) -----------------
+
+LAYERS = (
+    "core",
+    "audit",
+    "inventory",
+    "registry",
+    "teams",
+    "deployments",
+    "benchmarks",
+    "observability",
+    "gateway",
+    "playground",
+    "dashboard",
+)
+
+
+def app_imports() -> set[tuple[str, str]]:
+    """(importer, imported) for every import of another app in an app's code, lazy ones included."""
+    edges = set()
+    for app in APPS:
+        for path in (PORTAL / app).rglob("*.py"):
+            if "migrations" in path.parts:
+                continue  # migrations name other apps' models by label, never by import
+            others = {app_of(module) for module in portal_imports(path)} - {None, app}
+            edges.update((app, other) for other in others)
+    return edges
+
+
+def test_every_app_has_a_layer():
+    assert set(APPS) == set(LAYERS)
+
+
+def test_no_app_imports_an_app_above_it():
+    rank = {app: i for i, app in enumerate(LAYERS)}
+    upward = sorted(f"{a} → {b}" for a, b in app_imports() if rank[b] > rank[a])
+    assert upward == [], "an app imports one above it (docs/architecture.md#layers):\n" + "\n".join(upward)
+
+
+def test_node_tasks_are_sent_by_name_never_imported():
+    """Services and the agent send with portal.inventory.dispatch, so no module imports a tasks module
+    (which is what made services → tasks → agent → services a cycle). Commands may run a task's
+    function in their own process; a benchmark run goes to its own queue, not a node's."""
+    importers = [
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "portal").rglob("*.py")
+        if "management" not in path.parts and path != ROOT / "portal/benchmarks/services.py"
+        if re.search(r"^\s*from\s+(?:portal\.\w+)?\.tasks\s+import", path.read_text(), re.MULTILINE)
+    ]
+    assert importers == []

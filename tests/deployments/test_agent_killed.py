@@ -19,7 +19,8 @@ from django.db import connection
 
 from inference import supervisor
 from portal.core.redis_client import redis_keys
-from portal.deployments import lifecycle
+from portal.deployments.agent.start import deployment_start
+from portal.deployments.agent.supervise import deployment_supervise
 from portal.deployments.models import Deployment
 from portal.deployments.tasks import start_deployment
 from tests.deployments.conftest import FAKE_ENGINE, make_deployment
@@ -75,9 +76,9 @@ def test_it_recovers_when_the_agent_dies_during_a_start(
     assert deployment.state == "starting" and supervisor.group_alive(orphan)
 
     time.sleep(3.5)  # the dead agent's lease expires
-    assert lifecycle.deployment_supervise(deployment.pk, owner="beat") == "restart scheduled"
+    assert deployment_supervise(deployment.pk, owner="beat") == "restart scheduled"
     deployment.refresh_from_db()
     assert not supervisor.group_alive(orphan)  # no second server next to the new one
     assert deployment.state == "pending" and "interrupted while starting" in deployment.state_reason
     monkeypatch.setenv("FAKE_VLLM_STARTUP_S", "0.3")
-    assert lifecycle.deployment_start(deployment.pk, owner="new-agent") == "serving"
+    assert deployment_start(deployment.pk, owner="new-agent") == "serving"

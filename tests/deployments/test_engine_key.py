@@ -18,7 +18,9 @@ from django.test import Client
 
 from inference import supervisor
 from portal.audit.models import AuditEvent
-from portal.deployments import lifecycle
+from portal.deployments.agent.adopted import adopted_check
+from portal.deployments.agent.start import deployment_start
+from portal.deployments.agent.steps import event
 from portal.deployments.models import Deployment
 from tests.conftest import api_client
 
@@ -28,7 +30,7 @@ pytestmark = pytest.mark.django_db
 
 
 def _start(deployment) -> str:
-    result = lifecycle.deployment_start(deployment.pk, owner="test-agent")
+    result = deployment_start(deployment.pk, owner="test-agent")
     deployment.refresh_from_db()
     return result
 
@@ -166,10 +168,10 @@ def test_it_health_checks_an_adopted_server_with_its_key(
         "register_endpoint", "--model", "tiny-llama", "--url", url, "--team", "search", "--api-key-file", "-"
     )
     adopted = Deployment.objects.get(adopted=True)
-    assert lifecycle.adopted_check(adopted.pk) == "serving"
+    assert adopted_check(adopted.pk) == "serving"
     # Registered with the wrong key: its /health still answers, but the gateway would get 401s.
     Deployment.objects.filter(pk=adopted.pk).update(engine_api_key="wrong")
-    assert lifecycle.adopted_check(adopted.pk) == "failed"
+    assert adopted_check(adopted.pk) == "failed"
     assert "refuses the registered API key" in Deployment.objects.get(pk=adopted.pk).state_reason
 
 
@@ -185,9 +187,9 @@ def serving_remote(team, llama7b, profile_tp1, dgx):
         gpu_indices=[0], desired_state="running", state="serving", port=8123, pid=4242,
         endpoint_url="http://gpu-07.dc.internal:8123", command=["python", "--host", "gpu-07", "--port", "81"],
     )  # fmt: skip
-    lifecycle.event(deployment.pk, "ready", "started", "waiting for /health at http://gpu-07.dc.internal:8123")
-    lifecycle.event(deployment.pk, "command", "ok", "python --host gpu-07 --port 8123")
-    lifecycle.event(deployment.pk, "serving", "ok", "serving at http://gpu-07.dc.internal:8123: 3.0 s")
+    event(deployment.pk, "ready", "started", "waiting for /health at http://gpu-07.dc.internal:8123")
+    event(deployment.pk, "command", "ok", "python --host gpu-07 --port 8123")
+    event(deployment.pk, "serving", "ok", "serving at http://gpu-07.dc.internal:8123: 3.0 s")
     return deployment
 
 

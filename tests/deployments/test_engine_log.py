@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from portal.deployments import lifecycle
+from portal.deployments.agent.start import deployment_start
+from portal.deployments.agent.stop import deployment_stop
+from portal.deployments.agent.supervise import deployment_supervise
 from portal.deployments.models import Deployment
 
 from .conftest import make_deployment
@@ -22,25 +24,25 @@ def deployment(team, tiny_version, tiny_profile, fake_node, reap_servers, settin
 
 
 def test_it_rotates_a_serving_engines_log_past_the_limit_on_a_supervision_tick(deployment):
-    assert lifecycle.deployment_start(deployment.pk, owner="agent") == "serving"
+    assert deployment_start(deployment.pk, owner="agent") == "serving"
     deployment.refresh_from_db()
     log = Path(deployment.log_path)
     with open(log, "a") as grow:  # what a chatty engine writes between two ticks
         grow.write("INFO request done\n" * 1000)
-    assert lifecycle.deployment_supervise(deployment.pk, owner="beat") == "healthy"
+    assert deployment_supervise(deployment.pk, owner="beat") == "healthy"
     assert log.stat().st_size < 4096
     assert "INFO fake vLLM" in (log.parent / "server.log.1").read_text()
     assert deployment.events.filter(step="log", message__contains="rotated").exists()
     # Under the limit: nothing happens on the next tick.
-    assert lifecycle.deployment_supervise(deployment.pk, owner="beat") == "healthy"
+    assert deployment_supervise(deployment.pk, owner="beat") == "healthy"
     assert not (log.parent / "server.log.2").exists()
 
 
 def test_it_keeps_only_the_configured_number_of_old_logs_across_restarts(deployment):
     for _ in range(4):
-        assert lifecycle.deployment_start(deployment.pk, owner="agent") == "serving"
+        assert deployment_start(deployment.pk, owner="agent") == "serving"
         Deployment.objects.filter(pk=deployment.pk).update(desired_state="stopped")
-        assert lifecycle.deployment_stop(deployment.pk, owner="agent") == "stopped"
+        assert deployment_stop(deployment.pk, owner="agent") == "stopped"
         Deployment.objects.filter(pk=deployment.pk).update(desired_state="running", state="pending")
     run_dir = Path(Deployment.objects.get(pk=deployment.pk).run_dir)
     kept = sorted(p.name for p in run_dir.glob("server.log*"))

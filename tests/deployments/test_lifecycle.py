@@ -20,7 +20,11 @@ from django.db import connection
 from django.utils import timezone
 
 from inference import supervisor
-from portal.deployments import lifecycle
+from portal.deployments.agent.lease import LeaseLost, lease_acquire
+from portal.deployments.agent.restart import deployment_restart
+from portal.deployments.agent.start import deployment_start
+from portal.deployments.agent.stop import deployment_stop
+from portal.deployments.agent.supervise import deployment_supervise
 from portal.deployments.models import Deployment, DeploymentProfile, DesiredState
 from portal.registry.services import model_version_create
 from tests.conftest import bundled_config
@@ -30,7 +34,7 @@ pytestmark = pytest.mark.django_db
 
 
 def _start(deployment, owner="test-agent"):
-    result = lifecycle.deployment_start(deployment.pk, owner=owner)
+    result = deployment_start(deployment.pk, owner=owner)
     deployment.refresh_from_db()
     return result
 
@@ -93,18 +97,18 @@ def test_it_is_a_no_op_to_start_a_serving_deployment_again(deployment):
 
 
 def test_it_does_nothing_while_another_agent_holds_the_lease(deployment):
-    lease = lifecycle.lease_acquire(deployment.pk, owner="someone-else")
+    lease = lease_acquire(deployment.pk, owner="someone-else")
     assert _start(deployment) == "busy"
     assert deployment.pid is None
     lease.release()
 
 
 def test_it_fences_out_an_agent_whose_lease_was_taken_over(deployment):
-    stale = lifecycle.lease_acquire(deployment.pk, owner="slow-agent")
+    stale = lease_acquire(deployment.pk, owner="slow-agent")
     Deployment.objects.filter(pk=deployment.pk).update(lease_expires_at=timezone.now())
-    fresh = lifecycle.lease_acquire(deployment.pk, owner="new-agent")
+    fresh = lease_acquire(deployment.pk, owner="new-agent")
     assert fresh.token == stale.token + 1
-    with pytest.raises(lifecycle.LeaseLost):
+    with pytest.raises(LeaseLost):
         stale.write(state="serving")
     fresh.write(state="starting")
     assert Deployment.objects.get(pk=deployment.pk).state == "starting"
@@ -115,7 +119,7 @@ def test_it_stops_the_whole_process_group_and_frees_the_port(deployment):
     pgid, port = deployment.pgid, deployment.port
     assert len(supervisor.group_members(pgid)) >= 2  # the server and its engine child
     Deployment.objects.filter(pk=deployment.pk).update(desired_state=DesiredState.STOPPED)
-    assert lifecycle.deployment_stop(deployment.pk, owner="test-agent") == "stopped"
+    assert deployment_stop(deployment.pk, owner="test-agent") == "stopped"
     deployment.refresh_from_db()
     assert deployment.state == "stopped"
     assert supervisor.group_members(pgid) == []
@@ -130,7 +134,7 @@ def test_it_drains_in_flight_requests_before_stopping(deployment, run_dir, setti
     _start(deployment)
     (run_dir / deployment.name / "in_flight").write_text("2")
     Deployment.objects.filter(pk=deployment.pk).update(desired_state=DesiredState.STOPPED)
-    lifecycle.deployment_stop(deployment.pk, owner="test-agent")
+    deployment_stop(deployment.pk, owner="test-agent")
     drain = deployment.events.get(step="drain", status="ok")
     assert "2 requests still in flight at the 1 s deadline" in drain.message
     assert Deployment.objects.get(pk=deployment.pk).state == "stopped"
@@ -140,7 +144,7 @@ def test_it_keeps_the_port_across_restarts_and_moves_when_it_is_taken(deployment
     _start(deployment)
     port = deployment.port
     Deployment.objects.filter(pk=deployment.pk).update(desired_state=DesiredState.STOPPED)
-    lifecycle.deployment_stop(deployment.pk, owner="test-agent")
+    deployment_stop(deployment.pk, owner="test-agent")
     Deployment.objects.filter(pk=deployment.pk).update(desired_state=DesiredState.RUNNING)
     with socket.socket() as squatter:
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the health checks' TIME_WAIT
@@ -209,7 +213,7 @@ def test_it_classifies_a_known_startup_error_and_does_not_restart_it(deployment,
     assert deployment.state_reason.startswith("the KV cache cannot hold one sequence")
     assert "KV cache is needed" in deployment.log_tail
     # Supervision leaves a classified failure alone: no restart loop.
-    assert lifecycle.deployment_supervise(deployment.pk, owner="beat") == "failed: not restarted"
+    assert deployment_supervise(deployment.pk, owner="beat") == "failed: not restarted"
 
 
 def test_it_reports_an_unknown_exit_with_the_last_error_line(deployment, monkeypatch):
@@ -240,7 +244,7 @@ def test_it_restarts_a_killed_engine_with_backoff(deployment, django_capture_on_
     os.kill(deployment.pid, signal.SIGKILL)
     _wait_dead(deployment.pid)
     with django_capture_on_commit_callbacks() as sent:
-        assert lifecycle.deployment_supervise(deployment.pk, owner="beat") == "restart scheduled"
+        assert deployment_supervise(deployment.pk, owner="beat") == "restart scheduled"
     deployment.refresh_from_db()
     assert deployment.state == "pending"
     assert deployment.restart_count == 1
@@ -257,9 +261,9 @@ def test_it_restarts_an_engine_whose_health_check_keeps_failing(
     settings.DEPLOYMENT_HEALTH_FAILURES = 2
     _start(deployment)
     (run_dir / deployment.name / "hang").touch()
-    assert lifecycle.deployment_supervise(deployment.pk, owner="beat") == "unhealthy"
+    assert deployment_supervise(deployment.pk, owner="beat") == "unhealthy"
     with django_capture_on_commit_callbacks():
-        assert lifecycle.deployment_supervise(deployment.pk, owner="beat") == "restart scheduled"
+        assert deployment_supervise(deployment.pk, owner="beat") == "restart scheduled"
     deployment.refresh_from_db()
     assert "(hung)" in deployment.state_reason
     assert not supervisor.group_alive(deployment.pgid)
@@ -272,7 +276,7 @@ def test_it_gives_up_after_the_restart_limit(deployment, settings, django_captur
     os.kill(deployment.pid, signal.SIGKILL)
     _wait_dead(deployment.pid)
     with django_capture_on_commit_callbacks() as sent:
-        assert lifecycle.deployment_supervise(deployment.pk, owner="beat") == "failed"
+        assert deployment_supervise(deployment.pk, owner="beat") == "failed"
     deployment.refresh_from_db()
     assert deployment.state == "failed" and deployment.failure_code == "restart_limit"
     assert sent == []
@@ -280,7 +284,7 @@ def test_it_gives_up_after_the_restart_limit(deployment, settings, django_captur
 
 def test_it_samples_health_metrics_and_memory_while_serving(deployment):
     _start(deployment)
-    assert lifecycle.deployment_supervise(deployment.pk, owner="beat") == "healthy"
+    assert deployment_supervise(deployment.pk, owner="beat") == "healthy"
     sample = deployment.samples.get()
     assert sample.healthy and sample.kv_cache_usage == 0.25 and sample.running == 0
     assert sample.memory_mb > 1
@@ -294,7 +298,7 @@ def test_it_plans_a_restart_when_the_policy_says_so(deployment, django_capture_o
         restart_after_hours=1, serving_since=timezone.now() - timezone.timedelta(hours=2)
     )
     with django_capture_on_commit_callbacks() as sent:
-        assert lifecycle.deployment_supervise(deployment.pk, owner="beat") == "planned restart"
+        assert deployment_supervise(deployment.pk, owner="beat") == "planned restart"
     assert len(sent) == 1
     assert "policy: restart after 1 h" in deployment.events.get(step="planned restart").message
 
@@ -302,7 +306,7 @@ def test_it_plans_a_restart_when_the_policy_says_so(deployment, django_capture_o
 def test_it_restarts_draining_first_and_serves_again(deployment):
     _start(deployment)
     old = deployment.pgid
-    assert lifecycle.deployment_restart(deployment.pk, owner="agent", reason="test") == "serving"
+    assert deployment_restart(deployment.pk, owner="agent", reason="test") == "serving"
     deployment.refresh_from_db()
     assert deployment.state == "serving" and deployment.pgid != old
     assert not supervisor.group_alive(old)
@@ -315,7 +319,7 @@ def test_it_recovers_a_start_whose_agent_died(deployment, django_capture_on_comm
     orphan = deployment.pgid
     Deployment.objects.filter(pk=deployment.pk).update(state="starting", lease_expires_at=timezone.now())
     with django_capture_on_commit_callbacks():
-        assert lifecycle.deployment_supervise(deployment.pk, owner="beat") == "restart scheduled"
+        assert deployment_supervise(deployment.pk, owner="beat") == "restart scheduled"
     assert not supervisor.group_alive(orphan)
     deployment.refresh_from_db()
     assert "interrupted while starting" in deployment.state_reason
@@ -379,7 +383,7 @@ def test_it_runs_exactly_one_server_when_the_start_runs_twice_at_once(
 
     def run(owner):
         try:
-            results.append(lifecycle.deployment_start(deployment.pk, owner=owner))
+            results.append(deployment_start(deployment.pk, owner=owner))
         finally:
             connection.close()
 

@@ -9,7 +9,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from portal.deployments import lifecycle
+from portal.deployments.agent.adopted import adopted_check
+from portal.deployments.agent.start import deployment_start
+from portal.deployments.agent.supervise import deployment_supervise
 from portal.deployments.models import Deployment, DeploymentEvent, MetricsSample
 from portal.deployments.services import endpoint_url_from
 from portal.teams.models import Team
@@ -104,9 +106,9 @@ def test_it_serves_the_timeline_and_samples_as_json(bob, deployment):
 def test_it_shows_state_timeline_command_log_and_sparklines_on_the_page(
     client, alice, deployment, reap_servers
 ):
-    lifecycle.deployment_start(deployment.pk, owner="test")
+    deployment_start(deployment.pk, owner="test")
     for _ in range(3):
-        lifecycle.deployment_supervise(deployment.pk, owner="beat")
+        deployment_supervise(deployment.pk, owner="beat")
     client.force_login(alice)
     page = client.get(deployment.get_absolute_url()).content.decode()
     assert "serving" in page
@@ -183,7 +185,7 @@ def test_it_adopts_a_server_with_the_command_and_health_checks_it(external_serve
     assert adopted.profile is None and adopted.node is None
     assert adopted.team.slug == "platform"
     assert adopted.state == "serving"  # checked by the command itself
-    assert lifecycle.adopted_check(adopted.pk) == "serving"
+    assert adopted_check(adopted.pk) == "serving"
     assert adopted.samples.first().running == 1
 
 
@@ -192,7 +194,7 @@ def test_it_marks_an_adopted_server_that_stops_answering_as_failed(tiny_version,
         "register_endpoint", "--model", "tiny-llama", "--url", "http://127.0.0.1:9/v1", "--team", "search"
     )
     adopted = Deployment.objects.get(adopted=True)
-    assert lifecycle.adopted_check(adopted.pk) == "failed"
+    assert adopted_check(adopted.pk) == "failed"
     assert "does not answer" in Deployment.objects.get(pk=adopted.pk).state_reason
 
 
@@ -212,7 +214,7 @@ def test_it_never_starts_stops_or_supervises_an_adopted_server(alice, tiny_versi
     stop = api_client(alice).post("/api/v1/deployments/ext/stop/")
     assert stop.status_code == 400 and "never started or stopped" in stop.json()["desired_state"][0]
     adopted = Deployment.objects.get(name="ext")
-    assert lifecycle.deployment_start(adopted.pk, owner="agent") == "adopted"
+    assert deployment_start(adopted.pk, owner="agent") == "adopted"
     assert Deployment.objects.get(name="ext").desired_state == "running"
 
 

@@ -10,7 +10,9 @@ import sys
 import pytest
 
 from inference import supervisor
-from portal.deployments import lifecycle
+from portal.deployments.agent.start import deployment_start
+from portal.deployments.agent.stop import deployment_stop
+from portal.deployments.agent.supervise import deployment_supervise
 from portal.deployments.models import Deployment
 
 from .conftest import make_deployment
@@ -46,7 +48,7 @@ def _recorded_before_a_reboot(deployment, stranger, state: str) -> None:
 def test_it_stops_a_deployment_without_signalling_the_process_now_holding_its_pgid(deployment, stranger):
     _recorded_before_a_reboot(deployment, stranger, "serving")
     Deployment.objects.filter(pk=deployment.pk).update(desired_state="stopped")
-    assert lifecycle.deployment_stop(deployment.pk, owner="agent") == "stopped"
+    assert deployment_stop(deployment.pk, owner="agent") == "stopped"
     assert stranger.poll() is None  # alive: it was never ours
     deployment.refresh_from_db()
     assert deployment.state == "stopped" and deployment.pgid is None and deployment.process_identity == {}
@@ -57,10 +59,10 @@ def test_it_restarts_a_server_lost_in_a_reboot_without_killing_the_new_owner_of_
 ):
     _recorded_before_a_reboot(deployment, stranger, "serving")
     with django_capture_on_commit_callbacks():
-        assert lifecycle.deployment_supervise(deployment.pk, owner="beat") == "restart scheduled"
+        assert deployment_supervise(deployment.pk, owner="beat") == "restart scheduled"
     assert stranger.poll() is None
     assert "is gone" in Deployment.objects.get(pk=deployment.pk).state_reason
-    assert lifecycle.deployment_start(deployment.pk, owner="agent") == "serving"
+    assert deployment_start(deployment.pk, owner="agent") == "serving"
     assert stranger.poll() is None
     deployment.refresh_from_db()
     assert deployment.pid != stranger.pid
@@ -69,6 +71,6 @@ def test_it_restarts_a_server_lost_in_a_reboot_without_killing_the_new_owner_of_
 
 def test_it_starts_over_a_stale_pgid_from_an_interrupted_start_without_signalling_it(deployment, stranger):
     _recorded_before_a_reboot(deployment, stranger, "pending")
-    assert lifecycle.deployment_start(deployment.pk, owner="agent") == "serving"
+    assert deployment_start(deployment.pk, owner="agent") == "serving"
     assert stranger.poll() is None
     assert not deployment.events.filter(step="cleanup").exists()

@@ -28,7 +28,9 @@ from django.db import connection
 
 from inference import supervisor
 from portal.core.redis_client import redis_keys
-from portal.deployments import lifecycle
+from portal.deployments.agent.start import deployment_start
+from portal.deployments.agent.stop import deployment_stop
+from portal.deployments.agent.supervise import deployment_supervise
 from portal.deployments.models import Deployment, DeploymentProfile
 from portal.deployments.tasks import start_deployment, supervise_node
 from portal.inventory.models import Node
@@ -189,7 +191,7 @@ def test_it_deploys_serves_recovers_from_kill_9_and_stops_a_real_vllm(setup, age
     # The start task twice: a second message on the queue, and a direct call while the first runs.
     start_deployment.apply_async(args=[did], queue=f"node.{NODE}")
     _wait_for(did, lambda d: d.state == "starting", timeout_s=60, what="starting")
-    assert lifecycle.deployment_start(did, owner="test-process") == "busy"
+    assert deployment_start(did, owner="test-process") == "busy"
 
     deployment = _wait_for(did, lambda d: d.state == "serving", timeout_s=400, what="serving")
     deploy_to_serving = time.monotonic() - requested
@@ -268,7 +270,7 @@ def test_it_fails_a_profile_vllm_rejects_with_the_classified_cause(setup):
         node=setup["node"],
         desired_state="running",
     )
-    assert lifecycle.deployment_start(deployment.pk, owner="test") == "failed"
+    assert deployment_start(deployment.pk, owner="test") == "failed"
     deployment.refresh_from_db()
     assert deployment.state == "failed"
     assert deployment.failure_code == "max_model_len_exceeds_positions"
@@ -276,7 +278,7 @@ def test_it_fails_a_profile_vllm_rejects_with_the_classified_cause(setup):
     assert deployment.pid is None
     assert _api_servers_for(deployment.port) == []
     # No restart loop for a classified failure.
-    assert lifecycle.deployment_supervise(deployment.pk, owner="beat") == "failed: not restarted"
+    assert deployment_supervise(deployment.pk, owner="beat") == "failed: not restarted"
 
 
 def test_it_refuses_a_hash_mismatch_before_launching_anything(setup, tiny_model_dir, tmp_path):
@@ -298,7 +300,7 @@ def test_it_refuses_a_hash_mismatch_before_launching_anything(setup, tiny_model_
         node=setup["node"],
         desired_state="running",
     )
-    assert lifecycle.deployment_start(deployment.pk, owner="test") == "failed"
+    assert deployment_start(deployment.pk, owner="test") == "failed"
     deployment.refresh_from_db()
     assert deployment.failure_code == "hash_mismatch"
     assert "weight file changed: model.safetensors" in deployment.state_reason
@@ -323,7 +325,7 @@ def test_it_guards_a_real_vllm_with_the_deployments_key_on_every_model_path(setu
         desired_state="running",
     )
     try:
-        assert lifecycle.deployment_start(deployment.pk, owner="test") == "serving"
+        assert deployment_start(deployment.pk, owner="test") == "serving"
         deployment.refresh_from_db()
         url, key = deployment.endpoint_url, deployment.engine_api_key
         chat = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
@@ -345,8 +347,8 @@ def test_it_guards_a_real_vllm_with_the_deployments_key_on_every_model_path(setu
         assert key.encode() not in Path(f"/proc/{deployment.pid}/cmdline").read_bytes()
         assert key not in Path(deployment.log_path).read_text(errors="replace")
         assert not deployment.events.filter(message__contains=key).exists()
-        assert lifecycle.deployment_supervise(deployment.pk, owner="test") == "healthy"
+        assert deployment_supervise(deployment.pk, owner="test") == "healthy"
         assert deployment.samples.last().running is not None  # /metrics scraped
     finally:
         Deployment.objects.filter(pk=deployment.pk).update(desired_state="stopped")
-        assert lifecycle.deployment_stop(deployment.pk, owner="test") == "stopped"
+        assert deployment_stop(deployment.pk, owner="test") == "stopped"

@@ -35,7 +35,7 @@ from django.db import connection
 
 from inference import supervisor
 from portal.core.redis_client import redis_keys
-from portal.deployments import lifecycle
+from portal.deployments.agent.start import deployment_start
 from portal.deployments.models import Deployment
 from portal.deployments.tasks import start_deployment, supervise_node
 from tests.deployments.conftest import FAKE_ENGINE, make_deployment
@@ -173,7 +173,7 @@ def test_a_start_interrupted_by_a_killed_agent_ends_with_exactly_one_engine(
         # The start message redelivered late (visibility timeout, a duplicate): a no-op. A supervision
         # message sent just before beat stopped may still hold the lease ("busy"): wait it out.
         outcome = wait_for(
-            lambda: (r := lifecycle.deployment_start(deployment.pk, owner="late-redelivery")) != "busy" and r,
+            lambda: (r := deployment_start(deployment.pk, owner="late-redelivery")) != "busy" and r,
             timeout_s=30,
             what="the lease free of supervision passes",
             interval_s=0.2,

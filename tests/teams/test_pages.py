@@ -57,7 +57,7 @@ def test_a_member_revokes_a_key(bob, team):
 def test_charlie_sees_no_team_pages_and_revokes_nothing(charlie, team):
     key, _ = api_key_create(team=team)
     client = logged_in(charlie)
-    for name in ("teams:detail", "teams:keys", "teams:usage"):
+    for name in ("deployments:team-detail", "teams:keys", "teams:usage"):
         assert client.get(reverse(name, args=["search"])).status_code == 404
     assert client.post(reverse("teams:keys", args=["search"]), {"name": "x"}).status_code == 404
     assert client.post(reverse("teams:key-revoke", args=["search", key.prefix])).status_code == 404

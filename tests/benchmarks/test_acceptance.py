@@ -25,15 +25,15 @@ from safetensors import safe_open
 from inference import supervisor
 from inference.tiny_model import resolve_shape, shape_from_config, write_tiny_model
 from portal.audit.models import AuditEvent
-from portal.core.errors import ApplicationError
-from portal.inventory import acceptance as acceptance_module
-from portal.inventory.acceptance import (
+from portal.benchmarks import acceptance as acceptance_module
+from portal.benchmarks.acceptance import (
     compare,
     judge,
     node_acceptance_request,
     node_acceptance_run,
     parse_levels,
 )
+from portal.core.errors import ApplicationError
 from portal.inventory.models import AcceptanceState, Node, NodeAcceptance
 from portal.inventory.selectors import node_latest_calibration
 from tests.engines import require_gpu, require_vllm
@@ -221,7 +221,8 @@ def test_staff_ask_the_nodes_agent_from_the_node_page(
 ):
     sent = []
     monkeypatch.setattr(
-        "portal.inventory.tasks.accept_node.apply_async", lambda args, queue: sent.append((args, queue))
+        "portal.inventory.dispatch.app.send_task",
+        lambda name, args, kwargs, queue, **options: sent.append((name, args, queue)),
     )
     client.force_login(alice)
     with django_capture_on_commit_callbacks(execute=True):
@@ -231,7 +232,7 @@ def test_staff_ask_the_nodes_agent_from_the_node_page(
         )
     assert response.status_code == 302
     acceptance = NodeAcceptance.objects.get(node=dgx)
-    assert sent == [([acceptance.pk], f"node.{dgx.name}")]
+    assert sent == [("benchmarks.accept_node", [acceptance.pk], f"node.{dgx.name}")]
     event = AuditEvent.objects.get(action="node.accept")
     assert event.actor == alice and event.changes["acceptance"] == acceptance.pk
     page = client.get(f"/nodes/{dgx.name}/")
@@ -326,7 +327,7 @@ def test_the_command_prints_the_comparison_writes_json_and_exits_2_when_slow(dgx
         record.save()
         return record
 
-    monkeypatch.setattr("portal.inventory.management.commands.accept_node.node_acceptance_run", run)
+    monkeypatch.setattr("portal.benchmarks.management.commands.accept_node.node_acceptance_run", run)
     out = io.StringIO()
     with pytest.raises(CommandError) as error:
         call_command(

@@ -42,9 +42,9 @@ from inference.loadgen.workloads import load_mix
 from inference.tiny_model import resolve_shape, write_model_atomically
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
-
-from .models import AcceptanceState, Node, NodeAcceptance
-from .selectors import gpus_in_use
+from portal.deployments.selectors import gpus_held_on_node
+from portal.inventory.dispatch import send_to_node
+from portal.inventory.models import AcceptanceState, Node, NodeAcceptance
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def node_acceptance_request(
             f"node {node.name} has no GPU {gpu_index} (it has {indices or 'none'})", field="gpu_index"
         )
     if gpu_index is None and indices:
-        held = gpus_in_use(node)
+        held = gpus_held_on_node(node)
         free = [i for i in indices if i not in held]
         if not free:
             listing = ", ".join(f"GPU {i} ({name})" for i, name in sorted(held.items()))
@@ -191,9 +191,7 @@ def node_acceptance_request(
         changes={"acceptance": acceptance.pk, "shape": shape, "concurrency": levels, "eager": enforce_eager},
     )
     if send:
-        from .tasks import accept_node
-
-        transaction.on_commit(lambda: accept_node.apply_async(args=[acceptance.pk], queue=node.queue))
+        send_to_node(node, "benchmarks.accept_node", args=[acceptance.pk])
     return acceptance
 
 
@@ -320,8 +318,7 @@ def _simulated(node: Node) -> bool:
 
 def _discover(node: Node) -> str:
     from inference.nvidia_smi import discover_local
-
-    from .services import node_apply_discovery
+    from portal.inventory.services import node_apply_discovery
 
     recorded = node.gpus.count()
     if _simulated(node):
@@ -343,7 +340,7 @@ def _discover(node: Node) -> str:
 
 
 def _probe(run: _Run, node: Node) -> str:
-    from .services import node_probe_software
+    from portal.inventory.services import node_probe_software
 
     if _simulated(node):
         facts = "simulated node: no vLLM environment to probe"
@@ -446,7 +443,8 @@ def _profile_values(acceptance: NodeAcceptance, version) -> dict:
 
 
 def _start(run: _Run, context: dict) -> str:
-    from portal.deployments import lifecycle
+    from portal.deployments.agent.lease import agent_owner
+    from portal.deployments.agent.start import deployment_start
     from portal.deployments.models import Deployment, DeploymentProfile, DeploymentState, DesiredState
     from portal.deployments.services import deployment_create
     from portal.teams.models import Team
@@ -485,8 +483,8 @@ def _start(run: _Run, context: dict) -> str:
     )
     context["deployment_id"] = deployment.pk
     run.write(deployment_name=name)
-    outcome = lifecycle.deployment_start(
-        deployment.pk, owner=lifecycle.agent_owner(f"acceptance-{acceptance.pk}")
+    outcome = deployment_start(
+        deployment.pk, owner=agent_owner(f"acceptance-{acceptance.pk}")
     )
     # "busy": another task of this agent took the lease first (supervision); wait for its outcome.
     deadline = time.monotonic() + settings.DEPLOYMENT_READY_TIMEOUT_S + 120
@@ -605,8 +603,7 @@ def _calibrate(run: _Run, context: dict) -> str:
     fit never saw (the record's evidence that the twin holds). The fit starts from the node's
     previous calibration, so constants this mode cannot show (eager vs CUDA graphs) carry over."""
     from portal.deployments.predict import calibrate_sweep
-
-    from .selectors import node_latest_calibration
+    from portal.inventory.selectors import node_latest_calibration
 
     kwargs = _sweep_kwargs(run, context)
     if kwargs is None:
@@ -634,13 +631,14 @@ def _calibrate(run: _Run, context: dict) -> str:
 
 def _stop(run: _Run, deployment_id: int) -> str:
     """Stop the reference server whatever happened; "" or why it did not stop."""
-    from portal.deployments import lifecycle
+    from portal.deployments.agent.lease import agent_owner
+    from portal.deployments.agent.stop import deployment_stop
     from portal.deployments.models import Deployment, DeploymentState, DesiredState
 
     Deployment.objects.filter(pk=deployment_id).update(desired_state=DesiredState.STOPPED)
     began = time.monotonic()
     run.note_if_running("stop", "started", "stopping the reference server")
-    outcome = lifecycle.deployment_stop(deployment_id, owner=lifecycle.agent_owner("acceptance-stop"))
+    outcome = deployment_stop(deployment_id, owner=agent_owner("acceptance-stop"))
     state = Deployment.objects.values_list("state", flat=True).get(pk=deployment_id)
     if state != DeploymentState.STOPPED:
         message = f"the reference server did not stop ({outcome}; the deployment is {state})"

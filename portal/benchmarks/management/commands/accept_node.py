@@ -13,14 +13,14 @@ import time
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from inference.tiny_model import shape_names
-from portal.core.errors import ApplicationError
-from portal.inventory.acceptance import (
+from portal.benchmarks.acceptance import (
     DEFAULT_CONCURRENCY,
     DEFAULT_MIX,
     DEFAULT_SHAPE,
     node_acceptance_request,
     node_acceptance_run,
 )
+from portal.core.errors import ApplicationError
 from portal.inventory.models import AcceptanceState, Node, NodeAcceptance
 
 

@@ -1,0 +1,11 @@
+"""A node's own page, under /nodes/ beside the inventory's list (portal/benchmarks/node_views.py)."""
+
+from django.urls import path
+
+from . import node_views
+
+app_name = "nodes"
+urlpatterns = [
+    path("<str:name>/", node_views.node_detail, name="detail"),
+    path("<str:name>/accept/", node_views.node_accept, name="accept"),
+]

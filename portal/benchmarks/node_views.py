@@ -1,0 +1,85 @@
+"""A node's page: its GPUs and who holds them, its `nvidia-smi topo -m` matrix, its latest
+acceptance with plots and, for staff, *Accept this node*. It reads deployments (who holds each
+GPU) and acceptances (a benchmark of the node), so it lives here, above both."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from inference.env_probe import build_advice, missing_kernels
+from portal.core.errors import ApplicationError
+from portal.deployments.selectors import gpus_held_on_node
+from portal.inventory.selectors import node_latest_acceptance, node_list
+
+from .acceptance import node_acceptance_request
+from .forms import AcceptanceForm
+from .plots import acceptance_plots, safe_svg
+
+
+@login_required
+def node_detail(request, name: str, *, accept_form: forms.Form | None = None, status: int = 200):
+    node = get_object_or_404(node_list(), name=name)
+    held = gpus_held_on_node(node)
+    gpus = [(gpu, held.get(gpu.index, "")) for gpu in node.gpus.all()]
+    context = {
+        "node": node,
+        "gpus": gpus,
+        "kernel_warnings": _kernel_warnings(node, [g for g, _ in gpus]),
+        "accept_form": accept_form or AcceptanceForm(),
+        **_acceptance_context(node),
+    }
+    return render(request, "benchmarks/node_detail.html", context, status=status)
+
+
+def _kernel_warnings(node, gpus) -> list[str]:
+    """A torch build without the GPUs' sm_XY fails at the first kernel
+    (docs/v100-field-guide.md#software-stack)."""
+    if not gpus or not node.torch_cuda_version:
+        return []
+    missing = missing_kernels(node.torch_arch_list, [g.compute_capability for g in gpus])
+    if not missing:
+        return []
+    return [f"torch {node.torch_version} has no {', '.join(missing)} kernels: {build_advice(missing)}"]
+
+
+def _acceptance_context(node) -> dict:
+    acceptance = node_latest_acceptance(node)
+    plots = [safe_svg(svg) for svg in acceptance_plots(acceptance.levels)] if acceptance else []
+    return {"acceptance": acceptance, "acceptance_plots": plots}
+
+
+@login_required
+@require_POST
+def node_accept(request, name: str):
+    """Staff: ask the node's agent to accept the node (portal/benchmarks/acceptance.py)."""
+    if not request.user.is_staff:
+        raise PermissionDenied
+    node = get_object_or_404(node_list(), name=name)
+    form = AcceptanceForm(request.POST)
+    if form.is_valid():
+        values = form.cleaned_data
+        try:
+            acceptance = node_acceptance_request(
+                node=node,
+                user=request.user,
+                shape=values["shape"],
+                layers=values["layers"],
+                concurrency=values["concurrency"],
+                mix=values["mix"],
+                requests_per_level=values["requests_per_level"],
+                enforce_eager=values["enforce_eager"],
+                predict_gpu=values["predict_gpu"],
+            )
+        except ApplicationError as error:
+            form.add_error(error.field if error.field in form.fields else None, error.message)
+        else:
+            messages.success(
+                request, f"acceptance {acceptance.pk} requested: the agent on {node.name} is on it"
+            )
+            return redirect(node)
+    return node_detail(request, name, accept_form=form, status=400)
