@@ -78,5 +78,12 @@ def _send_after_commit(
     if expires is not None:
         options["expires"] = countdown + expires
     args, kwargs = list(args), dict(kwargs or {})
-    transaction.on_commit(lambda: app.send_task(task_name, args=args, kwargs=kwargs, **options))
+    if app.conf.task_always_eager:
+        # send_task ignores eager mode; the benchmarks' throwaway worlds (and any single-process
+        # setup) rely on it to run the task inline, as apply_async would.
+        app.loader.import_default_modules()  # autodiscovery, which a worker would have done
+        task = app.tasks[task_name]
+        transaction.on_commit(lambda: task.apply(args=args, kwargs=kwargs, task_id=task_id))
+    else:
+        transaction.on_commit(lambda: app.send_task(task_name, args=args, kwargs=kwargs, **options))
     return task_id

@@ -75,3 +75,16 @@ def test_supervision_expires_after_two_intervals_and_commands_after_their_countd
     low, high = seconds(start["expires"])
     assert low <= 40 + DEPLOYMENT_COMMAND_EXPIRES_S <= high
     assert start["eta"] is not None
+
+
+def test_in_eager_mode_it_runs_the_task_inline_after_commit(
+    node, django_capture_on_commit_callbacks, monkeypatch
+):
+    """The benchmarks' throwaway worlds run with task_always_eager, which send_task alone ignores."""
+    from portal.deployments.models import Deployment
+
+    monkeypatch.setitem(app.conf, "task_always_eager", True)
+    with django_capture_on_commit_callbacks(execute=True):
+        send_to_node(node, "deployments.supervise_node", args=[node.name])
+    assert received(node.queue) == []  # nothing went to the broker: it ran here
+    assert not Deployment.objects.filter(node=node).exists()  # (and found nothing to supervise)
