@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import shutil
 import statistics
@@ -37,65 +36,39 @@ import sys
 import tempfile
 from pathlib import Path
 
-from perf._common import free_port, spawn, start, stop, table, wait_redis, wait_up
+from perf._common import free_port, start, stop, table, wait_up
+from perf._world import adopted_endpoint, log_file, start_private_redis, use_throwaway_portal
 
 MODEL = "priority-bench-model"
 TARGET_RATIO = 1.10
 BATCH_LEAD_S = 1.0  # batch clients start this long before the interactive clock
 
 
-def _log(directory: Path, name: str):
-    return open(directory / f"{name}.log", "wb")  # the child keeps it open until it exits
-
-
 def build_world(processes: list[subprocess.Popen], directory: Path, args) -> tuple[str, str, str]:
     """Redis, the upstream, the database, the keys, the gateway; returns (gateway URL, interactive
     token, batch token). Processes go in `processes` as they start, so the caller stops them."""
-    if shutil.which("redis-server") is None:
-        raise SystemExit("redis-server is not installed: the benchmark runs its own private Redis")
-    redis_port, upstream_port, gateway_port = free_port(), free_port(), free_port()
-    processes.append(
-        spawn(["redis-server", "--bind", "127.0.0.1", "--port", str(redis_port), "--save", "",
-               "--appendonly", "no", "--dir", str(directory)], stdout=_log(directory, "redis"),
-              stderr=subprocess.STDOUT)
+    upstream_port, gateway_port = free_port(), free_port()
+    redis_url = start_private_redis(directory, processes)
+    use_throwaway_portal(
+        directory, redis_url, label="priority-bench",
+        GATEWAY_BATCH_SHARE=str(args.share),
+        # Nobody gives up waiting: the benchmark measures waits, not refusals.
+        GATEWAY_QUEUE_TIMEOUT_S="120", GATEWAY_BATCH_QUEUE_TIMEOUT_S="600", GATEWAY_QUEUE_MAX="4096",
     )  # fmt: skip
-    redis_url = f"redis://127.0.0.1:{redis_port}"
-    os.environ.update(
-        {
-            "DJANGO_SETTINGS_MODULE": "portal.settings",
-            "DATABASE_URL": f"sqlite:///{directory / 'portal.sqlite3'}",
-            "REDIS_URL": f"{redis_url}/0",
-            "GATEWAY_REDIS_URL": f"{redis_url}/0",
-            "CELERY_BROKER_URL": f"{redis_url}/1",
-            "CELERY_RESULT_BACKEND": f"{redis_url}/1",
-            "CELERY_TASK_ALWAYS_EAGER": "true",  # the adopted endpoint's first health check, inline
-            "PORTAL_RUN_DIR": str(directory / "run"),
-            "SECRET_KEY": "priority-bench-only-secret-key-0123456789abcdefghijklmnop",
-            "SECURE_SSL_REDIRECT": "false",
-            "DEBUG": "false",
-            "LOG_LEVEL": "WARNING",
-            "GATEWAY_BATCH_SHARE": str(args.share),
-            # Nobody gives up waiting: the benchmark measures waits, not refusals.
-            "GATEWAY_QUEUE_TIMEOUT_S": "120",
-            "GATEWAY_BATCH_QUEUE_TIMEOUT_S": "600",
-            "GATEWAY_QUEUE_MAX": "4096",
-        }
-    )
     upstream = start(
         ["-m", "perf.fake_upstream", "--port", str(upstream_port), "--chunks", str(args.chunks),
          "--interval-ms", str(args.interval_ms), "--model", MODEL],
-        stdout=_log(directory, "upstream"), stderr=subprocess.STDOUT,
+        stdout=log_file(directory, "upstream"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     processes.append(upstream)
     upstream_url = f"http://127.0.0.1:{upstream_port}"
     wait_up(f"{upstream_url}/health", upstream)
-    wait_redis(redis_port, processes[0])
     tokens = setup_portal(upstream_url, cap=args.cap)
     gateway = start(
         ["-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(gateway_port),
          "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning",
          "--timeout-graceful-shutdown", "3"],
-        stdout=_log(directory, "gateway"), stderr=subprocess.STDOUT,
+        stdout=log_file(directory, "gateway"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     processes.append(gateway)
     url = f"http://127.0.0.1:{gateway_port}"
@@ -104,33 +77,16 @@ def build_world(processes: list[subprocess.Popen], directory: Path, args) -> tup
 
 
 def setup_portal(upstream: str, *, cap: int) -> tuple[str, str]:
-    """Migrate; the team, the model, the upstream as its adopted endpoint with the cap; an
-    interactive key and a batch key (returned), through the portal's services."""
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-    from django.db import connection
-
-    call_command("migrate", verbosity=0)
-    with connection.cursor() as cursor:
-        cursor.execute("PRAGMA journal_mode=WAL")
-
-    from inference.hf_config import known_configs
-    from portal.deployments.services import deployment_set_concurrency_cap, endpoint_register
-    from portal.registry.services import model_version_create
-    from portal.teams.models import PriorityClass, Team
+    """The adopted upstream with the cap; an interactive key and a batch key (returned)."""
+    team, deployment = adopted_endpoint(
+        upstream=upstream, model=MODEL, config="llama-2-7b-chat-hf", name="priority-bench",
+        team={"name": "Priority bench", "slug": "priority-bench"},
+    )  # fmt: skip
+    # Imported once adopted_endpoint has set Django up.
+    from portal.deployments.services import deployment_set_concurrency_cap
+    from portal.teams.models import PriorityClass
     from portal.teams.services import api_key_create
 
-    team = Team.objects.create(name="Priority bench", slug="priority-bench")
-    config = json.loads(known_configs()["llama-2-7b-chat-hf"].read_text())
-    version = model_version_create(name=MODEL, config=config)
-    deployment = endpoint_register(
-        name="priority-bench", team=team, model_version=version, url=f"{upstream}/v1"
-    )
-    deployment.refresh_from_db()
-    if deployment.state != "serving":
-        raise SystemExit(f"the fake upstream's endpoint is {deployment.state}: {deployment.state_reason}")
     deployment_set_concurrency_cap(deployment=deployment, cap=cap, source="priority bench")
     _key, interactive = api_key_create(team=team, name="interactive", allowed_models=[MODEL])
     _key, batch = api_key_create(

@@ -41,7 +41,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perf._common import flusher_loop, free_port, spawn, start, stop, table, wait_redis, wait_up
+from perf._common import flusher_loop, free_port, start, stop, table, wait_up
+from perf._world import adopted_endpoint, log_file, start_private_redis, use_throwaway_portal
 
 MODEL = "bench-fake-model"
 HIGH = {"rpm_limit": 10**7, "tpm_limit": 10**9, "tokens_per_day": 10**12, "max_concurrent": 10_000}
@@ -58,48 +59,21 @@ class World:
     gateways: dict[int, tuple[str, subprocess.Popen]] = field(default_factory=dict)
 
 
-def _log(directory: Path, name: str):
-    return open(directory / f"{name}.log", "wb")  # the child keeps it open until it exits
-
-
 def build_world(world: World, directory: Path, args) -> None:
     """Redis, the upstream, the database, the key, the gateways and the flusher; processes go in
     `world.processes` as they start, so the caller stops whatever did start."""
-    if shutil.which("redis-server") is None:
-        raise SystemExit("redis-server is not installed: the benchmark runs its own private Redis")
-    world.redis_port, upstream_port = free_port(), free_port()
-    world.processes.append(
-        spawn(["redis-server", "--bind", "127.0.0.1", "--port", str(world.redis_port), "--save", "",
-               "--appendonly", "no", "--dir", str(directory)], stdout=_log(directory, "redis"),
-              stderr=subprocess.STDOUT)
-    )  # fmt: skip
-    redis_url = f"redis://127.0.0.1:{world.redis_port}"
-    os.environ.update(
-        {
-            "DJANGO_SETTINGS_MODULE": "portal.settings",
-            "DATABASE_URL": f"sqlite:///{directory / 'portal.sqlite3'}",
-            "REDIS_URL": f"{redis_url}/0",
-            "GATEWAY_REDIS_URL": f"{redis_url}/0",
-            "CELERY_BROKER_URL": f"{redis_url}/1",
-            "CELERY_RESULT_BACKEND": f"{redis_url}/1",
-            # The adopted endpoint's first health check runs inline instead of waiting for a worker.
-            "CELERY_TASK_ALWAYS_EAGER": "true",
-            "PORTAL_RUN_DIR": str(directory / "run"),
-            "SECRET_KEY": "proxy-bench-only-secret-key-0123456789abcdefghijklmnop",
-            "SECURE_SSL_REDIRECT": "false",
-            "DEBUG": "false",
-            "LOG_LEVEL": "WARNING",
-        }
-    )
+    upstream_port = free_port()
+    redis_url = start_private_redis(directory, world.processes)
+    world.redis_port = int(redis_url.rsplit(":", 1)[1])
+    use_throwaway_portal(directory, redis_url, label="proxy-bench")
     upstream = start(
         ["-m", "perf.fake_upstream", "--port", str(upstream_port), "--chunks", str(args.chunks),
          "--interval-ms", str(args.interval_ms), "--model", MODEL],
-        stdout=_log(directory, "upstream"), stderr=subprocess.STDOUT,
+        stdout=log_file(directory, "upstream"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     world.processes.append(upstream)
     world.upstream = f"http://127.0.0.1:{upstream_port}"
     wait_up(f"{world.upstream}/health", upstream)
-    wait_redis(world.redis_port, world.processes[0])
     world.token = setup_portal(world.upstream)
 
     for workers in args.workers:
@@ -109,18 +83,17 @@ def build_world(world: World, directory: Path, args) -> None:
             ["-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
              "--workers", str(workers), "--loop", "uvloop", "--http", "httptools", "--no-access-log",
              "--log-level", "info", "--timeout-graceful-shutdown", "3"],
-            stdout=_log(directory, name), stderr=subprocess.STDOUT,
+            stdout=log_file(directory, name), stderr=subprocess.STDOUT,
         )  # fmt: skip
         world.processes.append(gateway)
         world.gateways[workers] = (f"http://127.0.0.1:{port}", gateway)
     world.processes.append(
-        start(["-m", "perf.proxy_bench", "--flusher"], stdout=_log(directory, "flusher"),
+        start(["-m", "perf.proxy_bench", "--flusher"], stdout=log_file(directory, "flusher"),
               stderr=subprocess.STDOUT)
     )  # fmt: skip
     for workers, (url, process) in world.gateways.items():
         _wait_workers(directory / f"gateway-{workers}.log", process, workers)
         wait_up(f"{url}/v1/models", process)
-
 
 
 def _wait_workers(log_path: Path, process: subprocess.Popen, workers: int, timeout: float = 120) -> None:
@@ -133,32 +106,15 @@ def _wait_workers(log_path: Path, process: subprocess.Popen, workers: int, timeo
 
 
 def setup_portal(upstream: str) -> str:
-    """Migrate; the team, the model, the upstream as its adopted endpoint with a cap; a key (returned).
-    All through the portal's services, as `register_endpoint` and `create_key` do."""
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-    from django.db import connection
-
-    call_command("migrate", verbosity=0)
-    with connection.cursor() as cursor:
-        cursor.execute("PRAGMA journal_mode=WAL")  # the flusher writes while the gateways read
-
-    from inference.hf_config import known_configs
-    from portal.deployments.services import deployment_set_concurrency_cap, endpoint_register
-    from portal.registry.services import model_version_create
-    from portal.teams.models import Team
+    """The adopted upstream with a cap that never binds, and a key with every quota high (returned)."""
+    team, deployment = adopted_endpoint(
+        upstream=upstream, model=MODEL, config="llama-2-7b-chat-hf", name="proxy-bench",
+        team={"name": "Proxy bench", "slug": "proxy-bench", **HIGH},
+    )  # fmt: skip
+    # Imported once adopted_endpoint has set Django up.
+    from portal.deployments.services import deployment_set_concurrency_cap
     from portal.teams.services import api_key_create
 
-    # Teams have no service of their own: they are created in the admin, as this does.
-    team = Team.objects.create(name="Proxy bench", slug="proxy-bench", **HIGH)
-    config = json.loads(known_configs()["llama-2-7b-chat-hf"].read_text())
-    version = model_version_create(name=MODEL, config=config)
-    deployment = endpoint_register(name="proxy-bench", team=team, model_version=version, url=f"{upstream}/v1")
-    deployment.refresh_from_db()
-    if deployment.state != "serving":
-        raise SystemExit(f"the fake upstream's endpoint is {deployment.state}: {deployment.state_reason}")
     deployment_set_concurrency_cap(deployment=deployment, cap=10_000, source="proxy bench: never binds")
     _key, token = api_key_create(team=team, name="proxy bench", allowed_models=[MODEL], **HIGH)
     return token

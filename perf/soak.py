@@ -62,7 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inference.loadgen.summary import RequestRecord, percentile
-from perf._common import flusher_loop, free_port, spawn, start, stop, table, wait_redis, wait_up
+from perf._common import flusher_loop, free_port, start, stop, table, wait_up
+from perf._world import adopted_endpoint, log_file, start_private_redis, use_throwaway_portal
 
 MODEL = "llama-2-7b-chat-hf"
 HARDWARE = "v100-sxm2-32gb"
@@ -99,50 +100,23 @@ class World:
     processes: list[subprocess.Popen] = field(default_factory=list)
 
 
-def _log(directory: Path, name: str):
-    return open(directory / f"{name}.log", "wb")  # the child keeps it open until it exits
-
-
 def build_world(world: World, directory: Path, args) -> None:
     """Redis, the simulator, the database, keys, the gateway and the flusher; processes go in
     `world.processes` as they start, so the caller stops whatever did start."""
     from inference.vllm_args import SIM_MODULE, ServerArgs, vllm_args
 
-    if shutil.which("redis-server") is None:
-        raise SystemExit("redis-server is not installed: the soak runs its own private Redis")
-    redis_port, sim_port, gateway_port = free_port(), free_port(), free_port()
-    world.processes.append(
-        spawn(["redis-server", "--bind", "127.0.0.1", "--port", str(redis_port), "--save", "",
-               "--appendonly", "no", "--dir", str(directory)], stdout=_log(directory, "redis"),
-              stderr=subprocess.STDOUT)
-    )  # fmt: skip
-    os.environ.update(
-        {
-            "DJANGO_SETTINGS_MODULE": "portal.settings",
-            "DATABASE_URL": f"sqlite:///{directory / 'portal.sqlite3'}",
-            "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
-            "GATEWAY_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
-            "CELERY_BROKER_URL": f"redis://127.0.0.1:{redis_port}/1",
-            "CELERY_RESULT_BACKEND": f"redis://127.0.0.1:{redis_port}/1",
-            # The adopted endpoint's first health check runs inline instead of waiting for a worker.
-            "CELERY_TASK_ALWAYS_EAGER": "true",
-            "PORTAL_RUN_DIR": str(directory / "run"),
-            "SECRET_KEY": "soak-only-secret-key-0123456789abcdefghijklmnopqrstuvwxyz",
-            "SECURE_SSL_REDIRECT": "false",
-            "DEBUG": "false",
-            "LOG_LEVEL": "WARNING",
-        }
-    )
+    sim_port, gateway_port = free_port(), free_port()
+    redis_url = start_private_redis(directory, world.processes)
+    use_throwaway_portal(directory, redis_url, label="soak")
 
     server = ServerArgs(model_path=MODEL, served_model_name=MODEL, host="127.0.0.1", port=sim_port)
     sim = start(
         ["-m", SIM_MODULE, *vllm_args(profile(), server), "--hardware", args.hardware],
-        stdout=_log(directory, "sim"), stderr=subprocess.STDOUT,
+        stdout=log_file(directory, "sim"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     world.processes.append(sim)
     world.sim, world.sim_pid = f"http://127.0.0.1:{sim_port}", sim.pid
     wait_up(f"{world.sim}/health", sim)
-    wait_redis(redis_port, world.processes[0])
 
     world.token, world.quota_token = setup_portal(world.sim, quota_rpm=args.quota_rpm)
 
@@ -150,41 +124,27 @@ def build_world(world: World, directory: Path, args) -> None:
         ["-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(gateway_port),
          "--workers", "1", "--loop", "uvloop", "--http", "httptools", "--no-access-log",
          "--log-level", "warning"],
-        stdout=_log(directory, "gateway"), stderr=subprocess.STDOUT,
+        stdout=log_file(directory, "gateway"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     world.processes.append(gateway)
     world.gateway, world.gateway_pid = f"http://127.0.0.1:{gateway_port}", gateway.pid
     world.processes.append(
-        start(["-m", "perf.soak", "--flusher"], stdout=_log(directory, "flusher"), stderr=subprocess.STDOUT)
-    )
+        start(["-m", "perf.soak", "--flusher"], stdout=log_file(directory, "flusher"),
+              stderr=subprocess.STDOUT)
+    )  # fmt: skip
     wait_up(f"{world.gateway}/v1/models", gateway)
 
 
 
 def setup_portal(sim_url: str, *, quota_rpm: int) -> tuple[str, str]:
-    """Migrate, register the model and the simulator as its endpoint; the two keys."""
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-    from django.db import connection
-
-    call_command("migrate", verbosity=0)
-    with connection.cursor() as cursor:
-        cursor.execute("PRAGMA journal_mode=WAL")  # the flusher writes while the gateway reads
-
-    from inference.hf_config import known_configs
-    from portal.deployments.services import endpoint_register
-    from portal.registry.services import model_version_create
-    from portal.teams.models import Team
+    """The simulator as the model's adopted endpoint; the two keys."""
+    team, _deployment = adopted_endpoint(
+        upstream=sim_url, model=MODEL, config=MODEL, name="soak-sim",
+        team={"name": "Soak", "slug": "soak", **HIGH},
+    )  # fmt: skip
+    # Imported once adopted_endpoint has set Django up.
     from portal.teams.services import api_key_create
 
-    team = Team.objects.create(name="Soak", slug="soak", **HIGH)
-    version = model_version_create(name=MODEL, config=json.loads(known_configs()[MODEL].read_text()))
-    deployment = endpoint_register(name="soak-sim", team=team, model_version=version, url=f"{sim_url}/v1")
-    deployment.refresh_from_db()
-    if deployment.state != "serving":
-        raise SystemExit(f"the simulator's endpoint is {deployment.state}: {deployment.state_reason}")
     _key, token = api_key_create(team=team, name="soak", allowed_models=[MODEL], **HIGH)
     _key, quota_token = api_key_create(
         team=team, name="soak low quota", allowed_models=[MODEL], rpm_limit=quota_rpm
