@@ -216,16 +216,9 @@ class Usage(models.Model):
         return f"{self.request_id} {self.status}"
 
 
-class UsageHourly(models.Model):
-    """Usage summed per UTC hour, team, key, model and priority class; kept forever.
+class UsageTotals(models.Model):
+    """The sums a usage rollup keeps per period, team, key, model and priority class."""
 
-    Recomputed from the usage records of each hour the flush wrote to (`usage_rollup_hours`);
-    the daily rows are summed from these. Pages read these, not the records.
-    """
-
-    hour = models.DateTimeField(help_text="Start of the UTC hour.")
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="usage_hourly")
-    api_key = models.ForeignKey(ApiKey, null=True, on_delete=models.SET_NULL, related_name="usage_hourly")
     model = models.CharField(max_length=100, blank=True)
     priority_class = models.CharField(
         max_length=12, choices=PriorityClass.choices, default=PriorityClass.INTERACTIVE
@@ -238,6 +231,25 @@ class UsageHourly(models.Model):
     completion_tokens = models.PositiveBigIntegerField(default=0)
 
     class Meta:
+        abstract = True
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class UsageHourly(UsageTotals):
+    """Usage summed per UTC hour, team, key, model and priority class; kept forever.
+
+    Recomputed from the usage records of each hour the flush wrote to (`usage_rollup_hours`);
+    the daily rows are summed from these. Pages read these, not the records.
+    """
+
+    hour = models.DateTimeField(help_text="Start of the UTC hour.")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="usage_hourly")
+    api_key = models.ForeignKey(ApiKey, null=True, on_delete=models.SET_NULL, related_name="usage_hourly")
+
+    class Meta:
         ordering = ["-hour", "team"]
         indexes = [models.Index(fields=["team", "hour"]), models.Index(fields=["hour"])]
         verbose_name_plural = "usage (hourly)"
@@ -245,27 +257,13 @@ class UsageHourly(models.Model):
     def __str__(self) -> str:
         return f"{self.hour:%Y-%m-%d %H}h {self.team_id} {self.model}"
 
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
 
-
-class UsageDaily(models.Model):
+class UsageDaily(UsageTotals):
     """Usage summed per UTC day, team, key, model and priority class (recomputed by the rollup task)."""
 
     day = models.DateField()
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="usage_daily")
     api_key = models.ForeignKey(ApiKey, null=True, on_delete=models.SET_NULL, related_name="usage_daily")
-    model = models.CharField(max_length=100, blank=True)
-    priority_class = models.CharField(
-        max_length=12, choices=PriorityClass.choices, default=PriorityClass.INTERACTIVE
-    )
-    requests = models.PositiveIntegerField(default=0)
-    completed = models.PositiveIntegerField(default=0)
-    rejected = models.PositiveIntegerField(default=0)
-    failed = models.PositiveIntegerField(default=0, help_text="Upstream errors, timeouts and cancellations.")
-    prompt_tokens = models.PositiveBigIntegerField(default=0)
-    completion_tokens = models.PositiveBigIntegerField(default=0)
     closed = models.BooleanField(
         default=False,
         help_text="The day's usage records are being or have been deleted (retention): never recomputed.",
@@ -278,7 +276,3 @@ class UsageDaily(models.Model):
 
     def __str__(self) -> str:
         return f"{self.day} {self.team_id} {self.model}"
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
