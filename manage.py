@@ -21,11 +21,16 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
     if len(sys.argv) > 1 and sys.argv[1] in OFFLINE_COMMANDS and not os.environ.get("SECRET_KEY"):
         os.environ["SECRET_KEY"] = secrets.token_urlsafe(50)
+    from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
     from django.db import DatabaseError
 
     try:
         execute_from_command_line(sys.argv)
+    except ImproperlyConfigured as error:
+        # A setting the operator must give (SECRET_KEY, a malformed URL): say which, not a traceback.
+        sys.stderr.write(f"Configuration: {error}. The README's \"Configuration\" lists every setting.\n")
+        sys.exit(2)
     except DatabaseError as error:
         if not _unmigrated(error):
             raise

@@ -63,7 +63,9 @@ def test_it_says_to_migrate_when_a_command_needs_the_database(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_it_still_refuses_to_serve_without_a_secret(tmp_path):
-    result = manage(tmp_path, "check")
-    assert result.returncode == 1
+@pytest.mark.parametrize("command", [("check",), ("create_key", "--team", "search"), ("migrate",)])
+def test_a_command_that_signs_or_stores_says_a_secret_is_missing_without_a_traceback(tmp_path, command):
+    result = manage(tmp_path, *command)
+    assert result.returncode == 2
     assert "SECRET_KEY must be set" in result.stderr
+    assert "Traceback" not in result.stderr
