@@ -10,9 +10,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -36,6 +33,7 @@ from portal.benchmarks.acceptance import (
 from portal.core.errors import ApplicationError
 from portal.inventory.models import AcceptanceState, Node, NodeAcceptance
 from portal.inventory.selectors import node_latest_calibration
+from tests.agents import node_agent
 from tests.engines import require_gpu, require_vllm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -473,47 +471,13 @@ def test_a_failed_fit_keeps_the_verdict_and_says_why_there_is_no_calibration(sim
 @pytest.fixture
 def cpu_agent(tmp_path, settings):
     """A real agent for the node `ci-accept` (as test_vllm_integration's, solo pool)."""
-    import redis
-
     if connection.vendor != "postgresql":
         pytest.skip("the agent process needs a database it can share (PostgreSQL)")
     python = str(require_vllm())
     settings.PORTAL_RUN_DIR = str(tmp_path / "run")
     node = Node.objects.create(name="ci-accept", hostname="127.0.0.1", vllm_python=python)
-    db = connection.settings_dict
-    from portal.core.redis_client import redis_keys
-
-    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(redis_keys().celery_key(node.queue))
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "PORTAL_RUN_DIR": settings.PORTAL_RUN_DIR,
-        "ACCEPTANCE_MODEL_DIR": str(tmp_path / "models"),
-        "DEPLOYMENT_READY_TIMEOUT_S": "400",
-        "DEPLOYMENT_STOP_GRACE_S": "20",
-        "CELERY_VISIBILITY_TIMEOUT": "7200",
-    }
-    log = open(tmp_path / "agent.log", "wb")  # noqa: SIM115 - closed at teardown
-    process = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "celery", "-A", "portal", "worker"),
-            *("-Q", "node.ci-accept", "-n", "ci-accept@%h", "--pool", "solo", "--loglevel", "INFO"),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    yield node
-    os.killpg(process.pid, signal.SIGTERM)
-    process.wait(timeout=60)
-    log.close()
-    from portal.deployments.models import Deployment
-
-    for pgid in Deployment.objects.exclude(pgid=None).values_list("pgid", flat=True):
-        supervisor.stop_group(pgid, grace_s=10)
+    with node_agent(node.name, tmp_path / "agent.log", ACCEPTANCE_MODEL_DIR=str(tmp_path / "models")):
+        yield node
 
 
 def _wait_finished(acceptance_id: int, *, timeout_s: float) -> NodeAcceptance:

@@ -14,20 +14,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-import redis
-from django.conf import settings
 from django.db import connection
 
 from inference import supervisor
-from portal.core.redis_client import redis_keys
 from portal.deployments.agent.start import deployment_start
 from portal.deployments.agent.stop import deployment_stop
 from portal.deployments.agent.supervise import deployment_supervise
@@ -36,6 +31,7 @@ from portal.deployments.tasks import start_deployment, supervise_node
 from portal.inventory.models import Node
 from portal.registry.services import model_version_create, model_version_hash_files
 from portal.teams.models import Team
+from tests.agents import node_agent
 from tests.conftest import api_client
 from tests.engines import require_vllm
 
@@ -76,39 +72,11 @@ def setup(vllm_env, tiny_model_dir, tmp_path, settings, alice):
 @pytest.fixture
 def agent(setup, tmp_path):
     """The node agent for `ci-deploy`, as `make run` starts one (solo pool, one task at a time)."""
-    db = connection.settings_dict
-    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    broker.delete(redis_keys().celery_key(f"node.{NODE}"))  # stale messages from an earlier run
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "PORTAL_RUN_DIR": settings.PORTAL_RUN_DIR,
-        "DEPLOYMENT_RESTART_BACKOFF_S": "1",
-        "DEPLOYMENT_READY_TIMEOUT_S": "400",
-        "DEPLOYMENT_STOP_GRACE_S": "20",
-        "DEPLOYMENT_DRAIN_TIMEOUT_S": "10",
-        "CELERY_VISIBILITY_TIMEOUT": "7200",
-    }
-    log = open(tmp_path / "agent.log", "wb")  # noqa: SIM115 - closed at teardown
-    process = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "celery", "-A", "portal", "worker"),
-            *("-Q", f"node.{NODE}", "-n", f"{NODE}@%h", "--pool", "solo", "--loglevel", "INFO"),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    yield process
-    os.killpg(process.pid, signal.SIGTERM)
-    process.wait(timeout=60)
-    log.close()
-    # The servers live in their own sessions (an agent restart must not kill them): stop them here.
-    for pgid in Deployment.objects.exclude(pgid=None).values_list("pgid", flat=True):
-        supervisor.stop_group(pgid, grace_s=10)
+    with node_agent(
+        NODE, tmp_path / "agent.log",
+        DEPLOYMENT_RESTART_BACKOFF_S="1", DEPLOYMENT_DRAIN_TIMEOUT_S="10",
+    ) as process:  # fmt: skip
+        yield process
 
 
 def _wait_for(deployment_id: int, predicate, *, timeout_s: float, what: str) -> Deployment:

@@ -4,34 +4,16 @@ replica's spare share, waits in its own queue, and yields to any interactive req
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import uuid
 
-from redis.asyncio import Redis
+from inference.ratelimit import batch_limit
 
-from inference.ratelimit import RateLimiter, batch_limit
-from inference.redis_keys import RedisKeys
-
-from .test_ratelimit import REDIS_URL
+from .test_ratelimit import run as run_with_limiter
 
 
 def run(coro_fn):
-    """Run `coro_fn(limiter)` on a fresh loop, under a unique namespace, with leases long enough
-    that no slot a test holds lapses on a loaded machine."""
-
-    async def main():
-        redis = Redis.from_url(REDIS_URL)
-        namespace = f"test-{uuid.uuid4().hex[:8]}"
-        try:
-            return await coro_fn(RateLimiter(redis, keys=RedisKeys(namespace), lease_ms=60_000))
-        finally:
-            keys = [k async for k in redis.scan_iter(f"{namespace}:*")]
-            if keys:
-                await redis.delete(*keys)
-            await redis.aclose()
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, main()).result()
+    """As test_ratelimit's `run`, with leases long enough that no slot a test holds lapses on a
+    loaded machine."""
+    return run_with_limiter(coro_fn, lease_ms=60_000)
 
 
 async def until_zcard(limiter, key: str, n: int, timeout_s: float = 30) -> None:
