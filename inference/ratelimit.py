@@ -279,11 +279,31 @@ def slot_members(request_id: str, slots: int) -> list[str]:
     return [request_id, *(f"{request_id}#{j}" for j in range(2, slots + 1))]
 
 
+@dataclass(eq=False)
+class _LocalWaiter:
+    """A request of this process waiting in a queue, woken early when a slot it could take frees."""
+
+    inflight_keys: frozenset[str]
+    batch: bool
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 class RateLimiter:
-    def __init__(self, redis: Redis, *, keys: RedisKeys, lease_ms: int = 30_000) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        keys: RedisKeys,
+        lease_ms: int = 30_000,
+        poll_s: tuple[float, float] = (0.002, 0.05),
+    ) -> None:
         self.redis = redis
         self.keys = keys
         self.lease_ms = lease_ms
+        # A queued request polls its queue from poll_s[0] apart, doubling up to poll_s[1]; a slot
+        # freed by this process wakes one of its waiters at once (other processes' waiters poll).
+        self.poll_s = poll_s
+        self._waiters: list[_LocalWaiter] = []
         self._admit = redis.register_script(ADMIT)
         self._acquire = redis.register_script(ACQUIRE)
         self._admit_place = redis.register_script(ADMIT_PLACE)
@@ -452,8 +472,10 @@ class RateLimiter:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + timeout_s
-        delay = 0.002
+        delay, longest = self.poll_s
         queued = False
+        waiter = _LocalWaiter(inflight_keys=frozenset(keys[2::2]), batch=keys[0] != keys[1])
+        self._waiters.append(waiter)
         try:
             while True:
                 if first is not None:
@@ -472,14 +494,19 @@ class RateLimiter:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return SlotGrant(None, "queue_timeout", loop.time() - started)
-                await asyncio.sleep(min(delay, remaining))
-                delay = min(delay * 2, 0.05)
+                # A wake-up that came during the poll above is kept: the wait then returns at once.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(delay, remaining)):
+                        await waiter.wake.wait()
+                waiter.wake.clear()
+                delay = min(delay * 2, longest)
         except asyncio.CancelledError:
             # A poll cancelled mid-call may have placed the request before its reply was lost: leave
             # any slot it took (nothing else would release it before its lease lapsed).
             await asyncio.shield(self._leave_candidates(keys, request_id, int(args[6])))
             raise
         finally:
+            self._waiters.remove(waiter)
             if queued:
                 # Shielded so a cancelled request still leaves the queue (its class's: keys[0]).
                 await asyncio.shield(self.redis.zrem(keys[0], request_id))
@@ -529,6 +556,15 @@ class RateLimiter:
             keys=[self.usage_list, *slots, *pairs],
             args=[request_id, json.dumps(usage) if usage else "", len(slots), delta, replica_slots, *tpms],
         )
+        if deployment_id is not None:
+            self._wake_one(self.inflight_key(deployment_id))
+
+    def _wake_one(self, inflight_key: str) -> None:
+        """Wake this process's longest-waiting request that could take the slot just freed on
+        `inflight_key`: an interactive one first, as the placement script would choose."""
+        waiting = [w for w in self._waiters if inflight_key in w.inflight_keys and not w.wake.is_set()]
+        if waiting:
+            min(waiting, key=lambda w: w.batch).wake.set()  # the first of the oldest first
 
     async def release_replica(self, *, request_id: str, deployment_id: int | str, slots: int = 1) -> None:
         """Leave a replica's slots early (it failed before the first byte; the request moves on)."""
@@ -536,6 +572,7 @@ class RateLimiter:
             pipe.zrem(self.inflight_key(deployment_id), *slot_members(request_id, slots))
             pipe.zrem(self.long_key(deployment_id), request_id)
             await pipe.execute()
+        self._wake_one(self.inflight_key(deployment_id))
 
     async def release_long(self, *, request_id: str, deployment_id: int | str) -> None:
         """Leave a replica's long-prompt slot (its prefill is done) and keep the in-flight one."""

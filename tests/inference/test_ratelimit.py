@@ -16,14 +16,15 @@ from inference.redis_keys import RedisKeys
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
-def run(coro_fn, *, lease_ms: int = 2000):
+def run(coro_fn, *, lease_ms: int = 2000, poll_s: tuple[float, float] = (0.002, 0.05)):
     """Run `coro_fn(limiter)` on a fresh event loop with a limiter under a unique namespace."""
 
     async def main():
         redis = Redis.from_url(REDIS_URL)
         namespace = f"test-{uuid.uuid4().hex[:8]}"
         try:
-            return await coro_fn(RateLimiter(redis, keys=RedisKeys(namespace), lease_ms=lease_ms))
+            limiter = RateLimiter(redis, keys=RedisKeys(namespace), lease_ms=lease_ms, poll_s=poll_s)
+            return await coro_fn(limiter)
         finally:
             keys = [k async for k in redis.scan_iter(f"{namespace}:*")]
             if keys:

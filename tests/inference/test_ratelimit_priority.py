@@ -10,10 +10,10 @@ from inference.ratelimit import batch_limit
 from .test_ratelimit import run as run_with_limiter
 
 
-def run(coro_fn):
+def run(coro_fn, **limiter_options):
     """As test_ratelimit's `run`, with leases long enough that no slot a test holds lapses on a
     loaded machine."""
-    return run_with_limiter(coro_fn, lease_ms=60_000)
+    return run_with_limiter(coro_fn, lease_ms=60_000, **limiter_options)
 
 
 async def until_zcard(limiter, key: str, n: int, timeout_s: float = 30) -> None:
@@ -125,3 +125,30 @@ def test_a_batch_request_cancelled_while_queued_leaves_the_batch_queue():
         return await limiter.redis.zcard(limiter.queue_key("m", batch=True))
 
     assert run(go) == 0
+
+
+def test_a_slot_freed_in_this_process_wakes_its_waiters_at_once_interactive_first():
+    """The waiters poll 30 s apart here, so only the wake-up can place them within the 10 s the
+    test allows: first the interactive one, then (at the next release) the earlier batch one."""
+
+    async def go(limiter):
+        cands = [(1, 1)]
+        await limiter.acquire_replica(request_id="a", model="m", candidates=cands)
+        batch = asyncio.create_task(
+            limiter.acquire_replica(
+                request_id="b", model="m", candidates=cands, timeout_s=60, batch_share=1.0
+            )
+        )
+        await until_zcard(limiter, limiter.queue_key("m", batch=True), 1)
+        interactive = asyncio.create_task(
+            limiter.acquire_replica(request_id="i", model="m", candidates=cands, timeout_s=60)
+        )
+        await until_zcard(limiter, limiter.queue_key("m"), 1)
+        await limiter.finish(request_id="a", deployment_id=1)
+        first = await asyncio.wait_for(interactive, 10)
+        batch_still_waiting = not batch.done()
+        await limiter.finish(request_id="i", deployment_id=1)
+        second = await asyncio.wait_for(batch, 10)
+        return first.index, batch_still_waiting, second.index
+
+    assert run(go, poll_s=(30, 30)) == (0, True, 0)
