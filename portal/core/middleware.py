@@ -17,10 +17,11 @@ MESSAGE = "The request contains a NUL character or a lone surrogate, which no fi
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 
-def bad_text(value: object) -> bool:
-    """True if any string in `value` (a string, or JSON-like nesting of them) cannot be stored."""
+def bad_text(value: object, *, allow_nul: bool = False) -> bool:
+    """True if any string in `value` (a string, or JSON-like nesting of them) cannot be stored:
+    a lone surrogate (not UTF-8) or, unless `allow_nul` (text that is sent on, never stored), a NUL."""
     if isinstance(value, str):
-        if "\x00" in value:
+        if not allow_nul and "\x00" in value:
             return True
         try:
             value.encode()
@@ -28,9 +29,9 @@ def bad_text(value: object) -> bool:
             return True
         return False
     if isinstance(value, dict):
-        return any(bad_text(k) or bad_text(v) for k, v in value.items())
+        return any(bad_text(text, allow_nul=allow_nul) for pair in value.items() for text in pair)
     if isinstance(value, list):
-        return any(bad_text(v) for v in value)
+        return any(bad_text(v, allow_nul=allow_nul) for v in value)
     return False
 
 

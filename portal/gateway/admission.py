@@ -52,21 +52,6 @@ def _bad(message: str, param: str, code: str = "invalid_value") -> GatewayError:
     return GatewayError(400, message, code=code, param=param)
 
 
-def _unencodable(value) -> bool:
-    """True if any string in the JSON value holds a lone surrogate (it cannot become UTF-8 text)."""
-    if isinstance(value, str):
-        try:
-            value.encode()
-        except UnicodeEncodeError:
-            return True
-        return False
-    if isinstance(value, dict):
-        return any(_unencodable(k) or _unencodable(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_unencodable(v) for v in value)
-    return False
-
-
 def _is_token_ids(value) -> bool:
     return isinstance(value, list) and bool(value) and all(
         isinstance(t, int) and not isinstance(t, bool) for t in value
@@ -137,7 +122,7 @@ def parse(raw: bytes, *, chat: bool, caller) -> Parsed:
         raise _bad(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0], "unknown_parameter")
     if SURROGATE_ESCAPE.search(raw):  # rare: only then walk the body
         for name, value in body.items():
-            if _unencodable(value):
+            if bad_text(value, allow_nul=True):  # a lone surrogate cannot become UTF-8 upstream
                 raise _bad(f"`{name}` contains a lone surrogate (\\ud800-\\udfff), which is not text.", name)
     model = body.get("model")
     if not isinstance(model, str) or not model:
