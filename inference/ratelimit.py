@@ -474,8 +474,7 @@ class RateLimiter:
         deadline = started + timeout_s
         delay, longest = self.poll_s
         queued = False
-        waiter = _LocalWaiter(inflight_keys=frozenset(keys[2::2]), batch=keys[0] != keys[1])
-        self._waiters.append(waiter)
+        waiter: _LocalWaiter | None = None  # registered once it waits: most requests never do
         try:
             while True:
                 if first is not None:
@@ -494,6 +493,9 @@ class RateLimiter:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return SlotGrant(None, "queue_timeout", loop.time() - started)
+                if waiter is None:
+                    waiter = _LocalWaiter(inflight_keys=frozenset(keys[2::2]), batch=keys[0] != keys[1])
+                    self._waiters.append(waiter)
                 # A wake-up that came during the poll above is kept: the wait then returns at once.
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(min(delay, remaining)):
@@ -506,7 +508,8 @@ class RateLimiter:
             await asyncio.shield(self._leave_candidates(keys, request_id, int(args[6])))
             raise
         finally:
-            self._waiters.remove(waiter)
+            if waiter is not None:
+                self._waiters.remove(waiter)
             if queued:
                 # Shielded so a cancelled request still leaves the queue (its class's: keys[0]).
                 await asyncio.shield(self.redis.zrem(keys[0], request_id))
