@@ -16,7 +16,8 @@ agree.
   long-prompt cap per replica, least-in-flight choice among replicas, and a
   bounded FIFO queue per model for the excess (`acquire_replica`). A request
   carrying several prompts (vLLM runs one sequence group per prompt) takes that
-  many slots, as members `<id>`, `<id>#2`, …, `<id>#k` (at most the cap).
+  many slots, as members `<id>`, `<id>#2`, …, `<id>#k`, and fits only where all
+  of them do (`prompt_limit` is the most a request of its class can carry).
 - Blocks: a key or team listed under `blocked:*` is refused at once (revocation,
   daily budget spent), checked inside the admission script at no extra cost.
 - Priority classes: a batch request sees each replica's cap as its batch share
@@ -137,8 +138,9 @@ local function acquire(K0, A0)
     local cap = tonumber(ARGV[A0+9+i])
     local free = (cap >= 0) and (cap - load) or 1000000
     if free > 0 then free_total = free_total + free end
-    -- More prompts than the cap: the request takes the whole replica (waits for it to be idle).
-    local take = (cap >= 0) and math.min(need, cap) or need
+    -- Every prompt takes a slot: a request with more prompts than a replica's cap (a batch one's:
+    -- its batch limit) never fits there (the gateway refuses one that fits nowhere, with a 400).
+    local take = need
     local fits = free > 0 and free >= take
     if fits and is_long then
       redis.call('ZREMRANGEBYSCORE', long, '-inf', now)
@@ -210,7 +212,10 @@ return 1
 """
 )
 
-# KEYS: zsets; ARGV: lease_ms, then for each zset the number of members that follow, then members
+# KEYS: zsets; ARGV: lease_ms, then for each zset the number of members that follow, then members.
+# A plain ZADD, not `XX`: a member this process still holds is put back if it lapsed (a renewal
+# round that failed, a Redis restart that lost the sets); the caller stops renewing a member, and
+# waits for a round in flight (`LeaseKeeper.settled`), before removing it.
 RENEW = (
     _NOW
     + """
@@ -219,7 +224,7 @@ local p = 2
 for i = 1, #KEYS do
   local count = tonumber(ARGV[p]); p = p + 1
   for j = 1, count do
-    redis.call('ZADD', KEYS[i], 'XX', now + lease, ARGV[p]); p = p + 1
+    redis.call('ZADD', KEYS[i], now + lease, ARGV[p]); p = p + 1
   end
 end
 return 1
@@ -260,7 +265,7 @@ class SlotGrant:
     index: int | None
     reason: str = ""  # "queue_full" | "queue_timeout" when index is None
     waited_s: float = 0.0
-    slots: int = 1  # replica slots taken: one per prompt, at most the replica's cap
+    slots: int = 1  # replica slots taken: one per prompt
 
 
 def batch_limit(cap: int | None, share: float) -> int | None:
@@ -272,6 +277,15 @@ def batch_limit(cap: int | None, share: float) -> int | None:
     if cap is None:
         return None
     return math.ceil(round(cap * share, 9))
+
+
+def prompt_limit(caps: list[int | None], share: float | None) -> int | None:
+    """The most prompts one request may carry on these replicas: every prompt takes a slot, so
+    the largest cap (a batch request's: its batch limit); None when some replica has no cap."""
+    limits = [cap if share is None else batch_limit(cap, share) for cap in caps]
+    if not limits or any(limit is None for limit in limits):
+        return None
+    return max(limits)
 
 
 def slot_members(request_id: str, slots: int) -> list[str]:
@@ -418,7 +432,7 @@ class RateLimiter:
 
         `candidates` are (deployment id, concurrency cap or None). Cancellation (the client went
         away) leaves the queue at once, so a request cancelled while queued never reaches a replica.
-        `slots`: how many prompts the request carries; it takes that many slots, at most the cap.
+        `slots`: how many prompts the request carries; it takes that many slots on one replica.
         `batch_share` (0 < share ≤ 1) makes it a batch request: it takes a slot only while the
         replica's in-flight count is below share × cap and no interactive request waits for the
         model, and waits in the model's batch queue; `interactive_timeout_s` is the interactive
@@ -484,9 +498,7 @@ class RateLimiter:
                 index = int(index)
                 if index > 0:
                     queued = False
-                    need, cap = args[6], args[8 + index]
-                    taken = need if cap < 0 else min(need, cap)
-                    return SlotGrant(index - 1, waited_s=loop.time() - started, slots=taken)
+                    return SlotGrant(index - 1, waited_s=loop.time() - started, slots=args[6])
                 if index < 0:
                     return SlotGrant(None, "queue_full", loop.time() - started)
                 queued = True
@@ -615,12 +627,17 @@ class RateLimiter:
 
 class LeaseKeeper:
     """Renews the concurrency leases of this process's live requests, in one batch every
-    lease/3, so a long stream keeps its slot and a crashed process's slots expire."""
+    lease/3, so a long stream keeps its slot and a crashed process's slots expire.
+
+    A renewal puts back a member that lapsed (a failed round, a Redis restart): whatever this
+    process still holds is in its sets again within one round. So a member is removed from Redis
+    only after `drop` and `settled` (no round in flight could put it back)."""
 
     def __init__(self, limiter: RateLimiter) -> None:
         self.limiter = limiter
         self.leases: dict[str, set[str]] = {}
         self._task: asyncio.Task | None = None
+        self._round: asyncio.Task | None = None
 
     def hold(self, zsets: list[str], member: str) -> None:
         for zset in zsets:
@@ -636,9 +653,26 @@ class LeaseKeeper:
                 if not members:
                     del self.leases[zset]
 
+    async def settled(self) -> None:
+        """Until no renewal round is in flight: one sent before a `drop` could re-add the member."""
+        current = self._round
+        if current is not None and not current.done():
+            await asyncio.wait([current])
+
     async def _run(self) -> None:
         interval = self.limiter.lease_ms / 3000
+        delay = interval
         while self.leases:
-            await asyncio.sleep(interval)
-            with contextlib.suppress(Exception):  # a Redis blip: the next round retries
-                await self.limiter.renew({k: set(v) for k, v in self.leases.items()})
+            await asyncio.sleep(delay)
+            if not self.leases:
+                break
+            held = {zset: set(members) for zset, members in self.leases.items()}
+            self._round = asyncio.ensure_future(self.limiter.renew(held))
+            try:
+                await self._round
+                delay = interval
+            except Exception:
+                # A Redis blip: retry sooner than a whole interval, so no lease lapses for it.
+                delay = interval / 4
+            finally:
+                self._round = None

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from inference.ratelimit import Admission, RateLimiter, Scope, SlotGrant
+from inference.ratelimit import Admission, RateLimiter, Scope, SlotGrant, prompt_limit
 from portal.core.middleware import bad_text
 
 from .errors import GatewayError
@@ -181,6 +181,20 @@ RETRY_MESSAGES = {
     "tpd": "tokens per day",
     "concurrency": "concurrent requests",
 }
+
+
+def check_prompts_fit(prompts: int, caps: list[int | None], *, model: str, batch: bool) -> None:
+    """Every prompt takes a replica slot, batch or interactive: a request with more prompts than
+    any replica of the model can take at once for its class is a 400 (it could never be placed)."""
+    limit = prompt_limit(caps, settings.GATEWAY_BATCH_SHARE if batch else None)
+    if limit is None or prompts <= limit:
+        return
+    share = " (the batch share of its concurrency cap: this key is in the batch class)" if batch else ""
+    raise _bad(
+        f"`prompt` holds {prompts} prompts; a replica of `{model}` runs at most {limit} of them at "
+        f"once{share}. Send at most {limit} prompts per request.",
+        "prompt",
+    )
 
 
 def limiter_unavailable() -> GatewayError:

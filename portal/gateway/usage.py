@@ -49,13 +49,25 @@ class Exchange:
 
     def admitted(self, admission: Admission) -> None:
         """Known before the request queues, so a client leaving the queue still gets its slots
-        released and its reservation refunded by `finish`."""
+        released and its reservation refunded by `finish`; and its team's and key's concurrency
+        slots are renewed from now on, while it waits in the queue too (a batch request waits far
+        longer than one lease)."""
         self.admission = admission
+        scopes = [s for s in (self.team, self.key) if s is not None and s.limits.max_concurrent]
+        if scopes:
+            self.hold([self.limiter.concurrency_key(s) for s in scopes])
 
     def hold(self, zsets: list[str], members: list[str] | None = None) -> None:
         for member in members or [self.request_id]:
             self.leases.append((zsets, member))
             self.keeper.hold(zsets, member)
+
+    async def let_go(self, zsets: list[str], members: list[str] | None = None) -> None:
+        """Stop renewing these slots, then wait out a renewal in flight, which could put them back:
+        call before removing them from Redis."""
+        for member in members or [self.request_id]:
+            self.keeper.drop(zsets, member)
+        await self.keeper.settled()
 
     def mark_first_byte(self) -> None:
         self.ttft_ms = (time.perf_counter() - self.started_mono) * 1000
@@ -74,6 +86,7 @@ class Exchange:
         prometheus.exchange_ended(self, status, http_status, error_code)  # in memory; flushed later
         for zsets, member in self.leases:
             self.keeper.drop(zsets, member)
+        await self.keeper.settled()  # a renewal sent before the drop must not re-add what finish removes
         if self.upstream is not None:
             # Closing a half-read response drops its connection: vLLM sees the disconnect and aborts.
             with contextlib.suppress(Exception):

@@ -28,6 +28,7 @@ from portal.observability import prometheus
 from .admission import (
     admit_and_place,
     check_admission,
+    check_prompts_fit,
     check_slot_grant,
     gate,
     limiter_unavailable,
@@ -207,6 +208,8 @@ async def _serve(request, ex: Exchange, *, chat: bool):
             503, f"No replica of `{parsed.model}` is serving.", code="no_replica", retry_after=5
         )
 
+    check_prompts_fit(parsed.prompts, [r.cap for r in replicas], model=parsed.model, batch=caller.is_batch)
+
     ex.team = Scope("team", caller.team_id, caller.team_limits)
     ex.key = Scope("key", caller.key_id, caller.key_limits)
     if len(raw) <= COUNT_INLINE_BYTES:
@@ -234,7 +237,6 @@ async def _serve(request, ex: Exchange, *, chat: bool):
         batch=caller.is_batch,
     )
     check_admission(ex.admission)
-    ex.hold([limiter.concurrency_key(s) for s in (ex.team, ex.key) if s.limits.max_concurrent])
 
     first_token_timeout = (
         settings.GATEWAY_FIRST_TOKEN_TIMEOUT_LONG_S if long_prompt else settings.GATEWAY_FIRST_TOKEN_TIMEOUT_S
@@ -323,7 +325,7 @@ async def _serve(request, ex: Exchange, *, chat: bool):
             # The limiter bounds long prompts in prefill (docs/v100-field-guide.md#gateway-rules), not for
             # their whole
             # stream: the first byte means the first token, so prefill is over.
-            ex.keeper.drop([limiter.long_key(replica.id)], ex.request_id)
+            await ex.let_go([limiter.long_key(replica.id)])
             await limiter.release_long(request_id=ex.request_id, deployment_id=replica.id)
         stream = RelayStream(ex, chunks, first, strip_usage=not parsed.client_wants_usage)
         out = RelayResponse(stream, content_type=response.headers.get("content-type", "text/event-stream"))
@@ -363,6 +365,9 @@ async def _leave(ex: Exchange, deployment_id: int) -> None:
     if ex.upstream is not None:
         await ex.upstream.aclose()
         ex.upstream = None
+    # No longer renewed (a renewal would put back the slots of a replica it has left).
+    await ex.let_go([ex.limiter.inflight_key(deployment_id)], slot_members(ex.request_id, ex.replica_slots))
+    await ex.let_go([ex.limiter.long_key(deployment_id)])
     await ex.limiter.release_replica(
         request_id=ex.request_id, deployment_id=deployment_id, slots=ex.replica_slots
     )

@@ -92,14 +92,13 @@ class Gateway:
         return self.log_path.read_text(errors="replace")
 
 
-@pytest.fixture(scope="session")
-def gateway(django_db_setup, django_db_blocker, tmp_path_factory):
-    """uvicorn serving portal.asgi against the test database (one process, as in production)."""
+def start_gateway(log_path: Path, **overrides: str) -> tuple[Gateway, subprocess.Popen]:
+    """uvicorn serving portal.asgi against the test database, with the test gateway's settings
+    and `overrides` (GATEWAY_SLOT_LEASE_S="3", ...); stop it with `stop(process)`."""
     from django.db import connection
 
     db = connection.settings_dict
     port = free_port()
-    log_path = tmp_path_factory.mktemp("gateway") / "gateway.log"
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
@@ -115,6 +114,7 @@ def gateway(django_db_setup, django_db_blocker, tmp_path_factory):
         "GATEWAY_FIRST_TOKEN_TIMEOUT_S": str(UPSTREAM_TIMEOUT_S),
         "GATEWAY_READ_TIMEOUT_S": str(UPSTREAM_TIMEOUT_S),
         "GATEWAY_SLOT_LEASE_S": "30",
+        **overrides,
     }
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
@@ -129,7 +129,18 @@ def gateway(django_db_setup, django_db_blocker, tmp_path_factory):
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_up(f"{url}/v1/models", process)
-        yield Gateway(url, log_path)
+    except RuntimeError:
+        stop(process)
+        raise RuntimeError(log_path.read_text(errors="replace")[-3000:]) from None
+    return Gateway(url, log_path), process
+
+
+@pytest.fixture(scope="session")
+def gateway(django_db_setup, django_db_blocker, tmp_path_factory):
+    """uvicorn serving portal.asgi against the test database (one process, as in production)."""
+    found, process = start_gateway(tmp_path_factory.mktemp("gateway") / "gateway.log")
+    try:
+        yield found
     finally:
         stop(process)
 

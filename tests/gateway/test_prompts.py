@@ -162,3 +162,28 @@ def test_it_checks_the_rate_before_counting_a_large_prompt_and_counts_it_off_the
     # Counted once (the second request was refused by its rate first), on the counting pool.
     assert len(counted_on) == 1
     assert counted_on[0].startswith("prompt-count")
+
+
+def test_it_refuses_more_prompts_than_the_classs_share_of_the_cap_naming_prompt(gateway, serving):
+    # Cap 4, batch share 0.5: a batch request's prompts may take 2 slots, an interactive one's 4.
+    from portal.teams.services import api_key_create
+
+    serving.deployment.concurrency_cap = 4
+    serving.deployment.save()
+    _key, token = api_key_create(
+        team=serving.team, name="offline", allowed_models=[serving.model], priority_class="batch"
+    )
+    batch = {"Authorization": f"Bearer {token}"}
+    url = f"{gateway.url}/v1/completions"
+
+    def send(headers: dict, prompts: int) -> httpx.Response:
+        body = {"model": serving.model, "prompt": ["a"] * prompts, "max_tokens": 2}
+        return httpx.post(url, headers=headers, json=body, timeout=30)
+
+    refused = error_of(send(batch, 8), 400)
+    assert (
+        refused["param"] == "prompt" and "at most 2" in refused["message"] and "batch" in refused["message"]
+    )
+    assert send(batch, 2).status_code == 200
+    assert error_of(send(serving.headers, 5), 400)["param"] == "prompt"
+    assert send(serving.headers, 4).status_code == 200

@@ -306,20 +306,76 @@ def test_it_counts_each_prompt_of_a_batch_against_the_replica_cap():
     assert run(go) == (3, 3, "queue_timeout", 0, 1)
 
 
-def test_it_gives_a_batch_larger_than_the_cap_the_whole_idle_replica():
+def test_it_never_places_more_prompts_than_a_replicas_cap_on_it():
+    # Every prompt is a sequence group vLLM runs: 5 prompts on a cap of 2 would run 5 at once.
     async def go(limiter):
-        cands = [(1, 2)]
-        big = await limiter.acquire_replica(request_id="a", model="m", candidates=cands, slots=5)
-        full = await limiter.redis.zcard(limiter.inflight_key(1))
-        await limiter.release_replica(request_id="a", deployment_id=1, slots=big.slots)
-        return big.index, big.slots, full, await limiter.redis.zcard(limiter.inflight_key(1))
+        big = await limiter.acquire_replica(
+            request_id="a", model="m", candidates=[(1, 2)], slots=5, timeout_s=0.2
+        )
+        held = await limiter.redis.zcard(limiter.inflight_key(1))
+        fits = await limiter.acquire_replica(request_id="b", model="m", candidates=[(1, 2), (2, 8)], slots=5)
+        return big.index, big.reason, held, fits.index, fits.slots
 
-    assert run(go) == (0, 2, 2, 0)
+    assert run(go) == (None, "queue_timeout", 0, 1, 5)
+
+
+def test_it_counts_every_prompt_of_a_batch_request_against_the_batch_share():
+    # Cap 4, batch share 0.5: batch requests may bring the replica to 2 in flight, prompts included.
+    async def go(limiter):
+        cands = [(1, 4)]
+        four = await limiter.acquire_replica(
+            request_id="a", model="m", candidates=cands, slots=4, batch_share=0.5, timeout_s=0.2
+        )
+        two = await limiter.acquire_replica(
+            request_id="b", model="m", candidates=cands, slots=2, batch_share=0.5
+        )
+        held = await limiter.redis.zcard(limiter.inflight_key(1))
+        return four.index, two.index, two.slots, held
+
+    assert run(go) == (None, 0, 2, 2)
+
+
+def test_it_puts_back_a_lapsed_lease_the_process_still_holds():
+    # A renewal round that came too late (or a Redis restart that lost the set): the member is re-added.
+    async def go(limiter):
+        scope = team(max_concurrent=1)
+        first = rid()
+        await limiter.admit(request_id=first, team=scope, key=KEY, tokens=1)
+        await limiter.redis.zrem(limiter.concurrency_key(scope), first)  # lapsed
+        await limiter.renew({limiter.concurrency_key(scope): {first}})
+        return (await limiter.admit(request_id=rid(), team=scope, key=KEY, tokens=1)).ok
+
+    assert run(go) is False
+
+
+def test_it_waits_for_a_renewal_in_flight_before_a_dropped_slot_is_removed():
+    async def go(limiter):
+        scope = team(max_concurrent=1)
+        zset = limiter.concurrency_key(scope)
+        keeper = LeaseKeeper(limiter)
+        first = rid()
+        await limiter.admit(request_id=first, team=scope, key=KEY, tokens=1)
+        real, sent = limiter.renew, asyncio.Event()
+
+        async def slow_renew(leases):
+            sent.set()
+            await asyncio.sleep(0.3)  # the round is on its way while the request finishes
+            await real(leases)
+
+        limiter.renew = slow_renew
+        keeper.hold([zset], first)
+        await sent.wait()
+        keeper.drop([zset], first)
+        await keeper.settled()
+        await limiter.redis.zrem(zset, first)
+        return await limiter.redis.zcard(zset)
+
+    assert run(go, lease_ms=300) == 0
 
 
 def test_it_leaves_a_slot_taken_by_a_poll_whose_reply_was_lost_to_cancellation():
     async def go(limiter):
-        cands = [(1, 1)]
+        cands = [(1, 2)]  # "a" takes one slot, so "b" (two prompts) waits
         await limiter.acquire_replica(request_id="a", model="m", candidates=cands)
         real = limiter._acquire
         polled = asyncio.Event()
