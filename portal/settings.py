@@ -38,6 +38,28 @@ def env_bool(name: str, *, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean; use true or false")
 
 
+def env_number(
+    name: str, *, default: int | float, minimum: int | float, maximum: int | float | None = None
+) -> int | float:
+    """An int (or, with a float default, a finite float) variable between `minimum` and `maximum`,
+    strictly: "15s" or "1e" stops the start (django-environ would strip the letters), and so does a
+    0 limit, which would refuse everything (or a 0 timeout, which would fail everything). Every
+    numeric setting is read through here, so none can turn a limit off by being 0, negative or huge."""
+    raw = env.str(name, default="").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw) if isinstance(default, float) else int(raw)
+    except ValueError as error:
+        raise ImproperlyConfigured(
+            f"{name}={raw!r} is not {'a number' if isinstance(default, float) else 'an integer'}"
+        ) from error
+    if not math.isfinite(value) or value < minimum or (maximum is not None and value > maximum):
+        bounds = f"at least {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+        raise ImproperlyConfigured(f"{name}={raw!r} must be a number {bounds}")
+    return value
+
+
 DEBUG = env_bool("DEBUG", default=False)
 
 _DEV_SECRET_KEY = "insecure-development-key-only-for-debug-mode"  # noqa: S105
@@ -111,7 +133,9 @@ TEMPLATES = [
 if "DATABASE_URL" not in env:
     VAR_DIR.mkdir(exist_ok=True)
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'portal.sqlite3'}")}
-DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_MAX_AGE"] = env_number(
+    "DATABASE_CONN_MAX_AGE", default=60, minimum=0, maximum=86_400
+)
 # A connection that died while idle (PostgreSQL restarted) is replaced, not reused.
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
@@ -155,21 +179,20 @@ AUTHENTICATION_BACKENDS = [
 ]
 
 
-def env_positive_int(name: str, *, default: int) -> int:
-    value = env.int(name, default=default)
-    if value < 1:
-        raise ImproperlyConfigured(f"{name}={value} must be at least 1")
-    return value
+def env_positive_int(name: str, *, default: int, maximum: int | None = None) -> int:
+    return int(env_number(name, default=default, minimum=1, maximum=maximum))
 
 
 # Failures per username (from any address) and per address (for any username): either locks.
 # The address is REMOTE_ADDR, which uvicorn takes from a proxy's X-Forwarded-For when the proxy
 # is in its --forwarded-allow-ips (127.0.0.1 by default).
-AXES_FAILURE_LIMIT = env_positive_int("LOGIN_FAILURE_LIMIT", default=5)
+AXES_FAILURE_LIMIT = env_positive_int("LOGIN_FAILURE_LIMIT", default=5, maximum=1000)
 AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
 # A lockout ends this long after the last counted failure; guesses made while locked out are
 # refused without being counted, so they do not push the end further away.
-AXES_COOLOFF_TIME = timedelta(minutes=env_positive_int("LOGIN_LOCKOUT_MINUTES", default=15))
+AXES_COOLOFF_TIME = timedelta(
+    minutes=env_positive_int("LOGIN_LOCKOUT_MINUTES", default=15, maximum=7 * 24 * 60)
+)
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 # Successful logins are not recorded by axes: that table would only grow.
 AXES_DISABLE_ACCESS_LOG = True
@@ -178,7 +201,9 @@ AXES_DISABLE_ACCESS_LOG = True
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", default=not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", default=not DEBUG)
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", default=not DEBUG)
-SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0 if DEBUG else 31536000)
+SECURE_HSTS_SECONDS = env_number(
+    "SECURE_HSTS_SECONDS", default=0 if DEBUG else 31536000, minimum=0, maximum=2 * 31536000
+)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
 SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", default=not DEBUG)
 SECURE_CONTENT_TYPE_NOSNIFF = True
@@ -191,7 +216,9 @@ SILENCED_SYSTEM_CHECKS = env.list("SILENCED_SYSTEM_CHECKS", default=[])
 
 # The largest request body the pages and the REST API read (nothing here uploads files);
 # portal/asgi.py refuses a longer one with a 413 before reading it whole (Django's default).
-DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=2_621_440)
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_number(
+    "DATA_UPLOAD_MAX_MEMORY_SIZE", default=2_621_440, minimum=1024, maximum=1 << 30
+)
 
 # --- REST API ----------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -235,7 +262,9 @@ CELERY_TASK_ACKS_LATE = False  # opted into per task, where a task is safe to re
 # Longer than the longest task (a model start can take many minutes), so Redis
 # does not redeliver a message whose task is still running.
 CELERY_BROKER_TRANSPORT_OPTIONS = {
-    "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=7200),
+    "visibility_timeout": env_number(
+        "CELERY_VISIBILITY_TIMEOUT", default=7200, minimum=60, maximum=7 * 86_400
+    ),
     # Queues keep their names (`control`, `node.<name>`); their Redis keys are namespaced.
     "global_keyprefix": RedisKeys(PORTAL_REDIS_NAMESPACE).celery,
 }
@@ -256,27 +285,29 @@ PORTAL_LOCAL_NODE = env.str("PORTAL_LOCAL_NODE", default="local")
 # bf16 → fp16 conversion jobs renew a lease with each progress write (several a
 # second); a running job whose lease lapsed is shown as interrupted and may be
 # superseded by a new job for the same output.
-PORTAL_CONVERSION_LEASE_S = env.int("PORTAL_CONVERSION_LEASE_S", default=120)
+PORTAL_CONVERSION_LEASE_S = env_number("PORTAL_CONVERSION_LEASE_S", default=120, minimum=1, maximum=3600)
 
 # --- Deployments: what node agents do with server processes (docs/concurrency.md) ---
 # Where an agent keeps each deployment's log and generated files.
 PORTAL_RUN_DIR = env.str("PORTAL_RUN_DIR", default=str(VAR_DIR / "run"))
-DEPLOYMENT_LEASE_TTL_S = env.int("DEPLOYMENT_LEASE_TTL_S", default=90)
+DEPLOYMENT_LEASE_TTL_S = env_number("DEPLOYMENT_LEASE_TTL_S", default=90, minimum=1, maximum=3600)
 # vLLM must list its model within this time after launch (a 70B load from disk takes minutes).
-DEPLOYMENT_READY_TIMEOUT_S = env.int("DEPLOYMENT_READY_TIMEOUT_S", default=1200)
-DEPLOYMENT_DRAIN_TIMEOUT_S = env.int("DEPLOYMENT_DRAIN_TIMEOUT_S", default=60)
-DEPLOYMENT_STOP_GRACE_S = env.int("DEPLOYMENT_STOP_GRACE_S", default=30)
-DEPLOYMENT_SUPERVISE_INTERVAL_S = env.int("DEPLOYMENT_SUPERVISE_INTERVAL_S", default=15)
-DEPLOYMENT_HEALTH_FAILURES = env.int("DEPLOYMENT_HEALTH_FAILURES", default=3)
-DEPLOYMENT_RESTART_LIMIT = env.int("DEPLOYMENT_RESTART_LIMIT", default=5)
-DEPLOYMENT_RESTART_BACKOFF_S = env.float("DEPLOYMENT_RESTART_BACKOFF_S", default=10.0)
+DEPLOYMENT_READY_TIMEOUT_S = env_number("DEPLOYMENT_READY_TIMEOUT_S", default=1200, minimum=5, maximum=86_400)
+DEPLOYMENT_DRAIN_TIMEOUT_S = env_number("DEPLOYMENT_DRAIN_TIMEOUT_S", default=60, minimum=0, maximum=3600)
+DEPLOYMENT_STOP_GRACE_S = env_number("DEPLOYMENT_STOP_GRACE_S", default=30, minimum=1, maximum=600)
+DEPLOYMENT_SUPERVISE_INTERVAL_S = env_number(
+    "DEPLOYMENT_SUPERVISE_INTERVAL_S", default=15, minimum=1, maximum=3600
+)
+DEPLOYMENT_HEALTH_FAILURES = env_number("DEPLOYMENT_HEALTH_FAILURES", default=3, minimum=1, maximum=100)
+DEPLOYMENT_RESTART_LIMIT = env_number("DEPLOYMENT_RESTART_LIMIT", default=5, minimum=0, maximum=1000)
+DEPLOYMENT_RESTART_BACKOFF_S = env_number(
+    "DEPLOYMENT_RESTART_BACKOFF_S", default=10.0, minimum=0.0, maximum=3600.0
+)
 # The engine's server.log: copy-truncated past this size by supervision, this many old copies kept.
-ENGINE_LOG_MAX_BYTES = env.int("ENGINE_LOG_MAX_BYTES", default=64 * 1024 * 1024)
-ENGINE_LOG_KEEP = env.int("ENGINE_LOG_KEEP", default=3)
-if not 64 * 1024 <= ENGINE_LOG_MAX_BYTES <= 2**40:
-    raise ImproperlyConfigured("ENGINE_LOG_MAX_BYTES must be between 65536 and 2**40")
-if not 0 <= ENGINE_LOG_KEEP <= 100:
-    raise ImproperlyConfigured("ENGINE_LOG_KEEP must be between 0 and 100")
+ENGINE_LOG_MAX_BYTES = env_number(
+    "ENGINE_LOG_MAX_BYTES", default=64 * 1024 * 1024, minimum=64 * 1024, maximum=2**40
+)
+ENGINE_LOG_KEEP = env_number("ENGINE_LOG_KEEP", default=3, minimum=0, maximum=100)
 # A node agent keeps its servers running when it exits (a restarted agent adopts them again);
 # `make run` sets this on its agent so Ctrl-C leaves no vLLM behind on a laptop.
 PORTAL_AGENT_STOP_SERVERS_ON_EXIT = env_bool("PORTAL_AGENT_STOP_SERVERS_ON_EXIT", default=False)
@@ -284,96 +315,104 @@ if CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"] <= DEPLOYMENT_READY_TIM
     raise ImproperlyConfigured("CELERY_VISIBILITY_TIMEOUT must exceed DEPLOYMENT_READY_TIMEOUT_S + 600")
 
 
-def env_number(name: str, *, default: int | float, minimum: int | float) -> int | float:
-    """An int (or, with a float default, a finite float) variable of at least `minimum`, strictly:
-    "15s" or "1e" stops the start (django-environ would strip the letters), and so does a 0
-    limit, which would refuse everything."""
-    raw = env.str(name, default="").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw) if isinstance(default, float) else int(raw)
-    except ValueError as error:
-        raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from error
-    if not math.isfinite(value) or value < minimum:
-        raise ImproperlyConfigured(f"{name}={raw!r} must be a number of at least {minimum}")
-    return value
-
-
 # --- Benchmarks (portal/benchmarks): what a non-staff user may ask of one run -------------
-BENCHMARK_MEMBER_MAX_LEVELS = env_number("BENCHMARK_MEMBER_MAX_LEVELS", default=8, minimum=1)
-BENCHMARK_MEMBER_MAX_CONCURRENCY = env_number("BENCHMARK_MEMBER_MAX_CONCURRENCY", default=64, minimum=1)
+BENCHMARK_MEMBER_MAX_LEVELS = env_number("BENCHMARK_MEMBER_MAX_LEVELS", default=8, minimum=1, maximum=1000)
+BENCHMARK_MEMBER_MAX_CONCURRENCY = env_number(
+    "BENCHMARK_MEMBER_MAX_CONCURRENCY", default=64, minimum=1, maximum=100_000
+)
 BENCHMARK_MEMBER_MAX_REQUEST_RATE = env_number(
-    "BENCHMARK_MEMBER_MAX_REQUEST_RATE", default=16.0, minimum=0.01
+    "BENCHMARK_MEMBER_MAX_REQUEST_RATE", default=16.0, minimum=0.01, maximum=100_000.0
 )
 BENCHMARK_MEMBER_MAX_REQUESTS_PER_LEVEL = env_number(
-    "BENCHMARK_MEMBER_MAX_REQUESTS_PER_LEVEL", default=1000, minimum=1
+    "BENCHMARK_MEMBER_MAX_REQUESTS_PER_LEVEL", default=1000, minimum=1, maximum=1_000_000
 )
 # Bounds a member's duration per level and level timeout; a member's level without a timeout gets this one.
-BENCHMARK_MEMBER_MAX_LEVEL_S = env_number("BENCHMARK_MEMBER_MAX_LEVEL_S", default=600.0, minimum=1.0)
+BENCHMARK_MEMBER_MAX_LEVEL_S = env_number(
+    "BENCHMARK_MEMBER_MAX_LEVEL_S", default=600.0, minimum=1.0, maximum=86_400.0
+)
 # --- The planner's "predict this profile" page: it simulates inside the web process ---------
-PREDICT_MAX_LEVELS = env_number("PREDICT_MAX_LEVELS", default=8, minimum=1)
-PREDICT_MAX_CONCURRENCY = env_number("PREDICT_MAX_CONCURRENCY", default=1024, minimum=1)
+PREDICT_MAX_LEVELS = env_number("PREDICT_MAX_LEVELS", default=8, minimum=1, maximum=1000)
+PREDICT_MAX_CONCURRENCY = env_number("PREDICT_MAX_CONCURRENCY", default=1024, minimum=1, maximum=1_000_000)
 # Sync views share one thread per ASGI web process: a prediction holds every page of it that long.
-PREDICT_TIME_BUDGET_S = env_number("PREDICT_TIME_BUDGET_S", default=10.0, minimum=0.01)
+PREDICT_TIME_BUDGET_S = env_number("PREDICT_TIME_BUDGET_S", default=10.0, minimum=0.01, maximum=600.0)
 
 # --- Node acceptance (portal/benchmarks/acceptance.py) -------------------------------
 # Measured output tok/s below, or mean TPOT above, the simulator's prediction by more than this
 # fraction at any level marks an acceptance `slow` (docs/decisions.md).
-ACCEPTANCE_SLOW_MARGIN = env.float("ACCEPTANCE_SLOW_MARGIN", default=0.25)
+ACCEPTANCE_SLOW_MARGIN = env_number("ACCEPTANCE_SLOW_MARGIN", default=0.25, minimum=0.0, maximum=1.0)
 if not 0 < ACCEPTANCE_SLOW_MARGIN < 1:
     raise ImproperlyConfigured(f"ACCEPTANCE_SLOW_MARGIN={ACCEPTANCE_SLOW_MARGIN} must be between 0 and 1")
 # Where a node writes its reference models (a 7B shape is 13 GB; same seed, same bytes on every node).
 ACCEPTANCE_MODEL_DIR = env.str("ACCEPTANCE_MODEL_DIR", default=str(VAR_DIR / "acceptance"))
 # A running acceptance without a progress write for this long is taken as abandoned (its agent died).
-ACCEPTANCE_STALE_S = env.int("ACCEPTANCE_STALE_S", default=3600)
-if ACCEPTANCE_STALE_S < 60:
-    raise ImproperlyConfigured(f"ACCEPTANCE_STALE_S={ACCEPTANCE_STALE_S} must be at least 60")
+ACCEPTANCE_STALE_S = env_number("ACCEPTANCE_STALE_S", default=3600, minimum=60, maximum=7 * 86_400)
 # --- Gateway (portal/gateway): the OpenAI-compatible proxy -------------------------
 # Key digests are HMAC-SHA256 under this secret; by default derived from SECRET_KEY
 # (so rotating SECRET_KEY invalidates every API key unless this is set on its own).
 GATEWAY_KEY_HMAC_SECRET = env.str("GATEWAY_KEY_HMAC_SECRET", default="")
 GATEWAY_REDIS_URL = env.str("GATEWAY_REDIS_URL", default=REDIS_URL)
-GATEWAY_MAX_BODY_BYTES = env.int("GATEWAY_MAX_BODY_BYTES", default=1024 * 1024)
-GATEWAY_CACHE_S = env.float("GATEWAY_CACHE_S", default=5.0)  # keys and routes, per process
-GATEWAY_QUEUE_MAX = env.int("GATEWAY_QUEUE_MAX", default=256)  # waiting requests per model
-GATEWAY_QUEUE_TIMEOUT_S = env.float("GATEWAY_QUEUE_TIMEOUT_S", default=10.0)
-GATEWAY_LONG_PROMPT_TOKENS = env.int("GATEWAY_LONG_PROMPT_TOKENS", default=2000)
-GATEWAY_LONG_PROMPT_MAX_INFLIGHT = env.int("GATEWAY_LONG_PROMPT_MAX_INFLIGHT", default=2)
-GATEWAY_FIRST_TOKEN_TIMEOUT_S = env.float("GATEWAY_FIRST_TOKEN_TIMEOUT_S", default=30.0)
-GATEWAY_FIRST_TOKEN_TIMEOUT_LONG_S = env.float("GATEWAY_FIRST_TOKEN_TIMEOUT_LONG_S", default=60.0)
-GATEWAY_READ_TIMEOUT_S = env.float("GATEWAY_READ_TIMEOUT_S", default=60.0)
-GATEWAY_CONNECT_TIMEOUT_S = env.float("GATEWAY_CONNECT_TIMEOUT_S", default=5.0)
-GATEWAY_MAX_CONNECTIONS = env.int("GATEWAY_MAX_CONNECTIONS", default=1000)
-GATEWAY_SLOT_LEASE_S = env.float("GATEWAY_SLOT_LEASE_S", default=30.0)
+GATEWAY_MAX_BODY_BYTES = env_number(
+    "GATEWAY_MAX_BODY_BYTES", default=1024 * 1024, minimum=1024, maximum=64 * 1024 * 1024
+)
+GATEWAY_CACHE_S = env_number(
+    "GATEWAY_CACHE_S", default=5.0, minimum=0.0, maximum=3600.0
+)  # keys and routes, per process
+GATEWAY_QUEUE_MAX = env_number(
+    "GATEWAY_QUEUE_MAX", default=256, minimum=1, maximum=100_000
+)  # waiting requests per model
+GATEWAY_QUEUE_TIMEOUT_S = env_number("GATEWAY_QUEUE_TIMEOUT_S", default=10.0, minimum=0.01, maximum=3600.0)
+GATEWAY_LONG_PROMPT_TOKENS = env_number(
+    "GATEWAY_LONG_PROMPT_TOKENS", default=2000, minimum=1, maximum=10_000_000
+)
+GATEWAY_LONG_PROMPT_MAX_INFLIGHT = env_number(
+    "GATEWAY_LONG_PROMPT_MAX_INFLIGHT", default=2, minimum=1, maximum=100_000
+)
+GATEWAY_FIRST_TOKEN_TIMEOUT_S = env_number(
+    "GATEWAY_FIRST_TOKEN_TIMEOUT_S", default=30.0, minimum=0.1, maximum=3600.0
+)
+GATEWAY_FIRST_TOKEN_TIMEOUT_LONG_S = env_number(
+    "GATEWAY_FIRST_TOKEN_TIMEOUT_LONG_S", default=60.0, minimum=0.1, maximum=3600.0
+)
+GATEWAY_READ_TIMEOUT_S = env_number("GATEWAY_READ_TIMEOUT_S", default=60.0, minimum=0.1, maximum=3600.0)
+GATEWAY_CONNECT_TIMEOUT_S = env_number("GATEWAY_CONNECT_TIMEOUT_S", default=5.0, minimum=0.01, maximum=300.0)
+GATEWAY_MAX_CONNECTIONS = env_number("GATEWAY_MAX_CONNECTIONS", default=1000, minimum=1, maximum=100_000)
+GATEWAY_SLOT_LEASE_S = env_number("GATEWAY_SLOT_LEASE_S", default=30.0, minimum=0.3, maximum=3600.0)
 # Priority classes (docs/decisions.md): a batch request takes a replica slot only while the
 # replica's in-flight count is below this share of its cap, and waits in its own queue this long.
 GATEWAY_BATCH_SHARE = env_number("GATEWAY_BATCH_SHARE", default=0.5, minimum=0.0)
 if not 0 < GATEWAY_BATCH_SHARE <= 1:
     raise ImproperlyConfigured(f"GATEWAY_BATCH_SHARE={GATEWAY_BATCH_SHARE} must be above 0 and at most 1")
-GATEWAY_BATCH_QUEUE_TIMEOUT_S = env_number("GATEWAY_BATCH_QUEUE_TIMEOUT_S", default=120.0, minimum=0.001)
+GATEWAY_BATCH_QUEUE_TIMEOUT_S = env_number(
+    "GATEWAY_BATCH_QUEUE_TIMEOUT_S", default=120.0, minimum=0.01, maximum=3600.0
+)
 # Most prompts one /v1/completions request may carry (`"prompt": [...]`); vLLM runs each as a request.
-GATEWAY_MAX_PROMPTS = env.int("GATEWAY_MAX_PROMPTS", default=32)
-if not 1 <= GATEWAY_MAX_PROMPTS <= 1024:
-    raise ImproperlyConfigured("GATEWAY_MAX_PROMPTS must be between 1 and 1024")
+GATEWAY_MAX_PROMPTS = env_number("GATEWAY_MAX_PROMPTS", default=32, minimum=1, maximum=1024)
 # Failed authentications per client address per minute before that address gets 429 (for keys
 # this process does not already know to be good) instead of a database lookup per guess.
-GATEWAY_AUTH_FAILURES_PER_MINUTE = env.int("GATEWAY_AUTH_FAILURES_PER_MINUTE", default=30)
-if GATEWAY_AUTH_FAILURES_PER_MINUTE < 1:
-    raise ImproperlyConfigured("GATEWAY_AUTH_FAILURES_PER_MINUTE must be at least 1")
+GATEWAY_AUTH_FAILURES_PER_MINUTE = env_number(
+    "GATEWAY_AUTH_FAILURES_PER_MINUTE", default=30, minimum=1, maximum=1_000_000
+)
 # Connect and read timeout of the gateway's Redis calls: a hung Redis answers 503, not a hang.
-GATEWAY_REDIS_TIMEOUT_S = env.float("GATEWAY_REDIS_TIMEOUT_S", default=2.0)
-
+GATEWAY_REDIS_TIMEOUT_S = env_number("GATEWAY_REDIS_TIMEOUT_S", default=2.0, minimum=0.01, maximum=60.0)
+# A slot lease is renewed every third of it, also while its request waits in a queue; a round that
+# times out is retried, so the lease covers any queue wait as long as a round fits in it with room to
+# spare (docs/decisions.md, "A queued request keeps its concurrency slots").
+if GATEWAY_SLOT_LEASE_S < 3 * GATEWAY_REDIS_TIMEOUT_S:
+    raise ImproperlyConfigured(
+        f"GATEWAY_SLOT_LEASE_S={GATEWAY_SLOT_LEASE_S:g} must be at least 3 × GATEWAY_REDIS_TIMEOUT_S "
+        f"({3 * GATEWAY_REDIS_TIMEOUT_S:g}): a renewal that times out must be retried before the lease ends"
+    )
 # --- Observability (portal/observability): /metrics and the dashboard's traffic history ---
 # Bearer token a Prometheus scraper sends to /metrics; unset, /metrics answers 404 (off).
 PORTAL_METRICS_TOKEN = env.str("PORTAL_METRICS_TOKEN", default="")
 # How often each process adds its in-memory counts to Redis (what a scrape can lag by).
-PORTAL_METRICS_FLUSH_S = env.float("PORTAL_METRICS_FLUSH_S", default=1.0)
+PORTAL_METRICS_FLUSH_S = env_number("PORTAL_METRICS_FLUSH_S", default=1.0, minimum=0.05, maximum=300.0)
+
 
 # --- Retention: a daily task deletes old rows in batches (portal/dashboard/services.py) ---
 def env_retention_days(name: str, *, default: int, least: int = 1) -> int:
     """Days to keep; 0 keeps forever."""
-    value = env.int(name, default=default)
+    value = int(env_number(name, default=default, minimum=0, maximum=36_500))
     if value != 0 and value < least:
         raise ImproperlyConfigured(f"{name}={value} must be 0 (keep forever) or at least {least}")
     return value
@@ -383,17 +422,13 @@ def env_retention_days(name: str, *, default: int, least: int = 1) -> int:
 # records go. At least 2: the rollup task recomputes today and yesterday from the records.
 RETENTION_USAGE_DAYS = env_retention_days("RETENTION_USAGE_DAYS", default=90, least=2)
 # PostgreSQL: days ahead that get their usage partition before they start (portal/teams/partitions.py).
-USAGE_PARTITIONS_AHEAD_DAYS = env_positive_int("USAGE_PARTITIONS_AHEAD_DAYS", default=7)
-if USAGE_PARTITIONS_AHEAD_DAYS > 366:
-    raise ImproperlyConfigured(f"USAGE_PARTITIONS_AHEAD_DAYS={USAGE_PARTITIONS_AHEAD_DAYS}: at most 366")
+USAGE_PARTITIONS_AHEAD_DAYS = env_positive_int("USAGE_PARTITIONS_AHEAD_DAYS", default=7, maximum=366)
 RETENTION_DEPLOYMENT_EVENTS_DAYS = env_retention_days("RETENTION_DEPLOYMENT_EVENTS_DAYS", default=180)
 # Supervision and adopted-server health samples (the deployment page charts the latest 60).
 RETENTION_METRICS_SAMPLES_DAYS = env_retention_days("RETENTION_METRICS_SAMPLES_DAYS", default=7)
 RETENTION_AUDIT_DAYS = env_retention_days("RETENTION_AUDIT_DAYS", default=365)
 # Rows per DELETE: short statements and transactions, however much has piled up.
-RETENTION_BATCH_SIZE = env_positive_int("RETENTION_BATCH_SIZE", default=5000)
-if RETENTION_BATCH_SIZE > 100_000:
-    raise ImproperlyConfigured(f"RETENTION_BATCH_SIZE={RETENTION_BATCH_SIZE} must be at most 100000")
+RETENTION_BATCH_SIZE = env_positive_int("RETENTION_BATCH_SIZE", default=5000, maximum=100_000)
 
 # --- Celery beat: every periodic task, in one place --------------------------------
 CELERY_BEAT_SCHEDULE = {

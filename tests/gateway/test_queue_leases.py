@@ -22,7 +22,10 @@ LEASE_S = 2  # renewed every 2/3 s; the batch request below waits well past it
 @pytest.fixture
 def short_lease_gateway(serving, tmp_path):
     found, process = start_gateway(
-        tmp_path / "gateway.log", GATEWAY_SLOT_LEASE_S=str(LEASE_S), GATEWAY_BATCH_QUEUE_TIMEOUT_S="20"
+        tmp_path / "gateway.log",
+        GATEWAY_SLOT_LEASE_S=str(LEASE_S),
+        GATEWAY_REDIS_TIMEOUT_S="0.5",  # at most a third of the lease
+        GATEWAY_BATCH_QUEUE_TIMEOUT_S="20",
     )
     yield found
     stop(process)
