@@ -48,13 +48,20 @@ class DeploymentProfile(models.Model):
         default=1, validators=[MinValueValidator(1), MaxValueValidator(64)]
     )
     max_model_len = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Blank: the model's maximum positions."
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(10_000_000)],
+        help_text="Blank: the model's maximum positions.",
     )
     gpu_memory_utilization = models.FloatField(
         default=0.9, validators=[MinValueValidator(0.05), MaxValueValidator(1.0)]
     )
-    max_num_seqs = models.PositiveIntegerField(default=256, validators=[MinValueValidator(1)])
-    max_num_batched_tokens = models.PositiveIntegerField(null=True, blank=True)
+    max_num_seqs = models.PositiveIntegerField(
+        default=256, validators=[MinValueValidator(1), MaxValueValidator(65_536)]
+    )
+    max_num_batched_tokens = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(10_000_000)]
+    )
     block_size = models.PositiveSmallIntegerField(
         default=16, choices=[(8, "8"), (16, "16"), (32, "32"), (64, "64"), (128, "128")]
     )
@@ -62,7 +69,7 @@ class DeploymentProfile(models.Model):
     enable_chunked_prefill = models.BooleanField(default=False)
     enforce_eager = models.BooleanField(default=False)
     quantization = models.CharField(max_length=30, blank=True, help_text="Blank: none (or from the model).")
-    swap_space_gb = models.FloatField(default=4.0, validators=[MinValueValidator(0)])
+    swap_space_gb = models.FloatField(default=4.0, validators=[MinValueValidator(0), MaxValueValidator(1024)])
     kv_cache_dtype = models.CharField(max_length=10, default="auto")
     extra_args = models.JSONField(
         default=list, blank=True, help_text='More vLLM flags, e.g. ["--seed", "0"].'
@@ -75,6 +82,30 @@ class DeploymentProfile(models.Model):
 
     class Meta:
         ordering = ["name"]
+        # The fields' validators, for writes that skip them: none of these may switch a limit off.
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(
+                    target_gpu_count__gte=1,
+                    tensor_parallel_size__gte=1,
+                    tensor_parallel_size__lte=64,
+                    gpu_memory_utilization__gte=0.05,
+                    gpu_memory_utilization__lte=1.0,
+                    max_num_seqs__gte=1,
+                    max_num_seqs__lte=65_536,
+                    swap_space_gb__gte=0,
+                    swap_space_gb__lte=1024,
+                ),
+                name="profile_numbers_bounded",
+                violation_error_message="A profile number is out of its bounds.",
+            ),
+            models.CheckConstraint(
+                condition=(models.Q(max_model_len__isnull=True) | models.Q(max_model_len__gte=1))
+                & (models.Q(max_num_batched_tokens__isnull=True) | models.Q(max_num_batched_tokens__gte=1)),
+                name="profile_lengths_at_least_1",
+                violation_error_message="Lengths and token budgets must be at least 1 (blank: default).",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -158,8 +189,12 @@ class Deployment(models.Model):
     concurrency_cap_source = models.CharField(max_length=255, blank=True)
     # The SLA that benchmark runs of this deployment are judged by (defaults from
     # docs/v100-field-guide.md#measuring).
-    sla_p95_ttft_s = models.FloatField(default=3.0, validators=[MinValueValidator(0.001)])
-    sla_p95_tpot_s = models.FloatField(default=0.2, validators=[MinValueValidator(0.0001)])
+    sla_p95_ttft_s = models.FloatField(
+        default=3.0, validators=[MinValueValidator(0.001), MaxValueValidator(600)]
+    )  # services.SLA_TTFT_MAX_S
+    sla_p95_tpot_s = models.FloatField(
+        default=0.2, validators=[MinValueValidator(0.0001), MaxValueValidator(60)]
+    )  # services.SLA_TPOT_MAX_S
     # A server the portal did not start (register_endpoint): health-checked and
     # routed to, never started or stopped.
     adopted = models.BooleanField(default=False)
@@ -196,16 +231,23 @@ class Deployment(models.Model):
     last_checked_at = models.DateTimeField(null=True, blank=True)
     baseline_memory_mb = models.FloatField(null=True, blank=True)
     baseline_preemptions = models.FloatField(null=True, blank=True)
+    # At least 6 minutes: 0 (or less) once restarted the server on every supervision tick.
     restart_after_hours = models.FloatField(
-        null=True, blank=True, help_text="Planned restart after this many hours up (blank: never)."
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.1), MaxValueValidator(24 * 366)],
+        help_text="Planned restart after this many hours up, 0.1 to 8784 (blank: never).",
     )
     restart_max_preemptions = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Planned restart after this many preemptions (blank: never)."
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Planned restart after this many preemptions, at least 1 (blank: never).",
     )
     restart_max_memory_growth = models.FloatField(
         null=True,
         blank=True,
-        validators=[MinValueValidator(0.01)],
+        validators=[MinValueValidator(0.01), MaxValueValidator(100)],
         help_text="Planned restart when memory grows by this fraction, e.g. 0.2 (blank: never).",
     )
 
@@ -225,7 +267,32 @@ class Deployment(models.Model):
                 condition=models.Q(concurrency_cap__isnull=True) | models.Q(concurrency_cap__gte=1),
                 name="deployment_concurrency_cap_at_least_1",
                 violation_error_message="The concurrency cap must be at least 1 (blank for none).",
-            )
+            ),
+            # The same bounds as the fields' validators, for writes that skip them (services, shells).
+            models.CheckConstraint(
+                condition=models.Q(restart_after_hours__isnull=True)
+                | models.Q(restart_after_hours__gte=0.1, restart_after_hours__lte=24 * 366),
+                name="deployment_restart_after_hours_bounded",
+                violation_error_message="restart_after_hours must be 0.1 to 8784 hours (blank: never).",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(restart_max_preemptions__isnull=True)
+                | models.Q(restart_max_preemptions__gte=1),
+                name="deployment_restart_max_preemptions_at_least_1",
+                violation_error_message="restart_max_preemptions must be at least 1 (blank: never).",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(restart_max_memory_growth__isnull=True)
+                | models.Q(restart_max_memory_growth__gte=0.01, restart_max_memory_growth__lte=100),
+                name="deployment_restart_max_memory_growth_bounded",
+                violation_error_message="restart_max_memory_growth must be 0.01 to 100 (blank: never).",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(sla_p95_ttft_s__gt=0, sla_p95_ttft_s__lte=600)
+                & models.Q(sla_p95_tpot_s__gt=0, sla_p95_tpot_s__lte=60),
+                name="deployment_sla_bounded",
+                violation_error_message="The SLA must be more than 0 and at most 600 s (TTFT) / 60 s (TPOT).",
+            ),
         ]
 
     def __str__(self) -> str:
