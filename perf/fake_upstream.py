@@ -9,7 +9,8 @@ completed, disconnected, in_flight, in_prefill: before the first chunk). A
 prompt containing `FAKE ` directives changes one request's behaviour, e.g.
 `FAKE status=500`, `FAKE delay=3` (seconds before the first chunk),
 `FAKE chunks=200 interval=20`, `FAKE die_after=3` (drop the connection after 3
-chunks).
+chunks). A misconfigured replica, for every request: `--status 401` answers that
+status; `--empty` answers 200 and closes with no bytes.
 """
 
 from __future__ import annotations
@@ -49,7 +50,11 @@ def prompt_len(body: dict) -> int:
 
 
 class Fake:
-    def __init__(self, *, chunks: int, interval_s: float, model: str) -> None:
+    def __init__(
+        self, *, chunks: int, interval_s: float, model: str, status: int | None = None, empty: bool = False
+    ) -> None:
+        self.status = status  # every request answered this error status (a misconfigured replica)
+        self.empty = empty  # every request answered 200 with an empty body
         self.chunks = chunks
         self.interval_s = interval_s
         self.model = model
@@ -69,6 +74,15 @@ class Fake:
         self.last_body = body
         self.last_authorization = request.headers.get("Authorization")
         d = directives(body)
+        if self.status is not None:
+            d["status"] = self.status
+        if self.empty:
+            if body.get("stream"):
+                response = web.StreamResponse(headers={"content-type": "text/event-stream; charset=utf-8"})
+                await response.prepare(request)
+                await response.write_eof()
+                return response
+            return web.Response(status=200, body=b"", content_type="application/json")
         if "status" in d:
             return web.json_response(
                 {
@@ -185,8 +199,15 @@ class Fake:
         return web.json_response(self.stats)
 
 
-def make_app(*, chunks: int = 32, interval_ms: float = 5, model: str = "fake") -> web.Application:
-    fake = Fake(chunks=chunks, interval_s=interval_ms / 1000, model=model)
+def make_app(
+    *,
+    chunks: int = 32,
+    interval_ms: float = 5,
+    model: str = "fake",
+    status: int | None = None,
+    empty: bool = False,
+) -> web.Application:
+    fake = Fake(chunks=chunks, interval_s=interval_ms / 1000, model=model, status=status, empty=empty)
     app = web.Application()
     app.router.add_post("/v1/chat/completions", fake.handle)
     app.router.add_post("/v1/completions", fake.handle)
@@ -204,6 +225,8 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=32)
     parser.add_argument("--interval-ms", type=float, default=5)
     parser.add_argument("--model", default="fake")
+    parser.add_argument("--status", type=int, default=None, help="answer every request with this status")
+    parser.add_argument("--empty", action="store_true", help="answer every request 200 with no bytes")
     args = parser.parse_args()
     try:
         import uvloop
@@ -212,7 +235,13 @@ def main() -> None:
     except ImportError:
         pass
     web.run_app(
-        make_app(chunks=args.chunks, interval_ms=args.interval_ms, model=args.model),
+        make_app(
+            chunks=args.chunks,
+            interval_ms=args.interval_ms,
+            model=args.model,
+            status=args.status,
+            empty=args.empty,
+        ),
         host=args.host,
         port=args.port,
         print=None,

@@ -47,6 +47,9 @@ from .usage import Exchange
 log = logging.getLogger("portal.gateway")
 
 _state: dict[int, tuple[RateLimiter, LeaseKeeper]] = {}
+# Upstream statuses that say the replica is misconfigured (its server key, its served model name),
+# never the request: retried on another replica, and a 502 if none answers, never passed through.
+MISCONFIGURED = frozenset({401, 403, 404})
 # Bodies up to this size are counted on the event loop, at once: it costs less than parsing them did
 # and less than the extra Redis round trip of checking the rate first. Larger ones are counted after
 # the cheap limits, on the counting pool.
@@ -298,13 +301,25 @@ async def _serve(request, ex: Exchange, *, chat: bool):
             await _leave(ex, replica.id)
             continue
 
-        if response.status_code >= 500:
+        if response.status_code >= 500 or response.status_code in MISCONFIGURED:
+            if response.status_code in MISCONFIGURED:
+                # The gateway sends a served model name and the replica's own key: this replica is
+                # misconfigured (wrong key or model), not the request. Another replica may serve it.
+                log.warning(
+                    "gateway request %s: replica %s answered %s; trying another",
+                    ex.request_id, replica.name, response.status_code,
+                )  # fmt: skip
             failure = GatewayError(
                 502,
                 f"Upstream answered {response.status_code}.",
                 code="upstream_error",
                 usage_status="upstream_error",
             )
+            await _leave(ex, replica.id)
+            continue
+        if response.status_code == 200 and parsed.stream and not first:
+            # Closed before a single byte: nothing reached the client, so another replica may try.
+            failure = _closed_empty()
             await _leave(ex, replica.id)
             continue
         if response.status_code != 200:
@@ -315,6 +330,10 @@ async def _serve(request, ex: Exchange, *, chat: bool):
 
         if not parsed.stream:
             content = await _read(response)
+            if not content:
+                failure = _closed_empty()
+                await _leave(ex, replica.id)
+                continue
             ex.mark_first_byte()
             _account_json(ex, content)
             await ex.finish("completed", 200)
@@ -391,6 +410,12 @@ def _passthrough(response: httpx.Response, content: bytes, request_id: str) -> H
     )
     out["X-Request-Id"] = request_id
     return out
+
+
+def _closed_empty() -> GatewayError:
+    return GatewayError(
+        502, "Upstream closed without an answer.", code="upstream_error", usage_status="upstream_error"
+    )
 
 
 def _unreachable(model: str) -> GatewayError:

@@ -62,11 +62,21 @@ def stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def spawn_fake_upstream(interval_ms: int) -> tuple[str, subprocess.Popen]:
-    """perf/fake_upstream.py on a free loopback port, up and answering; stop it with `stop()`."""
+def spawn_fake_upstream(interval_ms: int, *extra: str) -> tuple[str, subprocess.Popen]:
+    """perf/fake_upstream.py on a free loopback port, up and answering; stop it with `stop()`.
+    `extra`: more of its arguments (`--status 401`, `--empty`: a misconfigured replica)."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "perf.fake_upstream", "--port", str(port), "--interval-ms", str(interval_ms)],
+        [
+            sys.executable,
+            "-m",
+            "perf.fake_upstream",
+            "--port",
+            str(port),
+            "--interval-ms",
+            str(interval_ms),
+            *extra,
+        ],
         cwd=ROOT,
         start_new_session=True,
     )
