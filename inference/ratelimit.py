@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from inference.redis_keys import RedisKeys
 
@@ -49,7 +50,8 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# KEYS: blocked_team, blocked_key, then per scope (team, key): rpm_tat, tpm_tat, tpd_prefix, conc_zset
+# KEYS: blocked_team, blocked_key, then per scope (team, key): rpm_tat, tpm_tat, tpd_prefix, conc_zset,
+#       then the request's reservation record
 # ARGV: request_id, tokens, lease_ms, then per scope: rpm, tpm, tpd, conc (0 = no limit)
 # Returns {status, retry_after_ms, day}; status "ok" or the name of the limit that said no.
 _ADMIT_BODY = """
@@ -91,6 +93,8 @@ end
 for _, c in ipairs(commits) do
   redis.call('SET', c[1], string.format('%.3f', c[2]), 'PX', math.ceil(c[2] - now) + 60000)
 end
+-- What was taken, for a caller that loses this reply (`GIVE_BACK`); outlives its retries.
+redis.call('SET', KEYS[11], day .. ':' .. cost, 'PX', lease + 60000)
 for s = 0, 1 do
   local k, a = 2 + s * 4, 3 + s * 4
   if tonumber(ARGV[a+3]) > 0 and cost > 0 then
@@ -170,7 +174,7 @@ ADMIT_PLACE = (
     _NOW
     + _ACQUIRE_FN
     + _ADMIT_BODY
-    + "local index, position = acquire(10, 11)\nreturn {'ok', 0, day, index, position}"
+    + "local index, position = acquire(11, 11)\nreturn {'ok', 0, day, index, position}"
 )
 
 # KEYS: usage_list, then slot zsets to leave, then pairs (tpm_tat, tpd_key) to correct
@@ -211,6 +215,38 @@ if ARGV[2] ~= '' then redis.call('RPUSH', KEYS[1], ARGV[2]) end
 return 1
 """
 )
+
+# An admission whose reply was lost (a Redis timeout): leave every slot and queue it may hold and,
+# only if its reservation record says it was admitted, give back its request and tokens, once.
+# KEYS: reservation, then zsets to leave, then per scope (rpm_tat, tpm_tat, tpd_prefix)
+# ARGV: request_id, members (slots per replica), n_zsets, then per scope: rpm, tpm, tpd (0 = none)
+GIVE_BACK = """
+local req, members, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+for i = 2, 1 + n do
+  redis.call('ZREM', KEYS[i], req)
+  for j = 2, members do redis.call('ZREM', KEYS[i], req .. '#' .. j) end
+end
+local taken = redis.call('GET', KEYS[1])
+if not taken then return 0 end
+redis.call('DEL', KEYS[1])
+local sep = string.find(taken, ':', 1, true)
+local day, cost = string.sub(taken, 1, sep - 1), tonumber(string.sub(taken, sep + 1))
+local p = 4
+for k = 2 + n, #KEYS, 3 do
+  local rpm, tpm, tpd = tonumber(ARGV[p]), tonumber(ARGV[p+1]), tonumber(ARGV[p+2]); p = p + 3
+  local back = {}
+  if rpm > 0 then back[#back+1] = {KEYS[k], 60000 / rpm} end
+  if tpm > 0 and cost > 0 then back[#back+1] = {KEYS[k+1], cost * 60000 / tpm} end
+  for _, b in ipairs(back) do
+    local tat = redis.call('GET', b[1])
+    if tat then redis.call('SET', b[1], string.format('%.3f', tonumber(tat) - b[2]), 'KEEPTTL') end
+  end
+  if tpd > 0 and cost > 0 and redis.call('EXISTS', KEYS[k+2] .. day) == 1 then
+    redis.call('DECRBY', KEYS[k+2] .. day, cost)
+  end
+end
+return 1
+"""
 
 # KEYS: zsets; ARGV: lease_ms, then for each zset the number of members that follow, then members.
 # A plain ZADD, not `XX`: a member this process still holds is put back if it lapsed (a renewal
@@ -323,6 +359,7 @@ class RateLimiter:
         self._admit_place = redis.register_script(ADMIT_PLACE)
         self._finish = redis.register_script(FINISH)
         self._renew = redis.register_script(RENEW)
+        self._give_back = redis.register_script(GIVE_BACK)
         self.usage_list = keys.usage
 
     # --- key names (inference/redis_keys.py spells them) ----------------------------
@@ -365,6 +402,7 @@ class RateLimiter:
             ]
             lim = scope.limits
             args += [lim.rpm or 0, lim.tpm or 0, lim.tokens_per_day or 0, lim.max_concurrent or 0]
+        keys.append(self.keys.reservation(request_id))
         return keys, args
 
     @staticmethod
@@ -519,6 +557,11 @@ class RateLimiter:
             # any slot it took (nothing else would release it before its lease lapsed).
             await asyncio.shield(self._leave_candidates(keys, request_id, int(args[6])))
             raise
+        except RedisError:
+            # The same for a poll that timed out: its script may have run (best effort: Redis is ailing).
+            with contextlib.suppress(RedisError):
+                await asyncio.shield(self._leave_candidates(keys, request_id, int(args[6])))
+            raise
         finally:
             if waiter is not None:
                 self._waiters.remove(waiter)
@@ -592,6 +635,30 @@ class RateLimiter:
     async def release_long(self, *, request_id: str, deployment_id: int | str) -> None:
         """Leave a replica's long-prompt slot (its prefill is done) and keep the in-flight one."""
         await self.redis.zrem(self.long_key(deployment_id), request_id)
+
+    async def give_back(
+        self,
+        *,
+        request_id: str,
+        team: Scope,
+        key: Scope,
+        model: str,
+        candidates: list[tuple[int | str, int | None]],
+        slots: int = 1,
+    ) -> bool:
+        """Undo an admission whose reply was lost (Redis timed out after the script may have run):
+        leave its concurrency slots, replica slots and queues, and give back the request and tokens
+        it took, exactly once and only if it was admitted. True if it had been admitted."""
+        zsets = [self.concurrency_key(s) for s in (team, key)]
+        zsets += [self.queue_key(model, batch=True), self.queue_key(model)]
+        for deployment_id, _cap in candidates:
+            zsets += [self.inflight_key(deployment_id), self.long_key(deployment_id)]
+        keys, args = [self.keys.reservation(request_id), *zsets], [request_id, max(1, slots), len(zsets)]
+        for scope in (team, key):
+            keys += [self.keys.rpm(scope.kind, scope.id), self.tpm_key(scope), self.tpd_prefix(scope)]
+            lim = scope.limits
+            args += [lim.rpm or 0, lim.tpm or 0, lim.tokens_per_day or 0]
+        return bool(await self._give_back(keys=keys, args=args))
 
     # --- failed authentication, per client address ---------------------------------
     def auth_failures_key(self, address: str) -> str:

@@ -74,6 +74,11 @@ class RedisKeys:
         """Batch requests waiting for a model's spare capacity, apart from the interactive queue."""
         return f"{self.gateway}bqueue:{model}"
 
+    def reservation(self, request_id: str) -> str:
+        """What one admission reserved (`<day>:<tokens>`), kept briefly: a caller that lost the
+        admission's reply (a Redis timeout) gives back exactly that, and only if it was taken."""
+        return f"{self.gateway}resv:{request_id}"
+
     def auth_failures(self, address: str) -> str:
         """Failed authentications from one client address in its current window."""
         return f"{self.gateway}authfail:{address}"

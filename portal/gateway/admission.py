@@ -13,9 +13,11 @@ waits), waiting in the model's batch queue for GATEWAY_BATCH_QUEUE_TIMEOUT_S.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from django.conf import settings
@@ -25,6 +27,8 @@ from inference.ratelimit import Admission, RateLimiter, Scope, SlotGrant, prompt
 from portal.core.middleware import bad_text
 
 from .errors import GatewayError
+
+log = logging.getLogger("portal.gateway")
 
 COMMON_FIELDS = {
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n", "stop",
@@ -53,8 +57,10 @@ def _bad(message: str, param: str, code: str = "invalid_value") -> GatewayError:
 
 
 def _is_token_ids(value) -> bool:
-    return isinstance(value, list) and bool(value) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in value
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
     )
 
 
@@ -64,8 +70,10 @@ def _prompt_count(prompt) -> int:
         return 1
     if _is_token_ids(prompt):  # one prompt as token ids
         return 1
-    if isinstance(prompt, list) and prompt and all(
-        (isinstance(p, str) and p) or _is_token_ids(p) for p in prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all((isinstance(p, str) and p) or _is_token_ids(p) for p in prompt)
     ):
         return len(prompt)
     raise _bad(
@@ -252,7 +260,39 @@ async def admit_and_place(
             **_queue_limits(batch),
         )
     except RedisError:
+        # The script may have run before the reply was lost (a timeout): give back what it took,
+        # in the background, so the 503 is not held up by an ailing Redis.
+        _in_background(
+            lambda: limiter.give_back(
+                request_id=request_id, team=team, key=key, model=model, candidates=candidates, slots=slots
+            ),
+            f"give back what request {request_id} took",
+        )
         raise limiter_unavailable() from None
+
+
+GIVE_BACK_ATTEMPTS = 5
+_background: set[asyncio.Task] = set()
+
+
+def _in_background(work: Callable[[], Awaitable[object]], what: str) -> None:
+    """Run `work()` after the response, retrying a Redis error a few times a second apart (Redis may
+    be coming back); the task is kept referenced until it ends."""
+
+    async def attempts() -> None:
+        for attempt in range(GIVE_BACK_ATTEMPTS):
+            try:
+                await work()
+                return
+            except RedisError as error:
+                if attempt == GIVE_BACK_ATTEMPTS - 1:
+                    log.warning("could not %s: %r (its slots lapse with their lease)", what, error)
+                    return
+                await asyncio.sleep(1)
+
+    task = asyncio.get_running_loop().create_task(attempts())
+    _background.add(task)
+    task.add_done_callback(_background.discard)
 
 
 def _queue_limits(batch: bool) -> dict:
