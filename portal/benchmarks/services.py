@@ -195,19 +195,32 @@ def deployment_tokenizer_path(deployment: Deployment) -> str:
 
 
 def deployment_snapshot(deployment: Deployment) -> dict:
-    """What was measured, frozen when a run starts: profile, model version, node, GPUs, roofline inputs."""
+    """What was measured, frozen when a run starts: profile, model version, node, GPUs, roofline inputs.
+
+    An adopted endpoint (a server the portal did not start) has no profile, and maybe no node:
+    what it lacks is left empty, never guessed.
+    """
     profile = deployment.profile
     model = deployment.model_version
     node = deployment.node
-    gpus = [
-        {"index": g.index, "name": g.name, "memory_mib": g.memory_mib, "bandwidth_gb_s": g.bandwidth_gb_s}
-        for g in node.gpus.filter(index__in=deployment.gpu_indices).order_by("index")
-    ]
+    gpus = (
+        [
+            {"index": g.index, "name": g.name, "memory_mib": g.memory_mib, "bandwidth_gb_s": g.bandwidth_gb_s}
+            for g in node.gpus.filter(index__in=deployment.gpu_indices or []).order_by("index")
+        ]
+        if node is not None
+        else []
+    )
     snapshot = {
         "deployment": deployment.name,
         "team": deployment.team.slug,
-        "profile": {"name": profile.name, **{k: v for k, v in profile.settings_values().items()}},
-        "engine": profile.engine or node.engine,
+        "adopted": deployment.adopted,
+        "profile": (
+            {"name": profile.name, **dict(profile.settings_values().items())} if profile is not None else {}
+        ),
+        "engine": (profile.engine if profile is not None else "")
+        or (node.engine if node is not None else "")
+        or deployment.engine_used,
         "model_version": {
             "name": model.name,
             "source": model.source,
@@ -216,7 +229,11 @@ def deployment_snapshot(deployment: Deployment) -> dict:
             "tokenizer_sha256": model.tokenizer_sha256,
             "param_count": model.param_count,
         },
-        "node": {"name": node.name, "engine": node.engine, "driver_version": node.driver_version},
+        "node": (
+            {"name": node.name, "engine": node.engine, "driver_version": node.driver_version}
+            if node is not None
+            else {}
+        ),
         "gpus": gpus,
         "vllm_version": getattr(node, "vllm_version", "") or "",
     }

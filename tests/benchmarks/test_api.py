@@ -65,3 +65,23 @@ def test_it_applies_the_cap_for_staff_only(alice, bob, deployment):
     response = api_client(alice).post(f"/api/v1/benchmark-runs/{run_id}/apply-cap/")
     assert response.status_code == 200
     assert response.json()["concurrency_cap"] == 2
+
+
+def test_it_benchmarks_an_adopted_endpoint_without_profile_or_node(alice, team, llama7b, fake_server):
+    from portal.deployments.models import Deployment
+    from portal.deployments.services import endpoint_register
+
+    adopted = endpoint_register(
+        name="adopted-7b", team=team, model_version=llama7b, url=f"{fake_server.url}/v1"
+    )
+    Deployment.objects.filter(pk=adopted.pk).update(state="serving")
+    response = start(alice, deployment="adopted-7b")
+    assert response.status_code == 201, response.content
+    run = BenchmarkRun.objects.get(pk=response.json()["id"])
+    assert run.snapshot["adopted"] is True
+    assert run.snapshot["profile"] == {} and run.snapshot["node"] == {} and run.snapshot["gpus"] == []
+    benchmark_run_execute(run_id=run.pk)
+    run.refresh_from_db()
+    assert run.state == RunState.DONE, run.state_reason
+    page = api_client(alice).get(f"/api/v1/benchmark-runs/{run.pk}/")
+    assert page.status_code == 200 and page.json()["levels"][0]["completed"] == 4
