@@ -335,6 +335,8 @@ def benchmark_run_create(
                 "give a deployment, or an endpoint URL and a model name", field="endpoint_url"
             )
     config = {
+        # What the run is bound to: it measures this deployment or nothing (`_engine_target`).
+        "deployment_id": deployment.pk if deployment is not None else None,
         "levels": [_plan_to_dict(plan) for plan in plans],
         "seed": seed,
         "level_timeout_s": level_timeout_s,
@@ -478,14 +480,38 @@ def benchmark_run_execute(*, run_id: int) -> None:
         raise
 
 
-def _engine_api_key(run: BenchmarkRun) -> str:
-    """The measured server's own key: its deployment's, or (a staff run by URL) the one of the
-    deployment serving at that URL; read when the run starts, never stored with the run."""
-    found = Deployment.objects.filter(pk=run.deployment_id) if run.deployment_id else None
-    if found is None or not found.exists():
-        root = run.endpoint_url.rstrip("/").removesuffix("/v1")  # given as OpenAI clients are, or not
-        found = Deployment.objects.filter(endpoint_url=root).exclude(endpoint_url="")
-    return found.values_list("engine_api_key", flat=True).first() or ""
+class _Refused(Exception):
+    """The run cannot start: what it was bound to is gone or not serving (the message says which)."""
+
+
+def _bound_deployment_id(run: BenchmarkRun) -> int | None:
+    """The deployment a run was created for, even after the deployment's row is gone (the foreign
+    key is then NULL): its id is kept in the config; runs older than that have a snapshot."""
+    bound = run.config.get("deployment_id")
+    if bound is None and run.snapshot:
+        return run.deployment_id or -1  # created for a deployment whose id was not kept
+    return bound
+
+
+def _engine_target(run: BenchmarkRun) -> tuple[Deployment | None, str]:
+    """(the deployment measured, the server's own key), read when the run starts, never stored.
+
+    A run created for a deployment measures that deployment, where it serves now, or refuses:
+    never whatever server has since taken its old URL (another team's, perhaps). Only a staff
+    run by URL looks up the key of the deployment serving at that URL.
+    """
+    bound = _bound_deployment_id(run)
+    if bound is not None:
+        deployment = Deployment.objects.select_related("team", "model_version").filter(pk=bound).first()
+        name = run.snapshot.get("deployment") or f"deployment {bound}"
+        if deployment is None:
+            raise _Refused(f"{name} was deleted before the run started: nothing to measure")
+        if deployment.state != DeploymentState.SERVING or not deployment.endpoint_url:
+            raise _Refused(f"{name} is {deployment.state}, not serving: nothing to measure")
+        return deployment, deployment.engine_api_key
+    root = run.endpoint_url.rstrip("/").removesuffix("/v1")  # given as OpenAI clients are, or not
+    found = Deployment.objects.filter(endpoint_url=root).exclude(endpoint_url="")
+    return None, found.values_list("engine_api_key", flat=True).first() or ""
 
 
 def _execute(run: BenchmarkRun) -> None:
@@ -504,15 +530,20 @@ def _execute(run: BenchmarkRun) -> None:
     if first is None:
         _finish(run, RunState.DONE, "")
         return
-    api_key = _engine_api_key(run)
+    try:
+        deployment, api_key = _engine_target(run)
+    except _Refused as refusal:
+        _finish(run, RunState.PARTIAL if saved else RunState.FAILED, str(refusal))
+        return
+    endpoint_url = deployment.endpoint_url if deployment is not None else run.endpoint_url
     if not run.snapshot.get("vllm_version"):
-        version = server_version(run.endpoint_url, api_key=api_key)
+        version = server_version(endpoint_url, api_key=api_key)
         if version:
             run.snapshot["vllm_version"] = version
             BenchmarkRun.objects.filter(pk=run.pk).update(snapshot=run.snapshot)
     sla = Sla(run.sla_p95_ttft_s, run.sla_p95_tpot_s)
     config = BenchConfig(
-        base_url=run.endpoint_url,
+        base_url=endpoint_url,
         model=run.model_name,
         mix=mix,
         levels=plans[first:],
