@@ -422,6 +422,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 60.0,
         "options": {"queue": "control", "expires": 60.0},
     },
+    # An acceptance whose agent died is declared abandoned and its reference server stopped.
+    "benchmarks-expire-acceptances": {
+        "task": "benchmarks.expire_acceptances",
+        "schedule": 60.0,
+        "options": {"queue": "control", "expires": 60.0},
+    },
     "retention-prune": {
         "task": "dashboard.retention_prune",
         "schedule": crontab(hour=3, minute=17),  # daily, at a quiet hour (UTC)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.urls import reverse
@@ -61,6 +62,12 @@ class QuotaFields(models.Model):
         return self.disabled_until is not None and self.disabled_until > (now or timezone.now())
 
 
+# Slugs of the teams the portal keeps for itself (`Team.system`): node acceptance's reference
+# deployments live in "acceptance". No team of users may take one.
+ACCEPTANCE_TEAM_SLUG = "acceptance"
+RESERVED_TEAM_SLUGS = frozenset({ACCEPTANCE_TEAM_SLUG})
+
+
 class Team(QuotaFields):
     name = models.CharField(max_length=100, unique=True)
     slug = models.SlugField(max_length=50, unique=True)
@@ -84,6 +91,9 @@ class Team(QuotaFields):
         default=PriorityClass.INTERACTIVE,
         help_text="How the gateway admits this team's requests (a key may override it).",
     )
+    # The portal's own team (node acceptance's reference deployments): made by the portal only,
+    # under a reserved slug that no other team may take.
+    system = models.BooleanField(default=False, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -94,6 +104,11 @@ class Team(QuotaFields):
 
     def get_absolute_url(self) -> str:
         return reverse("deployments:team-detail", args=[self.slug])
+
+    def clean(self) -> None:
+        super().clean()
+        if self.slug in RESERVED_TEAM_SLUGS and not self.system:
+            raise ValidationError({"slug": f"“{self.slug}” is reserved for the portal's own team."})
 
 
 class ApiKey(QuotaFields):
