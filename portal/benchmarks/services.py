@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -35,6 +35,8 @@ from portal.celery import BENCHMARK_QUEUE
 from portal.core.errors import ApplicationError
 from portal.deployments.models import Deployment, DeploymentState
 from portal.deployments.services import deployment_plan, deployment_set_concurrency_cap
+from portal.teams.models import ApiKey
+from portal.teams.services import api_key_create, api_key_new_secret
 
 from .models import BenchmarkLevel, BenchmarkRun, RunKind, RunState
 
@@ -553,6 +555,66 @@ def _execute(run: BenchmarkRun) -> None:
         slo={"ttft": sla.p95_ttft_s * 1000, "tpot": sla.p95_tpot_s * 1000},
         api_key=api_key or None,
     )
+    if deployment is None or not _through_gateway(run):
+        _sweep(run, config, first)  # staff: straight to the engine
+        return
+    try:
+        key, token = _member_gateway_key(run, deployment)
+    except _Refused as refusal:
+        _finish(run, RunState.PARTIAL if saved else RunState.FAILED, str(refusal))
+        return
+    # The team's traffic: through the gateway as the member's benchmark key, pinned to this
+    # deployment; /metrics is still read from the engine (nothing is spent there).
+    config.base_url, config.api_key = settings.BENCHMARK_GATEWAY_URL, token
+    config.metrics_base_url, config.metrics_api_key = endpoint_url, api_key or None
+    note = (
+        f"Sent through the gateway as {key.name} of team {deployment.team.slug}: the team's quotas, "
+        "max_tokens clamp and priority class applied, and its usage counts these requests."
+    )
+    BenchmarkRun.objects.filter(pk=run.pk).update(notes=note)
+    try:
+        _sweep(run, config, first)
+    finally:
+        # The run's secret dies with it: a new one that nobody holds.
+        api_key_new_secret(
+            api_key=key, allowed_models=key.allowed_models, pinned_deployment_id=deployment.pk
+        )
+
+
+def _through_gateway(run: BenchmarkRun) -> bool:
+    """A member's run is that team's traffic; staff runs (and imports) may go to the engine."""
+    return run.created_by is None or not run.created_by.is_staff
+
+
+def _member_gateway_key(run: BenchmarkRun, deployment: Deployment) -> tuple[ApiKey, str]:
+    """The run's creator's benchmark key of the deployment's team, made on first use (as the
+    playground's key), with a fresh secret pinned to the deployment and its model."""
+    user, team = run.created_by, deployment.team
+    if user is None:
+        raise _Refused("the account that queued this run was deleted: no one's quota to run it on")
+    if not team.members.filter(pk=user.pk).exists():
+        raise _Refused(
+            f"{user.get_username()} is no longer a member of {team.name}: the run would spend its quota"
+        )
+    key = ApiKey.objects.filter(team=team, benchmark_user=user).first()
+    if key is None:
+        try:
+            with transaction.atomic():
+                name = f"benchmark ({user.get_username()})"[:100]
+                key, _discarded = api_key_create(team=team, name=name, created_by=user)
+                # Claimed by a conditional UPDATE, as the playground's: a race finds the winner's key.
+                ApiKey.objects.filter(pk=key.pk, benchmark_user__isnull=True).update(benchmark_user=user)
+        except IntegrityError:
+            pass
+        key = ApiKey.objects.get(team=team, benchmark_user=user)
+    token = api_key_new_secret(
+        api_key=key, allowed_models=[deployment.model_version.name], pinned_deployment_id=deployment.pk
+    )
+    return key, token
+
+
+def _sweep(run: BenchmarkRun, config: BenchConfig, first: int) -> None:
+    """Measure the levels from `first` on a worker thread; this thread saves them and finishes the run."""
     events: queue.Queue = queue.Queue()
     cancel = threading.Event()
     outcome: dict = {}

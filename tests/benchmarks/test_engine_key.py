@@ -24,9 +24,9 @@ def keyed_deployment(team, llama7b, profile_tp8, dgx, fake_server_factory):
     return deployment
 
 
-def test_it_benchmarks_a_keyed_deployment_with_its_key(bob, keyed_deployment):
+def test_it_benchmarks_a_keyed_deployment_with_its_key(alice, keyed_deployment):
     run = benchmark_run_create(
-        user=bob, deployment=keyed_deployment, mix="fixed:16:8", concurrencies=[2], requests_per_level=4
+        user=alice, deployment=keyed_deployment, mix="fixed:16:8", concurrencies=[2], requests_per_level=4
     )
     benchmark_run_execute(run_id=run.pk)
     run.refresh_from_db()
