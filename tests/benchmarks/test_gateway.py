@@ -80,6 +80,7 @@ def test_it_sends_a_members_run_through_the_gateway_under_the_teams_quotas_and_a
     assert any("429" in reason and "tokens per day" in reason for reason in level["errors"]), level["errors"]
     assert level["total_output_tokens"] <= 16 * level["completed"]  # the clamp, not 1,000
     assert other.server.received == 0 and measured.server.received > 0
+    assert level["metrics_scrapes"] > 0  # the engine's own /metrics, read directly
 
     key = ApiKey.objects.get(team=team, benchmark_user=bob)
     assert key.name == "benchmark (bob)" and key.source == "benchmark"
