@@ -192,6 +192,7 @@ def run_export(run: BenchmarkRun, *, staff: bool = True) -> dict:
             "title": run.title,
             "state": run.state,
             "state_reason": run.state_reason,
+            "notes": run.notes,
             "deployment": run.target_name,
             "endpoint_url": run.endpoint_url,
             "model": run.model_name,

@@ -95,6 +95,7 @@ def test_it_sends_a_members_run_through_the_gateway_under_the_teams_quotas_and_a
     assert {row.deployment_id for row in completed} == {deployment.pk}
 
     client.force_login(bob)
+    assert "through the gateway as benchmark (bob)" in client.get(run.get_absolute_url()).content.decode()
     page = client.get(f"/teams/{team.slug}/usage/").content.decode()
     assert "benchmark (bob)" in page and "<td>benchmark</td>" in page
 
