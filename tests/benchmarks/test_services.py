@@ -333,3 +333,13 @@ def test_it_records_a_crash_of_the_job_instead_of_leaving_the_run_running(alice,
     run.refresh_from_db()
     assert run.state == RunState.FAILED
     assert run.state_reason == "the job crashed: RuntimeError: disk full"
+
+
+def test_it_refuses_a_members_queued_run_once_the_member_left_the_team(bob, team, deployment):
+    run = create(bob, deployment)
+    team.members.remove(bob)
+    benchmark_run_execute(run_id=run.pk)
+    run.refresh_from_db()
+    assert run.state == RunState.FAILED
+    assert run.state_reason == "bob is no longer a member of Search: the run would spend its quota"
+    assert not run.levels.exists() and deployment.team.api_keys.count() == 0
