@@ -76,13 +76,15 @@ CSV_KEYS = (
 # to staff"). A run's texts quote the load generator's errors, which name the server it reached.
 SERVER = "<server>"
 PATH = "<path>"
-_URL = re.compile(r"\b(?:https?|wss?)://[^\s'\"<>]+")
+_URL = re.compile(r"\b(?:https?|wss?)://[^\s'\"<>]*[^\s'\"<>:,.;)]")
 # host:port where the host is an IP address, localhost or a dotted name: what aiohttp's errors
 # print ("Cannot connect to host 10.0.0.7:8001"); "fixed:16:8" (a mix) has no such host.
 _HOST_PORT = re.compile(
     r"(?<![\w.-])(?:\[[0-9A-Fa-f:.]+\]|\d{1,3}(?:\.\d{1,3}){3}|localhost|"
     r"[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z][A-Za-z0-9-]*):\d{1,5}\b"
 )
+# An IPv4 address on its own (a node's, in a message without a port).
+_IPV4 = re.compile(r"(?<![\w.])\d{1,3}(?:\.\d{1,3}){3}(?![\w.])")
 # An absolute path of two parts or more (a tokenizer, a model directory, a log), not "tok/s".
 _PATH = re.compile(r"(?<![\w.<>/~-])/(?:[^\s/'\"<>:,;()\[\]]+/)+[^\s/'\"<>:,;()\[\]]*")
 
@@ -99,6 +101,7 @@ def redact_text(text: str, hostnames: list[str] | None = None) -> str:
         return text
     text = _URL.sub(SERVER, text)
     text = _HOST_PORT.sub(SERVER, text)
+    text = _IPV4.sub(SERVER, text)
     for hostname in hostnames if hostnames is not None else _hostnames():
         text = re.sub(rf"(?<![\w.-]){re.escape(hostname)}(?![\w-])", "<node>", text)
     return _PATH.sub(PATH, text)

@@ -247,8 +247,9 @@ def test_it_keeps_where_engines_live_to_staff_in_every_text_of_a_run(client, ali
         "partial": True,
         "partial_reason": "level timeout after 600 s",
     }
+    failing["errors"]["upstream 10.20.0.8 closed the stream"] = 1
     BenchmarkLevel.objects.create(run=run, index=0, concurrency=16, results=failing)
-    secrets = ("10.20.0.7", ":8001", "gpu-rack7", "/srv/models", "/var/lib/portal")
+    secrets = ("10.20.0.7", "10.20.0.8", ":8001", "gpu-rack7", "/srv/models", "/var/lib/portal")
 
     client.force_login(bob)
     shown = [
@@ -265,6 +266,7 @@ def test_it_keeps_where_engines_live_to_staff_in_every_text_of_a_run(client, ali
     page = shown[0]
     assert "2 × connection error (ClientConnectorError): Cannot connect to host &lt;server&gt;" in page
     assert "level timeout after 600 s" in page  # what is not an address stays as it was
+    assert "cannot reach &lt;server&gt;: refused" in page
 
     client.force_login(alice)
     staff_page = client.get(run.get_absolute_url()).content.decode()
