@@ -172,8 +172,8 @@ def api_key_new_secret(
     """A new prefix and secret for a key the portal itself holds (a member's benchmark key), its
     models and pinned deployment set with them; returns the key, which exists nowhere else.
 
-    The old secret stops working at once in every web process: the gateway caches key rows by
-    prefix, and the old prefix no longer finds a row. A revoked key stays revoked."""
+    The old secret stops working in every web process within GATEWAY_CACHE_S: the gateway caches
+    key rows by prefix, and the old prefix no longer finds a row. A revoked key stays revoked."""
     prefix = secrets.token_hex(6)
     token = f"{KEY_SCHEME}{prefix}.{secrets.token_urlsafe(32)}"
     ApiKey.objects.filter(pk=api_key.pk).update(
