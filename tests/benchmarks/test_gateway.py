@@ -13,7 +13,7 @@ from portal.benchmarks.models import RunState
 from portal.benchmarks.services import benchmark_run_create, benchmark_run_execute
 from portal.teams.models import ApiKey, Usage
 from portal.teams.selectors import api_keys_of
-from portal.teams.services import usage_flush
+from portal.teams.services import api_key_matches, usage_flush
 from tests.gateway.conftest import gateway, gw_redis  # noqa: F401
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
@@ -55,8 +55,19 @@ def fresh_model(db):
 
 
 def test_it_sends_a_members_run_through_the_gateway_under_the_teams_quotas_and_accounts_it(
-    gateway, gw_redis, settings, client, bob, team, cpu_node, fresh_model, fake_server_factory  # noqa: F811
-):
+    gateway, gw_redis, settings, client, bob, team, cpu_node, fresh_model, fake_server_factory,  # noqa: F811
+    monkeypatch,
+):  # fmt: skip
+    from portal.benchmarks import services
+
+    issued: list[str] = []  # every secret the key was given, as the job received it
+    new_secret = services.api_key_new_secret
+
+    def recording_new_secret(**changes) -> str:
+        issued.append(new_secret(**changes))
+        return issued[-1]
+
+    monkeypatch.setattr(services, "api_key_new_secret", recording_new_secret)
     settings.BENCHMARK_GATEWAY_URL = gateway.url
     team.tokens_per_day, team.max_tokens_clamp = 100, 16
     team.save(update_fields=["tokens_per_day", "max_tokens_clamp"])
@@ -86,6 +97,8 @@ def test_it_sends_a_members_run_through_the_gateway_under_the_teams_quotas_and_a
     assert key.name == "benchmark (bob)" and key.source == "benchmark"
     assert key.pinned_deployment_id == deployment.pk and key.allowed_models == [fresh_model.name]
     assert key not in api_keys_of(team)  # nothing to manage: its secret existed only in the run
+    # The run's secret died with it: the key now has another, which nobody was given.
+    assert len(issued) == 2 and not api_key_matches(issued[0], key.digest)
     rows = flushed_usage(team, at_least=18)  # calibration, warm-up and 16 measured requests
     assert len(rows) >= 18 and {row.api_key_id for row in rows} == {key.pk}
     completed = [row for row in rows if row.status == "completed"]
