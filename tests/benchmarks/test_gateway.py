@@ -14,7 +14,6 @@ from portal.benchmarks.services import benchmark_run_create, benchmark_run_execu
 from portal.teams.models import ApiKey, Usage
 from portal.teams.selectors import api_keys_of
 from portal.teams.services import api_key_matches, usage_flush
-from tests.gateway.conftest import gateway, gw_redis  # noqa: F401
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
 
@@ -55,7 +54,7 @@ def fresh_model(db):
 
 
 def test_it_sends_a_members_run_through_the_gateway_under_the_teams_quotas_and_accounts_it(
-    gateway, gw_redis, settings, client, bob, team, cpu_node, fresh_model, fake_server_factory,  # noqa: F811
+    gateway, gw_redis, settings, client, bob, team, cpu_node, fresh_model, fake_server_factory,
     monkeypatch,
 ):  # fmt: skip
     from portal.benchmarks import services
@@ -114,7 +113,7 @@ def test_it_sends_a_members_run_through_the_gateway_under_the_teams_quotas_and_a
 
 
 def test_it_runs_staff_benchmarks_straight_to_the_engine(
-    gateway, gw_redis, settings, alice, team, cpu_node, fresh_model, fake_server_factory  # noqa: F811
+    gateway, gw_redis, settings, alice, team, cpu_node, fresh_model, fake_server_factory
 ):
     settings.BENCHMARK_GATEWAY_URL = gateway.url
     team.tokens_per_day, team.max_tokens_clamp = 100, 16
