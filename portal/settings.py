@@ -8,6 +8,7 @@ start instead of running with a silent default. The README lists every variable.
 from __future__ import annotations
 
 import math
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -330,6 +331,13 @@ BENCHMARK_MEMBER_MAX_REQUESTS_PER_LEVEL = env_number(
 BENCHMARK_MEMBER_MAX_LEVEL_S = env_number(
     "BENCHMARK_MEMBER_MAX_LEVEL_S", default=600.0, minimum=1.0, maximum=86_400.0
 )
+# Where benchmark workers reach the gateway: a member's run is that team's traffic and goes
+# through it (docs/decisions.md, "A member's benchmark is the team's traffic"). The web process.
+BENCHMARK_GATEWAY_URL = env.str("BENCHMARK_GATEWAY_URL", default="http://127.0.0.1:8000").strip().rstrip("/")
+if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", BENCHMARK_GATEWAY_URL):
+    raise ImproperlyConfigured(
+        f"BENCHMARK_GATEWAY_URL={BENCHMARK_GATEWAY_URL!r} must be an http(s) URL, e.g. http://127.0.0.1:8000"
+    )
 # --- The planner's "predict this profile" page: it simulates inside the web process ---------
 PREDICT_MAX_LEVELS = env_number("PREDICT_MAX_LEVELS", default=8, minimum=1, maximum=1000)
 PREDICT_MAX_CONCURRENCY = env_number("PREDICT_MAX_CONCURRENCY", default=1024, minimum=1, maximum=1_000_000)
@@ -454,6 +462,12 @@ CELERY_BEAT_SCHEDULE = {
     # Per-deployment latency per minute (P50/P95 TTFT and TPOT) and SLA breaches, from the usage records.
     "observability-latency-rollup": {
         "task": "observability.latency_rollup",
+        "schedule": 60.0,
+        "options": {"queue": "control", "expires": 60.0},
+    },
+    # An acceptance whose agent died is declared abandoned and its reference server stopped.
+    "benchmarks-expire-acceptances": {
+        "task": "benchmarks.expire_acceptances",
         "schedule": 60.0,
         "options": {"queue": "control", "expires": 60.0},
     },

@@ -108,6 +108,7 @@ def start_stack(*, database: dict, redis_url: str, tmp: Path) -> Stack:
     broker.close()
     clear_gateway_state(redis_url)
     port = _free_port()
+    env["BENCHMARK_GATEWAY_URL"] = f"http://127.0.0.1:{port}"  # members' benchmarks go through it
     tag = f"journeys-{os.getpid()}"
     commands = {
         "web": [

@@ -96,12 +96,24 @@ class BenchConfig:
     # Bearer token for every request: /v1/models, completions and /metrics (never in a repr).
     api_key: str | None = field(default=None, repr=False)
     calibrate: bool = True
+    # The server whose /metrics is read, when requests go through a proxy (the portal's gateway):
+    # the engine itself, with its own key. None: `base_url` and `api_key`.
+    metrics_base_url: str | None = None
+    metrics_api_key: str | None = field(default=None, repr=False)
 
     @property
     def root(self) -> str:
-        root = self.base_url.rstrip("/")
-        # Accept a URL given with /v1 (what OpenAI clients are configured with).
-        return root[: -len("/v1")] if root.endswith("/v1") else root
+        return _root(self.base_url)
+
+    @property
+    def metrics_root(self) -> str:
+        return _root(self.metrics_base_url) if self.metrics_base_url else self.root
+
+
+def _root(url: str) -> str:
+    root = url.rstrip("/")
+    # Accept a URL given with /v1 (what OpenAI clients are configured with).
+    return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
 class Hooks(Protocol):
@@ -185,8 +197,12 @@ class ServerWatch:
 
     def __init__(self, session: aiohttp.ClientSession, config: BenchConfig) -> None:
         self.session = session
-        self.url = f"{config.root}/metrics"
-        self.headers = _headers(config)
+        self.url = f"{config.metrics_root}/metrics"
+        if config.metrics_base_url:
+            key = config.metrics_api_key
+            self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        else:
+            self.headers = _headers(config)
         self.interval = config.scrape_interval_s
         self.before = None
         self.after = None

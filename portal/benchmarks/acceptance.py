@@ -54,7 +54,6 @@ DEFAULT_CONCURRENCY = (1, 16, 64)
 MIN_LEVELS, MAX_LEVELS = 2, 4
 MAX_CONCURRENCY = 1024
 MAX_REQUESTS_PER_LEVEL = 100_000
-TEAM_SLUG = "acceptance"
 QUEUED = "queued"  # the step of a requested acceptance no runner has claimed yet
 SEED = 0
 # The figures compared per level: (key in a bench level, label, True when higher is better).
@@ -105,15 +104,40 @@ def parse_levels(value: str | list[int] | tuple[int, ...]) -> list[int]:
     return sorted(set(levels))
 
 
-def _expire_stale(node: Node) -> None:
-    """A running acceptance without progress for ACCEPTANCE_STALE_S lost its agent: mark it failed."""
+def node_acceptances_expire(*, node: Node | None = None) -> list[int]:
+    """Running acceptances without progress for ACCEPTANCE_STALE_S lost their agent: mark them
+    failed (abandoned) and stop their reference deployments, which would otherwise stay wanted
+    running, keep their GPU and be restarted by supervision. Returns the ids expired."""
+    from portal.deployments.models import Deployment, DesiredState
+    from portal.deployments.services import deployment_request_stop
+
     cutoff = timezone.now() - timedelta(seconds=settings.ACCEPTANCE_STALE_S)
-    NodeAcceptance.objects.filter(node=node, state=AcceptanceState.RUNNING, updated_at__lt=cutoff).update(
-        state=AcceptanceState.FAILED,
-        error=f"abandoned: no progress for {settings.ACCEPTANCE_STALE_S} s (did the agent stop?)",
-        finished_at=timezone.now(),
-        updated_at=timezone.now(),
-    )
+    stale = NodeAcceptance.objects.filter(state=AcceptanceState.RUNNING, updated_at__lt=cutoff)
+    if node is not None:
+        stale = stale.filter(node=node)
+    expired = []
+    for acceptance in stale.select_related("node"):
+        # Conditional: a run that wrote progress meanwhile is not abandoned.
+        if not NodeAcceptance.objects.filter(
+            pk=acceptance.pk, state=AcceptanceState.RUNNING, updated_at__lt=cutoff
+        ).update(
+            state=AcceptanceState.FAILED,
+            error=f"abandoned: no progress for {settings.ACCEPTANCE_STALE_S} s (did the agent stop?)",
+            finished_at=timezone.now(),
+            updated_at=timezone.now(),
+        ):
+            continue
+        expired.append(acceptance.pk)
+        reference = Deployment.objects.filter(
+            name=reference_deployment_name(acceptance),
+            node=acceptance.node,
+            team__system=True,
+            desired_state=DesiredState.RUNNING,
+        ).first()
+        if reference is not None:
+            logger.warning("node acceptance %s abandoned: stopping %s", acceptance.pk, reference.name)
+            deployment_request_stop(deployment=reference)
+    return expired
 
 
 def node_acceptance_request(
@@ -145,6 +169,8 @@ def node_acceptance_request(
             f"must be between 1 and {MAX_REQUESTS_PER_LEVEL}, got {requests_per_level}",
             field="requests_per_level",
         )
+    # First, so that an abandoned acceptance's GPU is free again for this one.
+    node_acceptances_expire(node=node)
     indices = sorted(node.gpus.values_list("index", flat=True))
     if gpu_index is not None and gpu_index not in indices:
         raise ApplicationError(
@@ -159,7 +185,6 @@ def node_acceptance_request(
         gpu_index = free[0]
     gpu_indices = [gpu_index] if indices else []
     cpu = not gpu_indices
-    _expire_stale(node)
     try:
         with transaction.atomic():
             acceptance = NodeAcceptance.objects.create(
@@ -442,19 +467,35 @@ def _profile_values(acceptance: NodeAcceptance, version) -> dict:
     }
 
 
+def _reference_team():
+    """The portal's own team for reference deployments, made on first use; never a team of users
+    that happens to have the slug (one made before the slug was reserved)."""
+    from portal.teams.models import ACCEPTANCE_TEAM_SLUG, Team
+
+    team, _ = Team.objects.get_or_create(
+        slug=ACCEPTANCE_TEAM_SLUG, defaults={"name": "Node acceptance", "gpu_quota": 1024, "system": True}
+    )
+    if not team.system:
+        raise StepFailed(
+            f"team “{team.name}” has the slug “{ACCEPTANCE_TEAM_SLUG}”, reserved for the reference "
+            "deployments of node acceptance: give it another slug in the admin"
+        )
+    return team
+
+
+def reference_deployment_name(acceptance: NodeAcceptance) -> str:
+    return acceptance.deployment_name or f"accept-{acceptance.node.name}-{acceptance.pk}"
+
+
 def _start(run: _Run, context: dict) -> str:
     from portal.deployments.agent.lease import agent_owner
     from portal.deployments.agent.start import deployment_start
     from portal.deployments.models import Deployment, DeploymentProfile, DeploymentState, DesiredState
     from portal.deployments.services import deployment_create
-    from portal.teams.models import Team
-
     acceptance = run.acceptance
     node, version = acceptance.node, context["version"]
-    team, _ = Team.objects.get_or_create(
-        slug=TEAM_SLUG, defaults={"name": "Node acceptance", "gpu_quota": 1024}
-    )
-    name = f"accept-{node.name}-{acceptance.pk}"
+    team = _reference_team()
+    name = reference_deployment_name(acceptance)
     gpus = list(node.gpus.filter(index__in=acceptance.gpu_indices))
     profile = DeploymentProfile(
         name=name,

@@ -16,7 +16,7 @@ from portal.deployments.selectors import deployments_visible_to
 
 from . import services
 from .models import BenchmarkRun
-from .selectors import run_export, runs_filtered
+from .selectors import redact_text, run_export, runs_filtered
 from .services import (
     MAX_CONCURRENCY,
     MAX_LEVEL_S,
@@ -56,6 +56,14 @@ class RunListSerializer(StaffOnlyFieldsMixin, serializers.ModelSerializer):
             "created_at",
             "finished_at",
         ]
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        request = self.context.get("request")
+        if request is None or not request.user.is_staff:
+            # Where engines live is for staff only, in the reason as in `endpoint_url`.
+            data["state_reason"] = redact_text(data["state_reason"])
+        return data
 
 
 class RunCreateSerializer(serializers.Serializer):

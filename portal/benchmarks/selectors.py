@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 
 from django.db.models import Q, QuerySet
 from django.shortcuts import get_object_or_404
 
 from portal.deployments.selectors import deployments_visible_to
+from portal.inventory.models import Node
 
-from .models import BenchmarkRun
+from .models import BenchmarkLevel, BenchmarkRun
 
 # (label, level key, better: "up" | "down" | None, format) for tables, CSV and comparisons.
 LEVEL_COLUMNS = (
@@ -70,6 +72,80 @@ CSV_KEYS = (
 )
 
 
+# --- Where engines live: for staff only (docs/decisions.md, "Benchmark runs keep engines' addresses
+# to staff"). A run's texts quote the load generator's errors, which name the server it reached.
+SERVER = "<server>"
+PATH = "<path>"
+_URL = re.compile(r"\b(?:https?|wss?)://[^\s'\"<>]*[^\s'\"<>:,.;)]")
+# host:port where the host is an IP address, localhost or a dotted name: what aiohttp's errors
+# print ("Cannot connect to host 10.0.0.7:8001"); "fixed:16:8" (a mix) has no such host.
+_HOST_PORT = re.compile(
+    r"(?<![\w.-])(?:\[[0-9A-Fa-f:.]+\]|\d{1,3}(?:\.\d{1,3}){3}|localhost|"
+    r"[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z][A-Za-z0-9-]*):\d{1,5}\b"
+)
+# An IPv4 address on its own (a node's, in a message without a port).
+_IPV4 = re.compile(r"(?<![\w.])\d{1,3}(?:\.\d{1,3}){3}(?![\w.])")
+# An absolute path of two parts or more (a tokenizer, a model directory, a log), not "tok/s".
+_PATH = re.compile(r"(?<![\w.<>/~-])/(?:[^\s/'\"<>:,;()\[\]]+/)+[^\s/'\"<>:,;()\[\]]*")
+
+
+def _hostnames() -> list[str]:
+    """Node hostnames that are not also their (public) names, longest first."""
+    names = {h for h, n in Node.objects.exclude(hostname="").values_list("hostname", "name") if h != n}
+    return sorted(names, key=len, reverse=True)
+
+
+def redact_text(text: str, hostnames: list[str] | None = None) -> str:
+    """`text` with server URLs, host:port pairs, node hostnames and absolute paths blanked out."""
+    if not text:
+        return text
+    text = _URL.sub(SERVER, text)
+    text = _HOST_PORT.sub(SERVER, text)
+    text = _IPV4.sub(SERVER, text)
+    for hostname in hostnames if hostnames is not None else _hostnames():
+        text = re.sub(rf"(?<![\w.-]){re.escape(hostname)}(?![\w-])", "<node>", text)
+    return _PATH.sub(PATH, text)
+
+
+def redact_data(value, hostnames: list[str] | None = None):
+    """`redact_text` through JSON-shaped data: every string, dictionary keys included (a level's
+    `errors` are keyed by the error's text)."""
+    hostnames = hostnames if hostnames is not None else _hostnames()
+    if isinstance(value, str):
+        return redact_text(value, hostnames)
+    if isinstance(value, dict):
+        out: dict = {}
+        for key, item in value.items():
+            key, item = redact_text(str(key), hostnames), redact_data(item, hostnames)
+            both_counts = isinstance(out.get(key), int) and isinstance(item, int)
+            out[key] = out[key] + item if both_counts else item  # two servers' errors become one text
+        return out
+    if isinstance(value, list | tuple):
+        return [redact_data(v, hostnames) for v in value]
+    return value
+
+
+def run_shown_to(user, run: BenchmarkRun, levels: list[BenchmarkLevel] | None = None) -> BenchmarkRun:
+    """`run` (and `levels`, its levels) as `user` may read them, changed in memory only, never
+    saved: for anyone but staff, the endpoint is blank and where engines listen (URLs, host:port,
+    node hostnames) and server paths are blanked out of every text the run and its levels carry,
+    as the deployment pages do for a deployment's own texts."""
+    if not user.is_staff:
+        _redact_run(run, levels or [])
+    return run
+
+
+def _redact_run(run: BenchmarkRun, levels: list[BenchmarkLevel]) -> None:
+    hostnames = _hostnames()
+    run.endpoint_url = ""
+    for name in ("state_reason", "prompt_source", "sla_reason", "notes", "title"):
+        setattr(run, name, redact_text(getattr(run, name), hostnames))
+    run.config = redact_data(run.config, hostnames)
+    run.snapshot = redact_data(run.snapshot, hostnames)
+    for level in levels:
+        level.results = redact_data(level.results, hostnames)
+
+
 def runs_visible_to(user) -> QuerySet[BenchmarkRun]:
     runs = BenchmarkRun.objects.select_related("deployment", "profile", "created_by")
     if user.is_staff:
@@ -107,8 +183,11 @@ def run_levels(run: BenchmarkRun) -> list[dict]:
 def run_export(run: BenchmarkRun, *, staff: bool = True) -> dict:
     """The run as JSON: metadata, snapshot and one object per level under vLLM's key names.
 
-    Where the server listened (`endpoint_url`) is for staff only (docs/decisions.md).
+    Where the server listened (`endpoint_url`, and in any text) is for staff only (docs/decisions.md).
     """
+    levels = list(run.levels.all())
+    if not staff:
+        _redact_run(run, levels)
     exported = {
         "run": {
             "id": run.pk,
@@ -116,6 +195,7 @@ def run_export(run: BenchmarkRun, *, staff: bool = True) -> dict:
             "title": run.title,
             "state": run.state,
             "state_reason": run.state_reason,
+            "notes": run.notes,
             "deployment": run.target_name,
             "endpoint_url": run.endpoint_url,
             "model": run.model_name,
@@ -129,20 +209,19 @@ def run_export(run: BenchmarkRun, *, staff: bool = True) -> dict:
             "created_at": run.created_at.isoformat(),
             "finished_at": run.finished_at.isoformat() if run.finished_at else None,
         },
-        "levels": run_levels(run),
+        "levels": [level.results for level in levels],
         "sla_concurrency": run.sla_concurrency,
         "sla_reason": run.sla_reason,
     }
-    if not staff:
-        exported["run"]["endpoint_url"] = ""
     return exported
 
 
-def run_export_csv(run: BenchmarkRun) -> str:
+def run_export_csv(run: BenchmarkRun, *, staff: bool = True) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow([*CSV_KEYS, "little_law_ok", "little_law_ratio", "roofline_share"])
-    for level in run_levels(run):
+    levels = run_levels(run)
+    for level in levels if staff else redact_data(levels):
         little = level.get("little_law") or {}
         roofline = level.get("roofline") or {}
         writer.writerow(
@@ -213,6 +292,8 @@ def compare_runs(
         concurrency = key[0] if key[0] is not None else f"rate {key[1]:g}/s"
         rows.append({"level": concurrency, "only": "a" if not lb else "b" if not la else "", "cells": cells})
     snap_a, snap_b = _flatten(a.snapshot), _flatten(b.snapshot)
+    if not staff:
+        snap_a, snap_b = redact_data(snap_a), redact_data(snap_b)
     changed = [
         {"key": key, "a": snap_a.get(key), "b": snap_b.get(key)}
         for key in sorted(set(snap_a) | set(snap_b))

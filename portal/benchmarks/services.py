@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -35,6 +35,8 @@ from portal.celery import BENCHMARK_QUEUE
 from portal.core.errors import ApplicationError
 from portal.deployments.models import Deployment, DeploymentState
 from portal.deployments.services import deployment_plan, deployment_set_concurrency_cap
+from portal.teams.models import ApiKey
+from portal.teams.services import api_key_create, api_key_new_secret
 
 from .models import BenchmarkLevel, BenchmarkRun, RunKind, RunState
 
@@ -195,19 +197,32 @@ def deployment_tokenizer_path(deployment: Deployment) -> str:
 
 
 def deployment_snapshot(deployment: Deployment) -> dict:
-    """What was measured, frozen when a run starts: profile, model version, node, GPUs, roofline inputs."""
+    """What was measured, frozen when a run starts: profile, model version, node, GPUs, roofline inputs.
+
+    An adopted endpoint (a server the portal did not start) has no profile, and maybe no node:
+    what it lacks is left empty, never guessed.
+    """
     profile = deployment.profile
     model = deployment.model_version
     node = deployment.node
-    gpus = [
-        {"index": g.index, "name": g.name, "memory_mib": g.memory_mib, "bandwidth_gb_s": g.bandwidth_gb_s}
-        for g in node.gpus.filter(index__in=deployment.gpu_indices).order_by("index")
-    ]
+    gpus = (
+        [
+            {"index": g.index, "name": g.name, "memory_mib": g.memory_mib, "bandwidth_gb_s": g.bandwidth_gb_s}
+            for g in node.gpus.filter(index__in=deployment.gpu_indices or []).order_by("index")
+        ]
+        if node is not None
+        else []
+    )
     snapshot = {
         "deployment": deployment.name,
         "team": deployment.team.slug,
-        "profile": {"name": profile.name, **{k: v for k, v in profile.settings_values().items()}},
-        "engine": profile.engine or node.engine,
+        "adopted": deployment.adopted,
+        "profile": (
+            {"name": profile.name, **dict(profile.settings_values().items())} if profile is not None else {}
+        ),
+        "engine": (profile.engine if profile is not None else "")
+        or (node.engine if node is not None else "")
+        or deployment.engine_used,
         "model_version": {
             "name": model.name,
             "source": model.source,
@@ -216,7 +231,11 @@ def deployment_snapshot(deployment: Deployment) -> dict:
             "tokenizer_sha256": model.tokenizer_sha256,
             "param_count": model.param_count,
         },
-        "node": {"name": node.name, "engine": node.engine, "driver_version": node.driver_version},
+        "node": (
+            {"name": node.name, "engine": node.engine, "driver_version": node.driver_version}
+            if node is not None
+            else {}
+        ),
         "gpus": gpus,
         "vllm_version": getattr(node, "vllm_version", "") or "",
     }
@@ -318,6 +337,8 @@ def benchmark_run_create(
                 "give a deployment, or an endpoint URL and a model name", field="endpoint_url"
             )
     config = {
+        # What the run is bound to: it measures this deployment or nothing (`_engine_target`).
+        "deployment_id": deployment.pk if deployment is not None else None,
         "levels": [_plan_to_dict(plan) for plan in plans],
         "seed": seed,
         "level_timeout_s": level_timeout_s,
@@ -461,14 +482,38 @@ def benchmark_run_execute(*, run_id: int) -> None:
         raise
 
 
-def _engine_api_key(run: BenchmarkRun) -> str:
-    """The measured server's own key: its deployment's, or (a staff run by URL) the one of the
-    deployment serving at that URL; read when the run starts, never stored with the run."""
-    found = Deployment.objects.filter(pk=run.deployment_id) if run.deployment_id else None
-    if found is None or not found.exists():
-        root = run.endpoint_url.rstrip("/").removesuffix("/v1")  # given as OpenAI clients are, or not
-        found = Deployment.objects.filter(endpoint_url=root).exclude(endpoint_url="")
-    return found.values_list("engine_api_key", flat=True).first() or ""
+class _Refused(Exception):
+    """The run cannot start: what it was bound to is gone or not serving (the message says which)."""
+
+
+def _bound_deployment_id(run: BenchmarkRun) -> int | None:
+    """The deployment a run was created for, even after the deployment's row is gone (the foreign
+    key is then NULL): its id is kept in the config; runs older than that have a snapshot."""
+    bound = run.config.get("deployment_id")
+    if bound is None and run.snapshot:
+        return run.deployment_id or -1  # created for a deployment whose id was not kept
+    return bound
+
+
+def _engine_target(run: BenchmarkRun) -> tuple[Deployment | None, str]:
+    """(the deployment measured, the server's own key), read when the run starts, never stored.
+
+    A run created for a deployment measures that deployment, where it serves now, or refuses:
+    never whatever server has since taken its old URL (another team's, perhaps). Only a staff
+    run by URL looks up the key of the deployment serving at that URL.
+    """
+    bound = _bound_deployment_id(run)
+    if bound is not None:
+        deployment = Deployment.objects.select_related("team", "model_version").filter(pk=bound).first()
+        name = run.snapshot.get("deployment") or f"deployment {bound}"
+        if deployment is None:
+            raise _Refused(f"{name} was deleted before the run started: nothing to measure")
+        if deployment.state != DeploymentState.SERVING or not deployment.endpoint_url:
+            raise _Refused(f"{name} is {deployment.state}, not serving: nothing to measure")
+        return deployment, deployment.engine_api_key
+    root = run.endpoint_url.rstrip("/").removesuffix("/v1")  # given as OpenAI clients are, or not
+    found = Deployment.objects.filter(endpoint_url=root).exclude(endpoint_url="")
+    return None, found.values_list("engine_api_key", flat=True).first() or ""
 
 
 def _execute(run: BenchmarkRun) -> None:
@@ -487,15 +532,20 @@ def _execute(run: BenchmarkRun) -> None:
     if first is None:
         _finish(run, RunState.DONE, "")
         return
-    api_key = _engine_api_key(run)
+    try:
+        deployment, api_key = _engine_target(run)
+    except _Refused as refusal:
+        _finish(run, RunState.PARTIAL if saved else RunState.FAILED, str(refusal))
+        return
+    endpoint_url = deployment.endpoint_url if deployment is not None else run.endpoint_url
     if not run.snapshot.get("vllm_version"):
-        version = server_version(run.endpoint_url, api_key=api_key)
+        version = server_version(endpoint_url, api_key=api_key)
         if version:
             run.snapshot["vllm_version"] = version
             BenchmarkRun.objects.filter(pk=run.pk).update(snapshot=run.snapshot)
     sla = Sla(run.sla_p95_ttft_s, run.sla_p95_tpot_s)
     config = BenchConfig(
-        base_url=run.endpoint_url,
+        base_url=endpoint_url,
         model=run.model_name,
         mix=mix,
         levels=plans[first:],
@@ -505,6 +555,66 @@ def _execute(run: BenchmarkRun) -> None:
         slo={"ttft": sla.p95_ttft_s * 1000, "tpot": sla.p95_tpot_s * 1000},
         api_key=api_key or None,
     )
+    if deployment is None or not _through_gateway(run):
+        _sweep(run, config, first)  # staff: straight to the engine
+        return
+    try:
+        key, token = _member_gateway_key(run, deployment)
+    except _Refused as refusal:
+        _finish(run, RunState.PARTIAL if saved else RunState.FAILED, str(refusal))
+        return
+    # The team's traffic: through the gateway as the member's benchmark key, pinned to this
+    # deployment; /metrics is still read from the engine (nothing is spent there).
+    config.base_url, config.api_key = settings.BENCHMARK_GATEWAY_URL, token
+    config.metrics_base_url, config.metrics_api_key = endpoint_url, api_key or None
+    note = (
+        f"Sent through the gateway as {key.name} of team {deployment.team.slug}: the team's quotas, "
+        "max_tokens clamp and priority class applied, and its usage counts these requests."
+    )
+    BenchmarkRun.objects.filter(pk=run.pk).update(notes=note)
+    try:
+        _sweep(run, config, first)
+    finally:
+        # The run's secret dies with it: a new one that nobody holds.
+        api_key_new_secret(
+            api_key=key, allowed_models=key.allowed_models, pinned_deployment_id=deployment.pk
+        )
+
+
+def _through_gateway(run: BenchmarkRun) -> bool:
+    """A member's run is that team's traffic; staff runs (and imports) may go to the engine."""
+    return run.created_by is None or not run.created_by.is_staff
+
+
+def _member_gateway_key(run: BenchmarkRun, deployment: Deployment) -> tuple[ApiKey, str]:
+    """The run's creator's benchmark key of the deployment's team, made on first use (as the
+    playground's key), with a fresh secret pinned to the deployment and its model."""
+    user, team = run.created_by, deployment.team
+    if user is None:
+        raise _Refused("the account that queued this run was deleted: no one's quota to run it on")
+    if not team.members.filter(pk=user.pk).exists():
+        raise _Refused(
+            f"{user.get_username()} is no longer a member of {team.name}: the run would spend its quota"
+        )
+    key = ApiKey.objects.filter(team=team, benchmark_user=user).first()
+    if key is None:
+        try:
+            with transaction.atomic():
+                name = f"benchmark ({user.get_username()})"[:100]
+                key, _discarded = api_key_create(team=team, name=name, created_by=user)
+                # Claimed by a conditional UPDATE, as the playground's: a race finds the winner's key.
+                ApiKey.objects.filter(pk=key.pk, benchmark_user__isnull=True).update(benchmark_user=user)
+        except IntegrityError:
+            pass
+        key = ApiKey.objects.get(team=team, benchmark_user=user)
+    token = api_key_new_secret(
+        api_key=key, allowed_models=[deployment.model_version.name], pinned_deployment_id=deployment.pk
+    )
+    return key, token
+
+
+def _sweep(run: BenchmarkRun, config: BenchConfig, first: int) -> None:
+    """Measure the levels from `first` on a worker thread; this thread saves them and finishes the run."""
     events: queue.Queue = queue.Queue()
     cancel = threading.Event()
     outcome: dict = {}

@@ -29,3 +29,11 @@ def accept_node(acceptance_id: int) -> str:
     from .acceptance import node_acceptance_run
 
     return node_acceptance_run(acceptance_id=acceptance_id).state
+
+
+@shared_task(name="benchmarks.expire_acceptances")
+def expire_acceptances() -> list[int]:
+    """Beat: mark acceptances whose agent went silent abandoned, and stop their reference servers."""
+    from .acceptance import node_acceptances_expire
+
+    return node_acceptances_expire()

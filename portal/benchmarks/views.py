@@ -20,7 +20,15 @@ from . import services
 from .forms import ImportForm, RunForm
 from .models import RunKind, RunState
 from .plots import histogram, run_plots, safe_svg
-from .selectors import compare_runs, level_rows, run_export, run_export_csv, run_get_for_user, runs_filtered
+from .selectors import (
+    compare_runs,
+    level_rows,
+    run_export,
+    run_export_csv,
+    run_get_for_user,
+    run_shown_to,
+    runs_filtered,
+)
 
 
 @login_required
@@ -104,6 +112,7 @@ def _level_tables(headers: list[str], rows: list[list[str]]) -> list[tuple[list[
 def run_detail(request, pk: int):
     run = run_get_for_user(request.user, pk)
     levels = list(run.levels.all())
+    run_shown_to(request.user, run, levels)  # where engines live: staff only
     results = [level.results for level in levels]
     headers, rows = level_rows(results)
     plots = [
@@ -182,7 +191,7 @@ def run_detail(request, pk: int):
 
 @login_required
 def run_progress(request, pk: int):
-    run = run_get_for_user(request.user, pk)
+    run = run_shown_to(request.user, run_get_for_user(request.user, pk))
     return JsonResponse(
         {
             "state": run.state,
@@ -233,7 +242,7 @@ def run_export_json(request, pk: int):
 @login_required
 def run_export_csv_view(request, pk: int):
     run = run_get_for_user(request.user, pk)
-    response = HttpResponse(run_export_csv(run), content_type="text/csv")
+    response = HttpResponse(run_export_csv(run, staff=request.user.is_staff), content_type="text/csv")
     response["Content-Disposition"] = f'attachment; filename="benchmark-run-{run.pk}.csv"'
     return response
 

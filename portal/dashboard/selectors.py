@@ -127,7 +127,9 @@ def team_fronts(user) -> list[TeamFront]:
     replicas = served_replicas()
     keys: dict[int, list[ApiKey]] = defaultdict(list)
     # Live keys first (PostgreSQL sorts NULLs last by default), newest first.
-    for key in ApiKey.objects.filter(team__in=teams, playground_user__isnull=True).order_by(
+    for key in ApiKey.objects.filter(
+        team__in=teams, playground_user__isnull=True, benchmark_user__isnull=True
+    ).order_by(
         F("revoked_at").asc(nulls_first=True), "-created_at"
     ):
         keys[key.team_id].append(key)

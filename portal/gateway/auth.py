@@ -46,6 +46,7 @@ class Caller:
     expires_at: float | None  # epoch seconds
     disabled_until: float | None
     priority_class: str = PriorityClass.INTERACTIVE  # the key's class, else its team's
+    pinned_deployment_id: int | None = None  # its requests go to this replica only (a benchmark key)
 
     @property
     def is_batch(self) -> bool:
@@ -91,6 +92,7 @@ def _caller(key: ApiKey) -> Caller:
         # Cached with the row (GATEWAY_CACHE_S), as every other key field: a change reaches each
         # process within one cache interval.
         priority_class=key.priority_class or team.priority_class,
+        pinned_deployment_id=key.pinned_deployment_id,
     )
 
 

@@ -206,6 +206,8 @@ async def _serve(request, ex: Exchange, *, chat: bool):
             404, f"The model `{parsed.model}` does not exist.", code="model_not_found", param="model"
         )
     replicas = route.for_team(caller.team_id)  # other teams' unshared replicas do not exist here
+    if caller.pinned_deployment_id is not None:  # a member's benchmark measures its one deployment
+        replicas = tuple(r for r in replicas if r.id == caller.pinned_deployment_id)
     if not replicas:
         raise GatewayError(
             503, f"No replica of `{parsed.model}` is serving.", code="no_replica", retry_after=5

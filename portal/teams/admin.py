@@ -35,7 +35,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     search_fields = ["prefix", "name", "team__slug"]
     exclude = ["digest"]
     readonly_fields = ["prefix", "team", "created_by", "created_at", "last_used_at", "revoked_at",
-                       "playground_user"]  # fmt: skip
+                       "playground_user", "benchmark_user", "pinned_deployment_id"]  # fmt: skip
     actions = ["revoke"]
 
     def has_add_permission(self, request) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.urls import reverse
@@ -61,6 +62,12 @@ class QuotaFields(models.Model):
         return self.disabled_until is not None and self.disabled_until > (now or timezone.now())
 
 
+# Slugs of the teams the portal keeps for itself (`Team.system`): node acceptance's reference
+# deployments live in "acceptance". No team of users may take one.
+ACCEPTANCE_TEAM_SLUG = "acceptance"
+RESERVED_TEAM_SLUGS = frozenset({ACCEPTANCE_TEAM_SLUG})
+
+
 class Team(QuotaFields):
     name = models.CharField(max_length=100, unique=True)
     slug = models.SlugField(max_length=50, unique=True)
@@ -84,6 +91,9 @@ class Team(QuotaFields):
         default=PriorityClass.INTERACTIVE,
         help_text="How the gateway admits this team's requests (a key may override it).",
     )
+    # The portal's own team (node acceptance's reference deployments): made by the portal only,
+    # under a reserved slug that no other team may take.
+    system = models.BooleanField(default=False, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -94,6 +104,11 @@ class Team(QuotaFields):
 
     def get_absolute_url(self) -> str:
         return reverse("deployments:team-detail", args=[self.slug])
+
+    def clean(self) -> None:
+        super().clean()
+        if self.slug in RESERVED_TEAM_SLUGS and not self.system:
+            raise ValidationError({"slug": f"“{self.slug}” is reserved for the portal's own team."})
 
 
 class ApiKey(QuotaFields):
@@ -129,6 +144,21 @@ class ApiKey(QuotaFields):
         on_delete=models.CASCADE,
         related_name="playground_keys",
     )
+    # Set on the one key per (team, member) that the member's benchmark runs call the gateway with:
+    # their usage is the team's, marked as benchmark traffic by this key. Each run gives it a new
+    # secret, held only in the benchmark worker's memory; key lists leave it out.
+    benchmark_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        editable=False,
+        on_delete=models.CASCADE,
+        related_name="benchmark_keys",
+    )
+    # The one deployment this key's requests may go to (a benchmark measures one deployment, not
+    # whichever replica of its model is free); null: any the team may use. An id rather than a
+    # foreign key: a deleted deployment leaves the key pinned to nothing, never unpinned.
+    pinned_deployment_id = models.PositiveBigIntegerField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-created_at"]
@@ -138,11 +168,21 @@ class ApiKey(QuotaFields):
                 fields=["team", "playground_user"],
                 condition=models.Q(playground_user__isnull=False),
                 name="one_playground_key_per_team_member",
-            )
+            ),
+            models.UniqueConstraint(
+                fields=["team", "benchmark_user"],
+                condition=models.Q(benchmark_user__isnull=False),
+                name="one_benchmark_key_per_team_member",
+            ),
         ]
 
     def __str__(self) -> str:
         return f"sk-{self.prefix}…"
+
+    @property
+    def source(self) -> str:
+        """Whose traffic the key carries: a member's "playground" or "benchmark" runs, else "key"."""
+        return source_of_key(self.playground_user_id, self.benchmark_user_id)
 
     @property
     def is_active(self) -> bool:
@@ -152,6 +192,12 @@ class ApiKey(QuotaFields):
             and (self.expires_at is None or self.expires_at > now)
             and not self.is_disabled(now)
         )
+
+
+def source_of_key(playground_user_id: int | None, benchmark_user_id: int | None) -> str:
+    if benchmark_user_id is not None:
+        return "benchmark"
+    return "playground" if playground_user_id is not None else "key"
 
 
 class UsageStatus(models.TextChoices):

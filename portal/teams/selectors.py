@@ -13,7 +13,16 @@ from django.utils import timezone
 
 from portal.core.redis_client import gateway_redis, redis_keys
 
-from .models import ApiKey, PriorityClass, Team, Usage, UsageDaily, UsageHourly, UsageStatus
+from .models import (
+    ApiKey,
+    PriorityClass,
+    Team,
+    Usage,
+    UsageDaily,
+    UsageHourly,
+    UsageStatus,
+    source_of_key,
+)
 
 
 def teams_visible_to(user) -> QuerySet[Team]:
@@ -26,16 +35,19 @@ def team_get_for_user(user, slug: str) -> Team:
 
 
 def api_keys_of(team: Team) -> QuerySet[ApiKey]:
-    """The team's keys, without the playground's (their secrets exist nowhere, so there is nothing
-    to manage; staff see them in the admin)."""
+    """The team's keys, without the playground's and the benchmarks' (their secrets exist nowhere,
+    so there is nothing to manage; staff see them in the admin)."""
     # Live keys first: PostgreSQL sorts NULLs last unless told otherwise.
-    return team.api_keys.filter(playground_user__isnull=True).order_by(
-        F("revoked_at").asc(nulls_first=True), "-created_at"
+    return (
+        team.api_keys.filter(playground_user__isnull=True, benchmark_user__isnull=True)
+        .order_by(F("revoked_at").asc(nulls_first=True), "-created_at")
     )
 
 
 def api_key_get_for_team(team: Team, prefix: str) -> ApiKey:
-    return get_object_or_404(team.api_keys.filter(playground_user__isnull=True), prefix=prefix)
+    return get_object_or_404(
+        team.api_keys.filter(playground_user__isnull=True, benchmark_user__isnull=True), prefix=prefix
+    )
 
 
 def usage_daily_series(
@@ -70,18 +82,20 @@ def usage_today(team: Team) -> dict:
 
 
 def usage_today_by_key(team: Team) -> list[dict]:
-    """Today's requests and tokens per key, busiest first: {"key", "name", "requests", "tokens"}
-    (a member's playground key shows as "playground (<user>)")."""
+    """Today's requests and tokens per key, busiest first: {"key", "name", "source", "requests",
+    "tokens"} (a member's playground key shows as "playground (<user>)", source "playground"; a
+    member's benchmark key as "benchmark (<user>)", source "benchmark")."""
     start = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
     rows = (
         Usage.objects.filter(team=team, created_at__gte=start)
-        .values("api_key__prefix", "api_key__name")
+        .values("api_key__prefix", "api_key__name", "api_key__playground_user", "api_key__benchmark_user")
         .annotate(requests=Count("id"), p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
     )
     out = [
         {
             "key": f"sk-{row['api_key__prefix']}…" if row["api_key__prefix"] else "(deleted key)",
             "name": row["api_key__name"] or "",
+            "source": source_of_key(row["api_key__playground_user"], row["api_key__benchmark_user"]),
             "requests": row["requests"],
             "tokens": (row["p"] or 0) + (row["c"] or 0),
         }

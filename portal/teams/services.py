@@ -166,6 +166,26 @@ def api_key_create(
     return key, token
 
 
+def api_key_new_secret(
+    *, api_key: ApiKey, allowed_models: list[str] | None = None, pinned_deployment_id: int | None = None
+) -> str:
+    """A new prefix and secret for a key the portal itself holds (a member's benchmark key), its
+    models and pinned deployment set with them; returns the key, which exists nowhere else.
+
+    The old secret stops working in every web process within GATEWAY_CACHE_S: the gateway caches
+    key rows by prefix, and the old prefix no longer finds a row. A revoked key stays revoked."""
+    prefix = secrets.token_hex(6)
+    token = f"{KEY_SCHEME}{prefix}.{secrets.token_urlsafe(32)}"
+    ApiKey.objects.filter(pk=api_key.pk).update(
+        prefix=prefix,
+        digest=api_key_digest(token),
+        allowed_models=_clean_models(allowed_models),
+        pinned_deployment_id=pinned_deployment_id,
+    )
+    api_key.refresh_from_db()
+    return token
+
+
 def _block(kind: str, id: int, *, reason: str, until: dt.datetime | None = None) -> None:
     key = redis_keys().blocked(kind, id)
     if until is None:

@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 
 from inference.loadgen.fake_server import FakeServer
+from tests.gateway.conftest import gateway, gw_redis  # noqa: F401  (members' runs go through it)
 
 MODEL = "llama-2-7b-chat-hf"
 

@@ -176,6 +176,70 @@ def test_it_takes_over_from_an_acceptance_whose_agent_went_silent(dgx, settings)
     assert node_acceptance_run(acceptance_id=stale.pk).state == AcceptanceState.FAILED
 
 
+def _reference_deployment(acceptance, model, profile):
+    """The reference deployment as `_start` leaves it serving (its agent then died)."""
+    from portal.deployments.models import Deployment
+    from portal.deployments.services import deployment_create
+
+    deployment = deployment_create(
+        name=acceptance_module.reference_deployment_name(acceptance),
+        team=acceptance_module._reference_team(),
+        model_version=model,
+        profile=profile,
+        node=acceptance.node,
+        gpu_indices=acceptance.gpu_indices,
+        desired_state="stopped",
+    )
+    Deployment.objects.filter(pk=deployment.pk).update(desired_state="running", state="serving", pid=4242)
+    return deployment
+
+
+def test_it_stops_the_reference_server_of_an_abandoned_acceptance(dgx, llama7b, profile_tp1, settings):
+    from portal.deployments.models import Deployment
+    from portal.deployments.selectors import gpus_held_on_node
+
+    stale = node_acceptance_request(node=dgx, shape="tiny", send=False)
+    reference = _reference_deployment(stale, llama7b, profile_tp1)
+    assert gpus_held_on_node(dgx) == {0: reference.name}
+    NodeAcceptance.objects.filter(pk=stale.pk).update(
+        updated_at=timezone.now() - timezone.timedelta(seconds=settings.ACCEPTANCE_STALE_S + 1)
+    )
+    fresh = node_acceptance_request(node=dgx, shape="tiny", send=False)
+
+    reference.refresh_from_db()
+    assert reference.desired_state == "stopped"  # supervision stops it, never restarts it
+    assert reference.events.filter(step="request", message__startswith="stop requested").exists()
+    assert fresh.gpu_indices == [0]  # its GPU is free again
+    assert Deployment.objects.filter(desired_state="running").count() == 0
+
+
+def test_it_declares_a_silent_acceptance_abandoned_on_its_own(dgx, llama7b, profile_tp1, settings):
+    from portal.benchmarks.tasks import expire_acceptances
+
+    stale = node_acceptance_request(node=dgx, shape="tiny", send=False)
+    reference = _reference_deployment(stale, llama7b, profile_tp1)
+    assert expire_acceptances() == []  # still making progress
+    NodeAcceptance.objects.filter(pk=stale.pk).update(
+        updated_at=timezone.now() - timezone.timedelta(seconds=settings.ACCEPTANCE_STALE_S + 1)
+    )
+    assert expire_acceptances() == [stale.pk]
+    stale.refresh_from_db()
+    reference.refresh_from_db()
+    assert stale.state == AcceptanceState.FAILED and "abandoned" in stale.error
+    assert reference.desired_state == "stopped"
+    assert "benchmarks.expire_acceptances" in {
+        entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()
+    }
+
+
+def test_it_keeps_the_acceptance_slug_from_teams_of_users(db):
+    from portal.teams.services import team_create
+
+    with pytest.raises(ApplicationError) as error:
+        team_create(slug="acceptance", name="Acceptance testing")
+    assert error.value.field == "slug" and "reserved" in error.value.message
+
+
 def test_a_second_runner_of_the_same_acceptance_does_nothing(dgx):
     acceptance = node_acceptance_request(node=dgx, shape="tiny", send=False)
     NodeAcceptance.objects.filter(pk=acceptance.pk).update(step="start", progress=[{"step": "start"}])
@@ -416,6 +480,28 @@ def test_it_accepts_a_simulated_node_end_to_end_and_stops_the_reference_server(s
     deployment = Deployment.objects.get(name=acceptance.deployment_name)
     assert deployment.state == "stopped" and deployment.pgid is None
     assert deployment.team.slug == "acceptance" and deployment.model_version.name == "accept-tiny-fp16"
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_it_never_puts_a_reference_server_in_a_team_of_users_with_the_slug(sim_node, bob, monkeypatch):
+    from inference.errors import InputError
+    from portal.deployments.models import Deployment
+    from portal.teams.models import Team
+
+    def refuse(options, out):
+        raise InputError("mix", "the load generator refused")
+
+    monkeypatch.setattr(acceptance_module.bench_cli, "run", refuse)
+    # Made before the slug was reserved (the migration leaves a team with members to the people in it).
+    theirs = Team.objects.create(slug="acceptance", name="Acceptance testing", gpu_quota=8)
+    theirs.members.add(bob)
+    acceptance = node_acceptance_request(node=sim_node, send=False, **SMALL)
+    acceptance = node_acceptance_run(acceptance_id=acceptance.pk)
+
+    assert acceptance.state == AcceptanceState.FAILED
+    assert acceptance.error.startswith("start: ") and "reserved" in acceptance.error
+    assert not Deployment.objects.filter(team=theirs).exists()
 
 
 @pytest.mark.integration

@@ -20,8 +20,8 @@ def start(user, **body):
     )
 
 
-def test_it_starts_a_run_and_reads_it_back_in_the_export_shape(bob, deployment):
-    response = start(bob)
+def test_it_starts_a_run_and_reads_it_back_in_the_export_shape(alice, bob, deployment):
+    response = start(alice)  # staff: straight to the engine (a member's run goes through the gateway)
     assert response.status_code == 201, response.json()
     run_id = response.json()["id"]
     benchmark_run_execute(run_id=run_id)
@@ -59,9 +59,29 @@ def test_it_cancels_a_queued_run(bob, deployment):
 
 
 def test_it_applies_the_cap_for_staff_only(alice, bob, deployment):
-    run_id = start(bob).json()["id"]
+    run_id = start(alice).json()["id"]
     benchmark_run_execute(run_id=run_id)
     assert api_client(bob).post(f"/api/v1/benchmark-runs/{run_id}/apply-cap/").status_code == 400
     response = api_client(alice).post(f"/api/v1/benchmark-runs/{run_id}/apply-cap/")
     assert response.status_code == 200
     assert response.json()["concurrency_cap"] == 2
+
+
+def test_it_benchmarks_an_adopted_endpoint_without_profile_or_node(alice, team, llama7b, fake_server):
+    from portal.deployments.models import Deployment
+    from portal.deployments.services import endpoint_register
+
+    adopted = endpoint_register(
+        name="adopted-7b", team=team, model_version=llama7b, url=f"{fake_server.url}/v1"
+    )
+    Deployment.objects.filter(pk=adopted.pk).update(state="serving")
+    response = start(alice, deployment="adopted-7b")
+    assert response.status_code == 201, response.content
+    run = BenchmarkRun.objects.get(pk=response.json()["id"])
+    assert run.snapshot["adopted"] is True
+    assert run.snapshot["profile"] == {} and run.snapshot["node"] == {} and run.snapshot["gpus"] == []
+    benchmark_run_execute(run_id=run.pk)
+    run.refresh_from_db()
+    assert run.state == RunState.DONE, run.state_reason
+    page = api_client(alice).get(f"/api/v1/benchmark-runs/{run.pk}/")
+    assert page.status_code == 200 and page.json()["levels"][0]["completed"] == 4

@@ -24,9 +24,9 @@ def keyed_deployment(team, llama7b, profile_tp8, dgx, fake_server_factory):
     return deployment
 
 
-def test_it_benchmarks_a_keyed_deployment_with_its_key(bob, keyed_deployment):
+def test_it_benchmarks_a_keyed_deployment_with_its_key(alice, keyed_deployment):
     run = benchmark_run_create(
-        user=bob, deployment=keyed_deployment, mix="fixed:16:8", concurrencies=[2], requests_per_level=4
+        user=alice, deployment=keyed_deployment, mix="fixed:16:8", concurrencies=[2], requests_per_level=4
     )
     benchmark_run_execute(run_id=run.pk)
     run.refresh_from_db()
@@ -50,3 +50,41 @@ def test_it_benchmarks_a_keyed_server_given_by_url_with_the_key_of_the_deploymen
     benchmark_run_execute(run_id=run.pk)
     run.refresh_from_db()
     assert run.state == RunState.DONE, run.state_reason
+
+
+def test_it_refuses_a_queued_run_whose_deployment_was_deleted_even_if_another_serves_at_its_url(
+    bob, charlie, keyed_deployment, llama7b, profile_tp8, dgx
+):
+    from portal.deployments.models import Deployment
+    from portal.teams.models import Team
+
+    run = benchmark_run_create(
+        user=bob, deployment=keyed_deployment, mix="fixed:16:8", concurrencies=[1], requests_per_level=2
+    )
+    url = keyed_deployment.endpoint_url
+    Deployment.objects.filter(pk=keyed_deployment.pk).delete()
+    # Another team's server later takes the same address (and the fake server its key).
+    other = Team.objects.create(name="Ads", slug="ads", gpu_quota=8)
+    other.members.add(charlie)
+    theirs = make_serving_deployment(
+        team=other, model=llama7b, profile=profile_tp8, node=dgx, url=url, name="ads-7b"
+    )
+    Deployment.objects.filter(pk=theirs.pk).update(engine_api_key="k-1")
+
+    benchmark_run_execute(run_id=run.pk)
+    run.refresh_from_db()
+    assert run.state == RunState.FAILED
+    assert "search-7b was deleted" in run.state_reason
+    assert not run.levels.exists()
+
+
+def test_it_refuses_a_queued_run_whose_deployment_no_longer_serves(bob, keyed_deployment):
+    from portal.deployments.models import Deployment
+
+    run = benchmark_run_create(
+        user=bob, deployment=keyed_deployment, mix="fixed:16:8", concurrencies=[1], requests_per_level=2
+    )
+    Deployment.objects.filter(pk=keyed_deployment.pk).update(state="stopped")
+    benchmark_run_execute(run_id=run.pk)
+    run.refresh_from_db()
+    assert run.state == RunState.FAILED and "search-7b is stopped, not serving" in run.state_reason

@@ -219,3 +219,70 @@ def test_it_shows_imported_runs_without_a_deployment_to_staff_only(client, alice
 def test_it_links_benchmarks_from_the_deployment_page(client, bob, deployment):
     client.force_login(bob)
     assert "/benchmarks/deployment/search-7b/" in client.get(deployment.get_absolute_url()).content.decode()
+
+
+def test_it_keeps_where_engines_live_to_staff_in_every_text_of_a_run(client, alice, bob, deployment):
+    from portal.inventory.models import Node
+    from tests.conftest import api_client
+
+    Node.objects.filter(pk=deployment.node_id).update(hostname="gpu-rack7")
+    run = benchmark_run_create(
+        user=alice, deployment=deployment, mix="fixed:16:8", concurrencies=[16], requests_per_level=8
+    )
+    config = {**run.config, "tokenizer": "/srv/models/llama-2-7b/tokenizer.json"}
+    BenchmarkRun.objects.filter(pk=run.pk).update(
+        state=RunState.PARTIAL,
+        state_reason="level 1 stopped early: cannot reach http://10.20.0.7:8001/v1/models: refused",
+        prompt_source="/srv/models/llama-2-7b/tokenizer.json",
+        config=config,
+    )
+    failing = {
+        **level(16, 1000, 800, 60),
+        "failed": 3,
+        "errors": {
+            "connection error (ClientConnectorError): Cannot connect to host 10.20.0.7:8001 ssl:default": 2,
+            "HTTP 500: gpu-rack7 failed reading /var/lib/portal/run/12/server.log": 1,
+        },
+        "metrics_error": "ClientConnectorError: Cannot connect to host gpu-rack7.lab.example:8001",
+        "partial": True,
+        "partial_reason": "level timeout after 600 s",
+    }
+    failing["errors"]["upstream 10.20.0.8 closed the stream"] = 1
+    BenchmarkLevel.objects.create(run=run, index=0, concurrency=16, results=failing)
+    secrets = ("10.20.0.7", "10.20.0.8", ":8001", "gpu-rack7", "/srv/models", "/var/lib/portal")
+
+    client.force_login(bob)
+    shown = [
+        client.get(run.get_absolute_url()).content.decode(),
+        client.get(f"/benchmarks/{run.pk}/progress.json").content.decode(),
+        client.get(f"/benchmarks/{run.pk}/export.json").content.decode(),
+        client.get(f"/benchmarks/{run.pk}/export.csv").content.decode(),
+        api_client(bob).get(f"/api/v1/benchmark-runs/{run.pk}/").content.decode(),
+        api_client(bob).get("/api/v1/benchmark-runs/").content.decode(),
+    ]
+    for text in shown:
+        for secret in secrets:
+            assert secret not in text, (secret, text[:2000])
+    page = shown[0]
+    assert "2 × connection error (ClientConnectorError): Cannot connect to host &lt;server&gt;" in page
+    assert "level timeout after 600 s" in page  # what is not an address stays as it was
+    assert "cannot reach &lt;server&gt;: refused" in page
+
+    client.force_login(alice)
+    staff_page = client.get(run.get_absolute_url()).content.decode()
+    assert "10.20.0.7:8001" in staff_page and "/srv/models/llama-2-7b/tokenizer.json" in staff_page
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "mix fixed:16:8 at 32 users",
+        "1380 tok/s, P95 TTFT 0.82 s",
+        "HTTP 429 daily_budget_exceeded: The daily token budget is spent; requests resume at 00:00 UTC.",
+        "level 2 stopped early: level timeout after 600 s",
+    ],
+)
+def test_it_leaves_texts_without_an_address_as_they_are(text):
+    from portal.benchmarks.selectors import redact_text
+
+    assert redact_text(text, []) == text

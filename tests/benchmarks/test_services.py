@@ -1,4 +1,7 @@
-"""Benchmark runs against the fake server: create, execute (the job's body), cancel, resume, import."""
+"""Benchmark runs against the fake server: create, execute (the job's body), cancel, resume, import.
+
+Runs that are executed here are staff runs, which go straight to the engine; a member's run goes
+through the gateway (tests/benchmarks/test_gateway.py)."""
 
 from __future__ import annotations
 
@@ -93,9 +96,9 @@ def test_it_reads_no_mix_file_even_for_staff(alice, deployment, tmp_path):
     assert "unknown mix" in caught.value.message
 
 
-def test_it_runs_an_inline_json_mix_from_its_frozen_definition(bob, deployment):
+def test_it_runs_an_inline_json_mix_from_its_frozen_definition(alice, deployment):
     mix = '{"name": "tiny", "buckets": [{"share": 1, "prompt": 16, "output": [4, 8]}]}'
-    run = create(bob, deployment, mix=mix)
+    run = create(alice, deployment, mix=mix)
     assert run.mix == "json:tiny"
     assert run.mix_definition["buckets"] == [{"share": 1.0, "prompt": [16, 16], "output": [4, 8]}]
     benchmark_run_execute(run_id=run.pk)
@@ -112,8 +115,8 @@ def test_it_lets_only_staff_benchmark_a_bare_endpoint(bob, alice, fake_server):
     assert run.deployment is None
 
 
-def test_it_runs_every_level_and_picks_the_sla_point(bob, deployment):
-    run = create(bob, deployment)
+def test_it_runs_every_level_and_picks_the_sla_point(alice, deployment):
+    run = create(alice, deployment)
     benchmark_run_execute(run_id=run.pk)
     run.refresh_from_db()
     assert run.state == RunState.DONE, run.state_reason
@@ -129,8 +132,8 @@ def test_it_runs_every_level_and_picks_the_sla_point(bob, deployment):
     assert run.prompt_source.startswith("estimate")
 
 
-def test_it_stores_the_roofline_share_of_each_level(bob, deployment):
-    run = create(bob, deployment)
+def test_it_stores_the_roofline_share_of_each_level(alice, deployment):
+    run = create(alice, deployment)
     benchmark_run_execute(run_id=run.pk)
     level = run.levels.first().results
     roofline = level["roofline"]
@@ -162,7 +165,7 @@ def test_it_computes_the_roofline_share_from_the_planners_bytes():
 
 
 def test_it_keeps_failures_with_reasons_and_refuses_the_level_for_the_sla(
-    bob, team, llama7b, profile_tp8, dgx, fake_server_factory
+    alice, team, llama7b, profile_tp8, dgx, fake_server_factory
 ):
     from .conftest import make_serving_deployment
 
@@ -170,7 +173,7 @@ def test_it_keeps_failures_with_reasons_and_refuses_the_level_for_the_sla(
     deployment = make_serving_deployment(
         team=team, model=llama7b, profile=profile_tp8, node=dgx, url=flaky.url
     )
-    run = create(bob, deployment, concurrencies=[2])
+    run = create(alice, deployment, concurrencies=[2])
     benchmark_run_execute(run_id=run.pk)
     run.refresh_from_db()
     level = run.levels.get()
@@ -180,8 +183,8 @@ def test_it_keeps_failures_with_reasons_and_refuses_the_level_for_the_sla(
     assert "failed request(s)" in run.sla_reason
 
 
-def test_it_fails_with_a_clear_message_when_the_endpoint_is_unreachable(bob, deployment, fake_server):
-    run = create(bob, deployment)
+def test_it_fails_with_a_clear_message_when_the_endpoint_is_unreachable(alice, deployment, fake_server):
+    run = create(alice, deployment)
     fake_server.stop()
     benchmark_run_execute(run_id=run.pk)
     run.refresh_from_db()
@@ -191,7 +194,7 @@ def test_it_fails_with_a_clear_message_when_the_endpoint_is_unreachable(bob, dep
 
 
 def test_it_marks_a_level_cut_by_its_timeout_as_partial(
-    bob, team, llama7b, profile_tp8, dgx, fake_server_factory
+    alice, team, llama7b, profile_tp8, dgx, fake_server_factory
 ):
     from .conftest import make_serving_deployment
 
@@ -199,7 +202,7 @@ def test_it_marks_a_level_cut_by_its_timeout_as_partial(
     deployment = make_serving_deployment(
         team=team, model=llama7b, profile=profile_tp8, node=dgx, url=slow.url
     )
-    run = create(bob, deployment, concurrencies=[2], requests_per_level=50, level_timeout_s=1.5)
+    run = create(alice, deployment, concurrencies=[2], requests_per_level=50, level_timeout_s=1.5)
     benchmark_run_execute(run_id=run.pk)
     run.refresh_from_db()
     assert run.state == RunState.PARTIAL
@@ -217,8 +220,8 @@ def test_it_does_nothing_for_a_duplicate_delivery(bob, deployment):
     assert not run.levels.exists()
 
 
-def test_it_resumes_after_the_last_saved_level_when_the_lease_expired(bob, deployment):
-    run = create(bob, deployment)
+def test_it_resumes_after_the_last_saved_level_when_the_lease_expired(alice, deployment):
+    run = create(alice, deployment)
     BenchmarkLevel.objects.create(
         run=run,
         index=0,
@@ -245,7 +248,7 @@ def test_it_cancels_a_queued_run_at_once(bob, deployment):
 # Committed rows: the canceller thread has its own database connection.
 @pytest.mark.django_db(transaction=True)
 def test_it_stops_a_running_job_when_cancelled_and_keeps_finished_levels(
-    bob, team, llama7b, profile_tp8, dgx, fake_server_factory
+    alice, team, llama7b, profile_tp8, dgx, fake_server_factory
 ):
     from .conftest import make_serving_deployment
 
@@ -253,7 +256,7 @@ def test_it_stops_a_running_job_when_cancelled_and_keeps_finished_levels(
     deployment = make_serving_deployment(
         team=team, model=llama7b, profile=profile_tp8, node=dgx, url=server.url
     )
-    run = create(bob, deployment, concurrencies=[1, 1, 1], requests_per_level=4, level_timeout_s=60)
+    run = create(alice, deployment, concurrencies=[1, 1, 1], requests_per_level=4, level_timeout_s=60)
     run.config["levels"][1]["requests"] = 1000
     run.save(update_fields=["config"])
 
@@ -276,7 +279,7 @@ def test_it_stops_a_running_job_when_cancelled_and_keeps_finished_levels(
 
 
 def test_it_applies_the_sla_point_as_the_gateway_cap_with_its_source(alice, bob, deployment):
-    run = create(bob, deployment)
+    run = create(alice, deployment)
     benchmark_run_execute(run_id=run.pk)
     run.refresh_from_db()
     with pytest.raises(ApplicationError):
@@ -317,16 +320,26 @@ def test_it_refuses_a_table_without_concurrency(alice):
         benchmark_import_table(user=alice, title="x", text="| tok/s |\n|---|\n| 5 |")
 
 
-def test_it_records_a_crash_of_the_job_instead_of_leaving_the_run_running(bob, deployment, monkeypatch):
+def test_it_records_a_crash_of_the_job_instead_of_leaving_the_run_running(alice, deployment, monkeypatch):
     from portal.benchmarks import services
 
     def explode(*args, **kwargs):
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(services, "_save_level", explode)
-    run = create(bob, deployment, concurrencies=[1], requests_per_level=2)
+    run = create(alice, deployment, concurrencies=[1], requests_per_level=2)
     with pytest.raises(RuntimeError):
         benchmark_run_execute(run_id=run.pk)
     run.refresh_from_db()
     assert run.state == RunState.FAILED
     assert run.state_reason == "the job crashed: RuntimeError: disk full"
+
+
+def test_it_refuses_a_members_queued_run_once_the_member_left_the_team(bob, team, deployment):
+    run = create(bob, deployment)
+    team.members.remove(bob)
+    benchmark_run_execute(run_id=run.pk)
+    run.refresh_from_db()
+    assert run.state == RunState.FAILED
+    assert run.state_reason == "bob is no longer a member of Search: the run would spend its quota"
+    assert not run.levels.exists() and deployment.team.api_keys.count() == 0

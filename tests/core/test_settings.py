@@ -124,3 +124,10 @@ def test_it_refuses_engine_log_limits_out_of_bounds():
         result = _manage("check", env={**PRODUCTION, name: value})
         assert result.returncode != 0, (name, value)
         assert name in result.stderr or "invalid literal" in result.stderr
+
+
+def test_it_refuses_a_benchmark_gateway_url_that_is_not_an_http_url():
+    for value in ["127.0.0.1:8000", "ftp://gateway", "http://"]:
+        result = _manage("check", env={**PRODUCTION, "BENCHMARK_GATEWAY_URL": value})
+        assert result.returncode != 0, value
+        assert "BENCHMARK_GATEWAY_URL" in result.stderr, result.stderr[-500:]
