@@ -45,7 +45,7 @@ class Caller:
     revoked: bool
     expires_at: float | None  # epoch seconds
     disabled_until: float | None
-    priority_class: str = PriorityClass.INTERACTIVE  # the key's class, else its team's
+    priority_class: str = PriorityClass.INTERACTIVE  # ApiKey.effective_priority_class
 
     @property
     def is_batch(self) -> bool:
@@ -90,7 +90,7 @@ def _caller(key: ApiKey) -> Caller:
         disabled_until=max(disabled) if disabled else None,
         # Cached with the row (GATEWAY_CACHE_S), as every other key field: a change reaches each
         # process within one cache interval.
-        priority_class=key.priority_class or team.priority_class,
+        priority_class=key.effective_priority_class(team),
     )
 
 

@@ -108,7 +108,9 @@ def api_key_create(
 
     `priority_class` blank: the team's. A member may make a key batch (it only gives capacity
     up), but only staff (or a shell command, `created_by` None) may make a batch team's key
-    interactive: that would undo the class ops gave the team."""
+    interactive: that would undo the class ops gave the team. A member's interactive key of an
+    interactive team follows the team down if staff later make it batch
+    (`ApiKey.effective_priority_class`); a class staff set holds."""
     if priority_class not in ("", *PriorityClass.values):
         raise ApplicationError(
             f"Must be one of {', '.join(PriorityClass.values)} (blank: the team's class).",
@@ -156,6 +158,7 @@ def api_key_create(
         tokens_per_day=tokens_per_day,
         max_concurrent=max_concurrent,
         priority_class=priority_class,
+        priority_class_set_by_staff=bool(priority_class) and (created_by is None or created_by.is_staff),
     )
     audit_event_record(
         action="api_key.create",
