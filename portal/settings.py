@@ -162,11 +162,18 @@ def env_positive_int(name: str, *, default: int) -> int:
     return value
 
 
-# Failures per username (from any address) and per address (for any username): either locks.
-# The address is REMOTE_ADDR, which uvicorn takes from a proxy's X-Forwarded-For when the proxy
-# is in its --forwarded-allow-ips (127.0.0.1 by default).
+# The client's address, one rule everywhere (portal/core/clientaddr.py): the TCP peer, or behind
+# this many reverse proxies, the address the outermost one appended to X-Forwarded-For.
+TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
+if not 0 <= TRUSTED_PROXY_COUNT <= 5:
+    raise ImproperlyConfigured(f"TRUSTED_PROXY_COUNT={TRUSTED_PROXY_COUNT} must be from 0 to 5")
+AXES_CLIENT_IP_CALLABLE = "portal.core.clientaddr.client_address"
+
+# Failures are counted per address: LOGIN_FAILURE_LIMIT wrong passwords from one address, for one
+# username or for many, lock that address (so that username from that address too) out; the right
+# password from an address that has not failed still works, so a stranger cannot keep an admin out.
 AXES_FAILURE_LIMIT = env_positive_int("LOGIN_FAILURE_LIMIT", default=5)
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_LOCKOUT_PARAMETERS = ["ip_address"]
 # A lockout ends this long after the last counted failure; guesses made while locked out are
 # refused without being counted, so they do not push the end further away.
 AXES_COOLOFF_TIME = timedelta(minutes=env_positive_int("LOGIN_LOCKOUT_MINUTES", default=15))

@@ -24,6 +24,7 @@ from django.db import close_old_connections
 from redis.exceptions import RedisError
 
 from inference.ratelimit import Limits, RateLimiter
+from portal.core.clientaddr import client_address
 from portal.teams.models import ApiKey, PriorityClass
 from portal.teams.services import api_key_matches, api_key_prefix
 
@@ -112,8 +113,8 @@ def _invalid() -> GatewayError:
 
 
 def _address(request) -> str:
-    # REMOTE_ADDR, as the audit log: X-Forwarded-For is whatever the client says.
-    return request.META.get("REMOTE_ADDR") or "unknown"
+    # One rule with the login throttle and the audit log (TRUSTED_PROXY_COUNT).
+    return client_address(request) or "unknown"
 
 
 async def _refuse_if_throttled(limiter: RateLimiter, address: str) -> None:

@@ -124,3 +124,10 @@ def test_it_refuses_engine_log_limits_out_of_bounds():
         result = _manage("check", env={**PRODUCTION, name: value})
         assert result.returncode != 0, (name, value)
         assert name in result.stderr or "invalid literal" in result.stderr
+
+
+def test_it_refuses_a_trusted_proxy_count_out_of_bounds():
+    for count in ("-1", "6"):
+        result = _manage("check", env={**PRODUCTION, "TRUSTED_PROXY_COUNT": count})
+        assert result.returncode != 0
+        assert "TRUSTED_PROXY_COUNT" in result.stderr
