@@ -207,6 +207,12 @@ REST_FRAMEWORK = {
         "portal.core.authentication.BasicAuthentication",  # counts failed guesses (axes)
     ],
     "DEFAULT_PERMISSION_CLASSES": ["portal.core.permissions.StaffWritesAuthenticatedReads"],
+    # DRF's own, but a body nested too deeply to parse is a 400 (portal/core/api.py).
+    "DEFAULT_PARSER_CLASSES": [
+        "portal.core.api.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "portal.core.api.exception_handler",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
