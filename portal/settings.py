@@ -223,6 +223,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Inventory, model registry, deployment profiles, deployments and the capacity planner.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema answers whom the API answers (session or Basic auth, throttled by axes), no one else.
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
 }
 
 # --- Redis namespace ------------------------------------------------------------
