@@ -231,6 +231,10 @@ SPECTACULAR_SETTINGS = {
 # Every Redis key of this installation (quotas, usage records, metrics, Celery queues) starts
 # with it (inference/redis_keys.py), so installations sharing a Redis server never mix data.
 # Unset: derived from the database's identity (engine, host, port, name).
+# Derived, a namespace depends on every process spelling the database alike (normalised, but a
+# host alias still differs): `check --deploy` refuses a derived one, and each process reports the
+# namespace it uses (portal/core/heartbeat.py) so the dashboard shows a split.
+PORTAL_REDIS_NAMESPACE_DERIVED = not env.str("PORTAL_REDIS_NAMESPACE", default="").strip()
 PORTAL_REDIS_NAMESPACE = env.str("PORTAL_REDIS_NAMESPACE", default="").strip() or namespace_for_database(
     DATABASES["default"]
 )
