@@ -702,6 +702,26 @@ def _usage_close_day(day: dt.date) -> int:
     return UsageDaily.objects.filter(day=day).aggregate(n=Sum("requests"))["n"] or 0
 
 
+# How long one attempt to drop a partition may wait for its lock (each attempt is that long a
+# pause for the usage flush at most), and how long the attempts go on before the prune gives up.
+PARTITION_DROP_LOCK_WAIT_S = 0.2
+PARTITION_DROP_PATIENCE_S = 300.0
+
+
+def _usage_partition_drop_patiently(day: dt.date) -> bool:
+    """Drop `day`'s partition in short attempts, backing off between them so the flush's inserts
+    that queued behind an attempt go through; False if no attempt got the lock in time."""
+    deadline = time.monotonic() + PARTITION_DROP_PATIENCE_S
+    pause = 0.5
+    while True:
+        if partitions.partition_drop(day, lock_timeout_s=PARTITION_DROP_LOCK_WAIT_S):
+            return True
+        if time.monotonic() + pause > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 10.0)
+
+
 def usage_prune(*, before: dt.date, batch_size: int) -> int:
     """Remove the usage records of every UTC day before `before`, oldest day first; returns how many.
 
@@ -718,9 +738,15 @@ def usage_prune(*, before: dt.date, batch_size: int) -> int:
         for day in partitions.usage_partitions():
             if day >= before:
                 break
+            # Closed first, in a transaction of its own: a record of the day that arrives from now
+            # on is dead-lettered, and a drop that does not get its lock now is tried again (this
+            # run or the next) with the day's rollups already final.
             with transaction.atomic():
-                deleted += _usage_close_day(day)
-                partitions.partition_drop(day)
+                records = _usage_close_day(day)
+            if not _usage_partition_drop_patiently(day):
+                log.warning("usage partition of %s not dropped: its table stayed locked; next run", day)
+                break
+            deleted += records
             log.info("usage partition of %s dropped", day)
     cutoff = _day_start(before)
     while True:
