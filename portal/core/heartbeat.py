@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import redis
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 
 from inference.redis_keys import database_identity, heartbeat_key
 
@@ -48,12 +48,22 @@ class NamespaceBeat:
         return dt.datetime.fromtimestamp(self.seen_at, tz=dt.UTC)
 
 
+_fingerprints: dict[str, str] = {}
+
+
 def database_fingerprint() -> str:
-    """The same for every process connected to the same database, however its URL is spelled."""
-    identity = database_identity(settings.DATABASES["default"])
+    """The same for every process connected to the same database, however its URL is spelled
+    (asked of the database once per process: pages that show it cost no query)."""
+    spelled = database_identity(settings.DATABASES["default"])
+    if spelled not in _fingerprints:
+        _fingerprints[spelled] = _ask_fingerprint(spelled)
+    return _fingerprints[spelled]
+
+
+def _ask_fingerprint(identity: str) -> str:
     if connection.vendor == "postgresql":
         try:
-            with connection.cursor() as cursor:
+            with transaction.atomic(), connection.cursor() as cursor:  # a savepoint, if in a transaction
                 cursor.execute("SELECT system_identifier::text, current_database() FROM pg_control_system()")
                 system_id, name = cursor.fetchone()
             identity = f"postgresql|{system_id}|{name}"
