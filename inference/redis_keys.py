@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 
@@ -24,11 +25,44 @@ USAGE_DEAD_LETTERS = "usage_dead_letters"  # (reason): usage records the flush c
 NAMESPACE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
+# Engines spelled two ways, and the port each listens on when a URL names none.
+_ENGINE_ALIASES = {"django.db.backends.postgresql_psycopg2": "django.db.backends.postgresql"}
+_DEFAULT_PORTS = {"django.db.backends.postgresql": "5432", "django.db.backends.mysql": "3306"}
+# The local server, however it is reached (for PostgreSQL an empty host is its local socket).
+_LOCAL_HOSTS = {"", "localhost", "127.0.0.1", "::1", "[::1]", "localhost.localdomain"}
+
+
+def database_identity(database: dict) -> str:
+    """`engine|host|port|name` of a Django database setting, spelled one way: the engine's alias
+    resolved, the host lowercased (the local server's spellings as one), the engine's default
+    port filled in, a SQLite path made absolute. `db:5432/portal` and `DB/portal` are one database."""
+    engine = str(database.get("ENGINE") or "")
+    engine = _ENGINE_ALIASES.get(engine, engine)
+    name = str(database.get("NAME") or "")
+    if engine == "django.db.backends.sqlite3":
+        if name and name != ":memory:" and not name.startswith("file:"):
+            name = os.path.abspath(os.path.expanduser(name))
+        return f"{engine}|||{name}"
+    host = str(database.get("HOST") or "").strip()
+    if not host.startswith("/"):  # a socket directory is a path, case and all
+        host = host.lower().rstrip(".")
+    if host in _LOCAL_HOSTS:
+        host = "localhost"
+    port = str(database.get("PORT") or "").strip() or _DEFAULT_PORTS.get(engine, "")
+    return f"{engine}|{host}|{port}|{name}"
+
+
 def namespace_for_database(database: dict) -> str:
-    """A namespace derived from a database's identity (engine, host, port, name): two
-    installations with different databases never share keys by accident."""
-    identity = "|".join(str(database.get(part) or "") for part in ("ENGINE", "HOST", "PORT", "NAME"))
-    return "portal-" + hashlib.sha256(identity.encode()).hexdigest()[:12]
+    """A namespace derived from a database's identity (engine, host, port, name, normalised by
+    `database_identity`): two installations with different databases never share keys by
+    accident, and two processes of one installation agree however their URLs spell it."""
+    return "portal-" + hashlib.sha256(database_identity(database).encode()).hexdigest()[:12]
+
+
+def heartbeat_key(database_fingerprint: str) -> str:
+    """Where each process says which namespace it uses: keyed by its database, under no namespace,
+    so processes of one installation that disagree on the namespace still meet there."""
+    return f"portal-heartbeat:{database_fingerprint}"
 
 
 @dataclass(frozen=True)

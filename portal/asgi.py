@@ -35,6 +35,11 @@ django_application = BodyLimit(
 gc.freeze()
 gc.set_threshold(50_000, 20, 20)
 
+# This process says which Redis namespace it uses (a split installation shows on the dashboard).
+from portal.core.heartbeat import namespace_heartbeat_start  # noqa: E402
+
+namespace_heartbeat_start("web")
+
 
 async def application(scope, receive, send):
     if scope["type"] == "http" and scope["path"].startswith("/v1/"):

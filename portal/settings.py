@@ -184,11 +184,16 @@ def env_positive_int(name: str, *, default: int, maximum: int | None = None) -> 
     return int(env_number(name, default=default, minimum=1, maximum=maximum))
 
 
-# Failures per username (from any address) and per address (for any username): either locks.
-# The address is REMOTE_ADDR, which uvicorn takes from a proxy's X-Forwarded-For when the proxy
-# is in its --forwarded-allow-ips (127.0.0.1 by default).
+# The client's address, one rule everywhere (portal/core/clientaddr.py): the TCP peer, or behind
+# this many reverse proxies, the address the outermost one appended to X-Forwarded-For.
+TRUSTED_PROXY_COUNT = int(env_number("TRUSTED_PROXY_COUNT", default=0, minimum=0, maximum=5))
+AXES_CLIENT_IP_CALLABLE = "portal.core.clientaddr.client_address"
+
+# Failures are counted per address: LOGIN_FAILURE_LIMIT wrong passwords from one address, for one
+# username or for many, lock that address (so that username from that address too) out; the right
+# password from an address that has not failed still works, so a stranger cannot keep an admin out.
 AXES_FAILURE_LIMIT = env_positive_int("LOGIN_FAILURE_LIMIT", default=5, maximum=1000)
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_LOCKOUT_PARAMETERS = ["ip_address"]
 # A lockout ends this long after the last counted failure; guesses made while locked out are
 # refused without being counted, so they do not push the end further away.
 AXES_COOLOFF_TIME = timedelta(
@@ -228,6 +233,12 @@ REST_FRAMEWORK = {
         "portal.core.authentication.BasicAuthentication",  # counts failed guesses (axes)
     ],
     "DEFAULT_PERMISSION_CLASSES": ["portal.core.permissions.StaffWritesAuthenticatedReads"],
+    # DRF's own, but a body nested too deeply to parse is a 400 (portal/core/api.py).
+    "DEFAULT_PARSER_CLASSES": [
+        "portal.core.api.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "portal.core.api.exception_handler",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
@@ -238,12 +249,18 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Inventory, model registry, deployment profiles, deployments and the capacity planner.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema answers whom the API answers (session or Basic auth, throttled by axes), no one else.
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
 }
 
 # --- Redis namespace ------------------------------------------------------------
 # Every Redis key of this installation (quotas, usage records, metrics, Celery queues) starts
 # with it (inference/redis_keys.py), so installations sharing a Redis server never mix data.
 # Unset: derived from the database's identity (engine, host, port, name).
+# Derived, a namespace depends on every process spelling the database alike (normalised, but a
+# host alias still differs): `check --deploy` refuses a derived one, and each process reports the
+# namespace it uses (portal/core/heartbeat.py) so the dashboard shows a split.
+PORTAL_REDIS_NAMESPACE_DERIVED = not env.str("PORTAL_REDIS_NAMESPACE", default="").strip()
 PORTAL_REDIS_NAMESPACE = env.str("PORTAL_REDIS_NAMESPACE", default="").strip() or namespace_for_database(
     DATABASES["default"]
 )

@@ -11,10 +11,11 @@ from __future__ import annotations
 import contextvars
 import datetime as dt
 import decimal
-import ipaddress
 import uuid
 
 from django.db import models
+
+from portal.core.clientaddr import client_address
 
 from .models import AuditEvent
 
@@ -59,11 +60,8 @@ def changed_fields(before: dict, after: dict) -> dict:
 
 
 def _client_ip(request) -> str | None:
-    """REMOTE_ADDR (the peer uvicorn saw; behind a proxy, the proxy), if it is an address at all."""
-    try:
-        return str(ipaddress.ip_address(request.META.get("REMOTE_ADDR") or ""))
-    except ValueError:
-        return None
+    """The client's address, by the rule the login throttle and the gateway use."""
+    return client_address(request)
 
 
 def audit_event_record(

@@ -8,12 +8,24 @@ import copy
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import ProtectedError, RestrictedError
 from drf_spectacular.extensions import OpenApiSerializerExtension
-from rest_framework import exceptions
+from rest_framework import exceptions, parsers
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from inference.errors import InputError
 
 from .errors import ApplicationError
+from .jsonbody import TOO_DEEP
+
+
+class JSONParser(parsers.JSONParser):
+    """DRF's JSON parser, with nesting too deep to parse a 400 like any other malformed body
+    (a RecursionError is not the ValueError DRF catches: it was a 500, before authentication)."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise exceptions.ParseError(TOO_DEEP) from None
 
 
 class InUse(exceptions.APIException):

@@ -6,4 +6,4 @@ class CoreConfig(AppConfig):
     label = "core"
 
     def ready(self) -> None:
-        from . import signals  # noqa: F401  (connects the receivers)
+        from . import checks, signals  # noqa: F401  (registers the checks, connects the receivers)

@@ -9,9 +9,9 @@ them, so a request carrying one anywhere gets a 400 that says why.
 
 from __future__ import annotations
 
-import json
-
 from django.http import HttpResponse, JsonResponse
+
+from .jsonbody import TOO_DEEP, JsonTooDeep, loads
 
 MESSAGE = "The request contains a NUL character or a lone surrogate, which no field accepts."
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
@@ -48,10 +48,22 @@ def _body_is_bad(request) -> bool:
         if b"\\u" not in body:  # NUL and lone surrogates reach JSON text only as \u escapes
             return False
         try:
-            return bad_text(json.loads(body))
+            parsed = loads(body)
+        except JsonTooDeep:
+            raise
         except ValueError:
             return False  # not JSON at all: the view's parser answers that
+        try:
+            return bad_text(parsed)
+        except RecursionError:  # parsed, but too deep to walk
+            raise JsonTooDeep from None
     return False
+
+
+def _refusal(request, message: str):
+    if request.path_info.startswith("/api/"):
+        return JsonResponse({"detail": message}, status=400)
+    return HttpResponse(message, status=400, content_type="text/plain; charset=utf-8")
 
 
 class RejectUnstorableTextMiddleware:
@@ -59,8 +71,10 @@ class RejectUnstorableTextMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        if bad_text(request.path_info) or _query_is_bad(request.GET) or _body_is_bad(request):
-            if request.path_info.startswith("/api/"):
-                return JsonResponse({"detail": MESSAGE}, status=400)
-            return HttpResponse(MESSAGE, status=400, content_type="text/plain; charset=utf-8")
+        try:
+            bad = bad_text(request.path_info) or _query_is_bad(request.GET) or _body_is_bad(request)
+        except JsonTooDeep:
+            return _refusal(request, TOO_DEEP)
+        if bad:
+            return _refusal(request, MESSAGE)
         return self.get_response(request)

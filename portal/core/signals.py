@@ -19,5 +19,5 @@ def refuse_locked_out_api_client(sender, request=None, **kwargs) -> None:
     if isinstance(request, Request):
         raise Throttled(
             wait=settings.AXES_COOLOFF_TIME.total_seconds(),
-            detail="Too many failed logins for this user or address; try again later.",
+            detail="Too many failed logins from this address; try again later.",
         )

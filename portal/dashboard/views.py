@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
+from portal.core.heartbeat import live_namespaces
 from portal.deployments.models import DeploymentProfile, DeploymentState
 from portal.deployments.selectors import deployments_visible_to
 from portal.observability.selectors import sla_breaches, traffic_last_hour
@@ -25,6 +26,7 @@ def _ops_dashboard(request):
     occupancy = node_occupancy()
     deployments = deployment_health(deployments_visible_to(request.user))
     traffic = traffic_last_hour()
+    processes = live_namespaces()
     return render(
         request,
         "dashboard/home.html",
@@ -43,6 +45,8 @@ def _ops_dashboard(request):
             "runs": recent_benchmark_runs(),
             "breaches": sla_breaches(open_only=True, limit=50),
             "teams": request.user.teams.all(),
+            "processes": processes,
+            "namespace_split": sorted({p.namespace for p in processes or []}) if processes else [],
         },
     )
 

@@ -24,6 +24,7 @@ from django.conf import settings
 from redis.exceptions import RedisError
 
 from inference.ratelimit import Admission, RateLimiter, Scope, SlotGrant, prompt_limit
+from portal.core.jsonbody import TOO_DEEP
 from portal.core.middleware import bad_text
 
 from .errors import GatewayError
@@ -115,6 +116,13 @@ class Parsed:
 
 
 def parse(raw: bytes, *, chat: bool, caller) -> Parsed:
+    try:
+        return _parse(raw, chat=chat, caller=caller)
+    except RecursionError:  # parsed or walked: nesting too deep is the client's error, not ours
+        raise GatewayError(400, TOO_DEEP, code="invalid_json") from None
+
+
+def _parse(raw: bytes, *, chat: bool, caller) -> Parsed:
     if len(raw) > settings.GATEWAY_MAX_BODY_BYTES:
         raise GatewayError(
             413, f"Request body is over {settings.GATEWAY_MAX_BODY_BYTES} bytes.", code="request_too_large"

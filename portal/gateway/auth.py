@@ -24,6 +24,7 @@ from django.db import close_old_connections
 from redis.exceptions import RedisError
 
 from inference.ratelimit import Limits, RateLimiter
+from portal.core.clientaddr import client_address
 from portal.teams.models import ApiKey, PriorityClass
 from portal.teams.services import api_key_matches, api_key_prefix
 
@@ -45,7 +46,7 @@ class Caller:
     revoked: bool
     expires_at: float | None  # epoch seconds
     disabled_until: float | None
-    priority_class: str = PriorityClass.INTERACTIVE  # the key's class, else its team's
+    priority_class: str = PriorityClass.INTERACTIVE  # ApiKey.effective_priority_class
     pinned_deployment_id: int | None = None  # its requests go to this replica only (a benchmark key)
 
     @property
@@ -91,7 +92,7 @@ def _caller(key: ApiKey) -> Caller:
         disabled_until=max(disabled) if disabled else None,
         # Cached with the row (GATEWAY_CACHE_S), as every other key field: a change reaches each
         # process within one cache interval.
-        priority_class=key.priority_class or team.priority_class,
+        priority_class=key.effective_priority_class(team),
         pinned_deployment_id=key.pinned_deployment_id,
     )
 
@@ -114,8 +115,8 @@ def _invalid() -> GatewayError:
 
 
 def _address(request) -> str:
-    # REMOTE_ADDR, as the audit log: X-Forwarded-For is whatever the client says.
-    return request.META.get("REMOTE_ADDR") or "unknown"
+    # One rule with the login throttle and the audit log (TRUSTED_PROXY_COUNT).
+    return client_address(request) or "unknown"
 
 
 async def _refuse_if_throttled(limiter: RateLimiter, address: str) -> None:

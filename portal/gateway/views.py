@@ -22,6 +22,7 @@ from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
 from inference.ratelimit import LeaseKeeper, RateLimiter, Scope, slot_members
+from portal.core.jsonbody import TOO_DEEP
 from portal.core.redis_client import redis_keys
 from portal.observability import prometheus
 
@@ -167,6 +168,12 @@ async def _run(request, ex: Exchange, *, chat: bool) -> HttpResponse:
         # The client went away while queued or waiting for upstream: nothing reaches (or stays on) vLLM.
         await ex.finish("client_cancelled", 499, "client_disconnected")
         raise
+    except RecursionError:
+        # A body nested deeper than a later step (counting, re-encoding) can follow: the client's
+        # error, recorded as a refusal, never as an upstream error.
+        error = GatewayError(400, TOO_DEEP, code="invalid_json")
+        await ex.finish(error.usage_status, error.status, error.code)
+        return error_response(error, request_id=ex.request_id)
     except RedisError as error:
         # Redis failed after admission (leaving a failed replica): no quota can be checked, so no request.
         log.warning("gateway request %s: Redis unavailable: %r", ex.request_id, error)

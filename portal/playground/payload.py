@@ -31,7 +31,7 @@ def chat_body(raw: bytes, *, max_tokens_clamp: int) -> bytes:
     (403, 404 or 503 with its message), as for any key."""
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise GatewayError(400, "The body is not valid JSON.", code="invalid_json") from None
     if not isinstance(data, dict):
         raise GatewayError(400, "The body must be a JSON object.", code="invalid_json")

@@ -36,6 +36,8 @@ class ModelVersionForm(forms.ModelForm):
             config = json.loads(self.cleaned_data["config_json"])
         except json.JSONDecodeError as error:
             raise forms.ValidationError(f"not valid JSON: {error}") from error
+        except RecursionError:
+            raise forms.ValidationError("not valid JSON: nested too deeply") from None
         try:
             arch = parse_config(config)
         except ApplicationError as error:

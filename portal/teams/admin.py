@@ -35,8 +35,15 @@ class ApiKeyAdmin(admin.ModelAdmin):
     search_fields = ["prefix", "name", "team__slug"]
     exclude = ["digest"]
     readonly_fields = ["prefix", "team", "created_by", "created_at", "last_used_at", "revoked_at",
-                       "playground_user", "benchmark_user", "pinned_deployment_id"]  # fmt: skip
+                       "playground_user", "benchmark_user", "pinned_deployment_id",
+                       "priority_class_set_by_staff"]  # fmt: skip
     actions = ["revoke"]
+
+    def save_model(self, request, obj: ApiKey, form, change) -> None:
+        # A class chosen here is staff's: it holds even above the team's class.
+        if "priority_class" in form.changed_data:
+            obj.priority_class_set_by_staff = bool(obj.priority_class)
+        super().save_model(request, obj, form, change)
 
     def has_add_permission(self, request) -> bool:
         return False

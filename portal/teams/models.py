@@ -127,6 +127,12 @@ class ApiKey(QuotaFields):
         blank=True,
         help_text="How the gateway admits this key's requests (blank: the team's class).",
     )
+    # Who chose `priority_class`: staff (or a shell command) may give a key any class; a member's
+    # choice never lifts the key above its team's class, whenever staff change that class.
+    priority_class_set_by_staff = models.BooleanField(
+        default=False,
+        help_text="The key's class was set by staff: it holds even above the team's class.",
+    )
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(
@@ -178,6 +184,17 @@ class ApiKey(QuotaFields):
 
     def __str__(self) -> str:
         return f"sk-{self.prefix}…"
+
+    def effective_priority_class(self, team: Team | None = None) -> str:
+        """The class the gateway admits this key's requests in: the key's own when staff set it;
+        otherwise the lower of the member's choice and the team's (batch is below interactive), so
+        demoting a team demotes every key its members made interactive."""
+        team_class = (team or self.team).priority_class
+        if self.priority_class and self.priority_class_set_by_staff:
+            return self.priority_class
+        if PriorityClass.BATCH in (self.priority_class, team_class):
+            return PriorityClass.BATCH
+        return team_class
 
     @property
     def source(self) -> str:

@@ -16,11 +16,12 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 
 from .models import Usage
 
 PARTITION_RE = re.compile(r"_p(\d{8})$")
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's error for a lock_timeout
 # Serializes partition DDL between concurrent maintenance runs (an arbitrary constant).
 _DDL_LOCK = 0x7573_6167  # "usag"
 
@@ -106,11 +107,19 @@ def partition_create(day: dt.date) -> bool:
     return True
 
 
-def partition_drop(day: dt.date, *, lock_timeout_s: float = 30) -> None:
-    """Drop `day`'s partition with its rows, in the caller's transaction. DROP takes a brief
-    exclusive lock on the parent; the lock timeout keeps it from queueing behind a long query
-    (and every later query behind it): it fails instead, and the next run tries again."""
+def partition_drop(day: dt.date, *, lock_timeout_s: float) -> bool:
+    """Drop `day`'s partition with its rows, in a transaction of its own; False if its lock did not
+    come within `lock_timeout_s`. DROP takes an exclusive lock on the parent table: while it
+    waits for one (behind a long read: a report, pg_dump), every later query of the table, the
+    usage flush's inserts included, queues behind it. The timeout bounds that queue; the caller
+    tries again after letting the queue drain."""
     quote = connection.ops.quote_name
-    with connection.cursor() as cursor:
-        cursor.execute(f"SET LOCAL lock_timeout = '{int(lock_timeout_s * 1000)}ms'")
-        cursor.execute(f"DROP TABLE IF EXISTS {quote(partition_name(day))}")
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL lock_timeout = '{max(1, int(lock_timeout_s * 1000))}ms'")
+            cursor.execute(f"DROP TABLE IF EXISTS {quote(partition_name(day))}")
+    except OperationalError as error:
+        if getattr(error.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+            return False
+        raise
+    return True

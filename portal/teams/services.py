@@ -17,6 +17,7 @@ import secrets
 import time
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 from functools import cache
 
 import psycopg
@@ -108,7 +109,9 @@ def api_key_create(
 
     `priority_class` blank: the team's. A member may make a key batch (it only gives capacity
     up), but only staff (or a shell command, `created_by` None) may make a batch team's key
-    interactive: that would undo the class ops gave the team."""
+    interactive: that would undo the class ops gave the team. A member's interactive key of an
+    interactive team follows the team down if staff later make it batch
+    (`ApiKey.effective_priority_class`); a class staff set holds."""
     if priority_class not in ("", *PriorityClass.values):
         raise ApplicationError(
             f"Must be one of {', '.join(PriorityClass.values)} (blank: the team's class).",
@@ -156,6 +159,7 @@ def api_key_create(
         tokens_per_day=tokens_per_day,
         max_concurrent=max_concurrent,
         priority_class=priority_class,
+        priority_class_set_by_staff=bool(priority_class) and (created_by is None or created_by.is_staff),
     )
     audit_event_record(
         action="api_key.create",
@@ -261,6 +265,9 @@ UNREADABLE = "unreadable"
 UNKNOWN_TEAM = "unknown_team"
 UNKNOWN_KEY = "unknown_key"
 REFUSED = "refused_by_database"
+# A record of a UTC day retention has closed (rolled up for good, its records deleted): stored, it
+# would never be counted and would go at the next prune. Replaying it cannot help; ops purge it.
+DAY_CLOSED = "day_closed"
 
 
 def _storable(text: object, limit: int) -> str:
@@ -308,7 +315,7 @@ def usage_flush(*, batch: int = 1000) -> int:
     the batch's lease ran out. A batch stored twice is harmless: (request id, arrival time) is
     unique, both come from the gateway's record, and a second insert of it is a no-op. A record
     that cannot be stored (unreadable, a team or key this database does not know, a value
-    PostgreSQL refuses) goes to the dead-letter list
+    PostgreSQL refuses, a day retention has closed) goes to the dead-letter list
     (`RedisKeys.usage_dead`), is counted in /metrics, and the flush goes on.
     """
     client = gateway_redis()
@@ -401,6 +408,10 @@ def _usage_store(raws: list[bytes]) -> tuple[int, list[tuple[bytes, str]], set[i
             if row.deployment_id not in deployments:
                 row.deployment_id = None  # a deployment deleted since: the row stays, unlinked
             rows.append((raw, row))
+    closed = _closed_days({_utc_day(row.created_at) for _raw, row in rows})
+    if closed:
+        dead.extend((raw, DAY_CLOSED) for raw, row in rows if _utc_day(row.created_at) in closed)
+        rows = [(raw, row) for raw, row in rows if _utc_day(row.created_at) not in closed]
     try:
         with transaction.atomic():
             usage_insert([row for _raw, row in rows])
@@ -421,6 +432,10 @@ def _usage_store(raws: list[bytes]) -> tuple[int, list[tuple[bytes, str]], set[i
     with transaction.atomic():
         _touch_last_used(stored)
     return len(stored), dead, _hours_of(stored)
+
+
+def _utc_day(when: dt.datetime) -> dt.date:
+    return when.astimezone(dt.UTC).date()
 
 
 def _hours_of(rows) -> set[int]:
@@ -483,24 +498,43 @@ def _existing_deployments(ids: set[int]) -> set[int]:
     return set(deployments.filter(pk__in=ids).values_list("pk", flat=True)) if ids else set()
 
 
-# KEYS: dead-letter list, usage list. Moves every dead-lettered record back to the queue in one step.
+# KEYS: dead-letter list, usage list; ARGV: the reason that stays. In one step, moves every
+# dead-lettered record back to the queue except those of that reason, which stay dead-lettered.
 _USAGE_REPLAY = """
 local entries = redis.call('LRANGE', KEYS[1], 0, -1)
+local kept = {}
 for _, entry in ipairs(entries) do
-  redis.call('RPUSH', KEYS[2], cjson.decode(entry)['record'])
+  local decoded = cjson.decode(entry)
+  if decoded['reason'] == ARGV[1] then
+    table.insert(kept, entry)
+  else
+    redis.call('RPUSH', KEYS[2], decoded['record'])
+  end
 end
 redis.call('DEL', KEYS[1])
-return #entries
+for i = 1, #kept, 500 do
+  redis.call('RPUSH', KEYS[1], unpack(kept, i, math.min(i + 499, #kept)))
+end
+return {#entries - #kept, #kept}
 """
 
 
-def usage_dead_letters_replay() -> int:
-    """Put every dead-lettered usage record back on the queue (after fixing what refused it: a
-    team or key restored, a column widened); the next flush stores it or dead-letters it again.
-    Returns how many went back."""
+@dataclass(frozen=True)
+class DeadLetterReplay:
+    replayed: int  # back on the queue
+    kept_day_closed: int  # of days retention has closed: left dead-lettered
+
+
+def usage_dead_letters_replay() -> DeadLetterReplay:
+    """Put the dead-lettered usage records back on the queue (after fixing what refused them: a
+    team or key restored, a column widened); the next flush stores each or dead-letters it again.
+    Records of a day retention has closed stay dead-lettered: that day's rollups are final, so
+    nothing would count them (`--purge` forgets them)."""
     client = gateway_redis()
     keys = redis_keys()
-    return int(client.register_script(_USAGE_REPLAY)(keys=[keys.usage_dead, keys.usage]))
+    replay = client.register_script(_USAGE_REPLAY)
+    replayed, kept = replay(keys=[keys.usage_dead, keys.usage], args=[DAY_CLOSED])
+    return DeadLetterReplay(replayed=int(replayed), kept_day_closed=int(kept))
 
 
 def usage_dead_letters_purge() -> int:
@@ -688,6 +722,26 @@ def _usage_close_day(day: dt.date) -> int:
     return UsageDaily.objects.filter(day=day).aggregate(n=Sum("requests"))["n"] or 0
 
 
+# How long one attempt to drop a partition may wait for its lock (each attempt is that long a
+# pause for the usage flush at most), and how long the attempts go on before the prune gives up.
+PARTITION_DROP_LOCK_WAIT_S = 0.2
+PARTITION_DROP_PATIENCE_S = 300.0
+
+
+def _usage_partition_drop_patiently(day: dt.date) -> bool:
+    """Drop `day`'s partition in short attempts, backing off between them so the flush's inserts
+    that queued behind an attempt go through; False if no attempt got the lock in time."""
+    deadline = time.monotonic() + PARTITION_DROP_PATIENCE_S
+    pause = 0.5
+    while True:
+        if partitions.partition_drop(day, lock_timeout_s=PARTITION_DROP_LOCK_WAIT_S):
+            return True
+        if time.monotonic() + pause > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 10.0)
+
+
 def usage_prune(*, before: dt.date, batch_size: int) -> int:
     """Remove the usage records of every UTC day before `before`, oldest day first; returns how many.
 
@@ -704,9 +758,15 @@ def usage_prune(*, before: dt.date, batch_size: int) -> int:
         for day in partitions.usage_partitions():
             if day >= before:
                 break
+            # Closed first, in a transaction of its own: a record of the day that arrives from now
+            # on is dead-lettered, and a drop that does not get its lock now is tried again (this
+            # run or the next) with the day's rollups already final.
             with transaction.atomic():
-                deleted += _usage_close_day(day)
-                partitions.partition_drop(day)
+                records = _usage_close_day(day)
+            if not _usage_partition_drop_patiently(day):
+                log.warning("usage partition of %s not dropped: its table stayed locked; next run", day)
+                break
+            deleted += records
             log.info("usage partition of %s dropped", day)
     cutoff = _day_start(before)
     while True:

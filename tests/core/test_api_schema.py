@@ -26,7 +26,7 @@ def schema(wsgi_app, alice, team, dgx, llama7b, profile_tp8):  # noqa: F811
     BenchmarkRun.objects.create(
         deployment=deployment, kind="imported", mix="x", state="done", sla_concurrency=4
     )
-    return schemathesis.openapi.from_wsgi("/api/schema/", wsgi_app)
+    return schemathesis.openapi.from_wsgi("/api/schema/", wsgi_app, headers=_basic("alice", "alice-password"))
 
 
 def _validate(schema, method: str, path: str, **path_parameters) -> None:

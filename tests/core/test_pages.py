@@ -1,5 +1,7 @@
 """Every page renders for a signed-in user and shows the planner's verdicts."""
 
+import base64
+
 import pytest
 from django.core.management import call_command
 
@@ -101,6 +103,13 @@ def test_it_serves_the_openapi_schema(client, bob):
     paths = response.json()["paths"]
     assert "/api/v1/plan/" in paths
     assert "/api/v1/nodes/{name}/nvidia-smi/" in paths
+
+
+def test_the_openapi_schema_needs_the_credentials_the_api_needs(client, bob):
+    assert client.get("/api/schema/", {"format": "json"}).status_code == 403
+    assert client.get("/api/v1/").status_code == 403
+    basic = "Basic " + base64.b64encode(b"bob:bob-password").decode()
+    assert client.get("/api/schema/", {"format": "json"}, HTTP_AUTHORIZATION=basic).status_code == 200
 
 
 def _admin_add_deployment(client, **overrides):

@@ -16,6 +16,7 @@ PRODUCTION = {
     "SECRET_KEY": "a-long-random-production-secret-key-0123456789-abcdefghijklmnop",
     "ALLOWED_HOSTS": "portal.example.internal",
     "DATABASE_URL": "sqlite:///:memory:",
+    "PORTAL_REDIS_NAMESPACE": "portal-production",
 }
 
 
@@ -131,3 +132,25 @@ def test_it_refuses_a_benchmark_gateway_url_that_is_not_an_http_url():
         result = _manage("check", env={**PRODUCTION, "BENCHMARK_GATEWAY_URL": value})
         assert result.returncode != 0, value
         assert "BENCHMARK_GATEWAY_URL" in result.stderr, result.stderr[-500:]
+
+
+def test_it_refuses_a_trusted_proxy_count_out_of_bounds():
+    for count in ("-1", "6"):
+        result = _manage("check", env={**PRODUCTION, "TRUSTED_PROXY_COUNT": count})
+        assert result.returncode != 0
+        assert "TRUSTED_PROXY_COUNT" in result.stderr
+
+
+def test_check_deploy_fails_when_the_redis_namespace_is_derived():
+    result = _manage("check", "--deploy", env={**PRODUCTION, "PORTAL_REDIS_NAMESPACE": ""})
+    assert result.returncode != 0
+    assert "portal.E001" in result.stderr and "PORTAL_REDIS_NAMESPACE is not set" in result.stderr
+
+
+def test_the_derived_namespace_does_not_depend_on_how_the_database_url_is_spelled():
+    spellings = [
+        "postgres://portal@db:5432/portal", "postgres://portal@db/portal", "postgresql://portal@DB/portal",
+    ]  # fmt: skip
+    namespaces = {_redis_settings(DATABASE_URL=url)["namespace"] for url in spellings}
+    assert len(namespaces) == 1
+    assert namespaces != {_redis_settings(DATABASE_URL="postgres://portal@db:5433/portal")["namespace"]}

@@ -161,3 +161,18 @@ def test_it_sends_one_error_event_when_upstream_dies_mid_stream(gateway, serving
 def test_it_refuses_a_host_that_allowed_hosts_does_not_list(gateway, serving):
     response = post(gateway, serving, chat_body(serving.model), headers={"Host": "evil.example"})
     assert_error(response, 400, "invalid_host")
+
+
+@pytest.mark.parametrize("body", [b"[" * 5000, b'{"model": "m", "messages": ' + b"[" * 5000])
+def test_it_refuses_json_nested_too_deeply_as_a_client_error(gateway, serving, body):
+    """Was a 500 recorded as `upstream_error` (a RecursionError), which a member could use to trip
+    the upstream-error alert."""
+    from portal.teams.models import Usage
+    from portal.teams.services import usage_flush
+
+    response = post(gateway, serving, content=body, headers={"content-type": "application/json"})
+    error = assert_error(response, 400, "invalid_json")
+    assert "nested too deeply" in error["message"]
+    usage_flush()
+    recorded = Usage.objects.filter(team=serving.team).values_list("status", "http_status", "error_code")
+    assert list(recorded) == [("rejected", 400, "invalid_json")]

@@ -155,3 +155,38 @@ def test_usage_records_carry_the_callers_class(gateway, serving, gw_redis):
         ("offline", "batch"),
         ("tests", "interactive"),
     ]
+
+
+def test_it_admits_a_members_interactive_key_as_batch_once_staff_demote_the_team(
+    gateway, serving, gw_redis, alice, bob
+):
+    """A member's class never lifts a key above its team's: made interactive while the team was,
+    the key follows the team down to batch. A class staff gave a key holds."""
+    from django.test import Client
+
+    from portal.teams.models import Usage
+    from portal.teams.services import api_key_create, usage_flush
+
+    team = serving.team
+    models = [serving.model]
+    _, member_token = api_key_create(
+        team=team, name="member", allowed_models=models, created_by=bob, priority_class="interactive"
+    )
+    _, staff_token = api_key_create(
+        team=team, name="staff", allowed_models=models, created_by=alice, priority_class="interactive"
+    )
+    staff = Client()
+    staff.force_login(alice)
+    demoted = staff.patch(
+        f"/api/v1/teams/{team.slug}/", {"priority_class": "batch"}, content_type="application/json"
+    )
+    assert demoted.status_code == 200, demoted.content
+    url = f"{gateway.url}/v1/chat/completions"
+    for token in (member_token, staff_token):
+        response = httpx.post(
+            url, headers={"Authorization": f"Bearer {token}"}, json=chat_body(serving.model), timeout=30
+        )
+        assert response.status_code == 200, response.text
+    usage_flush()
+    classes = dict(Usage.objects.filter(team=team).values_list("api_key__name", "priority_class"))
+    assert classes == {"member": "batch", "staff": "interactive"}

@@ -219,3 +219,63 @@ def test_a_request_id_is_stored_once_per_arrival_time_across_batches(team, key, 
     push(gw, same, same)
     usage_flush()
     assert Usage.objects.filter(request_id=same["request_id"]).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_dropping_a_partition_behind_a_long_read_never_holds_up_the_flush(team, key):
+    """DROP waits for the table's exclusive lock behind a long read (a report, pg_dump), and every
+    insert of the flush queued behind it (9.7 s behind a 10 s read in perf.partition_drop_stall).
+    Now each attempt waits 0.2 s at most, and inserts go through between attempts."""
+    import threading
+    import time
+
+    import psycopg
+    from django.db import connections, transaction
+
+    from portal.teams.services import usage_insert, usage_prune
+
+    def row(when: dt.datetime) -> Usage:
+        return Usage(
+            request_id=uuid.uuid4(), created_at=when, team=team, api_key=key, status="completed",
+            http_status=200, duration_ms=1.0,
+        )  # fmt: skip
+
+    day = _today() - dt.timedelta(days=10)
+    partitions.partition_create(day)
+    with transaction.atomic():
+        usage_insert([row(_at(day))])
+    db = connection.settings_dict
+    reader = psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"])
+    reader.execute("SELECT count(*) FROM teams_usage")  # its transaction holds the table until it ends
+    pruned: dict[str, int] = {}
+
+    def prune() -> None:
+        try:
+            pruned["records"] = usage_prune(before=day + dt.timedelta(days=1), batch_size=100)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=prune)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        with connection.cursor() as cursor:  # the prune asks for the table's lock, behind the reader
+            while True:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'teams_usage'::regclass"
+                )
+                if cursor.fetchone()[0]:
+                    break
+                assert time.monotonic() < deadline, "the prune never asked for the table's lock"
+        started = time.monotonic()
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '5s'")  # the old drop held the queue for 30 s
+            usage_insert([row(timezone.now())])
+        assert time.monotonic() - started < 5
+    finally:
+        reader.rollback()
+        reader.close()
+        thread.join(timeout=120)
+    assert pruned == {"records": 1}
+    assert day not in partitions.usage_partitions()
+    assert UsageDaily.objects.get(day=day).closed

@@ -111,3 +111,26 @@ def test_the_usage_page_and_the_api_split_usage_by_class(bob, charlie, team, gw)
     }  # fmt: skip
     assert rows["interactive"]["today_tokens"] == 30
     assert logged_in(charlie).get(f"/api/v1/teams/{team.slug}/usage/").status_code == 404
+
+
+def test_it_keeps_a_members_key_at_or_below_the_teams_class_unless_staff_set_it(alice, bob, team):
+    member, _ = api_key_create(team=team, created_by=bob, priority_class="interactive")
+    staff, _ = api_key_create(team=team, created_by=alice, priority_class="interactive")
+    batch, _ = api_key_create(team=team, created_by=bob, priority_class="batch")
+    team.priority_class = "batch"
+    team.save()
+    classes = {k.pk: k.effective_priority_class() for k in ApiKey.objects.filter(team=team)}
+    assert classes == {member.pk: "batch", staff.pk: "interactive", batch.pk: "batch"}
+    page = logged_in(bob).get(reverse("teams:keys", args=["search"])).content.decode()
+    assert "batch <span class=\"muted\">(team's; the key asked interactive)</span>" in page
+    # Staff give the member's key a class in the admin: it is staff's from then on.
+    alice.is_superuser = True  # the admin's change permission
+    alice.save()
+    admin = logged_in(alice)
+    url = reverse("admin:teams_apikey_change", args=[member.pk])
+    form = {"name": "", "allowed_models": "[]", "priority_class": "batch"}
+    assert admin.post(url, form).status_code == 302
+    form["priority_class"] = "interactive"
+    assert admin.post(url, form).status_code == 302
+    member.refresh_from_db()
+    assert member.priority_class_set_by_staff and member.effective_priority_class() == "interactive"

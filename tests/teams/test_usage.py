@@ -320,3 +320,37 @@ def test_ops_inspect_replay_and_purge_the_dead_letters(team, key, gw):
     usage_flush()  # still unknown: dead-lettered again
     assert command("--purge") == "1 record(s) forgotten\n"
     assert dead_letters(gw) == [] and Usage.objects.count() == 0
+
+
+# Committed: the flush's COPY staging table empties at each commit, which a test transaction never makes.
+@pytest.mark.django_db(transaction=True)
+def test_a_record_of_a_day_retention_closed_is_dead_lettered_and_replay_leaves_it(team, key, gw):
+    """Was stored, never counted (the closed day's rollups are final) and deleted at the next prune."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from portal.teams.services import usage_prune
+
+    old = timezone.now() - dt.timedelta(days=10)
+    ApiKey.objects.filter(pk=key.pk).update(created_at=old - dt.timedelta(days=1))
+    push(gw, record(team, key, when=old))
+    assert usage_flush() == 1
+    usage_prune(before=timezone.now().date() - dt.timedelta(days=5), batch_size=100)
+    day = old.astimezone(dt.UTC).date()
+    assert UsageDaily.objects.get(day=day).closed
+    late = record(team, key, when=old + dt.timedelta(minutes=1))  # a late flush, or a replay
+    fresh = record(team, key)
+    push(gw, late, fresh)
+    assert usage_flush() == 1
+    assert dead_letters(gw) == [("day_closed", late)]
+    assert list(Usage.objects.values_list("request_id", flat=True)) == [uuid.UUID(fresh["request_id"])]
+    assert UsageDaily.objects.get(day=day).requests == 1
+    out = StringIO()
+    call_command("usage_dead_letters", "--replay", stdout=out)
+    assert out.getvalue().splitlines() == [
+        "0 record(s) back on the queue for the next flush",
+        "1 record(s) of days retention has closed left dead-lettered: those days' usage is final and "
+        "would never count them (--purge forgets them)",
+    ]
+    assert dead_letters(gw) == [("day_closed", late)] and gw.llen(redis_keys().usage) == 0

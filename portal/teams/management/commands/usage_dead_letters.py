@@ -1,7 +1,8 @@
 """`manage.py usage_dead_letters [--show N] [--replay | --purge]`
 
 Usage records the flush could not store (README, Operations): how many, why, the newest ones;
-`--replay` puts them all back on the queue for the next flush, `--purge` forgets them.
+`--replay` puts them back on the queue for the next flush (all but those of days retention has
+closed, which it names and leaves), `--purge` forgets them.
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ class Command(BaseCommand):
 
     def handle(self, *args, show: int, replay: bool, purge: bool, **options) -> None:
         if replay:
-            self.stdout.write(f"{usage_dead_letters_replay()} record(s) back on the queue for the next flush")
+            result = usage_dead_letters_replay()
+            self.stdout.write(f"{result.replayed} record(s) back on the queue for the next flush")
+            if result.kept_day_closed:
+                self.stdout.write(
+                    f"{result.kept_day_closed} record(s) of days retention has closed left dead-lettered: "
+                    "those days' usage is final and would never count them (--purge forgets them)"
+                )
             return
         if purge:
             self.stdout.write(f"{usage_dead_letters_purge()} record(s) forgotten")
