@@ -37,9 +37,9 @@ from .admission import (
 )
 from .auth import Caller, authenticate, ensure_usable
 from .errors import GatewayError, error_response
-from .routing import route_for, served_models
+from .routing import route_for, served_models, smallest_context
 from .sse import RelayResponse, RelayStream
-from .tokens import prompt_tokens, prompt_tokens_off_loop
+from .tokens import prompt_count, prompt_count_off_loop
 from .upstream import UPSTREAM_ERRORS, open_stream
 from .usage import Exchange
 
@@ -210,14 +210,14 @@ async def _serve(request, ex: Exchange, *, chat: bool):
     ex.team = Scope("team", caller.team_id, caller.team_limits)
     ex.key = Scope("key", caller.key_id, caller.key_limits)
     if len(raw) <= COUNT_INLINE_BYTES:
-        ex.prompt_tokens = prompt_tokens(parsed.body, chat=chat, tokenizer_path=route.tokenizer_path)
+        count = prompt_count(parsed.body, chat=chat, tokenizer_path=route.tokenizer_path)
     else:
         # Blocks and requests per minute first (taking the minute's slot), then the count, off the loop.
         check_admission(await gate(limiter, request_id=ex.request_id, team=ex.team, key=ex.key))
         ex.team, ex.key = without_rpm(ex.team), without_rpm(ex.key)
-        ex.prompt_tokens = await prompt_tokens_off_loop(
-            parsed.body, chat=chat, tokenizer_path=route.tokenizer_path
-        )
+        count = await prompt_count_off_loop(parsed.body, chat=chat, tokenizer_path=route.tokenizer_path)
+    ex.prompt_tokens = count.total
+    parsed.bound_by_context(context_len=smallest_context(replicas), longest_prompt=count.longest)
     long_prompt = ex.prompt_tokens > settings.GATEWAY_LONG_PROMPT_TOKENS
     remaining = list(replicas)
     ex.admission, placement = await admit_and_place(
