@@ -24,6 +24,7 @@ from django.conf import settings
 from redis.exceptions import RedisError
 
 from inference.ratelimit import Admission, RateLimiter, Scope, SlotGrant
+from portal.core.errors import did_you_mean
 from portal.core.middleware import bad_text
 
 from .errors import GatewayError
@@ -151,7 +152,10 @@ def parse(raw: bytes, *, chat: bool, caller) -> Parsed:
         raise _bad("`model` contains a NUL character or a lone surrogate.", "model")
     if caller.models is not None and model not in caller.models:
         raise GatewayError(
-            403, f"This key may not use the model `{model}`.", code="model_not_allowed", param="model"
+            403,
+            f"This key may not use the model `{model}`.{did_you_mean(model, caller.models)}",
+            code="model_not_allowed",
+            param="model",
         )
     if chat:
         messages = body.get("messages")

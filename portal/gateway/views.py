@@ -22,6 +22,7 @@ from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
 from inference.ratelimit import LeaseKeeper, RateLimiter, Scope, slot_members
+from portal.core.errors import did_you_mean
 from portal.core.redis_client import redis_keys
 from portal.observability import prometheus
 
@@ -35,7 +36,7 @@ from .admission import (
     place,
     without_rpm,
 )
-from .auth import Caller, authenticate, ensure_usable
+from .auth import Caller, authenticate, ensure_not_blocked, ensure_usable
 from .errors import GatewayError, error_response
 from .routing import route_for, served_models, smallest_context
 from .sse import RelayResponse, RelayStream
@@ -91,8 +92,10 @@ async def models(request):
     if request.method != "GET":
         return _method_not_allowed("GET")
     try:
-        caller = await authenticate(request, _limiter()[0])
+        limiter = _limiter()[0]
+        caller = await authenticate(request, limiter)
         ensure_usable(caller)
+        await ensure_not_blocked(caller, limiter)  # revoked a moment ago: refused now, not in GATEWAY_CACHE_S
         if caller.models is None:
             names = await served_models(caller.team_id)
         else:  # a scoped key: its models that have a replica it may use (each route cached on its own)
@@ -198,8 +201,13 @@ async def _serve(request, ex: Exchange, *, chat: bool):
 
     route = await route_for(parsed.model)
     if not route.registered:
+        # Suggest among what this key can reach only: other teams' models stay unnamed.
+        reachable = caller.models if caller.models is not None else await served_models(caller.team_id)
         raise GatewayError(
-            404, f"The model `{parsed.model}` does not exist.", code="model_not_found", param="model"
+            404,
+            f"The model `{parsed.model}` does not exist.{did_you_mean(parsed.model, reachable)}",
+            code="model_not_found",
+            param="model",
         )
     replicas = route.for_team(caller.team_id)  # other teams' unshared replicas do not exist here
     if not replicas:

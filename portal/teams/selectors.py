@@ -12,6 +12,7 @@ from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
 from portal.core.redis_client import gateway_redis, redis_keys
+from portal.registry.models import ModelVersion
 
 from .models import ApiKey, PriorityClass, Team, Usage, UsageDaily, UsageHourly, UsageStatus
 
@@ -23,6 +24,14 @@ def teams_visible_to(user) -> QuerySet[Team]:
 
 def team_get_for_user(user, slug: str) -> Team:
     return get_object_or_404(teams_visible_to(user), slug=slug)
+
+
+def model_names_for_team(team: Team) -> list[str]:
+    """Registered model names the team may call (its allowed list, else every registered model)."""
+    names = ModelVersion.objects.order_by("name").values_list("name", flat=True)
+    if team.allowed_models:
+        names = names.filter(name__in=team.allowed_models)
+    return list(names)
 
 
 def api_keys_of(team: Team) -> QuerySet[ApiKey]:

@@ -84,6 +84,18 @@ def test_it_refuses_a_revoked_key_at_once_even_while_cached(gateway, serving, gw
     assert response.json()["error"]["code"] == "key_disabled"
 
 
+def test_models_refuses_a_revoked_key_at_once_even_while_cached(gateway, serving, gw_redis):
+    """README: revocation takes effect at the next request; /v1/models answered for GATEWAY_CACHE_S."""
+    from portal.teams.services import api_key_revoke
+
+    url = f"{gateway.url}/v1/models"
+    assert httpx.get(url, headers=serving.headers).status_code == 200  # the key row is now cached
+    api_key_revoke(api_key=serving.key)
+    response = httpx.get(url, headers=serving.headers)
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "key_disabled"
+
+
 def test_it_refuses_an_expired_key(gateway, serving, gw_redis):
     from portal.teams.models import ApiKey
 
