@@ -320,8 +320,9 @@ async def _serve(request, ex: Exchange, *, chat: bool):
             return _passthrough(response, content, ex.request_id)
 
         if not parsed.stream:
+            # No time to first token: the whole answer arrives at once, so such a request counts
+            # toward end-to-end latency only, never toward TTFT and TPOT (docs/decisions.md).
             content = await _read(response)
-            ex.mark_first_byte()
             _account_json(ex, content)
             await ex.finish("completed", 200)
             return _passthrough(response, content, ex.request_id)

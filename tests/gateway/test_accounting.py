@@ -51,6 +51,8 @@ def test_it_records_exactly_one_usage_row_per_request_whatever_the_outcome(gatew
     assert (streamed.completion_tokens, plain.completion_tokens) == (7, 5)
     assert streamed.prompt_tokens > 0 and streamed.ttft_ms > 0 and streamed.duration_ms >= streamed.ttft_ms
     assert streamed.stream and not plain.stream
+    # A non-streamed answer arrives whole: no time to first token (end-to-end latency only).
+    assert plain.ttft_ms is None and plain.duration_ms > 0
     assert {r.api_key_id for r in rows} == {serving.key.pk}
     assert rows[0].deployment_id == serving.deployment.pk
     # Flushing again writes nothing twice.
