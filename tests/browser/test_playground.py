@@ -138,10 +138,21 @@ def test_errors_show_as_the_gateways_message_and_code_is_copied_with_a_placehold
     page.fill("#pg-input", "And again")
     page.get_by_role("button", name="Send").click()
     expect(page.locator("#pg-error")).to_contain_text("requests per minute")
+    # The gateway's message, written for people, without its code for programs.
+    expect(page.locator("#pg-error")).not_to_contain_text("rate_limit_exceeded")
+    expect(page.locator("#pg-error")).not_to_contain_text("(")
     expect(page.locator("#pg-input")).to_have_value("And again")  # kept, to send once allowed
     shot(page, "playground-quota-error")
 
+    page.fill("#pg-input", "a long line " * 400)  # one 4,800-character line in the code boxes
     page.get_by_role("button", name="Copy as code").click()
+    expect(page.locator("#pg-code-curl")).to_contain_text("a long line a long line")
+    # The code scrolls inside its box: the page stays as wide as the window (it was 5,362 px).
+    widths = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+    assert widths[0] <= widths[1], widths
+    box = page.locator("#pg-code-curl").bounding_box()
+    assert box["x"] + box["width"] <= widths[1]
+    page.fill("#pg-input", "")
     curl = page.locator("#pg-code-curl")
     expect(curl).to_contain_text(f"{portal.url}/v1/chat/completions")
     expect(curl).to_contain_text("Bearer YOUR_API_KEY")
