@@ -75,5 +75,5 @@ def test_a_member_sees_usage_against_quotas_as_charts(page: Page, live_server, b
     # Today per class: 1 interactive request of 30 tokens, 1 batch request of 3.
     expect(page.locator("table.by-class tr", has_text="batch")).to_contain_text("3")
     expect(page.locator("table.by-class tr", has_text="interactive")).to_contain_text("30")
-    expect(page.locator("main")).to_contain_text("50000")
+    expect(page.locator("main")).to_contain_text("50,000")  # thousands separators
     shot(page, "team-usage")
