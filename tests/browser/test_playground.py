@@ -177,3 +177,21 @@ def test_a_member_whose_session_ended_is_told_to_sign_in_again(
     page.get_by_role("button", name="Send").click()
     expect(page.locator("#pg-error")).to_contain_text("You are signed out")
     expect(page.locator(".pg-msg")).to_have_count(0)
+
+
+def test_the_max_tokens_field_follows_the_models_context(
+    page: Page, portal, fake_upstream, bob, team, cpu_node  # noqa: F811 (the fixture imported above)
+):
+    serve(team, cpu_node, name="fake-long", endpoint_url=fake_upstream)  # 4,096 tokens: the clamp bounds
+    short = serve(team, cpu_node, name="fake-short", endpoint_url=fake_upstream)
+    short.profile.max_model_len = 512
+    short.profile.save()
+    open_playground(page, portal)
+    page.select_option("#pg-model", "fake-long")
+    expect(page.locator("#pg-max-tokens-hint")).to_have_text("1 to 1024 (the team's clamp)")
+    page.fill("#pg-max-tokens", "900")
+    page.select_option("#pg-model", "fake-short")
+    hint = page.locator("#pg-max-tokens-hint")
+    expect(hint).to_have_text("1 to 512, less the prompt (the model's context)")
+    expect(page.locator("#pg-max-tokens")).to_have_attribute("max", "512")
+    expect(page.locator("#pg-max-tokens")).to_have_value("512")  # lowered to what the model allows
