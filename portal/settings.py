@@ -79,6 +79,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "servestatic.runserver_nostatic",
     "django.contrib.staticfiles",
+    "django.contrib.humanize",  # intcomma: thousands separators on the usage pages
     "rest_framework",
     "drf_spectacular",
     "axes",

@@ -6,6 +6,9 @@ error; `field` says which input was wrong so the message can sit next to it.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 from inference.errors import InputError
 
 
@@ -33,3 +36,9 @@ def clean_or_raise(instance, *, exclude: list[str] | None = None) -> None:
         raise ApplicationError(
             "; ".join(messages), field="" if field == NON_FIELD_ERRORS else field
         ) from error
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """" Did you mean `x`?" naming the closest of `candidates` to a mistyped `name`, else ""."""
+    close = difflib.get_close_matches(name, sorted(set(candidates) - {name}), n=1, cutoff=0.6)
+    return f" Did you mean `{close[0]}`?" if close else ""

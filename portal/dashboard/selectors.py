@@ -18,7 +18,12 @@ from django.utils import timezone
 from portal.benchmarks.models import BenchmarkRun
 from portal.core.redis_client import redis_keys
 from portal.deployments.models import Deployment, DeploymentState, MetricsSample
-from portal.deployments.selectors import gpus_held_per_node, models_callable_by, served_replicas
+from portal.deployments.selectors import (
+    CallableModel,
+    gpus_held_per_node,
+    models_callable_by,
+    served_replicas,
+)
 from portal.inventory.models import Node
 from portal.inventory.selectors import node_list
 from portal.observability import prometheus
@@ -107,10 +112,19 @@ def recent_benchmark_runs(*, limit: int = 8) -> list[BenchmarkRun]:
 # --- the team front page ------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ModelToCall:
+    """A model on the team front page, with the max_tokens its requests get."""
+
+    model: CallableModel
+    max_tokens: int  # a request's default and largest max_tokens (less its prompt if context_bound)
+    context_bound: bool  # the context, not the team's clamp, bounds max_tokens
+
+
 @dataclass
 class TeamFront:
     team: Team
-    models: list[tuple[str, int]]  # (model, serving replicas) the team's keys can call
+    models: list[ModelToCall]  # what the team's keys can call now, with their contexts
     keys: list[ApiKey]
     requests_today: int
     tokens_today: int
@@ -148,7 +162,9 @@ def team_fronts(user) -> list[TeamFront]:
     in_flight = _team_in_flight([t.pk for t in teams])
     out = []
     for team in teams:
-        models = models_callable_by(team, replicas)
+        clamp = team.max_tokens_clamp
+        callable_models = models_callable_by(team, replicas)
+        models = [ModelToCall(m, m.max_tokens(clamp), m.context_bound(clamp)) for m in callable_models]
         row = usage.get(team.pk, {})
         out.append(
             TeamFront(

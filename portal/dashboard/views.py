@@ -19,7 +19,11 @@ from .selectors import deployment_health, node_occupancy, recent_benchmark_runs,
 def home(request):
     if request.user.is_staff:
         return _ops_dashboard(request)
-    return render(request, "dashboard/team_home.html", {"fronts": team_fronts(request.user)})
+    return render(
+        request,
+        "dashboard/team_home.html",
+        {"fronts": team_fronts(request.user), "base_url": request.build_absolute_uri("/v1")},
+    )
 
 
 def _ops_dashboard(request):

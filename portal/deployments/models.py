@@ -141,6 +141,19 @@ class DeploymentProfile(models.Model):
         return ProfileSettings(**self.settings_values())
 
 
+def served_context_len(
+    *, profile_max_model_len: int | None, max_position_embeddings: int, external: bool
+) -> int | None:
+    """The context a server of this model runs with (vLLM's max_model_len): the profile's, else the
+    model's positions. None when unknown: an adopted server whose /v1/models gave no length is
+    recorded with a placeholder of 1 (registry.services.model_version_record_external)."""
+    if profile_max_model_len:
+        return profile_max_model_len
+    if external and max_position_embeddings <= 1:
+        return None
+    return max_position_embeddings
+
+
 class DesiredState(models.TextChoices):
     RUNNING = "running", "running"
     STOPPED = "stopped", "stopped"
@@ -307,6 +320,16 @@ class Deployment(models.Model):
         if self.adopted:
             return "external"
         return (self.profile.engine if self.profile else "") or (self.node.engine if self.node else "vllm")
+
+    @property
+    def context_len(self) -> int | None:
+        """Prompt plus output tokens one request may hold here (vLLM's max_model_len)."""
+        version = self.model_version
+        return served_context_len(
+            profile_max_model_len=self.profile.max_model_len if self.profile else None,
+            max_position_embeddings=version.max_position_embeddings,
+            external=version.external,
+        )
 
     @property
     def gpu_count(self) -> int:

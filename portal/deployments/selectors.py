@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
@@ -15,7 +16,7 @@ from django.shortcuts import get_object_or_404
 from portal.inventory.models import Node
 from portal.teams.models import Team
 
-from .models import Deployment, DeploymentState, DesiredState
+from .models import Deployment, DeploymentState, DesiredState, served_context_len
 
 
 def deployments_visible_to(user) -> QuerySet[Deployment]:
@@ -29,24 +30,75 @@ def deployment_get_for_user(user, name: str) -> Deployment:
     return get_object_or_404(deployments_visible_to(user), name=name)
 
 
-def served_replicas() -> list[tuple[str, int, bool]]:
-    """(model, owning team, shared) of every serving replica the gateway routes to
-    (as portal.gateway.routing sees them: a team reaches its own and shared ones)."""
-    return list(
+@dataclass(frozen=True)
+class ServedReplica:
+    """A serving replica as the gateway routes to it: a team reaches its own and shared ones."""
+
+    model: str
+    team_id: int
+    shared: bool
+    context_len: int | None  # vLLM's max_model_len (None: unknown)
+
+
+def served_replicas() -> list[ServedReplica]:
+    """Every serving replica the gateway routes to (one query)."""
+    rows = (
         Deployment.objects.filter(state=DeploymentState.SERVING)
         .exclude(endpoint_url="")
-        .values_list("model_version__name", "team_id", "shared")
+        .values_list(
+            "model_version__name",
+            "team_id",
+            "shared",
+            "profile__max_model_len",
+            "model_version__max_position_embeddings",
+            "model_version__external",
+        )
     )
+    return [
+        ServedReplica(
+            model,
+            team_id,
+            shared,
+            served_context_len(
+                profile_max_model_len=mml, max_position_embeddings=positions, external=external
+            ),
+        )
+        for model, team_id, shared, mml, positions, external in rows
+    ]
 
 
-def models_callable_by(team: Team, replicas: list[tuple[str, int, bool]]) -> list[tuple[str, int]]:
-    """(model, replicas the team's keys reach), within the team's allowed models if it has any."""
+@dataclass(frozen=True)
+class CallableModel:
+    """A model a team's keys can call now, and how long its requests may be."""
+
+    name: str
+    replicas: int
+    # The smallest context among the replicas the team reaches: a request may land on any of them.
+    context_len: int | None
+
+    def max_tokens(self, clamp: int) -> int:
+        """The largest max_tokens a request gets (before its prompt is taken from the context), which
+        is also what a request without max_tokens gets: the team's clamp, within the context."""
+        return min(clamp, self.context_len) if self.context_len else clamp
+
+    def context_bound(self, clamp: int) -> bool:
+        """True when the context, not the clamp, bounds max_tokens (then the prompt's tokens come off)."""
+        return bool(self.context_len) and self.context_len <= clamp
+
+
+def models_callable_by(team: Team, replicas: list[ServedReplica]) -> list[CallableModel]:
+    """The models the team's keys reach, by name, within the team's allowed models if it has any."""
     allowed = set(team.allowed_models)
-    counts: dict[str, int] = defaultdict(int)
-    for model, owner, shared in replicas:
-        if (shared or owner == team.pk) and (not allowed or model in allowed):
-            counts[model] += 1
-    return sorted(counts.items())
+    found: dict[str, list[ServedReplica]] = defaultdict(list)
+    for replica in replicas:
+        if (replica.shared or replica.team_id == team.pk) and (not allowed or replica.model in allowed):
+            found[replica.model].append(replica)
+    return [
+        CallableModel(
+            name, len(mine), min((r.context_len for r in mine if r.context_len), default=None)
+        )
+        for name, mine in sorted(found.items())
+    ]
 
 
 _URL_ORIGIN = re.compile(r"\bhttps?://[^\s/'\"]+")
@@ -78,7 +130,7 @@ def serving_deployments_for_model(model_name: str) -> QuerySet[Deployment]:
     `--served-model-name`); `endpoint_url` is the server's root URL (no `/v1`).
     """
     return (
-        Deployment.objects.select_related("model_version", "team")
+        Deployment.objects.select_related("model_version", "team", "profile")
         .filter(state="serving", model_version__name=model_name)
         .exclude(endpoint_url="")
     )

@@ -1,7 +1,9 @@
 """Step 2 and 4: is the request well formed, may this caller make it, and is there room.
 
 `parse` validates the body (never trusting it: any bad field is a 400 naming it),
-clamps `max_tokens` to the team's clamp, and asks upstream for the usage chunk.
+clamps `max_tokens` to the team's clamp, and asks upstream for the usage chunk;
+once the prompt is counted, `Parsed.bound_by_context` keeps `max_tokens` within
+what the model's context leaves after it.
 `admit` takes the team's and key's quotas in one Redis script, reserving the
 prompt tokens plus the output cap of every sequence (prompts × n × max_tokens).
 `place` then takes a slot per prompt on a replica (least in flight under its
@@ -24,6 +26,7 @@ from django.conf import settings
 from redis.exceptions import RedisError
 
 from inference.ratelimit import Admission, RateLimiter, Scope, SlotGrant, prompt_limit
+from portal.core.errors import did_you_mean
 from portal.core.jsonbody import TOO_DEEP
 from portal.core.middleware import bad_text
 
@@ -105,6 +108,8 @@ class Parsed:
     n: int
     chat: bool
     prompts: int = 1  # a completion's batch of prompts; each is a request of its own to vLLM
+    # The body's fields that carry the output bound (max_tokens, and max_completion_tokens if sent).
+    max_tokens_fields: tuple[str, ...] = ("max_tokens",)
 
     @property
     def reserved_output_tokens(self) -> int:
@@ -113,6 +118,22 @@ class Parsed:
 
     def encode(self) -> bytes:
         return json.dumps(self.body, separators=(",", ":")).encode()
+
+    def bound_by_context(self, *, context_len: int | None, longest_prompt: int) -> None:
+        """Bound the output by what the replicas' context leaves after the longest prompt
+        (docs/decisions.md, "max_tokens within the model's context"): a request without
+        max_tokens, which parse gave the team's clamp, must not be refused by vLLM for a
+        clamp larger than the context, and its reservation counts only what it can produce.
+        An explicit max_tokens over the room is lowered the same way. At least 1: a prompt
+        that fills the context is vLLM's to refuse, with its own message."""
+        if context_len is None:
+            return
+        room = max(1, context_len - longest_prompt)
+        if self.max_tokens <= room:
+            return
+        self.max_tokens = room
+        for name in self.max_tokens_fields:
+            self.body[name] = min(self.body[name], room)
 
 
 def parse(raw: bytes, *, chat: bool, caller) -> Parsed:
@@ -147,7 +168,10 @@ def _parse(raw: bytes, *, chat: bool, caller) -> Parsed:
         raise _bad("`model` contains a NUL character or a lone surrogate.", "model")
     if caller.models is not None and model not in caller.models:
         raise GatewayError(
-            403, f"This key may not use the model `{model}`.", code="model_not_allowed", param="model"
+            403,
+            f"This key may not use the model `{model}`.{did_you_mean(model, caller.models)}",
+            code="model_not_allowed",
+            param="model",
         )
     if chat:
         messages = body.get("messages")
@@ -184,11 +208,12 @@ def _parse(raw: bytes, *, chat: bool, caller) -> Parsed:
         # Both sent: the other is checked and clamped too, never passed upstream as it came.
         body["max_tokens"] = min(_positive_int(body, "max_tokens") or max_tokens, caller.max_tokens_clamp)
 
+    fields = (name, "max_tokens") if name == "max_completion_tokens" and "max_tokens" in body else (name,)
     wants_usage = bool(stream and options and options.get("include_usage"))
     if stream:
         # Upstream's final usage chunk is how tokens are accounted; stripped again if not asked for.
         body["stream_options"] = {**(options or {}), "include_usage": True}
-    return Parsed(body, model, stream, wants_usage, max_tokens, n, chat, prompts)
+    return Parsed(body, model, stream, wants_usage, max_tokens, n, chat, prompts, fields)
 
 
 RETRY_MESSAGES = {

@@ -44,6 +44,7 @@ class Replica:
     completions_url: httpx.URL
     # The server's own key (VLLM_API_KEY), sent upstream as a bearer token; never the client's.
     api_key: str = field(default="", repr=False)
+    context_len: int | None = None  # vLLM's max_model_len: prompt plus output (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,11 @@ class Route:
                 r for r in self.replicas if r.shared or r.team_id == team_id
             )
         return found
+
+
+def smallest_context(replicas: tuple[Replica, ...]) -> int | None:
+    """The smallest known context among `replicas`: a request may be placed on any of them."""
+    return min((r.context_len for r in replicas if r.context_len), default=None)
 
 
 _routes = TtlCache(lambda: settings.GATEWAY_CACHE_S, is_miss=lambda route: not route.registered)
@@ -84,6 +90,7 @@ def _load_route(model: str) -> Route:
             httpx.URL(d.endpoint_url.rstrip("/") + "/v1/chat/completions"),
             httpx.URL(d.endpoint_url.rstrip("/") + "/v1/completions"),
             d.engine_api_key,
+            d.context_len,
         )
         for d in serving_deployments_for_model(model).order_by("pk")
     )

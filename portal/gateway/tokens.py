@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import lru_cache
 
 from tokenizers import Tokenizer
@@ -80,7 +81,13 @@ def _message_parts(message: dict, texts: list[str]) -> int:
     return other
 
 
-def prompt_tokens(body: dict, *, chat: bool, tokenizer_path: str | None) -> int:
+@dataclass(frozen=True)
+class PromptCount:
+    total: int  # every prompt of the request: what the reservation counts
+    longest: int  # its longest prompt: what the context must hold beside the output
+
+
+def prompt_count(body: dict, *, chat: bool, tokenizer_path: str | None) -> PromptCount:
     """Prompt tokens of a parsed request: every prompt of a batch, everything a template renders."""
     if chat:
         messages = body.get("messages") or []
@@ -93,21 +100,30 @@ def prompt_tokens(body: dict, *, chat: bool, tokenizer_path: str | None) -> int:
             value = body.get(name)
             if value is not None:
                 texts.append(value if isinstance(value, str) else _json(value))
-        return _count("\n".join(texts), tokenizer_path) + other + MESSAGE_OVERHEAD_TOKENS * len(messages)
-    total = _count(body["suffix"], tokenizer_path) if isinstance(body.get("suffix"), str) else 0
+        total = _count("\n".join(texts), tokenizer_path) + other + MESSAGE_OVERHEAD_TOKENS * len(messages)
+        return PromptCount(total, total)
+    suffix = _count(body["suffix"], tokenizer_path) if isinstance(body.get("suffix"), str) else 0
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return total + _count(prompt, tokenizer_path)
-    if isinstance(prompt, list):
-        if all(isinstance(p, int) for p in prompt):  # one prompt as token ids
-            return total + len(prompt)
-        return total + sum(len(p) if isinstance(p, list) else _count(str(p), tokenizer_path) for p in prompt)
-    return total
+        counts = [_count(prompt, tokenizer_path)]
+    elif isinstance(prompt, list) and all(isinstance(p, int) for p in prompt):  # one prompt as token ids
+        counts = [len(prompt)]
+    elif isinstance(prompt, list):
+        counts = [len(p) if isinstance(p, list) else _count(str(p), tokenizer_path) for p in prompt]
+    else:
+        counts = []
+    # The suffix is counted once in the total (as before), and beside every prompt in the longest.
+    return PromptCount(suffix + sum(counts), suffix + max(counts, default=0))
 
 
-async def prompt_tokens_off_loop(body: dict, *, chat: bool, tokenizer_path: str | None) -> int:
-    """`prompt_tokens` on the counting pool, leaving the event loop free for other requests."""
+def prompt_tokens(body: dict, *, chat: bool, tokenizer_path: str | None) -> int:
+    """Prompt tokens of a parsed request: every prompt of a batch, everything a template renders."""
+    return prompt_count(body, chat=chat, tokenizer_path=tokenizer_path).total
+
+
+async def prompt_count_off_loop(body: dict, *, chat: bool, tokenizer_path: str | None) -> PromptCount:
+    """`prompt_count` on the counting pool, leaving the event loop free for other requests."""
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(
-        _pool, lambda: prompt_tokens(body, chat=chat, tokenizer_path=tokenizer_path)
+        _pool, lambda: prompt_count(body, chat=chat, tokenizer_path=tokenizer_path)
     )

@@ -22,6 +22,7 @@ from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
 from inference.ratelimit import LeaseKeeper, RateLimiter, Scope, slot_members
+from portal.core.errors import did_you_mean
 from portal.core.jsonbody import TOO_DEEP
 from portal.core.redis_client import redis_keys
 from portal.observability import prometheus
@@ -37,11 +38,11 @@ from .admission import (
     place,
     without_rpm,
 )
-from .auth import Caller, authenticate, ensure_usable
+from .auth import Caller, authenticate, ensure_not_blocked, ensure_usable
 from .errors import GatewayError, error_response
-from .routing import route_for, served_models
+from .routing import route_for, served_models, smallest_context
 from .sse import RelayResponse, RelayStream
-from .tokens import prompt_tokens, prompt_tokens_off_loop
+from .tokens import prompt_count, prompt_count_off_loop
 from .upstream import UPSTREAM_ERRORS, open_stream
 from .usage import Exchange
 
@@ -96,8 +97,10 @@ async def models(request):
     if request.method != "GET":
         return _method_not_allowed("GET")
     try:
-        caller = await authenticate(request, _limiter()[0])
+        limiter = _limiter()[0]
+        caller = await authenticate(request, limiter)
         ensure_usable(caller)
+        await ensure_not_blocked(caller, limiter)  # revoked a moment ago: refused now, not in GATEWAY_CACHE_S
         if caller.models is None:
             names = await served_models(caller.team_id)
         else:  # a scoped key: its models that have a replica it may use (each route cached on its own)
@@ -209,8 +212,13 @@ async def _serve(request, ex: Exchange, *, chat: bool):
 
     route = await route_for(parsed.model)
     if not route.registered:
+        # Suggest among what this key can reach only: other teams' models stay unnamed.
+        reachable = caller.models if caller.models is not None else await served_models(caller.team_id)
         raise GatewayError(
-            404, f"The model `{parsed.model}` does not exist.", code="model_not_found", param="model"
+            404,
+            f"The model `{parsed.model}` does not exist.{did_you_mean(parsed.model, reachable)}",
+            code="model_not_found",
+            param="model",
         )
     replicas = route.for_team(caller.team_id)  # other teams' unshared replicas do not exist here
     if caller.pinned_deployment_id is not None:  # a member's benchmark measures its one deployment
@@ -225,14 +233,14 @@ async def _serve(request, ex: Exchange, *, chat: bool):
     ex.team = Scope("team", caller.team_id, caller.team_limits)
     ex.key = Scope("key", caller.key_id, caller.key_limits)
     if len(raw) <= COUNT_INLINE_BYTES:
-        ex.prompt_tokens = prompt_tokens(parsed.body, chat=chat, tokenizer_path=route.tokenizer_path)
+        count = prompt_count(parsed.body, chat=chat, tokenizer_path=route.tokenizer_path)
     else:
         # Blocks and requests per minute first (taking the minute's slot), then the count, off the loop.
         check_admission(await gate(limiter, request_id=ex.request_id, team=ex.team, key=ex.key))
         ex.team, ex.key = without_rpm(ex.team), without_rpm(ex.key)
-        ex.prompt_tokens = await prompt_tokens_off_loop(
-            parsed.body, chat=chat, tokenizer_path=route.tokenizer_path
-        )
+        count = await prompt_count_off_loop(parsed.body, chat=chat, tokenizer_path=route.tokenizer_path)
+    ex.prompt_tokens = count.total
+    parsed.bound_by_context(context_len=smallest_context(replicas), longest_prompt=count.longest)
     long_prompt = ex.prompt_tokens > settings.GATEWAY_LONG_PROMPT_TOKENS
     remaining = list(replicas)
     ex.admission, placement = await admit_and_place(
@@ -338,12 +346,13 @@ async def _serve(request, ex: Exchange, *, chat: bool):
             return _passthrough(response, content, ex.request_id)
 
         if not parsed.stream:
+            # No time to first token: the whole answer arrives at once, so such a request counts
+            # toward end-to-end latency only, never toward TTFT and TPOT (docs/decisions.md).
             content = await _read(response)
             if not content:
                 failure = _closed_empty()
                 await _leave(ex, replica.id)
                 continue
-            ex.mark_first_byte()
             _account_json(ex, content)
             await ex.finish("completed", 200)
             return _passthrough(response, content, ex.request_id)

@@ -30,7 +30,7 @@ log = logging.getLogger("portal.metrics")
 HISTOGRAMS = {
     m.DURATION: ("portal_gateway_request_duration_seconds", "Gateway request duration, arrival to last byte.",
                  m.DURATION_BUCKETS),
-    m.TTFT: ("portal_gateway_ttft_seconds", "Gateway time to first byte from upstream (streamed or whole).",
+    m.TTFT: ("portal_gateway_ttft_seconds", "Gateway time to first byte from upstream (streamed only).",
              m.TTFT_BUCKETS),
 }  # fmt: skip
 

@@ -11,8 +11,10 @@ class LatencyMinute(models.Model):
     """One deployment's gateway requests that arrived in one UTC minute: counts and percentiles.
 
     Recomputed from the minute's Usage rows by `latency_rollup` (idempotent per deployment and
-    minute). TPOT of a request = (duration - TTFT) / (completion tokens - 1), for completed
-    requests with a TTFT and at least two completion tokens.
+    minute). TTFT and TPOT come from streamed requests only (a non-streamed answer arrives whole:
+    it has no first token to time); TPOT of a request = (duration - TTFT) / (completion tokens - 1),
+    for completed ones with at least two completion tokens. End-to-end latency (arrival to last
+    byte) counts every completed request, streamed or not.
     """
 
     deployment = models.ForeignKey(
@@ -25,6 +27,8 @@ class LatencyMinute(models.Model):
     p95_ttft_ms = models.FloatField(null=True, blank=True)
     p50_tpot_ms = models.FloatField(null=True, blank=True)
     p95_tpot_ms = models.FloatField(null=True, blank=True)
+    p50_e2e_ms = models.FloatField(null=True, blank=True, help_text="End-to-end, completed requests.")
+    p95_e2e_ms = models.FloatField(null=True, blank=True, help_text="End-to-end, completed requests.")
 
     class Meta:
         ordering = ["deployment", "minute"]

@@ -88,6 +88,8 @@ class LatencyPoint:
     p95_ttft_ms: float | None
     p50_tpot_ms: float | None
     p95_tpot_ms: float | None
+    p50_e2e_ms: float | None = None
+    p95_e2e_ms: float | None = None
 
 
 def _merge(start: dt.datetime, rows: list[LatencyMinute]) -> LatencyPoint:
@@ -107,6 +109,8 @@ def _merge(start: dt.datetime, rows: list[LatencyMinute]) -> LatencyPoint:
         p95_ttft_ms=worst("p95_ttft_ms"),
         p50_tpot_ms=weighted("p50_tpot_ms"),
         p95_tpot_ms=worst("p95_tpot_ms"),
+        p50_e2e_ms=weighted("p50_e2e_ms"),
+        p95_e2e_ms=worst("p95_e2e_ms"),
     )
 
 

@@ -62,11 +62,15 @@ SELECT deployment_id, date_trunc('minute', created_at) AS minute, count(*),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY ttft_ms),
        percentile_cont(0.95) WITHIN GROUP (ORDER BY ttft_ms),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY tpot_ms),
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY tpot_ms)
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY tpot_ms),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY e2e_ms),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY e2e_ms)
 FROM (
-    SELECT deployment_id, created_at, status, ttft_ms,
-           CASE WHEN status = 'completed' AND ttft_ms IS NOT NULL AND completion_tokens > 1
-                THEN GREATEST(duration_ms - ttft_ms, 0) / (completion_tokens - 1) END AS tpot_ms
+    SELECT deployment_id, created_at, status,
+           CASE WHEN stream THEN ttft_ms END AS ttft_ms,
+           CASE WHEN stream AND status = 'completed' AND ttft_ms IS NOT NULL AND completion_tokens > 1
+                THEN GREATEST(duration_ms - ttft_ms, 0) / (completion_tokens - 1) END AS tpot_ms,
+           CASE WHEN status = 'completed' THEN duration_ms END AS e2e_ms
     FROM {table}
     WHERE deployment_id IS NOT NULL AND created_at >= %(since)s AND created_at < %(until)s
 ) AS u
@@ -90,16 +94,20 @@ def _rollup_rows_python(since: dt.datetime, until: dt.datetime) -> list[tuple]:
     from portal.teams.models import Usage, UsageStatus
 
     groups: dict[tuple[int, dt.datetime], dict[str, list]] = defaultdict(
-        lambda: {"n": [0, 0], "ttft": [], "tpot": []}
+        lambda: {"n": [0, 0], "ttft": [], "tpot": [], "e2e": []}
     )
     rows = Usage.objects.filter(
         deployment__isnull=False, created_at__gte=since, created_at__lt=until
-    ).values_list("deployment_id", "created_at", "status", "ttft_ms", "duration_ms", "completion_tokens")
-    for deployment_id, created_at, status, ttft, duration, tokens in rows.iterator():
+    ).values_list(
+        "deployment_id", "created_at", "status", "stream", "ttft_ms", "duration_ms", "completion_tokens"
+    )
+    for deployment_id, created_at, status, stream, ttft, duration, tokens in rows.iterator():
         group = groups[deployment_id, _minute_floor(created_at)]
         group["n"][0] += 1
         group["n"][1] += status in ERROR_STATUSES
-        if ttft is not None:
+        if status == UsageStatus.COMPLETED:
+            group["e2e"].append(duration)
+        if stream and ttft is not None:  # a non-streamed answer has no first token to time
             group["ttft"].append(ttft)
             if status == UsageStatus.COMPLETED and tokens > 1:
                 group["tpot"].append(max(duration - ttft, 0) / (tokens - 1))
@@ -109,10 +117,7 @@ def _rollup_rows_python(since: dt.datetime, until: dt.datetime) -> list[tuple]:
             minute,
             g["n"][0],
             g["n"][1],
-            percentile_cont(g["ttft"], 0.5),
-            percentile_cont(g["ttft"], 0.95),
-            percentile_cont(g["tpot"], 0.5),
-            percentile_cont(g["tpot"], 0.95),
+            *(percentile_cont(g[name], q) for name in ("ttft", "tpot", "e2e") for q in (0.5, 0.95)),
         )
         for (deployment_id, minute), g in groups.items()
     ]
@@ -140,10 +145,12 @@ def latency_rollup(*, since: dt.datetime, until: dt.datetime) -> int:
             p95_ttft_ms=p95_ttft,
             p50_tpot_ms=p50_tpot,
             p95_tpot_ms=p95_tpot,
+            p50_e2e_ms=p50_e2e,
+            p95_e2e_ms=p95_e2e,
         )
-        for deployment_id, minute, requests, errors, p50_ttft, p95_ttft, p50_tpot, p95_tpot in compute(
-            since, until
-        )
+        for (
+            deployment_id, minute, requests, errors, p50_ttft, p95_ttft, p50_tpot, p95_tpot, p50_e2e, p95_e2e
+        ) in compute(since, until)
     ]
     # A deployment deleted since its records were read has no row to point at.
     existing = set(
@@ -155,7 +162,8 @@ def latency_rollup(*, since: dt.datetime, until: dt.datetime) -> int:
         update_conflicts=True,
         unique_fields=["deployment", "minute"],
         update_fields=[
-            "requests", "errors", "p50_ttft_ms", "p95_ttft_ms", "p50_tpot_ms", "p95_tpot_ms"
+            "requests", "errors", "p50_ttft_ms", "p95_ttft_ms", "p50_tpot_ms", "p95_tpot_ms",
+            "p50_e2e_ms", "p95_e2e_ms",
         ],
     )  # fmt: skip
     return len(rows)

@@ -124,6 +124,17 @@ def _latency(deployment, window: str) -> dict:
         ),
         time_series_svg(
             **box,
+            series={
+                "P95 end-to-end": seconds([p.p95_e2e_ms for p in points]),
+                "P50 end-to-end": seconds([p.p50_e2e_ms for p in points]),
+            },
+            # Every completed request, streamed or not (non-streamed ones have no TTFT or TPOT).
+            title="End-to-end latency, arrival to last byte (s)",
+            unit="s",
+            chart_id="latency-e2e",
+        ),
+        time_series_svg(
+            **box,
             series={"requests": [p.requests for p in points], "errors": [p.errors for p in points]},
             title=f"Requests and errors per {LATENCY_WINDOWS[window][1]} min",
             unit="",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.shortcuts import get_object_or_404
 
-from portal.deployments.selectors import models_callable_by, served_replicas
+from portal.deployments.selectors import CallableModel, models_callable_by, served_replicas
 from portal.teams.models import Team
 
 
@@ -14,6 +14,6 @@ def playground_team_for(user, slug: str) -> Team:
     return get_object_or_404(Team.objects.filter(members=user), slug=slug)
 
 
-def playground_models(team: Team) -> list[str]:
-    """What the team's keys can reach now (as on the team front page)."""
-    return [model for model, _replicas in models_callable_by(team, served_replicas())]
+def playground_models(team: Team) -> list[CallableModel]:
+    """What the team's keys can reach now (as on the team front page), with their contexts."""
+    return models_callable_by(team, served_replicas())

@@ -26,12 +26,19 @@ from .services import playground_key_for
 @login_required
 def playground(request, slug: str):
     team = playground_team_for(request.user, slug)
+    clamp = team.max_tokens_clamp
+    # Each model's bound for max_tokens (the team's clamp within its context), for the hint and the input.
+    models = [
+        {"name": m.name, "max_tokens": m.max_tokens(clamp), "context_bound": m.context_bound(clamp)}
+        for m in playground_models(team)
+    ]
     return render(
         request,
         "playground/playground.html",
         {
             "team": team,
-            "models": playground_models(team),
+            "models": models,
+            "first_max_tokens": models[0]["max_tokens"] if models else clamp,
             "gateway_url": request.build_absolute_uri("/v1"),
             "max_messages": payload.MAX_MESSAGES,
             "max_message_chars": payload.MAX_MESSAGE_CHARS,

@@ -13,6 +13,11 @@ def _short(value: float) -> str:
     return f"{value:g}"
 
 
+def _exact(value: float) -> str:
+    """A bar's value in full, with thousands separators (293,822; 0.25)."""
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
+
+
 def bar_chart_svg(
     points: list[tuple[str, float]],
     *,
@@ -42,7 +47,7 @@ def bar_chart_svg(
         x = left + i * step
         parts.append(
             f'<rect x="{x + step * 0.1:.1f}" y="{top + plot_h - h:.1f}" width="{step * 0.8:.1f}" '
-            f'height="{h:.1f}" class="chart-bar"><title>{escape(label)}: {value:g}</title></rect>'
+            f'height="{h:.1f}" class="chart-bar"><title>{escape(label)}: {_exact(value)}</title></rect>'
         )
         if i % label_every == 0:
             parts.append(

@@ -7,6 +7,8 @@ import datetime as dt
 from django import forms
 from django.utils import timezone
 
+from portal.core.errors import did_you_mean
+
 from .models import BIGINT_MAX, INT_MAX, PriorityClass
 
 
@@ -36,12 +38,32 @@ class ApiKeyCreateForm(forms.Form):
         "longer queue wait (for offline jobs).",
     )
 
+    def __init__(self, *args, model_names: list[str], **kwargs) -> None:
+        """`model_names`: the registered models the team may call (a key's models must be among them)."""
+        super().__init__(*args, **kwargs)
+        self.model_names = model_names
+        shown = ", ".join(model_names) if model_names else "none registered yet"
+        self.fields["models"].help_text = (
+            f"Comma-separated model names, from: {shown} (blank: every model the team may use)."
+        )
+
+    def clean_models(self) -> list[str]:
+        """The names, each one the team can call: a typo would make a key that can call nothing."""
+        names = sorted({m.strip() for m in (self.cleaned_data.get("models") or "").split(",") if m.strip()})
+        unknown = [m for m in names if m not in self.model_names]
+        if unknown:
+            first = unknown[0]
+            raise forms.ValidationError(
+                f"`{first}` is not a model your team can call.{did_you_mean(first, self.model_names)}"
+            )
+        return names
+
     def service_kwargs(self) -> dict:
         data = self.cleaned_data
         days = data.get("expires_in_days")
         return {
             "name": data.get("name", ""),
-            "allowed_models": [m for m in (data.get("models") or "").split(",") if m.strip()],
+            "allowed_models": data.get("models") or [],
             "expires_at": timezone.now() + dt.timedelta(days=days) if days else None,
             "rpm_limit": data.get("rpm_limit"),
             "tpm_limit": data.get("tpm_limit"),

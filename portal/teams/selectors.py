@@ -12,6 +12,7 @@ from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
 from portal.core.redis_client import gateway_redis, redis_keys
+from portal.registry.models import ModelVersion
 
 from .models import (
     ApiKey,
@@ -34,6 +35,14 @@ def team_get_for_user(user, slug: str) -> Team:
     return get_object_or_404(teams_visible_to(user), slug=slug)
 
 
+def model_names_for_team(team: Team) -> list[str]:
+    """Registered model names the team may call (its allowed list, else every registered model)."""
+    names = ModelVersion.objects.order_by("name").values_list("name", flat=True)
+    if team.allowed_models:
+        names = names.filter(name__in=team.allowed_models)
+    return list(names)
+
+
 def api_keys_of(team: Team) -> QuerySet[ApiKey]:
     """The team's keys, without the playground's and the benchmarks' (their secrets exist nowhere,
     so there is nothing to manage; staff see them in the admin)."""
@@ -53,15 +62,21 @@ def api_key_get_for_team(team: Team, prefix: str) -> ApiKey:
 def usage_daily_series(
     team: Team, *, days: int = 30, today: dt.date | None = None
 ) -> list[tuple[dt.date, int]]:
-    """(day, tokens) for each of the last `days` UTC days, zeros included."""
+    """(day, tokens) for each of the last `days` UTC days, zeros included: the daily rollups for
+    the days before today, and today's usage records themselves (the rollup lags by minutes)."""
     today = today or timezone.now().date()
     start = today - dt.timedelta(days=days - 1)
     totals = {
         row["day"]: (row["p"] or 0) + (row["c"] or 0)
-        for row in UsageDaily.objects.filter(team=team, day__gte=start)
+        for row in UsageDaily.objects.filter(team=team, day__gte=start, day__lt=today)
         .values("day")
         .annotate(p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
     }
+    midnight = dt.datetime.combine(today, dt.time.min, tzinfo=dt.UTC)
+    live = Usage.objects.filter(
+        team=team, created_at__gte=midnight, created_at__lt=midnight + dt.timedelta(days=1)
+    ).aggregate(p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
+    totals[today] = (live["p"] or 0) + (live["c"] or 0)
     return [(start + dt.timedelta(days=i), totals.get(start + dt.timedelta(days=i), 0)) for i in range(days)]
 
 
@@ -106,7 +121,8 @@ def usage_today_by_key(team: Team) -> list[dict]:
 
 def usage_by_priority_class(team: Team, *, days: int = 30) -> list[dict]:
     """Requests and tokens per priority class: today's straight from the usage records (as the rest
-    of today's figures), and the last `days` UTC days (today included) from the daily rollups.
+    of today's figures), and the last `days` UTC days: the daily rollups of the days before today
+    plus today's records (so the totals never lag today's figures beside them).
     One row per class, every class present: {"priority_class", "today_requests", "today_tokens",
     "days_requests", "days_tokens"}."""
     start = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
@@ -119,7 +135,7 @@ def usage_by_priority_class(team: Team, *, days: int = 30) -> list[dict]:
     first_day = start.date() - dt.timedelta(days=days - 1)
     rolled = {
         row["priority_class"]: row
-        for row in UsageDaily.objects.filter(team=team, day__gte=first_day)
+        for row in UsageDaily.objects.filter(team=team, day__gte=first_day, day__lt=start.date())
         .values("priority_class")
         .annotate(requests=Sum("requests"), p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
     }
@@ -131,8 +147,8 @@ def usage_by_priority_class(team: Team, *, days: int = 30) -> list[dict]:
                 "priority_class": value,
                 "today_requests": t.get("requests") or 0,
                 "today_tokens": (t.get("p") or 0) + (t.get("c") or 0),
-                "days_requests": r.get("requests") or 0,
-                "days_tokens": (r.get("p") or 0) + (r.get("c") or 0),
+                "days_requests": (r.get("requests") or 0) + (t.get("requests") or 0),
+                "days_tokens": (r.get("p") or 0) + (r.get("c") or 0) + (t.get("p") or 0) + (t.get("c") or 0),
             }
         )
     return out

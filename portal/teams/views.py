@@ -8,7 +8,7 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods
 
 from portal.core.errors import ApplicationError
 
@@ -17,6 +17,7 @@ from .forms import ApiKeyCreateForm
 from .selectors import (
     api_key_get_for_team,
     api_keys_of,
+    model_names_for_team,
     team_get_for_user,
     usage_by_priority_class,
     usage_daily_series,
@@ -33,14 +34,16 @@ def team_keys(request, slug: str):
     team = team_get_for_user(request.user, slug)
     new_token = None
     context = {}
-    form = ApiKeyCreateForm(request.POST or None)
+    model_names = model_names_for_team(team)
+    form = ApiKeyCreateForm(request.POST or None, model_names=model_names)
     if request.method == "POST" and form.is_valid():
         try:
             key, new_token = api_key_create(team=team, created_by=request.user, **form.service_kwargs())
         except ApplicationError as error:
-            form.add_error(error.field if error.field in form.fields else None, error.message)
+            field = {"allowed_models": "models"}.get(error.field, error.field)
+            form.add_error(field if field in form.fields else None, error.message)
         else:
-            form = ApiKeyCreateForm()
+            form = ApiKeyCreateForm(model_names=model_names)
             # A model the key may call, for the snippets; without a list any served one will do.
             models = key.allowed_models or team.allowed_models
             context = {
@@ -58,11 +61,15 @@ def team_keys(request, slug: str):
     )
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @login_required
 def team_key_revoke(request, slug: str, prefix: str):
+    """GET: the confirmation page (a revoked key cannot be brought back); POST: revoke."""
     team = team_get_for_user(request.user, slug)
-    api_key_revoke(api_key=api_key_get_for_team(team, prefix))
+    key = api_key_get_for_team(team, prefix)
+    if request.method == "GET":
+        return render(request, "teams/key_revoke_confirm.html", {"team": team, "key": key})
+    api_key_revoke(api_key=key)
     return redirect("teams:keys", slug=team.slug)
 
 

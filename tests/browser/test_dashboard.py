@@ -127,6 +127,9 @@ def test_a_member_sees_the_team_front_page(page: Page, live_server, bob, busy_po
     expect(section.locator("table.keys")).to_contain_text(f"sk-{key.prefix}…")
     expect(section.locator("table.keys")).to_contain_text("revoked")
     expect(section.locator("table.models")).to_contain_text("llama-2-13b-chat-hf")
-    expect(section).to_contain_text("1250000 / 2000000")
+    expect(section).to_contain_text("1,250,000 / 2,000,000")
+    # How to call: the base URL, and each model's context and max_tokens bound.
+    expect(section.locator("code.base-url")).to_have_text(f"{live_server.url}/v1")
+    expect(section.locator("table.models tr", has_text="llama-2-13b-chat-hf")).to_contain_text("4,096")
     expect(page.locator("#nodes")).to_have_count(0)
     shot(page, "dashboard-team")

@@ -38,7 +38,7 @@ def test_it_adds_a_node_in_the_portal_keeping_a_refused_paste(page: Page, live_s
     assert Node.objects.get(name="dgx-v100-02").gpus.count() == 8
 
 
-def test_it_shows_the_new_keys_base_url_and_snippets(page: Page, live_server, bob, team):
+def test_it_shows_the_new_keys_base_url_and_snippets(page: Page, live_server, bob, team, llama7b):
     login(page, live_server, "bob", "bob-password", next_path="/teams/search/keys/")
     page.fill("#id_name", "notebook")
     page.fill("#id_models", "llama-2-7b-chat-hf")

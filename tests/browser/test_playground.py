@@ -138,10 +138,21 @@ def test_errors_show_as_the_gateways_message_and_code_is_copied_with_a_placehold
     page.fill("#pg-input", "And again")
     page.get_by_role("button", name="Send").click()
     expect(page.locator("#pg-error")).to_contain_text("requests per minute")
+    # The gateway's message, written for people, without its code for programs.
+    expect(page.locator("#pg-error")).not_to_contain_text("rate_limit_exceeded")
+    expect(page.locator("#pg-error")).not_to_contain_text("(")
     expect(page.locator("#pg-input")).to_have_value("And again")  # kept, to send once allowed
     shot(page, "playground-quota-error")
 
+    page.fill("#pg-input", "a long line " * 400)  # one 4,800-character line in the code boxes
     page.get_by_role("button", name="Copy as code").click()
+    expect(page.locator("#pg-code-curl")).to_contain_text("a long line a long line")
+    # The code scrolls inside its box: the page stays as wide as the window (it was 5,362 px).
+    widths = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+    assert widths[0] <= widths[1], widths
+    box = page.locator("#pg-code-curl").bounding_box()
+    assert box["x"] + box["width"] <= widths[1]
+    page.fill("#pg-input", "")
     curl = page.locator("#pg-code-curl")
     expect(curl).to_contain_text(f"{portal.url}/v1/chat/completions")
     expect(curl).to_contain_text("Bearer YOUR_API_KEY")
@@ -166,3 +177,21 @@ def test_a_member_whose_session_ended_is_told_to_sign_in_again(
     page.get_by_role("button", name="Send").click()
     expect(page.locator("#pg-error")).to_contain_text("You are signed out")
     expect(page.locator(".pg-msg")).to_have_count(0)
+
+
+def test_the_max_tokens_field_follows_the_models_context(
+    page: Page, portal, fake_upstream, bob, team, cpu_node  # noqa: F811 (the fixture imported above)
+):
+    serve(team, cpu_node, name="fake-long", endpoint_url=fake_upstream)  # 4,096 tokens: the clamp bounds
+    short = serve(team, cpu_node, name="fake-short", endpoint_url=fake_upstream)
+    short.profile.max_model_len = 512
+    short.profile.save()
+    open_playground(page, portal)
+    page.select_option("#pg-model", "fake-long")
+    expect(page.locator("#pg-max-tokens-hint")).to_have_text("1 to 1024 (the team's clamp)")
+    page.fill("#pg-max-tokens", "900")
+    page.select_option("#pg-model", "fake-short")
+    hint = page.locator("#pg-max-tokens-hint")
+    expect(hint).to_have_text("1 to 512, less the prompt (the model's context)")
+    expect(page.locator("#pg-max-tokens")).to_have_attribute("max", "512")
+    expect(page.locator("#pg-max-tokens")).to_have_value("512")  # lowered to what the model allows

@@ -18,9 +18,13 @@ pytestmark = [
 
 
 
-def test_a_member_creates_sees_once_and_revokes_a_key(page: Page, live_server, bob, team):
+def test_a_member_creates_sees_once_and_revokes_a_key(page: Page, live_server, bob, team, llama7b):
     login(page, live_server, "bob", "bob-password", next_path="/teams/search/keys/")
     page.fill("#id_name", "notebook")
+    page.fill("#id_models", "llama-2-7b-chat")  # a typo: the form names the close model
+    page.get_by_role("button", name="Create key").click()
+    expect(page.locator("form.planner")).to_contain_text("Did you mean `llama-2-7b-chat-hf`?")
+    expect(page.locator("#new-key")).to_have_count(0)
     page.fill("#id_models", "llama-2-7b-chat-hf")
     page.fill("#id_rpm_limit", "60")
     page.select_option("#id_priority_class", "batch")
@@ -35,8 +39,15 @@ def test_a_member_creates_sees_once_and_revokes_a_key(page: Page, live_server, b
     page.goto(f"{live_server.url}/teams/search/keys/")
     expect(page.locator("#new-key")).to_have_count(0)
     assert token.split(".", 1)[1] not in page.content()
-    page.get_by_role("button", name="Revoke").click()
+    page.get_by_role("link", name="Revoke…").click()  # a confirmation page first (no script needed)
+    expect(page.locator("h1")).to_contain_text(f"Revoke key sk-{prefix}…?")
+    expect(page.locator("main")).to_contain_text("notebook")
+    page.get_by_role("link", name="Cancel").click()
+    expect(page.locator("table")).not_to_contain_text("revoked")
+    page.get_by_role("link", name="Revoke…").click()
+    page.get_by_role("button", name="Revoke this key").click()
     expect(page.locator("table")).to_contain_text("revoked")
+    expect(page.get_by_role("link", name="Revoke…")).to_have_count(0)
 
 
 def test_a_member_sees_usage_against_quotas_as_charts(page: Page, live_server, bob, team):
@@ -64,5 +75,5 @@ def test_a_member_sees_usage_against_quotas_as_charts(page: Page, live_server, b
     # Today per class: 1 interactive request of 30 tokens, 1 batch request of 3.
     expect(page.locator("table.by-class tr", has_text="batch")).to_contain_text("3")
     expect(page.locator("table.by-class tr", has_text="interactive")).to_contain_text("30")
-    expect(page.locator("main")).to_contain_text("50000")
+    expect(page.locator("main")).to_contain_text("50,000")  # thousands separators
     shot(page, "team-usage")

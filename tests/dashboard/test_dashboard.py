@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 
@@ -191,7 +192,7 @@ def test_a_member_sees_their_teams_models_keys_quotas_and_usage_today(client, bo
     page = response.content.decode()
     assert "Team Search" in page
     assert f"sk-{search_key.prefix}…" in page and "notebook" in page
-    assert "2500 / 10000" in page  # tokens today against the daily quota
+    assert "2,500 / 10,000" in page  # tokens today against the daily quota
     assert '<meter min="0" max="10000"' in page
     assert "llama-2-7b-chat-hf" in page and "qwen2.5-7b-instruct" in page  # its own and shared replicas
     assert "mistral-7b-instruct" not in page  # another team's unshared deployment
@@ -216,6 +217,27 @@ def test_a_member_sees_only_the_models_the_team_may_call(client, bob, two_teams)
     client.force_login(bob)
     models = _section(client.get("/").content.decode(), 'class="models"')
     assert "qwen2.5-7b-instruct" in models and "llama-2-7b-chat-hf" not in models
+
+
+def test_a_member_sees_how_to_call_each_model_base_url_context_and_max_tokens(client, bob, two_teams):
+    from portal.deployments.models import DeploymentProfile
+
+    team = two_teams[0]
+    tiny = model_version_create(name="tiny-llama", config=bundled_config("llama-2-7b-chat-hf"))
+    short = DeploymentProfile.objects.create(name="t", max_model_len=512)
+    deploy("tiny", team=team, model=tiny, profile=short)
+    client.force_login(bob)
+    page = client.get("/").content.decode()
+    assert '<code class="base-url">http://testserver/v1</code>' in page
+    rows = _rows(page, "models-search")
+    # The clamp (1024) bounds a 4096-token model; a 512-token model is bounded by its context less the prompt.
+    cells = {m: re.sub(r"<[^>]+>", " ", row).split()[1:] for m, row in rows.items()}
+    assert [cells["llama-2-7b-chat-hf"], cells["tiny-llama"]] == [
+        ["2", "4,096", "1,024", "1,024"],
+        ["1", "512", "512", "−", "prompt", "512", "−", "prompt"],
+    ]
+    # qwen is shared and profile-less: its context is the model's own positions.
+    assert "32,768" in rows["qwen2.5-7b-instruct"]
 
 
 def test_someone_in_no_team_is_told_so_and_sees_no_keys(client, charlie, two_teams):

@@ -186,7 +186,15 @@ def serving(transactional_db, team, cpu_node, fake_upstream, gw_redis):
     return make_setup(team=team, node=cpu_node, upstream=fake_upstream)
 
 
-def make_setup(*, team, node, upstream: str, cap: int | None = None, key_kwargs: dict | None = None) -> Setup:
+def make_setup(
+    *,
+    team,
+    node,
+    upstream: str,
+    cap: int | None = None,
+    key_kwargs: dict | None = None,
+    max_model_len: int | None = None,
+) -> Setup:
     from portal.deployments.models import Deployment, DeploymentProfile
     from portal.registry.services import model_version_create
     from portal.teams.services import api_key_create
@@ -194,7 +202,9 @@ def make_setup(*, team, node, upstream: str, cap: int | None = None, key_kwargs:
 
     name = f"m-{uuid.uuid4().hex[:8]}"
     version = model_version_create(name=name, config=bundled_config("llama-2-7b-chat-hf"))
-    profile = DeploymentProfile.objects.create(name=f"p-{name}", model_version=version)
+    profile = DeploymentProfile.objects.create(
+        name=f"p-{name}", model_version=version, max_model_len=max_model_len
+    )
     deployment = Deployment.objects.create(
         name=f"d-{name}",
         team=team,

@@ -51,6 +51,8 @@ def test_it_records_exactly_one_usage_row_per_request_whatever_the_outcome(gatew
     assert (streamed.completion_tokens, plain.completion_tokens) == (7, 5)
     assert streamed.prompt_tokens > 0 and streamed.ttft_ms > 0 and streamed.duration_ms >= streamed.ttft_ms
     assert streamed.stream and not plain.stream
+    # A non-streamed answer arrives whole: no time to first token (end-to-end latency only).
+    assert plain.ttft_ms is None and plain.duration_ms > 0
     assert {r.api_key_id for r in rows} == {serving.key.pk}
     assert rows[0].deployment_id == serving.deployment.pk
     # Flushing again writes nothing twice.
@@ -80,6 +82,18 @@ def test_it_refuses_a_revoked_key_at_once_even_while_cached(gateway, serving, gw
     assert post(gateway, serving, chat_body(serving.model)).status_code == 200  # the key row is now cached
     api_key_revoke(api_key=serving.key)
     response = post(gateway, serving, chat_body(serving.model))
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "key_disabled"
+
+
+def test_models_refuses_a_revoked_key_at_once_even_while_cached(gateway, serving, gw_redis):
+    """README: revocation takes effect at the next request; /v1/models answered for GATEWAY_CACHE_S."""
+    from portal.teams.services import api_key_revoke
+
+    url = f"{gateway.url}/v1/models"
+    assert httpx.get(url, headers=serving.headers).status_code == 200  # the key row is now cached
+    api_key_revoke(api_key=serving.key)
+    response = httpx.get(url, headers=serving.headers)
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "key_disabled"
 

@@ -113,7 +113,25 @@ def test_it_answers_404_for_an_unknown_model(gateway, team, serving):
         headers={"Authorization": f"Bearer {token}"},
         json=chat_body("nope"),
     )
-    assert_error(response, 404, "model_not_found")
+    error = assert_error(response, 404, "model_not_found")
+    assert "Did you mean" not in error["message"]  # nothing served is close to "nope"
+
+
+def test_the_404_for_a_mistyped_model_names_the_close_one_this_key_can_call(gateway, team, serving):
+    from portal.teams.services import api_key_create
+
+    # As `llama-2-7b-chat` for `llama-2-7b-chat-hf`. (A key with no model list is offered the models
+    # its team reaches, from the gateway's cached list of served models: the same message.)
+    typo = serving.model + "-hf"
+    _key, token = api_key_create(team=team, allowed_models=[serving.model, typo])
+    headers = {"Authorization": f"Bearer {token}"}
+    response = httpx.post(f"{gateway.url}/v1/chat/completions", headers=headers, json=chat_body(typo))
+    error = assert_error(response, 404, "model_not_found")
+    assert error["message"] == f"The model `{typo}` does not exist. Did you mean `{serving.model}`?"
+    # A key limited to some models is told the close one among them.
+    response = post(gateway, serving, chat_body(serving.model[:-1]))
+    error = assert_error(response, 403, "model_not_allowed")
+    assert error["message"].endswith(f"Did you mean `{serving.model}`?")
 
 
 def test_it_answers_503_when_no_replica_serves_the_model(gateway, serving):

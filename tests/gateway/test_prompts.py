@@ -128,14 +128,14 @@ def test_it_checks_the_rate_before_counting_a_large_prompt_and_counts_it_off_the
     serving.key.tpm_limit = 100  # the large prompt alone is over it, refused after it is counted
     serving.key.save()
     counted_on: list[str] = []
-    real = tokens.prompt_tokens
+    real = tokens.prompt_count
 
     def spy(body, *, chat, tokenizer_path):
         counted_on.append(threading.current_thread().name)
         return real(body, chat=chat, tokenizer_path=tokenizer_path)
 
-    monkeypatch.setattr(tokens, "prompt_tokens", spy)
-    monkeypatch.setattr(views, "prompt_tokens", spy)
+    monkeypatch.setattr(tokens, "prompt_count", spy)
+    monkeypatch.setattr(views, "prompt_count", spy)
     monkeypatch.setattr(views, "_state", {})  # a limiter of this test's own event loop
     large = json.dumps(chat_body(serving.model, "word " * 2000))
 

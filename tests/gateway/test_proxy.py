@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from .conftest import chat_body, upstream_stats, wait_for_slots_free
+from .conftest import chat_body, make_setup, upstream_stats, wait_for_slots_free
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
 
@@ -64,6 +64,41 @@ def test_it_clamps_max_tokens_and_asks_upstream_for_usage(gateway, serving):
     sent = upstream_stats(serving.upstream)["last_body"]
     assert sent["max_tokens"] == 1024
     assert sent["stream_options"] == {"include_usage": True}
+
+
+def test_a_request_without_max_tokens_is_bounded_by_the_models_context(
+    gateway, team, cpu_node, fake_upstream, gw_redis
+):
+    """The key page's snippets send no max_tokens: to a 512-token model with the team's clamp of
+    1024, that was a 400 from vLLM (`max_tokens=1024 cannot be greater than max_model_len=512`)."""
+    from portal.gateway.tokens import prompt_tokens
+
+    setup = make_setup(team=team, node=cpu_node, upstream=fake_upstream, max_model_len=512)
+    team.tpm_limit = 600  # the clamp's reservation (prompt + 1024) would be refused outright
+    team.save()
+    body = chat_body(setup.model)
+    response = httpx.post(f"{gateway.url}/v1/chat/completions", headers=setup.headers, json=body)
+    assert response.status_code == 200, response.text
+    room = 512 - prompt_tokens(body, chat=True, tokenizer_path=None)
+    assert upstream_stats(fake_upstream)["last_body"]["max_tokens"] == room
+
+    # An explicit max_tokens over the context is lowered the same way (docs/decisions.md).
+    body = chat_body(setup.model, stream=True, max_completion_tokens=5000, max_tokens=700)
+    httpx.post(f"{gateway.url}/v1/chat/completions", headers=setup.headers, json=body).read()
+    sent = upstream_stats(fake_upstream)["last_body"]
+    assert (sent["max_completion_tokens"], sent["max_tokens"]) == (room, room)
+
+
+def test_a_batch_of_prompts_is_bounded_by_its_longest_prompt(
+    gateway, team, cpu_node, fake_upstream, gw_redis
+):
+    setup = make_setup(team=team, node=cpu_node, upstream=fake_upstream, max_model_len=512)
+    prompts = ["x" * 400, "y" * 40]  # 100 and 10 tokens by the 4-characters estimate
+    response = httpx.post(
+        f"{gateway.url}/v1/completions", headers=setup.headers, json={"model": setup.model, "prompt": prompts}
+    )
+    assert response.status_code == 200, response.text
+    assert upstream_stats(fake_upstream)["last_body"]["max_tokens"] == 512 - 100
 
 
 def test_it_releases_every_slot_after_success(gateway, serving, gw_redis):

@@ -78,3 +78,24 @@ def test_it_strips_vllms_usage_chunk_when_the_client_did_not_ask(gateway, tiny_s
     assert raw.status_code == 200
     assert b'"usage":{' not in raw.content and b'"usage": {' not in raw.content
     assert raw.content.rstrip().endswith(b"data: [DONE]")
+
+
+def test_a_request_without_max_tokens_fits_the_real_servers_context(gateway, tiny_served, team):
+    """A clamp above the context (8,000 > the server's 4,096) was sent as max_tokens and refused by
+    vLLM (`max_tokens=8000 cannot be greater than max_model_len=4096`), as the team's 1,024 was on a
+    512-token model: the gateway now sends what the context leaves after the prompt."""
+    from portal.gateway.tokens import prompt_tokens
+
+    model, token, deployment = tiny_served
+    team.max_tokens_clamp = 8000
+    team.save()
+    body = {"model": model, "prompt": "The quick brown fox jumps over the lazy dog. " * 150}
+    tokenizer = f"{deployment.model_version.path}/tokenizer.json"
+    counted = prompt_tokens(body, chat=False, tokenizer_path=tokenizer)
+    assert 3000 < counted < 4000  # a long prompt leaves a short room: the answer is quick on CPU
+    response = httpx.post(
+        f"{gateway.url}/v1/completions", headers={"Authorization": f"Bearer {token}"}, json=body, timeout=120
+    )
+    assert response.status_code == 200, response.text
+    usage = response.json()["usage"]
+    assert 0 < usage["completion_tokens"] <= 4096 - usage["prompt_tokens"]

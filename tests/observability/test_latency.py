@@ -34,11 +34,11 @@ def deployment(team, llama7b, cpu_node):
     )  # fmt: skip
 
 
-def usage(deployment, at, *, ttft_ms=100.0, duration_ms=1000.0, tokens=10, status="completed"):
+def usage(deployment, at, *, ttft_ms=100.0, duration_ms=1000.0, tokens=10, status="completed", stream=True):
     return Usage.objects.create(
         created_at=at, team=deployment.team, deployment=deployment, model="m", status=status,
         http_status=200 if status == "completed" else 502, ttft_ms=ttft_ms, duration_ms=duration_ms,
-        completion_tokens=tokens,
+        completion_tokens=tokens, stream=stream,
     )  # fmt: skip
 
 
@@ -71,7 +71,30 @@ def test_it_rolls_up_ttft_tpot_requests_and_errors_per_deployment_and_minute(dep
     python_rows = sorted(_rollup_rows_python(T0, T0 + dt.timedelta(minutes=2)), key=lambda r: r[1])
     assert python_rows[0][:4] == (deployment.pk, T0, 22, 1)
     percentiles = (first.p50_ttft_ms, first.p95_ttft_ms, first.p50_tpot_ms, first.p95_tpot_ms)
-    assert python_rows[0][4:] == pytest.approx(percentiles)
+    assert python_rows[0][4:8] == pytest.approx(percentiles)
+
+
+def test_non_streamed_requests_count_toward_end_to_end_latency_not_ttft_or_tpot(deployment):
+    """A non-streamed answer arrives whole: its "first byte" is its last, so it once made TTFT equal
+    the whole latency and TPOT about 0, and an SLA on TTFT broke on the key page's own snippets."""
+    for i in range(4):  # streamed: TTFT 200 ms, 1000 ms end to end, TPOT (1000 - 200) / 9
+        usage(deployment, at(seconds=i), ttft_ms=200.0, duration_ms=1000.0)
+    for i in range(4):  # non-streamed, recorded as the gateway once did: a "TTFT" of the whole answer
+        usage(deployment, at(seconds=10 + i), ttft_ms=3000.0, duration_ms=3000.0, stream=False)
+    usage(deployment, at(seconds=20), ttft_ms=None, duration_ms=3000.0, stream=False)  # as it does now
+    latency_rollup(since=T0, until=at(minutes=1))
+    [row] = LatencyMinute.objects.all()
+    assert (row.requests, row.p50_ttft_ms, row.p95_ttft_ms) == (9, 200.0, 200.0)
+    assert row.p95_tpot_ms == pytest.approx(800.0 / 9)
+    e2e = [1000.0] * 4 + [3000.0] * 5
+    assert (row.p50_e2e_ms, row.p95_e2e_ms) == (percentile_cont(e2e, 0.5), percentile_cont(e2e, 0.95))
+    [python_row] = _rollup_rows_python(T0, at(minutes=1))
+    assert python_row[4:] == pytest.approx(
+        (200.0, 200.0, row.p50_tpot_ms, row.p95_tpot_ms, row.p50_e2e_ms, row.p95_e2e_ms)
+    )
+    # The deployment is inside a 1 s TTFT SLA: no breach from its non-streamed traffic.
+    sla_breaches_update(now=at(minutes=N + 1))
+    assert not SlaBreach.objects.exists()
 
 
 def test_it_is_idempotent_and_takes_in_late_records(deployment):

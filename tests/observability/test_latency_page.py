@@ -33,7 +33,7 @@ def traffic(deployment, *, minutes: int, ttft_ms: float, now: dt.datetime) -> No
             Usage.objects.create(
                 created_at=mid_minute - dt.timedelta(minutes=m, seconds=i), team=deployment.team,
                 deployment=deployment, model="m", status="completed", http_status=200,
-                ttft_ms=ttft_ms, duration_ms=ttft_ms + 9 * 50.0, completion_tokens=10,
+                ttft_ms=ttft_ms, duration_ms=ttft_ms + 9 * 50.0, completion_tokens=10, stream=True,
             )  # fmt: skip
     latency_rollup_recent(now=now)
 
@@ -52,6 +52,7 @@ def test_it_charts_production_latency_against_the_sla_and_the_benchmark(client, 
     client.force_login(bob)  # a member of the owning team
     page = client.get("/deployments/chat/").content.decode()
     assert 'id="latency-ttft"' in page and 'id="latency-tpot"' in page and 'id="latency-requests"' in page
+    assert 'id="latency-e2e"' in page  # every completed request, streamed or not
     assert "P95 TTFT ≤ 1.5 s, P95 TPOT ≤ 0.25 s" in page
     assert re.search(r'class="ref-line sla-line" data-value="1.5"', page)
     assert re.search(r'class="ref-line sla-line" data-value="0.25"', page)

@@ -42,11 +42,23 @@ def test_it_shows_a_member_the_models_their_team_can_call_and_no_key(client: Cli
     response = client.get("/teams/search/playground/")
     assert response.status_code == 200
     page = response.content.decode()
-    assert '<option value="llama-2-7b-chat-hf">' in page
-    assert 'max="1024"' in page  # the team's max_tokens clamp bounds the field
+    assert '<option value="llama-2-7b-chat-hf" data-max-tokens="1024"' in page
+    assert 'max="1024"' in page  # the team's max_tokens clamp bounds the field (the context is 4096)
     assert "sk-" not in page
     assert "Copy as code" in page
     assert not ApiKey.objects.exists()  # the key is made on the first chat, not by looking
+
+
+def test_the_max_tokens_hint_is_the_models_bound_when_its_context_is_smaller_than_the_clamp(
+    client: Client, bob, served
+):
+    served.profile.max_model_len = 512
+    served.profile.save()
+    client.force_login(bob)
+    page = client.get("/teams/search/playground/").content.decode()
+    assert 'data-max-tokens="512" data-context-bound="1"' in page
+    assert 'max="512"' in page and "1 to 512, less the prompt (the model's context)" in page
+    assert "1 to 1024" not in page
 
 
 def test_it_says_so_when_no_model_the_team_may_call_is_serving(client: Client, bob, team):

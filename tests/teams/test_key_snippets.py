@@ -24,7 +24,7 @@ def snippet(page: str, name: str) -> str:
     return html.unescape(re.search(rf'<pre id="snippet-{name}">(.*?)</pre>', page, re.S).group(1))
 
 
-def test_it_shows_the_base_url_and_a_curl_call_with_the_new_key_and_its_model(bob, team):
+def test_it_shows_the_base_url_and_a_curl_call_with_the_new_key_and_its_model(bob, team, models_m1_m2):
     token, page = create_key(bob, models="m1, m2")
     assert '<code id="base-url">http://testserver/v1</code>' in page
     curl = snippet(page, "curl")

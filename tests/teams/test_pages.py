@@ -23,7 +23,7 @@ def logged_in(user) -> Client:
     return client
 
 
-def test_a_member_creates_a_key_and_sees_it_once(bob, team):
+def test_a_member_creates_a_key_and_sees_it_once(bob, team, models_m1_m2):
     client = logged_in(bob)
     response = client.post(
         reverse("teams:keys", args=["search"]), {"name": "ci", "models": "m1, m2", "rpm_limit": 30}
@@ -39,6 +39,21 @@ def test_a_member_creates_a_key_and_sees_it_once(bob, team):
     assert token not in again and f"sk-{key.prefix}" in again
 
 
+def test_the_key_form_refuses_a_model_the_team_cannot_call_and_names_the_close_one(bob, team, llama7b):
+    url = reverse("teams:keys", args=["search"])
+    response = logged_in(bob).post(url, {"name": "nb", "models": "llama-2-7b-chat"})
+    assert response.status_code == 400 and not ApiKey.objects.exists()
+    page = response.content.decode()
+    assert "`llama-2-7b-chat` is not a model your team can call. Did you mean `llama-2-7b-chat-hf`?" in page
+    assert "from: llama-2-7b-chat-hf" in page  # the form's help lists what the team can call
+    assert "snippet-curl" not in page
+    # A registered model outside the team's allowed list is refused the same way.
+    team.allowed_models = ["m-other"]
+    team.save()
+    response = logged_in(bob).post(url, {"name": "nb", "models": "llama-2-7b-chat-hf"})
+    assert response.status_code == 400 and "is not a model your team can call" in response.content.decode()
+
+
 def test_the_key_list_shows_prefix_and_last_use(bob, team):
     key, token = api_key_create(team=team, name="batch")
     page = logged_in(bob).get(reverse("teams:keys", args=["search"])).content.decode()
@@ -46,9 +61,17 @@ def test_the_key_list_shows_prefix_and_last_use(bob, team):
     assert token.split(".", 1)[1] not in page
 
 
-def test_a_member_revokes_a_key(bob, team):
-    key, _ = api_key_create(team=team)
-    response = logged_in(bob).post(reverse("teams:key-revoke", args=["search", key.prefix]))
+def test_a_member_revokes_a_key_after_a_confirmation_page(bob, team):
+    key, _ = api_key_create(team=team, name="nightly")
+    client = logged_in(bob)
+    keys = client.get(reverse("teams:keys", args=["search"])).content.decode()
+    url = reverse("teams:key-revoke", args=["search", key.prefix])
+    assert f'href="{url}">Revoke…</a>' in keys  # a link to the confirmation, not a one-click form
+    confirm = client.get(url)
+    assert confirm.status_code == 200 and "nightly" in confirm.content.decode()
+    key.refresh_from_db()
+    assert key.revoked_at is None  # looking revokes nothing
+    response = client.post(url)
     assert response.status_code == 302
     key.refresh_from_db()
     assert key.revoked_at is not None
@@ -80,7 +103,38 @@ def test_the_usage_page_shows_quotas_and_svg_charts(bob, team):
     team.save()
     page = logged_in(bob).get(reverse("teams:usage", args=["search"])).content.decode()
     assert page.count("<svg") == 2
-    assert "daily quota" in page and "100000" in page
+    assert "daily quota" in page and "100,000" in page
+
+
+def test_the_usage_page_folds_today_into_the_30_day_totals_with_thousands_separators(bob, team):
+    """The 30-day figures once lagged today's live ones until the rollup ran (`Requests today 1074`
+    beside `Requests, 30 days 95`)."""
+    import datetime as dt
+    import re
+    import uuid
+
+    from django.utils import timezone
+
+    from portal.teams.models import Usage, UsageDaily
+
+    today = timezone.now().date()
+    for day, requests, tokens in [(today - dt.timedelta(days=1), 95, 20_000), (today, 50, 1_000)]:
+        UsageDaily.objects.create(
+            day=day, team=team, model="m", requests=requests, completed=requests, prompt_tokens=tokens,
+            completion_tokens=0,
+        )  # fmt: skip  (today's row: a rollup minutes behind the records)
+    Usage.objects.bulk_create(
+        Usage(
+            request_id=uuid.uuid4(), created_at=timezone.now(), team=team, model="m", status="completed",
+            http_status=200, prompt_tokens=200, completion_tokens=50, duration_ms=9,
+        )
+        for _ in range(1_200)
+    )  # fmt: skip
+    page = logged_in(bob).get(reverse("teams:usage", args=["search"])).content.decode()
+    assert re.search(r"Requests today</div><div class=\"big\">1,200<", page)
+    row = '<tr><td>interactive</td><td class="num">1,200</td><td class="num">300,000</td>'
+    assert row + '<td class="num">1,295</td><td class="num">320,000</td></tr>' in page
+    assert f"{today:%m-%d}: 300,000</title>" in page  # today's bar: the records, not the stale rollup
 
 
 def test_staff_sees_the_admin_usage_chart(alice, team):

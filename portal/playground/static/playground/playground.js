@@ -41,16 +41,34 @@
     errorBox.hidden = false;
   }
 
-  // The gateway's error body is {"error": {"message", "type", "code"}}; anything else (a proxy's page)
-  // is shown by its status, never as a broken page.
+  // The gateway's error body is {"error": {"message", "type", "code"}}: its message is written for
+  // people, so it is shown alone (codes are for programs). Anything else (a proxy's page) is told
+  // in words by its status, never as a broken page.
   async function errorOf(response) {
     try {
       const data = await response.json();
-      if (data && data.error && data.error.message) {
-        return data.error.message + (data.error.code ? " (" + data.error.code + ")" : "");
-      }
+      if (data && data.error && data.error.message) return sentence(data.error.message);
     } catch (e) { /* not JSON */ }
-    return "The portal answered HTTP " + response.status + ".";
+    if (response.status === 429) return "Too many requests for now: wait a moment and send again.";
+    if (response.status >= 500) return "The portal could not answer just now: try again in a moment.";
+    return "The portal refused the request: reload the page and try again.";
+  }
+
+  function sentence(text) {
+    text = String(text).trim();
+    return /[.!?]$/.test(text) ? text : text + ".";
+  }
+
+  // The max_tokens input follows the model picked: the team's clamp within the model's context.
+  function boundMaxTokens() {
+    const option = $("pg-model").selectedOptions[0];
+    if (!option) return;
+    const most = parseInt(option.dataset.maxTokens, 10);
+    const field = $("pg-max-tokens");
+    field.max = String(most);
+    if (Number(field.value) > most) field.value = String(most);
+    $("pg-max-tokens-hint").textContent = "1 to " + most
+      + (option.dataset.contextBound === "1" ? ", less the prompt (the model's context)" : " (the team's clamp)");
   }
 
   async function chat(event) {
@@ -124,7 +142,7 @@
           if (data === "[DONE]") return null;
           let chunk;
           try { chunk = JSON.parse(data); } catch (e) { continue; }
-          if (chunk.error) return chunk.error.message + (chunk.error.code ? " (" + chunk.error.code + ")" : "");
+          if (chunk.error) return sentence(chunk.error.message || "The answer stopped with an error.");
           if (chunk.usage) {
             usageBox.textContent = chunk.usage.prompt_tokens + " prompt + " + chunk.usage.completion_tokens
               + " completion tokens";
@@ -215,6 +233,8 @@
   for (const button of root.querySelectorAll(".pg-copy")) {
     button.addEventListener("click", () => copy($(button.dataset.target).textContent, button));
   }
+  $("pg-model").addEventListener("change", boundMaxTokens);
+  boundMaxTokens();
   for (const id of ["pg-model", "pg-max-tokens", "pg-temperature", "pg-system", "pg-input"]) {
     $(id).addEventListener("input", renderCode);
   }
