@@ -99,7 +99,11 @@ class NvidiaSmiInputSerializer(serializers.Serializer):
         allow_blank=True, help_text="Output of `nvidia-smi --query-gpu=… --format=csv`."
     )
     topology = serializers.CharField(
-        required=False, allow_blank=True, default="", help_text="Output of `nvidia-smi topo -m`."
+        required=False,
+        allow_blank=True,
+        default="",
+        trim_whitespace=False,  # the header row's leading tab aligns the columns
+        help_text="Output of `nvidia-smi topo -m`."
     )
 
 
