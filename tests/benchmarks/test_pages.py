@@ -130,6 +130,28 @@ def test_it_compares_two_runs_and_marks_the_deltas(client, bob, deployment, fini
     assert "(only in A)" in page  # level 32 was not run in B
 
 
+def test_it_asks_for_two_runs_instead_of_a_404_when_nothing_is_picked(client, bob, finished_run):
+    client.force_login(bob)
+    response = client.get("/benchmarks/compare/", HTTP_REFERER="http://testserver/benchmarks/")
+    assert response.status_code == 302 and response["Location"] == "http://testserver/benchmarks/"
+    page = client.get(f"/benchmarks/compare/?a={finished_run.pk}", follow=True).content.decode()
+    assert "pick one run as A and another as B" in page and "URLconf" not in page
+    # A referer from elsewhere is not followed.
+    response = client.get("/benchmarks/compare/?b=", HTTP_REFERER="https://evil.example/")
+    assert response["Location"] == "/benchmarks/"
+
+
+def test_it_warns_and_marks_nothing_when_the_workloads_differ(client, bob, deployment, finished_run):
+    other = benchmark_run_create(
+        user=bob, deployment=deployment, mix="short-qa", concurrencies=[16], requests_per_level=8
+    )
+    BenchmarkLevel.objects.create(run=other, index=0, concurrency=16, results=level(16, 1700, 300, 20))
+    client.force_login(bob)
+    page = client.get(f"/benchmarks/compare/?a={finished_run.pk}&b={other.pk}").content.decode()
+    assert "sent different workloads" in page and "+70.0 %" in page
+    assert 'class="better"' not in page and 'class="worse"' not in page
+
+
 def test_it_shows_what_changed_between_runs(client, alice, bob, deployment, finished_run):
     other = benchmark_run_create(
         user=bob, deployment=deployment, mix="short-qa", concurrencies=[16], requests_per_level=8
