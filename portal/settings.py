@@ -47,6 +47,8 @@ if not SECRET_KEY:
 
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+# A form whose session is gone gets a page that says so, not Django's bare 403.
+CSRF_FAILURE_VIEW = "portal.core.views.csrf_failure"
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -4,6 +4,7 @@ from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
 from portal.benchmarks.apis import BenchmarkRunViewSet
+from portal.core.views import favicon
 from portal.deployments.apis import DeploymentViewSet, PlanApi, ProfileViewSet, TeamViewSet
 from portal.inventory.apis import GpuViewSet, NodeViewSet
 from portal.registry.apis import ConversionJobViewSet, ModelVersionViewSet
@@ -19,6 +20,7 @@ router.register("teams", TeamViewSet, basename="team")
 router.register("benchmark-runs", BenchmarkRunViewSet, basename="benchmark-run")
 
 urlpatterns = [
+    path("favicon.ico", favicon, name="favicon"),
     path("admin/", admin.site.urls),
     path("v1/", include("portal.gateway.urls")),
     path("", include("portal.observability.urls")),
