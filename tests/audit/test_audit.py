@@ -235,3 +235,14 @@ def test_deleting_the_actor_keeps_who_it_was(bob, team, django_user_model):
     bob.delete()
     event = only("api_key.create")
     assert (event.actor, event.actor_repr) == (None, "bob")
+
+
+def test_the_admin_list_has_readable_headers_and_a_whole_address(admin_user):
+    AuditEvent.objects.create(
+        action="node.create", actor=admin_user, actor_repr="root", ip="2001:db8:85a3::8a2e:370:7334"
+    )
+    page = logged_in(admin_user).get("/admin/audit/auditevent/").content.decode()
+    assert "Actor repr" not in page and "Target repr" not in page
+    assert "client address" in page.lower()
+    address = "2001:db8:85a3::8a2e:370:7334"
+    assert f'<span class="audit-address" style="white-space: nowrap">{address}</span>' in page
