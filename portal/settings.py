@@ -302,6 +302,24 @@ def env_number(name: str, *, default: int | float, minimum: int | float) -> int 
     return value
 
 
+# --- Node agents' heartbeat (portal/inventory/tasks.py) -------------------------------
+# Beat sends each node's agent a heartbeat this often; the agent records when it answered and what it runs.
+NODE_HEARTBEAT_INTERVAL_S = env_number("NODE_HEARTBEAT_INTERVAL_S", default=15, minimum=1)
+if NODE_HEARTBEAT_INTERVAL_S > 3600:
+    raise ImproperlyConfigured(f"NODE_HEARTBEAT_INTERVAL_S={NODE_HEARTBEAT_INTERVAL_S} must be at most 3600")
+# A node whose agent has not answered for this long is shown as "not heard from" (default: 3 heartbeats).
+NODE_AGENT_SILENT_S = env_number("NODE_AGENT_SILENT_S", default=3 * NODE_HEARTBEAT_INTERVAL_S, minimum=1)
+if not NODE_HEARTBEAT_INTERVAL_S <= NODE_AGENT_SILENT_S <= 86400:
+    raise ImproperlyConfigured(
+        f"NODE_AGENT_SILENT_S={NODE_AGENT_SILENT_S} must be between NODE_HEARTBEAT_INTERVAL_S "
+        f"({NODE_HEARTBEAT_INTERVAL_S}) and 86400"
+    )
+# A deployment still `pending` this long after its last step says on its timeline that no agent
+# picked it up, and whether its node's agent is listening.
+DEPLOYMENT_PENDING_WARN_S = env_number("DEPLOYMENT_PENDING_WARN_S", default=60, minimum=5)
+if DEPLOYMENT_PENDING_WARN_S > 86400:
+    raise ImproperlyConfigured(f"DEPLOYMENT_PENDING_WARN_S={DEPLOYMENT_PENDING_WARN_S} must be at most 86400")
+
 # --- Benchmarks (portal/benchmarks): what a non-staff user may ask of one run -------------
 BENCHMARK_MEMBER_MAX_LEVELS = env_number("BENCHMARK_MEMBER_MAX_LEVELS", default=8, minimum=1)
 BENCHMARK_MEMBER_MAX_CONCURRENCY = env_number("BENCHMARK_MEMBER_MAX_CONCURRENCY", default=64, minimum=1)
@@ -404,6 +422,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": DEPLOYMENT_SUPERVISE_INTERVAL_S,
         # A tick nobody ran in time is worthless: the next one is on its way.
         "options": {"queue": "control", "expires": DEPLOYMENT_SUPERVISE_INTERVAL_S},
+    },
+    "inventory-agent-heartbeat": {
+        "task": "inventory.heartbeat_all",
+        "schedule": NODE_HEARTBEAT_INTERVAL_S,
+        "options": {"queue": "control", "expires": NODE_HEARTBEAT_INTERVAL_S},
     },
     "gateway-usage-flush": {"task": "portal.teams.tasks.usage_flush", "schedule": 5.0},
     "gateway-usage-rollup": {"task": "portal.teams.tasks.usage_rollup", "schedule": 300.0},

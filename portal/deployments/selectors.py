@@ -117,3 +117,41 @@ def gpus_held_by_team(team: Team, *, exclude_deployment_id: int | None = None) -
     """How many GPUs the team's deployments hold (what its `gpu_quota` bounds)."""
     indices = _holding(exclude_deployment_id).filter(team=team).values_list("gpu_indices", flat=True)
     return sum(len(i or []) for i in indices)
+
+
+def pending_unclaimed_note(deployment: Deployment, *, last_event_at, now) -> str | None:
+    """Why a `pending` deployment has not moved, once DEPLOYMENT_PENDING_WARN_S has passed since its
+    last step: no agent took the start from the node's queue. Says whether the node's agent answers
+    its heartbeat, so "pending" never looks like work in progress when nothing listens."""
+    from django.conf import settings
+
+    if deployment.state != DeploymentState.PENDING or deployment.adopted or deployment.node is None:
+        return None
+    since = last_event_at or deployment.created_at
+    waited = (now - since).total_seconds()
+    if waited < settings.DEPLOYMENT_PENDING_WARN_S:
+        return None
+    node = deployment.node
+    agent = node.agent
+    head = f"No agent has picked this up for {_duration(waited)}"
+    if agent.listening:
+        return (
+            f"{head}, though the agent of {node.name} answered its heartbeat {_duration(agent.age_s)} ago: "
+            "it may be busy with a long job (an acceptance, a conversion); the start runs after it."
+        )
+    seen = "has never answered" if agent.seen_at is None else f"last answered {_duration(agent.age_s)} ago"
+    return (
+        f"{head}: no agent is listening on node {node.name} (its agent {seen}). Start one on the node: "
+        f"celery -A portal worker -Q {node.queue}"
+    )
+
+
+def _duration(seconds: float | None) -> str:
+    seconds = int(seconds or 0)
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    if seconds < 172800:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 86400} days"
