@@ -23,6 +23,8 @@ urlpatterns = [
     path("favicon.ico", favicon, name="favicon"),
     path("admin/", admin.site.urls),
     path("v1/", include("portal.gateway.urls")),
+    # Before observability's deployments/<name>/, so deployments/new/ is the create page.
+    path("", include("portal.deployments.urls")),
     path("", include("portal.observability.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/plan/", PlanApi.as_view(), name="api-plan"),
@@ -34,6 +36,5 @@ urlpatterns = [
     path("teams/", include("portal.teams.urls")),
     path("teams/", include("portal.playground.urls")),
     path("benchmarks/", include("portal.benchmarks.urls")),
-    path("", include("portal.deployments.urls")),
     path("", include("portal.dashboard.urls")),
 ]
