@@ -1,8 +1,11 @@
 """Plots of a run as inline SVG, built by hand: no JavaScript, no network asset, no plotting library.
 
 Levels sit at evenly spaced x positions (16, 32, 64, … read better that way than
-on a linear axis); SLA limits are dashed horizontal lines. Every label is
-escaped, so the result can be marked safe in a template.
+on a linear axis); SLA limits are dashed horizontal lines. The axes are scaled to
+the data: a limit far above it (a 3 s SLA over 20 ms TTFTs) would flatten every
+point onto zero, so it is drawn as an arrow at the plot's edge, labelled with its
+value, instead of stretching the axis. Every label is escaped, so the result can
+be marked safe in a template.
 """
 
 from __future__ import annotations
@@ -15,6 +18,14 @@ from django.utils.safestring import SafeString, mark_safe
 WIDTH, HEIGHT = 560, 300
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 34, 46
 COLORS = ("#2456a6", "#d2691e", "#1b7f3b", "#8a2be2")
+SLA_COLOR = "#b3261e"
+# A limit up to this many times the data's largest value still joins the scale (the data keeps at
+# least 1/OFF_SCALE_RATIO of the height); one further out is marked off scale at the edge.
+OFF_SCALE_RATIO = 4.0
+
+
+def _limit_on_scale(limit: float, data_max: float) -> bool:
+    return data_max <= 0 or limit <= data_max * OFF_SCALE_RATIO
 
 
 def _nice_max(value: float) -> float:
@@ -95,18 +106,31 @@ def line_chart(
     limits: list[tuple[str, float]] | None = None,
     dashed: set[str] | None = None,
 ) -> str:
-    """Lines over levels; None values leave a gap. `limits` are labelled dashed lines (SLA)."""
+    """Lines over levels; None values leave a gap. `limits` are labelled dashed lines (SLA), or an
+    arrow at the top edge when they lie far above the data (see the module's docstring)."""
     limits = limits or []
-    values = [v for _, ys in series for v in ys if v is not None] + [v for _, v in limits]
-    y_max = _nice_max(max(values, default=1.0) * 1.08)
+    data = [v for _, ys in series for v in ys if v is not None]
+    data_max = max(data, default=0.0)
+    on_scale = [(label, v) for label, v in limits if _limit_on_scale(v, data_max)]
+    off_scale = [(label, v) for label, v in limits if not _limit_on_scale(v, data_max)]
+    y_max = _nice_max(max([*data, *(v for _, v in on_scale)], default=1.0) * 1.08)
     parts = _frame(title, y_label, y_max, x_labels, x_title)
-    for label, value in limits:
+    for label, value in on_scale:
         y = _y(value, y_max)
         parts.append(
             f'<line class="sla" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}" '
-            f'stroke="#b3261e" stroke-dasharray="6 4"/>'
-            f'<text x="{WIDTH - RIGHT - 4}" y="{y - 4:.1f}" font-size="11" text-anchor="end" fill="#b3261e">'
-            f"{escape(label)}</text>"
+            f'stroke="{SLA_COLOR}" stroke-dasharray="6 4"/>'
+            f'<text x="{WIDTH - RIGHT - 4}" y="{y - 4:.1f}" font-size="11" text-anchor="end" '
+            f'fill="{SLA_COLOR}">{escape(label)}</text>'
+        )
+    for n, (label, _value) in enumerate(off_scale):
+        # An upward arrow at the top right, under the legend: the limit is above everything shown.
+        x, y = WIDTH - RIGHT - 8, TOP + 28 + 14 * n
+        parts.append(
+            f'<g class="sla off-scale"><path fill="{SLA_COLOR}" '
+            f'd="M{x - 5:.1f},{y:.1f} L{x:.1f},{y - 9:.1f} L{x + 5:.1f},{y:.1f} Z"/>'
+            f'<text x="{x - 9:.1f}" y="{y:.1f}" font-size="11" text-anchor="end" '
+            f'fill="{SLA_COLOR}">{escape(label)}: above this scale</text></g>'
         )
     for n, (label, ys) in enumerate(series):
         color = COLORS[n % len(COLORS)]
@@ -133,10 +157,11 @@ def histogram(
     if not values:
         return ""
     low, high = min(values), max(values)
-    if limit:
+    off_scale = bool(limit) and limit[1] > high and not _limit_on_scale(limit[1], high)
+    if limit and not off_scale:
         high = max(high, limit[1])
     if high <= low:
-        high = low + 1.0
+        high = low + max(abs(low) * 0.1, 1e-3)  # all alike: one narrow range, not one wide bar
     width = (high - low) / bins
     counts = [0] * bins
     for value in values:
@@ -157,7 +182,16 @@ def histogram(
             f'height="{_y(0, y_max) - y:.1f}" '
             f'fill="#2456a6"><title>{_num(edges[i])}–{_num(edges[i + 1])}: {count}</title></rect>'
         )
-    if limit:
+    if limit and off_scale:
+        label, value = limit
+        x, y = WIDTH - RIGHT - 4, TOP + 28
+        parts.append(
+            f'<g class="sla off-scale"><path fill="{SLA_COLOR}" '
+            f'd="M{x - 9:.1f},{y - 5:.1f} L{x:.1f},{y:.1f} L{x - 9:.1f},{y + 5:.1f} Z"/>'
+            f'<text x="{x - 12:.1f}" y="{y + 4:.1f}" font-size="11" text-anchor="end" '
+            f'fill="{SLA_COLOR}">{escape(label)}: right of this scale</text></g>'
+        )
+    elif limit:
         label, value = limit
         x = LEFT + 24 + (plot_w - 48) * (value - low) / (high - low) - bar_w / 2
         parts.append(

@@ -132,6 +132,7 @@ def _latency(deployment, window: str) -> dict:
             title=f"Requests and errors per {LATENCY_WINDOWS[window][1]} min",
             unit="",
             chart_id="latency-requests",
+            colors=("#1f6feb", "#cf222e"),
         ),
     ]
     return {

@@ -82,6 +82,32 @@ def test_it_refreshes_the_page_of_a_running_run(client, bob, deployment):
     assert 'http-equiv="refresh"' in client.get(run.get_absolute_url()).content.decode()
 
 
+def test_a_running_run_says_not_decided_yet_without_the_red_no_operating_point(client, bob, deployment):
+    run = benchmark_run_create(user=bob, deployment=deployment, concurrencies=[4, 8])
+    BenchmarkLevel.objects.create(run=run, index=0, concurrency=4, results=level(4, 100, 80, 20))
+    BenchmarkRun.objects.filter(pk=run.pk).update(state=RunState.RUNNING)
+    client.force_login(bob)
+    page = client.get(run.get_absolute_url()).content.decode()
+    assert "Not decided yet" in page and "No operating point" not in page
+    assert 'class="verdict refused" id="sla-verdict"' not in page
+    BenchmarkRun.objects.filter(pk=run.pk).update(
+        state=RunState.DONE, sla_reason="4 misses: P95 TTFT 4 s > 3 s"
+    )
+    page = client.get(run.get_absolute_url()).content.decode()
+    assert "No operating point" in page and "4 misses" in page and "Not decided yet" not in page
+
+
+def test_its_plots_are_scaled_to_the_data_not_to_a_far_sla(client, bob, deployment):
+    run = benchmark_run_create(user=bob, deployment=deployment, concurrencies=[1])
+    BenchmarkLevel.objects.create(
+        run=run, index=0, concurrency=1, results=level(1, 100, 40, 8),
+        samples={"ttft_ms": [10 + i for i in range(30)], "tpot_ms": [4 + i / 10 for i in range(30)]},
+    )  # fmt: skip
+    client.force_login(bob)
+    page = client.get(run.get_absolute_url()).content.decode()
+    assert "SLA P95 TTFT 3 s: above this scale" in page and "SLA 3 s: right of this scale" in page
+
+
 def test_it_hides_runs_from_another_team(client, charlie, finished_run):
     client.force_login(charlie)
     assert client.get(finished_run.get_absolute_url()).status_code == 404
