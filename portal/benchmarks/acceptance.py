@@ -44,7 +44,7 @@ from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
 from portal.deployments.selectors import gpus_held_on_node
 from portal.inventory.dispatch import send_to_node
-from portal.inventory.models import AcceptanceState, Node, NodeAcceptance
+from portal.inventory.models import ACCEPTANCE_TEAM_SLUG, AcceptanceState, Node, NodeAcceptance
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ DEFAULT_CONCURRENCY = (1, 16, 64)
 MIN_LEVELS, MAX_LEVELS = 2, 4
 MAX_CONCURRENCY = 1024
 MAX_REQUESTS_PER_LEVEL = 100_000
-TEAM_SLUG = "acceptance"
+TEAM_SLUG = ACCEPTANCE_TEAM_SLUG
 QUEUED = "queued"  # the step of a requested acceptance no runner has claimed yet
 SEED = 0
 # The figures compared per level: (key in a bench level, label, True when higher is better).

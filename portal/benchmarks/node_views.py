@@ -30,7 +30,7 @@ def node_detail(request, name: str, *, accept_form: forms.Form | None = None, st
         "node": node,
         "gpus": gpus,
         "kernel_warnings": _kernel_warnings(node, [g for g, _ in gpus]),
-        "accept_form": accept_form or AcceptanceForm(),
+        "accept_form": accept_form or AcceptanceForm(node=node),
         **_acceptance_context(node),
     }
     return render(request, "benchmarks/node_detail.html", context, status=status)
@@ -60,7 +60,7 @@ def node_accept(request, name: str):
     if not request.user.is_staff:
         raise PermissionDenied
     node = get_object_or_404(node_list(), name=name)
-    form = AcceptanceForm(request.POST)
+    form = AcceptanceForm(request.POST, node=node)
     if form.is_valid():
         values = form.cleaned_data
         try:

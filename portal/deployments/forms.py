@@ -17,11 +17,18 @@ EAGER_GPUS = tuple(key for key, spec in GPU_CATALOG.items() if spec.is_volta)
 
 
 def _model_choices() -> list[tuple[str, str]]:
-    registered = [(m.name, m.name) for m in ModelVersion.objects.only("name")]
+    from portal.registry.selectors import model_versions_listed
+
+    registered = [(m.name, m.name) for m in model_versions_listed().only("name")]
+    # Node acceptance's random-weight reference models come last: never the planner's default.
+    acceptance = [(m.name, m.name) for m in model_versions_listed(acceptance=True).only("name")]
     # A registered name wins over a bundled config of the same name (resolve_model does the same).
-    names = {name for name, _ in registered}
+    names = {name for name, _ in registered + acceptance}
     bundled = [(name, f"{name} (bundled config)") for name in sorted(known_configs()) if name not in names]
-    return [("Registered", registered), ("Bundled configs", bundled)]
+    groups = [("Registered", registered), ("Bundled configs", bundled)]
+    if acceptance:
+        groups.append(("Node acceptance reference models", acceptance))
+    return groups
 
 
 class PlannerForm(forms.Form):
@@ -248,10 +255,18 @@ class DeploymentCreateForm(forms.Form):
         from .models import DeploymentProfile
 
         super().__init__(*args, **kwargs)
-        self.fields["team"].queryset = Team.objects.order_by("name")
-        self.fields["model_version"].queryset = ModelVersion.objects.filter(external=False).order_by("name")
-        self.fields["profile"].queryset = DeploymentProfile.objects.select_related("model_version").order_by(
-            "name"
+        from portal.inventory.models import ACCEPTANCE_TEAM_SLUG
+        from portal.registry.selectors import acceptance_model_q
+
+        # Node acceptance's team, reference models and profiles are its own: not offered here.
+        self.fields["team"].queryset = Team.objects.exclude(slug=ACCEPTANCE_TEAM_SLUG).order_by("name")
+        self.fields["model_version"].queryset = (
+            ModelVersion.objects.filter(external=False).exclude(acceptance_model_q()).order_by("name")
+        )
+        self.fields["profile"].queryset = (
+            DeploymentProfile.objects.select_related("model_version")
+            .exclude(acceptance_model_q("model_version__"))
+            .order_by("name")
         )
         self.fields["node"].queryset = Node.objects.order_by("name")
         most = max((n.gpus.count() for n in Node.objects.prefetch_related("gpus")), default=0)

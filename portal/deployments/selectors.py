@@ -9,10 +9,11 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.shortcuts import get_object_or_404
 
-from portal.inventory.models import Node
+from portal.inventory.models import ACCEPTANCE_TEAM_SLUG, Node
+from portal.registry.selectors import acceptance_model_q
 from portal.teams.models import Team
 
 from .models import Deployment, DeploymentState, DesiredState
@@ -23,6 +24,24 @@ def deployments_visible_to(user) -> QuerySet[Deployment]:
     if user.is_staff:
         return deployments
     return deployments.filter(team__members=user).distinct()
+
+
+def acceptance_deployment_q() -> Q:
+    """Deployments a node acceptance made: of the acceptance team, or of one of its reference models."""
+    return Q(team__slug=ACCEPTANCE_TEAM_SLUG) | acceptance_model_q("model_version__")
+
+
+def acceptance_profile_q() -> Q:
+    """Profiles a node acceptance made for its reference models."""
+    return acceptance_model_q("model_version__")
+
+
+def listed(queryset: QuerySet, artefact: Q, *, acceptance: bool) -> tuple[QuerySet, int]:
+    """A main list without node acceptance's artefacts, and how many it left out; with `acceptance`,
+    only those artefacts (the list's ?acceptance=show), and 0."""
+    if acceptance:
+        return queryset.filter(artefact), 0
+    return queryset.exclude(artefact), queryset.filter(artefact).count()
 
 
 def deployment_get_for_user(user, name: str) -> Deployment:

@@ -20,10 +20,13 @@ from . import services
 from .forms import DeploymentCreateForm, PlannerForm
 from .models import DeploymentProfile
 from .selectors import (
+    acceptance_deployment_q,
+    acceptance_profile_q,
     deployment_get_for_user,
     deployments_visible_to,
     gpus_held_by_team,
     gpus_held_per_node,
+    listed,
 )
 
 
@@ -36,9 +39,16 @@ def plan_or_error(compute):
     return (plan.to_dict() if plan is not None else None), None
 
 
+def _acceptance_shown(request) -> bool:
+    return request.GET.get("acceptance") == "show"
+
+
 @login_required
 def profile_list(request):
+    """Profiles; node acceptance's own only with ?acceptance=show."""
+    acceptance = _acceptance_shown(request)
     profiles = DeploymentProfile.objects.select_related("model_version")
+    profiles, hidden = listed(profiles, acceptance_profile_q(), acceptance=acceptance)
     rows = []
     for profile in profiles:
         plan = plan_or_error(lambda p=profile: services.profile_plan(p))[0]
@@ -49,7 +59,11 @@ def profile_list(request):
             if f["level"] in ("error", "warning")
         ]
         rows.append((profile, plan, findings))
-    return render(request, "deployments/profile_list.html", {"rows": rows})
+    return render(
+        request,
+        "deployments/profile_list.html",
+        {"rows": rows, "acceptance": acceptance, "acceptance_count": hidden},
+    )
 
 
 @login_required
@@ -70,8 +84,15 @@ def profile_detail(request, name: str):
 
 @login_required
 def deployment_list(request):
+    """Deployments; node acceptance's stopped burn-in deployments only with ?acceptance=show."""
+    acceptance = _acceptance_shown(request)
+    deployments, hidden = listed(
+        deployments_visible_to(request.user), acceptance_deployment_q(), acceptance=acceptance
+    )
     return render(
-        request, "deployments/deployment_list.html", {"deployments": deployments_visible_to(request.user)}
+        request,
+        "deployments/deployment_list.html",
+        {"deployments": deployments, "acceptance": acceptance, "acceptance_count": hidden},
     )
 
 

@@ -159,6 +159,14 @@ class Gpu(models.Model):
         )
 
 
+# What a node acceptance leaves behind (portal/benchmarks/acceptance.py): a model version whose
+# source starts with ACCEPTANCE_SOURCE_PREFIX, a profile of it, and a stopped deployment of the
+# ACCEPTANCE_TEAM_SLUG team. The main lists and the planner's defaults leave them out; each list
+# links to them (`?acceptance=show`).
+ACCEPTANCE_TEAM_SLUG = "acceptance"
+ACCEPTANCE_SOURCE_PREFIX = "node acceptance"
+
+
 class AcceptanceState(models.TextChoices):
     RUNNING = "running", "running"
     PASSED = "passed", "passed"
