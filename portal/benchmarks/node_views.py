@@ -13,12 +13,13 @@ from django.views.decorators.http import require_POST
 
 from inference.env_probe import build_advice, missing_kernels
 from portal.core.errors import ApplicationError
+from portal.core.plots import safe_svg
 from portal.deployments.selectors import gpus_held_on_node
 from portal.inventory.selectors import node_latest_acceptance, node_list
 
 from .acceptance import node_acceptance_request
 from .forms import AcceptanceForm
-from .plots import acceptance_plots, safe_svg
+from .plots import acceptance_plots
 
 
 @login_required

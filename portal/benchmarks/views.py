@@ -15,13 +15,13 @@ from django.views.decorators.http import require_POST
 
 from inference.loadgen.workloads import PRESETS
 from portal.core.errors import ApplicationError
+from portal.core.plots import histogram, run_plots, safe_svg
 from portal.deployments.models import DeploymentProfile
 from portal.deployments.selectors import deployment_get_for_user, deployments_visible_to
 
 from . import services
 from .forms import ImportForm, RunForm
 from .models import RunKind, RunState
-from .plots import histogram, run_plots, safe_svg
 from .selectors import compare_runs, level_rows, run_export, run_export_csv, run_get_for_user, runs_filtered
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from portal.benchmarks.plots import histogram, line_chart, run_plots
 from portal.benchmarks.services import FIELD_GUIDE_7B_TABLE, parse_table
+from portal.core.plots import histogram, line_chart, run_plots
 
 
 def test_it_draws_throughput_ttft_and_tpot_with_the_sla_lines():
