@@ -1,7 +1,7 @@
 """The deployment page's production latency charts: time series as inline SVG with horizontal
 reference lines (the SLA, the benchmark's operating point). No JavaScript, no network assets.
 
-The charts take the page's whole width; the y axis has five ticks on round numbers and is scaled
+The charts take the page's whole width; the y axis has four to eight ticks on round steps, scaled
 to the data, a reference line far above it (a 3 s SLA over 50 ms TTFTs) drawn at the top edge and
 labelled as above the scale; the x axis has ticks on round times, with the date where a day
 starts (and on every tick of the week window). Times are UTC.
@@ -24,7 +24,8 @@ BENCH_STYLE = 'stroke="#1a7f37" stroke-width="1.4" stroke-dasharray="2 3"'
 # A reference line up to this many times the data's peak joins the scale; further out, it is
 # drawn at the top edge and says so.
 OFF_SCALE_RATIO = 4.0
-Y_TICKS = 5
+# The y axis gets about this many intervals, each a round step (1, 2, 2.5 or 5 × 10^n).
+Y_INTERVALS = 4
 # Tick spacings for the time axis, shortest first; the first giving at most MAX_X_TICKS is used.
 X_STEPS = [dt.timedelta(minutes=m) for m in (5, 10, 15, 30, 60, 120, 180, 360, 720, 1440, 2880)]
 MAX_X_TICKS = 8
@@ -43,15 +44,15 @@ def _number(value: float) -> str:
     return f"{value:.3g}"
 
 
-def _nice_ceiling(value: float) -> float:
-    """The round number at or above `value` that the top tick gets (1, 2, 2.5, 5 × 10^n)."""
+def y_ticks(value: float) -> list[float]:
+    """Round ticks from 0 to at least `value`: about Y_INTERVALS steps of 1, 2, 2.5 or 5 × 10^n."""
     if value <= 0:
-        return 1.0
-    exponent = 10 ** math.floor(math.log10(value))
-    for step in (1, 2, 2.5, 5, 10):
-        if value <= step * exponent * (1 + 1e-9):
-            return step * exponent
-    return 10 * exponent
+        return [0.0, 0.25, 0.5, 0.75, 1.0]
+    raw = value / Y_INTERVALS
+    exponent = 10 ** math.floor(math.log10(raw))
+    step = next(s * exponent for s in (1, 2, 2.5, 5, 10) if raw <= s * exponent * (1 + 1e-9))
+    count = math.ceil(value / step - 1e-9)
+    return [round(step * i, 12) for i in range(count + 1)]
 
 
 def time_ticks(start: dt.datetime, end: dt.datetime) -> list[tuple[dt.datetime, str]]:
@@ -95,7 +96,8 @@ def time_series_svg(
     values = [v for vs in series.values() for v in vs if v is not None]
     data_peak = max([*values, 0.0])
     on_scale = [ln for ln in lines if data_peak <= 0 or ln.value <= data_peak * OFF_SCALE_RATIO]
-    peak = _nice_ceiling(max([data_peak, *(ln.value for ln in on_scale)]) * 1.05)
+    ticks = y_ticks(max([data_peak, *(ln.value for ln in on_scale)]) * 1.05)
+    peak = ticks[-1]
     span = (end - start).total_seconds() or 1.0
 
     def x(at: dt.datetime) -> float:
@@ -109,13 +111,12 @@ def time_series_svg(
         f'width="100%" xmlns="http://www.w3.org/2000/svg"><title>{escape(title)}</title>',
         f'<text x="{left}" y="14" class="chart-title">{escape(title)}</text>',
     ]
-    for i in range(Y_TICKS):
-        value = peak * i / (Y_TICKS - 1)
+    for i, value in enumerate(ticks):
         parts.append(
             f'<line x1="{left}" y1="{y(value):.1f}" x2="{width - right}" y2="{y(value):.1f}" '
             f'class="{"chart-axis" if i == 0 else "chart-grid"}"/>'
             f'<text x="{left - 4}" y="{y(value) + 4:.1f}" text-anchor="end" class="chart-label y-tick">'
-            f"{_number(value)}{' ' + escape(unit) if unit and i == Y_TICKS - 1 else ''}</text>"
+            f"{_number(value)}{' ' + escape(unit) if unit and i == len(ticks) - 1 else ''}</text>"
         )
     for at, label in time_ticks(start, end):
         parts.append(
@@ -123,8 +124,8 @@ def time_series_svg(
             f'class="chart-axis"/><text x="{x(at):.1f}" y="{height - 12}" text-anchor="middle" '
             f'class="chart-label x-tick">{escape(label)}</text>'
         )
-    parts.append(
-        f'<text x="{width - right}" y="{height - 1}" text-anchor="end" class="chart-label">UTC</text>'
+    parts.append(  # the zone once, left of the time labels
+        f'<text x="4" y="{height - 12}" class="chart-label">UTC</text>'
     )
     legend_x = width // 2
     for n, (label, vs) in enumerate(series.items()):
