@@ -30,14 +30,24 @@ def _limit_on_scale(limit: float, data_max: float) -> bool:
     return data_max <= 0 or limit <= data_max * OFF_SCALE_RATIO
 
 
-def _nice_max(value: float) -> float:
+# The y axis gets about this many intervals, each a round step (1, 2, 2.5 or 5 × 10^n).
+Y_INTERVALS = 4
+
+
+def y_ticks(value: float) -> list[float]:
+    """Round ticks from 0 to at least `value`: about Y_INTERVALS steps of 1, 2, 2.5 or 5 × 10^n
+    (0, 500, 1000, … rather than 0, 625, 1250, …)."""
     if value <= 0:
-        return 1.0
-    exponent = 10 ** math.floor(math.log10(value))
-    for step in (1, 2, 2.5, 5, 10):
-        if value <= step * exponent:
-            return step * exponent
-    return 10 * exponent
+        return [0.0, 0.25, 0.5, 0.75, 1.0]
+    raw = value / Y_INTERVALS
+    exponent = 10 ** math.floor(math.log10(raw))
+    step = next(s * exponent for s in (1, 2, 2.5, 5, 10) if raw <= s * exponent * (1 + 1e-9))
+    count = math.ceil(value / step - 1e-9)
+    return [round(step * i, 12) for i in range(count + 1)]
+
+
+def _nice_max(value: float) -> float:
+    return y_ticks(value)[-1]
 
 
 def _num(value: float) -> str:
@@ -57,9 +67,8 @@ def _frame(title: str, y_label: str, y_max: float, x_labels: list[str], x_title:
         f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#fff"/>',
         f'<text x="{LEFT}" y="20" font-size="14" font-weight="600" fill="#1d2430">{escape(title)}</text>',
     ]
-    for i in range(5):
-        value = y_max * i / 4
-        y = TOP + plot_h - plot_h * i / 4
+    for value in y_ticks(y_max):
+        y = TOP + plot_h - plot_h * value / y_max
         parts.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e3e7ee"/>')
         parts.append(
             f'<text x="{LEFT - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end" fill="#5b6577">'

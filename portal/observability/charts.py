@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
+from portal.core.plots import y_ticks
+
 # Two clearly different colours: P95 (the SLA's percentile) orange and heavier, P50 blue.
 DEFAULT_COLORS = ("#d9480f", "#1f6feb")
 SERIES_WIDTHS = ("2", "1.6")
@@ -24,8 +26,6 @@ BENCH_STYLE = 'stroke="#1a7f37" stroke-width="1.4" stroke-dasharray="2 3"'
 # A reference line up to this many times the data's peak joins the scale; further out, it is
 # drawn at the top edge and says so.
 OFF_SCALE_RATIO = 4.0
-# The y axis gets about this many intervals, each a round step (1, 2, 2.5 or 5 × 10^n).
-Y_INTERVALS = 4
 # Tick spacings for the time axis, shortest first; the first giving at most MAX_X_TICKS is used.
 X_STEPS = [dt.timedelta(minutes=m) for m in (5, 10, 15, 30, 60, 120, 180, 360, 720, 1440, 2880)]
 MAX_X_TICKS = 8
@@ -42,17 +42,6 @@ class Line:
 
 def _number(value: float) -> str:
     return f"{value:.3g}"
-
-
-def y_ticks(value: float) -> list[float]:
-    """Round ticks from 0 to at least `value`: about Y_INTERVALS steps of 1, 2, 2.5 or 5 × 10^n."""
-    if value <= 0:
-        return [0.0, 0.25, 0.5, 0.75, 1.0]
-    raw = value / Y_INTERVALS
-    exponent = 10 ** math.floor(math.log10(raw))
-    step = next(s * exponent for s in (1, 2, 2.5, 5, 10) if raw <= s * exponent * (1 + 1e-9))
-    count = math.ceil(value / step - 1e-9)
-    return [round(step * i, 12) for i in range(count + 1)]
 
 
 def time_ticks(start: dt.datetime, end: dt.datetime) -> list[tuple[dt.datetime, str]]:

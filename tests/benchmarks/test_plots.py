@@ -47,7 +47,7 @@ def test_lines_are_scaled_to_the_data_and_a_far_sla_is_an_arrow_at_the_top():
         limits=[("SLA P95 TTFT 3 s", 3.0)],
     )  # fmt: skip
     assert 'class="sla off-scale"' in svg and "SLA P95 TTFT 3 s: above this scale" in svg
-    assert ">0.05</text>" in svg and ">3</text>" not in svg  # the axis tops at 0.05 s, not 3 s
+    assert ">0.06</text>" in svg and ">3</text>" not in svg  # the axis tops at 0.06 s, not 3 s
     near = line_chart(
         title="TTFT", x_labels=["1", "2"], series=[("P95", [2.0, 2.5])], y_label="s",
         limits=[("SLA P95 TTFT 3 s", 3.0)],
