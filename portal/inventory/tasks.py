@@ -85,14 +85,27 @@ def agent_heartbeat(node_name: str) -> None:
 
 @shared_task(name="inventory.heartbeat_all", ignore_result=True)
 def heartbeat_all() -> int:
-    """Beat, on `control`: send every node's agent a heartbeat; returns how many were sent."""
+    """Beat, on `control`: send every node's agent a heartbeat; returns how many were sent.
+
+    A node whose agent is not listening and whose queue already holds a message gets none: with
+    no agent, nothing takes (or drops) the expired ones, and the queue would grow by one per tick
+    for as long as the node has no agent. The agent answers at start anyway (`worker_ready`).
+    """
+    from portal.celery import app
+
     from .dispatch import send_to_node
     from .models import Node
 
-    nodes = list(Node.objects.only("name"))
-    for node in nodes:
-        send_to_node(node, "inventory.agent_heartbeat", args=[node.name])
-    return len(nodes)
+    sent = 0
+    with app.connection_for_write() as connection:
+        channel = connection.default_channel
+        for node in Node.objects.only("name", "agent_seen_at"):
+            silent = not node.agent.listening and not app.conf.task_always_eager
+            if silent and channel.queue_declare(queue=node.queue, passive=False).message_count:
+                continue
+            send_to_node(node, "inventory.agent_heartbeat", args=[node.name])
+            sent += 1
+    return sent
 
 
 @worker_ready.connect

@@ -96,3 +96,30 @@ def test_a_real_agent_answers_on_start_and_to_each_beat(tmp_path, settings):
     node.refresh_from_db()
     assert node.agent.listening
     assert node.agent_versions["portal"] and node.agent_versions["python"].startswith("3.")
+
+
+@pytest.mark.django_db
+def test_a_node_without_an_agent_gets_one_heartbeat_waiting_not_one_per_tick(
+    django_capture_on_commit_callbacks,
+):
+    import redis
+    from django.conf import settings
+
+    from portal.core.redis_client import redis_keys
+
+    node = node_create(name="hb-lonely")
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    key = redis_keys().celery_key(node.queue)
+    broker.delete(key)
+
+    def tick() -> None:
+        with django_capture_on_commit_callbacks(execute=True):
+            heartbeat_all()
+
+    for _ in range(3):  # three beat ticks, no agent
+        tick()
+    assert broker.llen(key) == 1
+    node_record_heartbeat(node_name="hb-lonely", versions=VERSIONS)  # an agent is back and listening
+    tick()
+    assert broker.llen(key) == 2
+    broker.delete(key)
