@@ -170,8 +170,9 @@ def test_a_team_quota_change_through_the_api_is_recorded_with_the_values(alice, 
 
 def test_admin_add_change_and_delete_are_recorded(admin_user):
     client = logged_in(admin_user)
-    form = {"name": "Ads", "slug": "ads", "gpu_quota": 4, "max_tokens_clamp": 1024, "allowed_models": "[]",
-            "priority_class": "interactive"}
+    # allowed_models is a multi-select: nothing picked is sent as no value at all.
+    form = {"name": "Ads", "slug": "ads", "gpu_quota": 4, "max_tokens_clamp": 1024,
+            "priority_class": "interactive"}  # fmt: skip
     assert client.post("/admin/teams/team/add/", form).status_code == 302
     ads = Team.objects.get(slug="ads")
     added = only("admin.add")
