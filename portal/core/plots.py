@@ -34,20 +34,23 @@ def _limit_on_scale(limit: float, data_max: float) -> bool:
 Y_INTERVALS = 4
 
 
-def y_ticks(value: float) -> list[float]:
+def y_ticks(value: float, *, whole: bool = False) -> list[float]:
     """Round ticks from 0 to at least `value`: about Y_INTERVALS steps of 1, 2, 2.5 or 5 × 10^n
-    (0, 500, 1000, … rather than 0, 625, 1250, …)."""
+    (0, 500, 1000, … rather than 0, 625, 1250, …); `whole`: counts, so whole-number steps."""
+    if whole:
+        value = max(value, Y_INTERVALS)
     if value <= 0:
         return [0.0, 0.25, 0.5, 0.75, 1.0]
     raw = value / Y_INTERVALS
     exponent = 10 ** math.floor(math.log10(raw))
-    step = next(s * exponent for s in (1, 2, 2.5, 5, 10) if raw <= s * exponent * (1 + 1e-9))
+    steps = (1, 2, 5, 10) if whole and exponent >= 1 else (1, 2, 2.5, 5, 10)
+    step = next(s * exponent for s in steps if raw <= s * exponent * (1 + 1e-9))
     count = math.ceil(value / step - 1e-9)
     return [round(step * i, 12) for i in range(count + 1)]
 
 
-def _nice_max(value: float) -> float:
-    return y_ticks(value)[-1]
+def _nice_max(value: float, *, whole: bool = False) -> float:
+    return y_ticks(value, whole=whole)[-1]
 
 
 def _num(value: float) -> str:
@@ -58,7 +61,9 @@ def _num(value: float) -> str:
     return f"{value:.2g}"
 
 
-def _frame(title: str, y_label: str, y_max: float, x_labels: list[str], x_title: str) -> list[str]:
+def _frame(
+    title: str, y_label: str, y_max: float, x_labels: list[str], x_title: str, *, whole: bool = False
+) -> list[str]:
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="plot" role="img" viewBox="0 0 {WIDTH} {HEIGHT}" '
@@ -67,7 +72,7 @@ def _frame(title: str, y_label: str, y_max: float, x_labels: list[str], x_title:
         f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#fff"/>',
         f'<text x="{LEFT}" y="20" font-size="14" font-weight="600" fill="#1d2430">{escape(title)}</text>',
     ]
-    for value in y_ticks(y_max):
+    for value in y_ticks(y_max, whole=whole):
         y = TOP + plot_h - plot_h * value / y_max
         parts.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e3e7ee"/>')
         parts.append(
@@ -177,10 +182,10 @@ def histogram(
     counts = [0] * bins
     for value in values:
         counts[min(bins - 1, int((value - low) / width))] += 1
-    y_max = _nice_max(max(counts) * 1.08)
+    y_max = _nice_max(max(counts) * 1.08, whole=True)
     edges = [low + width * i for i in range(bins + 1)]
     labels = [_num(edges[i]) if i % 4 == 0 else "" for i in range(bins)]
-    parts = _frame(title, "requests", y_max, labels, x_title)
+    parts = _frame(title, "requests", y_max, labels, x_title, whole=True)
     plot_w = WIDTH - LEFT - RIGHT
     bar_w = (plot_w - 48) / bins
     for i, count in enumerate(counts):

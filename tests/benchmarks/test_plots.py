@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from portal.benchmarks.services import FIELD_GUIDE_7B_TABLE, parse_table
 from portal.core.plots import histogram, line_chart, run_plots
 
@@ -58,3 +60,9 @@ def test_lines_are_scaled_to_the_data_and_a_far_sla_is_an_arrow_at_the_top():
 
 def test_it_draws_nothing_without_closed_loop_levels():
     assert run_plots([{"concurrency": None, "request_rate": 2.0}], sla_ttft_s=3, sla_tpot_s=0.2) == []
+
+
+def test_a_histograms_request_counts_have_whole_number_ticks():
+    svg = histogram(title="TTFT", values=[0.1, 0.2, 0.3], x_title="s", bins=3)
+    ticks = re.findall(r'text-anchor="end" fill="#5b6577">([0-9.]+)</text>', svg)
+    assert ticks == ["0", "1", "2", "3", "4"]

@@ -45,7 +45,8 @@ def test_the_node_page_list_and_dashboard_say_when_no_agent_listens(client, alic
     page = client.get("/nodes/hb-node/").content.decode()
     assert "No agent is listening" not in page and "agent listening" in page
     assert "abc123def456" in page and "3.11.9" in page
-    assert "agent listening" in client.get("/").content.decode()
+    dashboard = client.get("/").content.decode()
+    assert "agent listening" in dashboard and "abc123de · Py 3.11.9" in dashboard
 
 
 @pytest.mark.django_db
