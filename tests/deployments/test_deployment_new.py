@@ -99,3 +99,12 @@ def test_a_teams_allowed_models_are_picked_not_typed_as_json(admin_client, team,
     assert response.status_code == 302, response.context["adminform"].form.errors
     team.refresh_from_db()
     assert team.allowed_models == ["llama-2-7b-chat-hf"]
+
+
+def test_a_taken_name_is_refused_beside_the_name(client, alice, team, llama7b, profile_tp1, dgx):
+    client.force_login(alice)
+    client.post("/deployments/new/", _form(team, llama7b, profile_tp1, dgx, gpu_indices="0"))
+    response = client.post("/deployments/new/", _form(team, llama7b, profile_tp1, dgx, gpu_indices="1"))
+    assert response.status_code == 400
+    assert "name" in response.context["form"].errors
+    assert Deployment.objects.count() == 1
