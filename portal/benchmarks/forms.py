@@ -124,7 +124,7 @@ class AcceptanceForm(forms.Form):
             self.fields["shape"].initial = TINY_SHAPE
             self.fields["shape"].help_text += " A CPU node computes in float32: keep to tiny."
             self.fields["predict_gpu"].choices = [
-                ("", "no GPU: this node has none (measured only)"),
+                ("", "none: no GPU here (measure only)"),
                 *((key, f"{key} (what that GPU would do)") for key in sorted(GPU_CATALOG)),
             ]
             self.fields["predict_gpu"].initial = ""

@@ -111,3 +111,34 @@ def test_ordinary_mistakes_get_friendly_pages(page: Page, live_server, alice):
     assert "Did you mean /v1/chat/completions?" in response.json()["error"]["message"]
     favicon = page.request.get(f"{live_server.url}/favicon.ico")
     assert favicon.ok and favicon.body()[:4] == b"\x00\x00\x01\x00"
+
+
+def test_a_pending_deployment_and_a_cpu_node_say_what_is_missing(
+    page: Page, live_server, alice, team, llama7b, cpu_node, settings
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from portal.deployments.models import Deployment, DeploymentEvent, DeploymentProfile
+
+    settings.DEPLOYMENT_PENDING_WARN_S = 30
+    profile = DeploymentProfile.objects.create(name="cpu-7b", model_version=llama7b, dtype="float32")
+    deployment = Deployment.objects.create(
+        name="waits", team=team, model_version=llama7b, profile=profile, node=cpu_node,
+        desired_state="running", state="pending",
+    )  # fmt: skip
+    DeploymentEvent.objects.create(deployment=deployment, step="created", status="info", message="created")
+    DeploymentEvent.objects.filter(deployment=deployment).update(at=timezone.now() - timedelta(minutes=5))
+
+    login(page, live_server, "alice", "alice-password", next_path="/deployments/waits/")
+    waiting = page.locator("table.timeline tr.unclaimed")
+    expect(waiting).to_contain_text("No agent has picked this up for 5 min")
+    expect(waiting).to_contain_text(f"celery -A portal worker -Q node.{cpu_node.name}")
+    shot(page, "deployment-pending-unclaimed")
+
+    page.goto(f"{live_server.url}/nodes/{cpu_node.name}/")
+    expect(page.locator("#id_shape")).to_have_value("tiny")
+    expect(page.locator("#id_predict_gpu option:checked")).to_contain_text("no GPU")
+    expect(page.locator("form.accept-form")).to_contain_text("2 to 4 levels of concurrent users")
+    shot(page, "node-cpu-acceptance-form")
