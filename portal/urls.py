@@ -6,6 +6,7 @@ from rest_framework.routers import DefaultRouter
 from portal.benchmarks.apis import BenchmarkRunViewSet
 from portal.core.views import favicon
 from portal.deployments.apis import DeploymentViewSet, PlanApi, ProfileViewSet, TeamViewSet
+from portal.gateway.not_found import unknown_path
 from portal.inventory.apis import GpuViewSet, NodeViewSet
 from portal.registry.apis import ConversionJobViewSet, ModelVersionViewSet
 
@@ -23,6 +24,7 @@ urlpatterns = [
     path("favicon.ico", favicon, name="favicon"),
     path("admin/", admin.site.urls),
     path("v1/", include("portal.gateway.urls")),
+    path("v1", unknown_path, name="gateway-root"),  # the gateway's JSON 404, naming its endpoints
     # Before observability's deployments/<name>/, so deployments/new/ is the create page.
     path("", include("portal.deployments.urls")),
     path("", include("portal.observability.urls")),

@@ -21,5 +21,10 @@ def test_it_names_the_served_endpoints_when_nothing_is_close(client):
     assert "/v1/chat/completions, /v1/completions, /v1/models" in error["message"]
 
 
+def test_the_bare_v1_prefix_answers_json_too(client):
+    response = client.get("/v1")
+    assert response.status_code == 404 and response.json()["error"]["code"] == "unknown_url"
+
+
 def test_it_still_serves_the_real_endpoints(client):
     assert client.get("/v1/models").json()["error"]["code"] != "unknown_url"
