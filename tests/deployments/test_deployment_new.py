@@ -73,6 +73,13 @@ def test_the_page_is_for_staff_only(client, bob, team, llama7b, profile_tp8, dgx
     assert not Deployment.objects.exists()
 
 
+def test_a_node_page_links_the_form_with_the_node_picked(client, alice, dgx):
+    client.force_login(alice)
+    assert 'href="/deployments/new/?node=dgx-v100-01"' in client.get("/nodes/dgx-v100-01/").content.decode()
+    form = client.get("/deployments/new/?node=dgx-v100-01").context["form"]
+    assert form["node"].value() == dgx.pk
+
+
 def test_the_deployment_list_links_the_portal_page(client, alice):
     client.force_login(alice)
     page = client.get("/deployments/").content.decode()
