@@ -70,6 +70,8 @@ if not SECRET_KEY:
 
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+# A form whose session is gone gets a page that says so, not Django's bare 403.
+CSRF_FAILURE_VIEW = "portal.core.views.csrf_failure"
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -334,6 +336,20 @@ if CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"] <= DEPLOYMENT_READY_TIM
     raise ImproperlyConfigured("CELERY_VISIBILITY_TIMEOUT must exceed DEPLOYMENT_READY_TIMEOUT_S + 600")
 
 
+# --- Node agents' heartbeat (portal/inventory/tasks.py) -------------------------------
+# Beat sends each node's agent a heartbeat this often; the agent records when it answered and what it runs.
+NODE_HEARTBEAT_INTERVAL_S = env_number("NODE_HEARTBEAT_INTERVAL_S", default=15, minimum=1, maximum=3600)
+# A node whose agent has not answered for this long is shown as "not heard from" (default: 3 heartbeats).
+NODE_AGENT_SILENT_S = env_number("NODE_AGENT_SILENT_S", default=3 * NODE_HEARTBEAT_INTERVAL_S, minimum=1)
+if not NODE_HEARTBEAT_INTERVAL_S <= NODE_AGENT_SILENT_S <= 86400:
+    raise ImproperlyConfigured(
+        f"NODE_AGENT_SILENT_S={NODE_AGENT_SILENT_S} must be between NODE_HEARTBEAT_INTERVAL_S "
+        f"({NODE_HEARTBEAT_INTERVAL_S}) and 86400"
+    )
+# A deployment still `pending` this long after its last step says on its timeline that no agent
+# picked it up, and whether its node's agent is listening.
+DEPLOYMENT_PENDING_WARN_S = env_number("DEPLOYMENT_PENDING_WARN_S", default=60, minimum=5, maximum=86400)
+
 # --- Benchmarks (portal/benchmarks): what a non-staff user may ask of one run -------------
 BENCHMARK_MEMBER_MAX_LEVELS = env_number("BENCHMARK_MEMBER_MAX_LEVELS", default=8, minimum=1, maximum=1000)
 BENCHMARK_MEMBER_MAX_CONCURRENCY = env_number(
@@ -463,6 +479,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": DEPLOYMENT_SUPERVISE_INTERVAL_S,
         # A tick nobody ran in time is worthless: the next one is on its way.
         "options": {"queue": "control", "expires": DEPLOYMENT_SUPERVISE_INTERVAL_S},
+    },
+    "inventory-agent-heartbeat": {
+        "task": "inventory.heartbeat_all",
+        "schedule": NODE_HEARTBEAT_INTERVAL_S,
+        "options": {"queue": "control", "expires": NODE_HEARTBEAT_INTERVAL_S},
     },
     "gateway-usage-flush": {"task": "portal.teams.tasks.usage_flush", "schedule": 5.0},
     "gateway-usage-rollup": {"task": "portal.teams.tasks.usage_rollup", "schedule": 300.0},

@@ -4,7 +4,9 @@ from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
 from portal.benchmarks.apis import BenchmarkRunViewSet
+from portal.core.views import favicon
 from portal.deployments.apis import DeploymentViewSet, PlanApi, ProfileViewSet, TeamViewSet
+from portal.gateway.not_found import unknown_path
 from portal.inventory.apis import GpuViewSet, NodeViewSet
 from portal.registry.apis import ConversionJobViewSet, ModelVersionViewSet
 
@@ -19,8 +21,12 @@ router.register("teams", TeamViewSet, basename="team")
 router.register("benchmark-runs", BenchmarkRunViewSet, basename="benchmark-run")
 
 urlpatterns = [
+    path("favicon.ico", favicon, name="favicon"),
     path("admin/", admin.site.urls),
     path("v1/", include("portal.gateway.urls")),
+    path("v1", unknown_path, name="gateway-root"),  # the gateway's JSON 404, naming its endpoints
+    # Before observability's deployments/<name>/, so deployments/new/ is the create page.
+    path("", include("portal.deployments.urls")),
     path("", include("portal.observability.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/plan/", PlanApi.as_view(), name="api-plan"),
@@ -32,6 +38,5 @@ urlpatterns = [
     path("teams/", include("portal.teams.urls")),
     path("teams/", include("portal.playground.urls")),
     path("benchmarks/", include("portal.benchmarks.urls")),
-    path("", include("portal.deployments.urls")),
     path("", include("portal.dashboard.urls")),
 ]

@@ -63,3 +63,14 @@ def node_agent(node_name: str, log_path: Path, **extra_env: str) -> Iterator[sub
             process.wait(timeout=60)
             for pgid in Deployment.objects.exclude(pgid=None).values_list("pgid", flat=True):
                 supervisor.stop_group(pgid, grace_s=10)
+
+
+def wait_for_row(predicate, *, timeout_s: float, what: str, interval_s: float = 0.2) -> None:
+    """Poll `predicate` (a database read) until it holds; fail naming `what` after `timeout_s`."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)

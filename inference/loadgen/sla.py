@@ -43,8 +43,11 @@ def level_misses(level: dict, sla: Sla) -> list[str]:
     return reasons
 
 
-def operating_point(levels: list[dict], sla: Sla) -> tuple[int | None, str]:
-    """(highest concurrency meeting the SLA, a sentence saying which and why the next one missed)."""
+def operating_point(levels: list[dict], sla: Sla, *, verb: str = "measured") -> tuple[int | None, str]:
+    """(highest concurrency meeting the SLA, a sentence saying which and why the next one missed).
+
+    `verb` says how the levels were obtained: "measured" by a benchmark, "predicted" by the simulator.
+    """
     closed = sorted(
         (lv for lv in levels if lv.get("concurrency") is not None), key=lambda lv: lv["concurrency"]
     )
@@ -63,6 +66,6 @@ def operating_point(levels: list[dict], sla: Sla) -> tuple[int | None, str]:
         chosen = level
     assert chosen is not None
     return chosen["concurrency"], (
-        f"{chosen['concurrency']} is the highest level measured and meets the SLA ({sla.describe()}); "
-        "higher levels were not measured"
+        f"{chosen['concurrency']} is the highest level {verb} and meets the SLA ({sla.describe()}); "
+        f"higher levels were not {verb}"
     )

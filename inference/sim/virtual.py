@@ -188,5 +188,5 @@ def sweep(
         levels.append(result.level)
         if on_level is not None:
             on_level(result.level)
-    chosen, reason = operating_point(levels, sla or Sla())
+    chosen, reason = operating_point(levels, sla or Sla(), verb="predicted")
     return {"levels": levels, "sla_concurrency": chosen, "sla_reason": reason}

@@ -44,7 +44,7 @@ from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
 from portal.deployments.selectors import gpus_held_on_node
 from portal.inventory.dispatch import send_to_node
-from portal.inventory.models import AcceptanceState, Node, NodeAcceptance
+from portal.inventory.models import ACCEPTANCE_TEAM_SLUG, AcceptanceState, Node, NodeAcceptance
 
 logger = logging.getLogger(__name__)
 
@@ -470,7 +470,7 @@ def _profile_values(acceptance: NodeAcceptance, version) -> dict:
 def _reference_team():
     """The portal's own team for reference deployments, made on first use; never a team of users
     that happens to have the slug (one made before the slug was reserved)."""
-    from portal.teams.models import ACCEPTANCE_TEAM_SLUG, Team
+    from portal.teams.models import Team
 
     team, _ = Team.objects.get_or_create(
         slug=ACCEPTANCE_TEAM_SLUG, defaults={"name": "Node acceptance", "gpu_quota": 1024, "system": True}

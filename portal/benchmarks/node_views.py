@@ -13,12 +13,13 @@ from django.views.decorators.http import require_POST
 
 from inference.env_probe import build_advice, missing_kernels
 from portal.core.errors import ApplicationError
+from portal.core.plots import safe_svg
 from portal.deployments.selectors import gpus_held_on_node
 from portal.inventory.selectors import node_latest_acceptance, node_list
 
 from .acceptance import node_acceptance_request
 from .forms import AcceptanceForm
-from .plots import acceptance_plots, safe_svg
+from .plots import acceptance_plots
 
 
 @login_required
@@ -30,7 +31,7 @@ def node_detail(request, name: str, *, accept_form: forms.Form | None = None, st
         "node": node,
         "gpus": gpus,
         "kernel_warnings": _kernel_warnings(node, [g for g, _ in gpus]),
-        "accept_form": accept_form or AcceptanceForm(),
+        "accept_form": accept_form or AcceptanceForm(node=node),
         **_acceptance_context(node),
     }
     return render(request, "benchmarks/node_detail.html", context, status=status)
@@ -60,7 +61,7 @@ def node_accept(request, name: str):
     if not request.user.is_staff:
         raise PermissionDenied
     node = get_object_or_404(node_list(), name=name)
-    form = AcceptanceForm(request.POST)
+    form = AcceptanceForm(request.POST, node=node)
     if form.is_valid():
         values = form.cleaned_data
         try:

@@ -262,8 +262,11 @@ def compare_runs(
 ) -> dict:
     """Two runs side by side, levels matched by concurrency (or rate), with deltas b − a.
 
-    A change beyond `threshold` (5 %) is marked better or worse by the metric's direction.
+    A change beyond `threshold` (5 %) is marked better or worse by the metric's direction, but only
+    when both runs sent the same workload: across two mixes a delta measures the mix, not the server,
+    so the page shows the numbers unmarked under a warning (`workload_differs`).
     """
+    workload_differs = a.mix != b.mix or (a.mix_definition or {}) != (b.mix_definition or {})
     levels_a = {(lv.get("concurrency"), lv.get("request_rate")): lv for lv in run_levels(a)}
     levels_b = {(lv.get("concurrency"), lv.get("request_rate")): lv for lv in run_levels(b)}
     keys = sorted(set(levels_a) | set(levels_b), key=lambda k: (k[0] is None, k[0] or 0, k[1] or 0))
@@ -278,7 +281,7 @@ def compare_runs(
             delta, mark = None, ""
             if isinstance(va, int | float) and isinstance(vb, int | float) and va:
                 delta = (vb - va) / abs(va)
-                if better and abs(delta) > threshold:
+                if better and abs(delta) > threshold and not workload_differs:
                     mark = "better" if (delta > 0) == (better == "up") else "worse"
             cells.append(
                 {
@@ -302,4 +305,4 @@ def compare_runs(
     for key in ("mix", "model_name", "endpoint_url") if staff else ("mix", "model_name"):
         if getattr(a, key) != getattr(b, key):
             changed.append({"key": key, "a": getattr(a, key), "b": getattr(b, key)})
-    return {"rows": rows, "changed": changed}
+    return {"rows": rows, "changed": changed, "workload_differs": workload_differs}

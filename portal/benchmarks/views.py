@@ -9,17 +9,19 @@ from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from inference.loadgen.workloads import PRESETS
 from portal.core.errors import ApplicationError
+from portal.core.plots import histogram, run_plots, safe_svg
 from portal.deployments.models import DeploymentProfile
 from portal.deployments.selectors import deployment_get_for_user, deployments_visible_to
 
 from . import services
 from .forms import ImportForm, RunForm
 from .models import RunKind, RunState
-from .plots import histogram, run_plots, safe_svg
 from .selectors import (
     compare_runs,
     level_rows,
@@ -251,11 +253,27 @@ def run_export_csv_view(request, pk: int):
 def run_compare(request):
     try:
         a_id, b_id = int(request.GET.get("a", "")), int(request.GET.get("b", ""))
-    except ValueError as error:
-        raise Http404("compare needs ?a=<run>&b=<run>") from error
-    a, b = run_get_for_user(request.user, a_id), run_get_for_user(request.user, b_id)
+    except ValueError:
+        # Nothing (or one run) picked: back to the page the button was on, saying what to do.
+        messages.error(request, "To compare, pick one run as A and another as B, then press Compare A and B.")
+        return redirect(_back_to(request))
+    try:
+        a, b = run_get_for_user(request.user, a_id), run_get_for_user(request.user, b_id)
+    except Http404:
+        messages.error(request, f"There is no run #{a_id} or #{b_id} you can see: pick two from the list.")
+        return redirect("benchmarks:run-list")
     comparison = compare_runs(a, b, staff=request.user.is_staff)
     return render(request, "benchmarks/run_compare.html", {"a": a, "b": b, "comparison": comparison})
+
+
+def _back_to(request) -> str:
+    """The page the request came from when it is one of ours, else the run list."""
+    referer = request.headers.get("Referer", "")
+    if referer and url_has_allowed_host_and_scheme(
+        referer, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return referer
+    return reverse("benchmarks:run-list")
 
 
 @staff_member_required

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
+from django.db.models import Q
 from django.shortcuts import render
 
 from portal.core.heartbeat import live_namespaces
-from portal.deployments.models import DeploymentProfile, DeploymentState
-from portal.deployments.selectors import deployments_visible_to
+from portal.deployments.models import DeploymentProfile, DeploymentState, DesiredState
+from portal.deployments.selectors import acceptance_deployment_q, acceptance_profile_q, deployments_visible_to
 from portal.observability.selectors import sla_breaches, traffic_last_hour
 from portal.registry.models import ModelVersion
+from portal.registry.selectors import acceptance_model_q
 from portal.teams.charts import bar_chart_svg
 
 from .selectors import deployment_health, node_occupancy, recent_benchmark_runs, team_fronts
@@ -28,7 +30,10 @@ def home(request):
 
 def _ops_dashboard(request):
     occupancy = node_occupancy()
-    deployments = deployment_health(deployments_visible_to(request.user))
+    # A stopped node-acceptance deployment is a finished burn-in, not part of the fleet (a running
+    # one still shows while its acceptance works).
+    finished_burn_ins = acceptance_deployment_q() & Q(desired_state=DesiredState.STOPPED)
+    deployments = deployment_health(deployments_visible_to(request.user).exclude(finished_burn_ins))
     traffic = traffic_last_hour()
     processes = live_namespaces()
     return render(
@@ -38,8 +43,8 @@ def _ops_dashboard(request):
             "occupancy": occupancy,
             "gpu_total": sum(o.gpus for o in occupancy),
             "gpu_held": sum(o.held for o in occupancy),
-            "model_count": ModelVersion.objects.count(),
-            "profile_count": DeploymentProfile.objects.count(),
+            "model_count": ModelVersion.objects.exclude(acceptance_model_q()).count(),
+            "profile_count": DeploymentProfile.objects.exclude(acceptance_profile_q()).count(),
             "deployments": deployments,
             "serving_count": sum(1 for d in deployments if d.deployment.state == DeploymentState.SERVING),
             "failing_count": sum(1 for d in deployments if d.health == "failing"),

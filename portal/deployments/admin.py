@@ -5,6 +5,7 @@ from django.utils.html import format_html, format_html_join
 from portal.core.errors import ApplicationError
 
 from . import services
+from .forms import GpuIndicesField
 from .models import AdoptedEndpoint, Deployment, DeploymentEvent, DeploymentProfile
 
 
@@ -64,12 +65,17 @@ SLA_FIELDS = ("sla_p95_ttft_s", "sla_p95_tpot_s")
 
 
 class DeploymentForm(forms.ModelForm):
+    # Typed as 0-3 or 0,2 (not JSON); the portal's own page is deployments:deployment-new.
+    gpu_indices = GpuIndicesField()
+
     class Meta:
         model = Deployment
         fields = [*services.DEPLOYMENT_CREATE_FIELDS, *SLA_FIELDS]
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if self.instance.pk is None and "desired_state" in self.fields:
+            self.fields["desired_state"].initial = "running"  # what creating one is for
         # Blank only for adopted servers, which have their own admin.
         for name in ("profile", "node"):
             if name in self.fields:

@@ -17,11 +17,18 @@ EAGER_GPUS = tuple(key for key, spec in GPU_CATALOG.items() if spec.is_volta)
 
 
 def _model_choices() -> list[tuple[str, str]]:
-    registered = [(m.name, m.name) for m in ModelVersion.objects.only("name")]
+    from portal.registry.selectors import model_versions_listed
+
+    registered = [(m.name, m.name) for m in model_versions_listed().only("name")]
+    # Node acceptance's random-weight reference models come last: never the planner's default.
+    acceptance = [(m.name, m.name) for m in model_versions_listed(acceptance=True).only("name")]
     # A registered name wins over a bundled config of the same name (resolve_model does the same).
-    names = {name for name, _ in registered}
+    names = {name for name, _ in registered + acceptance}
     bundled = [(name, f"{name} (bundled config)") for name in sorted(known_configs()) if name not in names]
-    return [("Registered", registered), ("Bundled configs", bundled)]
+    groups = [("Registered", registered), ("Bundled configs", bundled)]
+    if acceptance:
+        groups.append(("Node acceptance reference models", acceptance))
+    return groups
 
 
 class PlannerForm(forms.Form):
@@ -140,3 +147,151 @@ class PlannerForm(forms.Form):
             initial["gpu"] = profile.target_gpu
             initial["gpus"] = profile.target_gpu_count
         return initial
+
+
+# A node has at most this many GPUs (nvidia-smi indices 0 … 63): bounds what the GPU field parses.
+MAX_GPU_INDEX = 63
+
+
+def parse_gpu_indices(text: str) -> list[int]:
+    """`0-3`, `0,2`, `0-1, 4, 6-7` or blank (a CPU node) → sorted indices; a clear error otherwise."""
+    text = (text or "").strip()
+    if text.startswith("[") and text.endswith("]"):  # what the API and the old form took: [0, 1]
+        text = text[1:-1]
+    indices: list[int] = []
+    for part in (p.strip() for p in text.replace(" ", ",").split(",")):
+        if not part:
+            continue
+        low, dash, high = part.partition("-")
+        try:
+            first, last = int(low), int(high) if dash else int(low)
+        except ValueError:
+            raise forms.ValidationError(
+                f"'{part[:20]}' is not a GPU index or range: write them like 0-3 or 0,2 (blank: no GPU)"
+            ) from None
+        if not 0 <= first <= last <= MAX_GPU_INDEX:
+            raise forms.ValidationError(
+                f"'{part[:20]}': GPU indices run from 0 to {MAX_GPU_INDEX}, a range low to high"
+            )
+        indices.extend(range(first, last + 1))
+    if len(set(indices)) != len(indices):
+        raise forms.ValidationError("a GPU is listed twice")
+    return sorted(indices)
+
+
+def format_gpu_indices(indices: list[int]) -> str:
+    """[0, 1, 2, 3, 6] → `0-3,6`: the form's text for stored indices."""
+    runs: list[list[int]] = []
+    for index in sorted(indices):
+        if runs and index == runs[-1][1] + 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+class GpuIndicesField(forms.Field):
+    """GPU indices typed as ranges and lists (`0-3`, `0,2`), instead of raw JSON."""
+
+    widget = forms.TextInput
+
+    def __init__(self, **kwargs) -> None:
+        kwargs.setdefault("required", False)
+        kwargs.setdefault("label", "GPUs")
+        kwargs.setdefault(
+            "help_text", "GPU indices on the node, like 0-3 or 0,2 (as many as the profile's tensor "
+            "parallel size); blank on a CPU node."
+        )
+        super().__init__(**kwargs)
+
+    def prepare_value(self, value):
+        if isinstance(value, list | tuple):
+            return format_gpu_indices([int(v) for v in value])
+        return value
+
+    def to_python(self, value) -> list[int]:
+        if isinstance(value, list | tuple):
+            return sorted(int(v) for v in value)
+        return parse_gpu_indices(str(value or "")[:500])
+
+
+class DeploymentCreateForm(forms.Form):
+    """The portal's "Create a deployment" page (staff): placement checked by the same services as
+    the API and the admin (`deployment_check`, then `deployment_create`)."""
+
+    name = forms.SlugField(
+        max_length=100, help_text="Lowercase letters, digits and dashes, e.g. search-llama-7b."
+    )
+    team = forms.ModelChoiceField(queryset=None, help_text="Whose GPU quota it counts against.")
+    model_version = forms.ModelChoiceField(queryset=None, label="Model version")
+    profile = forms.ModelChoiceField(queryset=None, help_text="The vLLM settings it starts with.")
+    node = forms.ModelChoiceField(queryset=None)
+    gpu_indices = GpuIndicesField()
+    gpu_boxes = forms.TypedMultipleChoiceField(
+        coerce=int,
+        required=False,
+        label="or tick the GPUs",
+        widget=forms.CheckboxSelectMultiple,
+    )
+    desired_state = forms.ChoiceField(
+        label="Desired state",
+        choices=[("running", "running: start it now"), ("stopped", "stopped: create it only")],
+        initial="running",
+    )
+    concurrency_cap = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=100_000,
+        label="Gateway concurrency cap",
+        help_text="In-flight requests the gateway sends it at once (blank: none).",
+    )
+    shared = forms.BooleanField(
+        required=False, help_text="Every team's keys may call it (else its team's only)."
+    )
+
+    def __init__(self, *args, **kwargs) -> None:
+        from portal.teams.models import Team
+
+        from .models import DeploymentProfile
+
+        super().__init__(*args, **kwargs)
+        from portal.inventory.models import ACCEPTANCE_TEAM_SLUG
+        from portal.registry.selectors import acceptance_model_q
+
+        # Node acceptance's team, reference models and profiles are its own: not offered here.
+        self.fields["team"].queryset = Team.objects.exclude(slug=ACCEPTANCE_TEAM_SLUG).order_by("name")
+        self.fields["model_version"].queryset = (
+            ModelVersion.objects.filter(external=False).exclude(acceptance_model_q()).order_by("name")
+        )
+        self.fields["profile"].queryset = (
+            DeploymentProfile.objects.select_related("model_version")
+            .exclude(acceptance_model_q("model_version__"))
+            .order_by("name")
+        )
+        self.fields["node"].queryset = Node.objects.order_by("name")
+        most = max((n.gpus.count() for n in Node.objects.prefetch_related("gpus")), default=0)
+        self.fields["gpu_boxes"].choices = [(i, str(i)) for i in range(min(most, MAX_GPU_INDEX + 1))]
+        if not most:
+            del self.fields["gpu_boxes"]
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"]
+        if name == "new":
+            raise forms.ValidationError("'new' is the address of this page; choose another name.")
+        return name
+
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        typed, ticked = cleaned.get("gpu_indices") or [], cleaned.get("gpu_boxes") or []
+        if typed and ticked and sorted(typed) != sorted(ticked):
+            self.add_error("gpu_indices", "the typed GPUs and the ticked ones differ: use one or the other")
+        cleaned["gpu_indices"] = sorted(set(typed) | set(ticked))
+        return cleaned
+
+    def create_values(self) -> dict:
+        """Keyword arguments for `deployment_create` from a valid form."""
+        data = self.cleaned_data
+        keys = ("name", "team", "model_version", "profile", "node", "gpu_indices", "desired_state")
+        values = {key: data[key] for key in keys}
+        values.update(concurrency_cap=data["concurrency_cap"], shared=data["shared"])
+        return values

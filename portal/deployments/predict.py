@@ -22,13 +22,13 @@ from django.shortcuts import render
 
 from inference.errors import InputError
 from inference.loadgen.sla import Sla
-from inference.loadgen.summary import format_table
 from inference.loadgen.workloads import PRESETS, load_mix
 from inference.sim.calibration import fit_host_costs, measured_levels
 from inference.sim.costs import HostCosts
 from inference.sim.engine import EngineConfig, EngineRefused
 from inference.sim.virtual import OutOfTime, sweep
 from portal.core.errors import ApplicationError
+from portal.core.plots import run_plots, safe_svg
 
 from .forms import PlannerForm
 from .services import resolve_model, settings_from, target_placement
@@ -289,7 +289,7 @@ def predict(request):
         "deployments/predict.html",
         {
             "result": result,
-            "table": format_table(result["levels"]) if result else "",
+            "plots": _plots(result),
             "error": error,
             "calibrated_by": calibrated_by,
             "node_asked": request.GET.get("node") or "",
@@ -300,3 +300,14 @@ def predict(request):
         # A bare visit (nothing asked yet) is no bad request; a refused or over-budget one is.
         status=400 if error and request.GET else 200,
     )
+
+
+def _plots(result: dict | None) -> list:
+    """The sweep drawn like a benchmark run's levels, against the SLA it was judged by."""
+    if not result:
+        return []
+    sla = Sla()
+    return [
+        safe_svg(svg)
+        for svg in run_plots(result["levels"], sla_ttft_s=sla.p95_ttft_s, sla_tpot_s=sla.p95_tpot_s)
+    ]

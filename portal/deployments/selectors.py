@@ -10,10 +10,11 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.shortcuts import get_object_or_404
 
-from portal.inventory.models import Node
+from portal.inventory.models import ACCEPTANCE_TEAM_SLUG, Node
+from portal.registry.selectors import acceptance_model_q
 from portal.teams.models import Team
 
 from .models import Deployment, DeploymentState, DesiredState, served_context_len
@@ -24,6 +25,24 @@ def deployments_visible_to(user) -> QuerySet[Deployment]:
     if user.is_staff:
         return deployments
     return deployments.filter(team__members=user).distinct()
+
+
+def acceptance_deployment_q() -> Q:
+    """Deployments a node acceptance made: of the acceptance team, or of one of its reference models."""
+    return Q(team__slug=ACCEPTANCE_TEAM_SLUG) | acceptance_model_q("model_version__")
+
+
+def acceptance_profile_q() -> Q:
+    """Profiles a node acceptance made for its reference models."""
+    return acceptance_model_q("model_version__")
+
+
+def listed(queryset: QuerySet, artefact: Q, *, acceptance: bool) -> tuple[QuerySet, int]:
+    """A main list without node acceptance's artefacts, and how many it left out; with `acceptance`,
+    only those artefacts (the list's ?acceptance=show), and 0."""
+    if acceptance:
+        return queryset.filter(artefact), 0
+    return queryset.exclude(artefact), queryset.filter(artefact).count()
 
 
 def deployment_get_for_user(user, name: str) -> Deployment:
@@ -169,3 +188,41 @@ def gpus_held_by_team(team: Team, *, exclude_deployment_id: int | None = None) -
     """How many GPUs the team's deployments hold (what its `gpu_quota` bounds)."""
     indices = _holding(exclude_deployment_id).filter(team=team).values_list("gpu_indices", flat=True)
     return sum(len(i or []) for i in indices)
+
+
+def pending_unclaimed_note(deployment: Deployment, *, last_event_at, now) -> str | None:
+    """Why a `pending` deployment has not moved, once DEPLOYMENT_PENDING_WARN_S has passed since its
+    last step: no agent took the start from the node's queue. Says whether the node's agent answers
+    its heartbeat, so "pending" never looks like work in progress when nothing listens."""
+    from django.conf import settings
+
+    if deployment.state != DeploymentState.PENDING or deployment.adopted or deployment.node is None:
+        return None
+    since = last_event_at or deployment.created_at
+    waited = (now - since).total_seconds()
+    if waited < settings.DEPLOYMENT_PENDING_WARN_S:
+        return None
+    node = deployment.node
+    agent = node.agent
+    head = f"No agent has picked this up for {_duration(waited)}"
+    if agent.listening:
+        return (
+            f"{head}, though the agent of {node.name} answered its heartbeat {_duration(agent.age_s)} ago: "
+            "it may be busy with a long job (an acceptance, a conversion); the start runs after it."
+        )
+    seen = "has never answered" if agent.seen_at is None else f"last answered {_duration(agent.age_s)} ago"
+    return (
+        f"{head}: no agent is listening on node {node.name} (its agent {seen}). Start one on the node: "
+        f"celery -A portal worker -Q {node.queue}"
+    )
+
+
+def _duration(seconds: float | None) -> str:
+    seconds = int(seconds or 0)
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    if seconds < 172800:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 86400} days"

@@ -7,6 +7,8 @@ urlpatterns = [
     path("profiles/", views.profile_list, name="profile-list"),
     path("profiles/<slug:name>/", views.profile_detail, name="profile-detail"),
     path("deployments/", views.deployment_list, name="deployment-list"),
+    # Before observability's deployments/<name>/ (portal/urls.py includes this module first).
+    path("deployments/new/", views.deployment_new, name="deployment-new"),
     # A deployment's own page is observability:deployment-detail (it shows production latency).
     path(
         "deployments/<slug:name>/<str:action>/",

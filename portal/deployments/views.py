@@ -17,12 +17,16 @@ from portal.inventory.models import Node
 from portal.teams.selectors import api_keys_of, team_get_for_user
 
 from . import services
-from .forms import PlannerForm
+from .forms import DeploymentCreateForm, PlannerForm
 from .models import DeploymentProfile
 from .selectors import (
+    acceptance_deployment_q,
+    acceptance_profile_q,
     deployment_get_for_user,
     deployments_visible_to,
     gpus_held_by_team,
+    gpus_held_per_node,
+    listed,
 )
 
 
@@ -35,9 +39,16 @@ def plan_or_error(compute):
     return (plan.to_dict() if plan is not None else None), None
 
 
+def _acceptance_shown(request) -> bool:
+    return request.GET.get("acceptance") == "show"
+
+
 @login_required
 def profile_list(request):
+    """Profiles; node acceptance's own only with ?acceptance=show."""
+    acceptance = _acceptance_shown(request)
     profiles = DeploymentProfile.objects.select_related("model_version")
+    profiles, hidden = listed(profiles, acceptance_profile_q(), acceptance=acceptance)
     rows = []
     for profile in profiles:
         plan = plan_or_error(lambda p=profile: services.profile_plan(p))[0]
@@ -48,7 +59,11 @@ def profile_list(request):
             if f["level"] in ("error", "warning")
         ]
         rows.append((profile, plan, findings))
-    return render(request, "deployments/profile_list.html", {"rows": rows})
+    return render(
+        request,
+        "deployments/profile_list.html",
+        {"rows": rows, "acceptance": acceptance, "acceptance_count": hidden},
+    )
 
 
 @login_required
@@ -69,9 +84,68 @@ def profile_detail(request, name: str):
 
 @login_required
 def deployment_list(request):
-    return render(
-        request, "deployments/deployment_list.html", {"deployments": deployments_visible_to(request.user)}
+    """Deployments; node acceptance's stopped burn-in deployments only with ?acceptance=show."""
+    acceptance = _acceptance_shown(request)
+    deployments, hidden = listed(
+        deployments_visible_to(request.user), acceptance_deployment_q(), acceptance=acceptance
     )
+    return render(
+        request,
+        "deployments/deployment_list.html",
+        {"deployments": deployments, "acceptance": acceptance, "acceptance_count": hidden},
+    )
+
+
+@login_required
+def deployment_new(request):
+    """Create a deployment (staff): pick node, model version, profile, GPUs and team; the same checks
+    as the API (`deployment_check` in `deployment_create`), each refusal beside its field."""
+    if not request.user.is_staff:
+        raise PermissionDenied
+    initial = {key: request.GET[key] for key in ("node", "profile", "team") if key in request.GET}
+    form = DeploymentCreateForm(request.POST or None, initial=_initial_rows(initial))
+    if request.method == "POST" and form.is_valid():
+        try:
+            deployment = services.deployment_create(**form.create_values())
+        except ApplicationError as error:
+            field = {"gpu_indices": "gpu_indices"}.get(error.field, error.field)
+            form.add_error(field if field in form.fields else None, error.message)
+        else:
+            started = deployment.desired_state == "running"
+            messages.success(
+                request,
+                f"deployment {deployment.name} created"
+                + (f": the agent on {deployment.node.name} starts it" if started else " (stopped)"),
+            )
+            return redirect(deployment)
+    nodes = list(Node.objects.prefetch_related("gpus").order_by("name"))
+    held = gpus_held_per_node()
+    free = []
+    for node in nodes:
+        gpus = list(node.gpus.all())
+        free.append((node, [g.index for g in gpus if g.index not in held.get(node.pk, ())], len(gpus)))
+    return render(
+        request,
+        "deployments/deployment_new.html",
+        {"form": form, "free": free},
+        status=400 if form.errors else 200,
+    )
+
+
+def _initial_rows(names: dict[str, str]) -> dict:
+    """?node=…&profile=…&team=… from a link (the node page, a profile) as the form's initial rows."""
+    from portal.teams.models import Team
+
+    lookups = {"node": (Node, "name"), "profile": (DeploymentProfile, "name"), "team": (Team, "slug")}
+    initial = {}
+    for key, value in names.items():
+        model, field = lookups[key]
+        row = model.objects.filter(**{field: value[:100]}).first()
+        if row is not None:
+            initial[key] = row.pk
+            if key == "profile":
+                initial["model_version"] = row.model_version_id
+    return initial
 
 
 @login_required

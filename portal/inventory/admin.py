@@ -31,6 +31,7 @@ class NodeForm(forms.ModelForm):
     )
     nvidia_smi_topology = forms.CharField(
         required=False,
+        strip=False,  # the header row's leading tab aligns the columns
         widget=forms.Textarea(attrs={"rows": 6, "cols": 100}),
         help_text="Optional: paste `nvidia-smi topo -m` (NVLink peers come from it).",
     )

@@ -74,6 +74,7 @@ class NodeSerializer(StaffOnlyFieldsMixin, ModelCleanMixin, serializers.ModelSer
 
     gpus = GpuSerializer(many=True, read_only=True)
     queue = serializers.CharField(read_only=True)
+    agent_state = serializers.SerializerMethodField(help_text="listening, silent or never (the heartbeat).")
 
     class Meta:
         model = Node
@@ -89,9 +90,22 @@ class NodeSerializer(StaffOnlyFieldsMixin, ModelCleanMixin, serializers.ModelSer
             "queue",
             "discovered_at",
             *SOFTWARE_FIELDS,
+            "agent_state",
+            "agent_seen_at",
+            "agent_versions",
             "gpus",
         ]
-        read_only_fields = ["interconnect", "driver_version", "discovered_at", *SOFTWARE_FIELDS]
+        read_only_fields = [
+            "interconnect",
+            "driver_version",
+            "discovered_at",
+            *SOFTWARE_FIELDS,
+            "agent_seen_at",
+            "agent_versions",
+        ]
+
+    def get_agent_state(self, node: Node) -> str:
+        return node.agent.state.value
 
 
 class NvidiaSmiInputSerializer(serializers.Serializer):
@@ -99,7 +113,11 @@ class NvidiaSmiInputSerializer(serializers.Serializer):
         allow_blank=True, help_text="Output of `nvidia-smi --query-gpu=… --format=csv`."
     )
     topology = serializers.CharField(
-        required=False, allow_blank=True, default="", help_text="Output of `nvidia-smi topo -m`."
+        required=False,
+        allow_blank=True,
+        default="",
+        trim_whitespace=False,  # the header row's leading tab aligns the columns
+        help_text="Output of `nvidia-smi topo -m`.",
     )
 
 

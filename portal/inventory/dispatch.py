@@ -37,6 +37,8 @@ def expires_after_s(task_name: str) -> float | None:
         # Periodic: the next tick replaces a pass that waited longer than two intervals.
         "deployments.supervise_node": 2 * interval,
         "deployments.check_adopted": 2 * interval,
+        # A heartbeat answered late would say a dead agent is alive: it lives one interval.
+        "inventory.agent_heartbeat": settings.NODE_HEARTBEAT_INTERVAL_S,
         # Commands: supervision reconciles from the desired state if one is lost.
         "deployments.start": DEPLOYMENT_COMMAND_EXPIRES_S,
         "deployments.stop": DEPLOYMENT_COMMAND_EXPIRES_S,

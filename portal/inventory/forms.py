@@ -35,6 +35,8 @@ class NodeCreateForm(forms.Form):
         required=False,
         label="Topology (nvidia-smi topo -m)",
         max_length=200_000,
+        # Not stripped: the header row starts with a tab, and without it every column shifts left.
+        strip=False,
         widget=forms.Textarea(attrs={"rows": 8, "cols": 100, "spellcheck": "false"}),
         help_text="Optional: paste `nvidia-smi topo -m`; NVLink peers come from it.",
     )

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.urls import reverse
+from django.utils import timezone
 
 from inference.hardware import GpuSpec, get_gpu
 from portal.celery import node_queue
@@ -19,6 +24,26 @@ class Interconnect(models.TextChoices):
     NVLINK = "nvlink", "NVLink"
     PCIE = "pcie", "PCIe only"
     NONE = "none", "Single GPU / none"
+
+
+class AgentState(models.TextChoices):
+    LISTENING = "listening", "listening"
+    SILENT = "silent", "not heard from"
+    NEVER = "never", "never seen"
+
+
+@dataclass(frozen=True)
+class AgentHeartbeat:
+    """What the portal knows of a node's agent from its heartbeats (inventory.agent_heartbeat)."""
+
+    state: AgentState
+    seen_at: datetime | None
+    age_s: float | None
+    versions: dict
+
+    @property
+    def listening(self) -> bool:
+        return self.state == AgentState.LISTENING
 
 
 class Node(models.Model):
@@ -50,6 +75,11 @@ class Node(models.Model):
     software_error = models.TextField(blank=True, help_text="Why the last probe failed.")
     topology_text = models.TextField(blank=True, help_text="Last `nvidia-smi topo -m` output.")
     discovered_at = models.DateTimeField(null=True, blank=True)
+    # The agent's heartbeat (inventory.agent_heartbeat, sent to the node's queue by beat).
+    agent_seen_at = models.DateTimeField(null=True, blank=True, help_text="The agent's last heartbeat.")
+    agent_versions = models.JSONField(
+        default=dict, blank=True, help_text="What the agent runs: portal version and commit, Python, Celery."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -68,6 +98,16 @@ class Node(models.Model):
     @property
     def is_cpu_only(self) -> bool:
         return not self.gpus.exists()
+
+    @property
+    def agent(self) -> AgentHeartbeat:
+        """Whether an agent listens on the node's queue: it answered a heartbeat within
+        NODE_AGENT_SILENT_S (three heartbeat intervals unless set)."""
+        if self.agent_seen_at is None:
+            return AgentHeartbeat(AgentState.NEVER, None, None, {})
+        age = max(0.0, (timezone.now() - self.agent_seen_at).total_seconds())
+        state = AgentState.LISTENING if age <= settings.NODE_AGENT_SILENT_S else AgentState.SILENT
+        return AgentHeartbeat(state, self.agent_seen_at, age, dict(self.agent_versions or {}))
 
 
 class Gpu(models.Model):
@@ -117,6 +157,14 @@ class Gpu(models.Model):
             nvidia_smi_names=(self.name,),
             **facts,
         )
+
+
+# What a node acceptance leaves behind (portal/benchmarks/acceptance.py): a model version whose
+# source starts with ACCEPTANCE_SOURCE_PREFIX, a profile of it, and a stopped deployment of the
+# ACCEPTANCE_TEAM_SLUG team. The main lists and the planner's defaults leave them out; each list
+# links to them (`?acceptance=show`).
+ACCEPTANCE_TEAM_SLUG = "acceptance"
+ACCEPTANCE_SOURCE_PREFIX = "node acceptance"
 
 
 class AcceptanceState(models.TextChoices):

@@ -126,6 +126,12 @@ def node_create_from_nvidia_smi(
     return node
 
 
+def node_record_heartbeat(*, node_name: str, versions: dict[str, str]) -> None:
+    """The node's agent answered a heartbeat now; `versions` is what it runs (each value bounded)."""
+    bounded = {str(k)[:40]: str(v)[:100] for k, v in list(versions.items())[:20]}
+    Node.objects.filter(name=node_name).update(agent_seen_at=timezone.now(), agent_versions=bounded)
+
+
 def node_record_software(*, node: Node, facts: EnvFacts | None, python: str, error: str = "") -> Node:
     """Store what the probe of the node's vLLM environment found (or why it failed)."""
     values = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from celery import shared_task
+from celery.signals import worker_ready
 
 from portal.core.tasking import skip_missing_row
 
@@ -52,3 +53,69 @@ def probe_software(node_name: str) -> dict | None:
         "arch_list": facts.arch_list,
     }
 
+
+
+@shared_task(name="inventory.agent_heartbeat", acks_late=False, ignore_result=True)
+@skip_missing_row("inventory.Node", arg="node_name", field="name")
+def agent_heartbeat(node_name: str) -> None:
+    """Answer the portal's heartbeat: record that this node's agent is listening, and what it runs.
+
+    Runs on the node itself (its own queue), so only a live agent can answer; expired messages
+    (an agent that was down) are dropped, never answered late.
+    """
+    import platform
+
+    import celery
+
+    from portal.core.version import portal_commit, portal_version
+
+    from .services import node_record_heartbeat
+
+    node_record_heartbeat(
+        node_name=node_name,
+        versions={
+            "portal": portal_version(),
+            "commit": portal_commit(),
+            "python": platform.python_version(),
+            "celery": celery.__version__,
+            "host": platform.node(),
+        },
+    )
+
+
+@shared_task(name="inventory.heartbeat_all", ignore_result=True)
+def heartbeat_all() -> int:
+    """Beat, on `control`: send every node's agent a heartbeat; returns how many were sent.
+
+    A node whose agent is not listening and whose queue already holds a message gets none: with
+    no agent, nothing takes (or drops) the expired ones, and the queue would grow by one per tick
+    for as long as the node has no agent. The agent answers at start anyway (`worker_ready`).
+    """
+    from portal.celery import app
+
+    from .dispatch import send_to_node
+    from .models import Node
+
+    sent = 0
+    with app.connection_for_write() as connection:
+        channel = connection.default_channel
+        for node in Node.objects.only("name", "agent_seen_at"):
+            silent = not node.agent.listening and not app.conf.task_always_eager
+            if silent and channel.queue_declare(queue=node.queue, passive=False).message_count:
+                continue
+            send_to_node(node, "inventory.agent_heartbeat", args=[node.name])
+            sent += 1
+    return sent
+
+
+@worker_ready.connect
+def heartbeat_on_start(sender=None, **_kwargs) -> None:
+    """An agent answers at once when it starts, so its node shows it listening without waiting
+    for the next beat tick (and a stale "no agent" goes as soon as the agent is back)."""
+    try:
+        queues = [queue.name for queue in sender.task_consumer.queues]
+    except AttributeError:
+        return
+    for name in queues:
+        if name.startswith("node."):
+            agent_heartbeat.run(name.removeprefix("node."))

@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from portal.deployments import services as deployment_services
 from portal.deployments.models import DeploymentState
-from portal.deployments.selectors import deployment_get_for_user, deployment_text_for
+from portal.deployments.selectors import deployment_get_for_user, deployment_text_for, pending_unclaimed_note
 from portal.deployments.sparklines import rates, sparkline
 from portal.deployments.views import plan_or_error
 
@@ -66,6 +66,9 @@ def deployment_detail(request, name: str):
     for e in events:  # shown, never saved
         e.message = deployment_text_for(request.user, deployment, e.message, step=e.step)
     deployment.state_reason = deployment_text_for(request.user, deployment, deployment.state_reason)
+    unclaimed = pending_unclaimed_note(
+        deployment, last_event_at=events[-1].at if events else None, now=timezone.now()
+    )
     return render(
         request,
         "deployments/deployment_detail.html",
@@ -74,6 +77,7 @@ def deployment_detail(request, name: str):
             "plan": plan,
             "plan_error": error,
             "events": events,
+            "unclaimed": unclaimed,
             "charts": _charts(deployment),
             "latency": _latency(deployment, window),
             "refresh_s": 3 if deployment.state in TRANSITIONAL else 30,
@@ -139,6 +143,7 @@ def _latency(deployment, window: str) -> dict:
             title=f"Requests and errors per {LATENCY_WINDOWS[window][1]} min",
             unit="",
             chart_id="latency-requests",
+            colors=("#1f6feb", "#cf222e"),
         ),
     ]
     return {

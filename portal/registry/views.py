@@ -13,6 +13,7 @@ from portal.core.errors import ApplicationError
 from portal.inventory.models import Node
 
 from .models import ConversionJob, ModelVersion, WeightDtype
+from .selectors import model_versions_listed
 from .services import conversion_job_start, model_version_request_hashes
 
 
@@ -37,7 +38,14 @@ def _only_node_initial() -> dict:
 
 @login_required
 def model_list(request):
-    return render(request, "registry/model_list.html", {"models": ModelVersion.objects.all()})
+    """Model versions; node acceptance's reference models only with ?acceptance=show."""
+    acceptance = request.GET.get("acceptance") == "show"
+    context = {
+        "models": model_versions_listed(acceptance=acceptance),
+        "acceptance": acceptance,
+        "acceptance_count": 0 if acceptance else model_versions_listed(acceptance=True).count(),
+    }
+    return render(request, "registry/model_list.html", context)
 
 
 @login_required

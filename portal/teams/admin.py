@@ -1,7 +1,11 @@
 import datetime as dt
 
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.widgets import FilteredSelectMultiple
 from django.utils import timezone
+
+from portal.registry.models import ModelVersion
 
 from .charts import bar_chart_svg
 from .models import ApiKey, Team, Usage, UsageDaily, UsageHourly
@@ -9,8 +13,29 @@ from .selectors import usage_daily_all_teams
 from .services import api_key_revoke
 
 
+class TeamAdminForm(forms.ModelForm):
+    """Allowed models picked from the registry (a multi-select), not typed as a JSON list."""
+
+    allowed_models = forms.MultipleChoiceField(
+        required=False,
+        widget=FilteredSelectMultiple("models", is_stacked=False),
+        help_text="The models the team's keys may call; none picked: every model it can reach.",
+    )
+
+    class Meta:
+        model = Team
+        fields = "__all__"  # noqa: DJ007  (TeamAdmin decides which fields the page shows)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        names = set(ModelVersion.objects.values_list("name", flat=True))
+        names |= set(self.instance.allowed_models or [])  # one since deleted stays visible, and removable
+        self.fields["allowed_models"].choices = [(name, name) for name in sorted(names)]
+
+
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
+    form = TeamAdminForm
     list_display = [
         "name", "slug", "priority_class", "gpu_quota", "rpm_limit", "tpm_limit", "tokens_per_day",
         "max_concurrent", "disabled_until", "member_count", "created_at",

@@ -16,6 +16,8 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+from portal.inventory.models import ACCEPTANCE_TEAM_SLUG
+
 # Largest values of the quota columns (PostgreSQL integer and bigint); forms and services refuse more.
 INT_MAX = 2**31 - 1
 BIGINT_MAX = 2**63 - 1
@@ -64,7 +66,6 @@ class QuotaFields(models.Model):
 
 # Slugs of the teams the portal keeps for itself (`Team.system`): node acceptance's reference
 # deployments live in "acceptance". No team of users may take one.
-ACCEPTANCE_TEAM_SLUG = "acceptance"
 RESERVED_TEAM_SLUGS = frozenset({ACCEPTANCE_TEAM_SLUG})
 
 

@@ -170,8 +170,9 @@ def test_a_team_quota_change_through_the_api_is_recorded_with_the_values(alice, 
 
 def test_admin_add_change_and_delete_are_recorded(admin_user):
     client = logged_in(admin_user)
-    form = {"name": "Ads", "slug": "ads", "gpu_quota": 4, "max_tokens_clamp": 1024, "allowed_models": "[]",
-            "priority_class": "interactive"}
+    # allowed_models is a multi-select: nothing picked is sent as no value at all.
+    form = {"name": "Ads", "slug": "ads", "gpu_quota": 4, "max_tokens_clamp": 1024,
+            "priority_class": "interactive"}  # fmt: skip
     assert client.post("/admin/teams/team/add/", form).status_code == 302
     ads = Team.objects.get(slug="ads")
     added = only("admin.add")
@@ -235,3 +236,14 @@ def test_deleting_the_actor_keeps_who_it_was(bob, team, django_user_model):
     bob.delete()
     event = only("api_key.create")
     assert (event.actor, event.actor_repr) == (None, "bob")
+
+
+def test_the_admin_list_has_readable_headers_and_a_whole_address(admin_user):
+    AuditEvent.objects.create(
+        action="node.create", actor=admin_user, actor_repr="root", ip="2001:db8:85a3::8a2e:370:7334"
+    )
+    page = logged_in(admin_user).get("/admin/audit/auditevent/").content.decode()
+    assert "Actor repr" not in page and "Target repr" not in page
+    assert "client address" in page.lower()
+    address = "2001:db8:85a3::8a2e:370:7334"
+    assert f'<span class="audit-address" style="white-space: nowrap">{address}</span>' in page

@@ -82,6 +82,32 @@ def test_it_refreshes_the_page_of_a_running_run(client, bob, deployment):
     assert 'http-equiv="refresh"' in client.get(run.get_absolute_url()).content.decode()
 
 
+def test_a_running_run_says_not_decided_yet_without_the_red_no_operating_point(client, bob, deployment):
+    run = benchmark_run_create(user=bob, deployment=deployment, concurrencies=[4, 8])
+    BenchmarkLevel.objects.create(run=run, index=0, concurrency=4, results=level(4, 100, 80, 20))
+    BenchmarkRun.objects.filter(pk=run.pk).update(state=RunState.RUNNING)
+    client.force_login(bob)
+    page = client.get(run.get_absolute_url()).content.decode()
+    assert "Not decided yet" in page and "No operating point" not in page
+    assert 'class="verdict refused" id="sla-verdict"' not in page
+    BenchmarkRun.objects.filter(pk=run.pk).update(
+        state=RunState.DONE, sla_reason="4 misses: P95 TTFT 4 s > 3 s"
+    )
+    page = client.get(run.get_absolute_url()).content.decode()
+    assert "No operating point" in page and "4 misses" in page and "Not decided yet" not in page
+
+
+def test_its_plots_are_scaled_to_the_data_not_to_a_far_sla(client, bob, deployment):
+    run = benchmark_run_create(user=bob, deployment=deployment, concurrencies=[1])
+    BenchmarkLevel.objects.create(
+        run=run, index=0, concurrency=1, results=level(1, 100, 40, 8),
+        samples={"ttft_ms": [10 + i for i in range(30)], "tpot_ms": [4 + i / 10 for i in range(30)]},
+    )  # fmt: skip
+    client.force_login(bob)
+    page = client.get(run.get_absolute_url()).content.decode()
+    assert "SLA P95 TTFT 3 s: above this scale" in page and "SLA 3 s: right of this scale" in page
+
+
 def test_it_hides_runs_from_another_team(client, charlie, finished_run):
     client.force_login(charlie)
     assert client.get(finished_run.get_absolute_url()).status_code == 404
@@ -128,6 +154,31 @@ def test_it_compares_two_runs_and_marks_the_deltas(client, bob, deployment, fini
     assert '<tr class="better"><td>output tok/s</td>' in page
     assert '<tr class="better"><td>P95 TTFT ms</td>' in page  # 800 → 700 ms
     assert "(only in A)" in page  # level 32 was not run in B
+
+
+def test_it_asks_for_two_runs_instead_of_a_404_when_nothing_is_picked(client, bob, finished_run):
+    client.force_login(bob)
+    response = client.get("/benchmarks/compare/", HTTP_REFERER="http://testserver/benchmarks/")
+    assert response.status_code == 302 and response["Location"] == "http://testserver/benchmarks/"
+    page = client.get(f"/benchmarks/compare/?a={finished_run.pk}", follow=True).content.decode()
+    assert "pick one run as A and another as B" in page and "URLconf" not in page
+    # A referer from elsewhere is not followed.
+    response = client.get("/benchmarks/compare/?b=", HTTP_REFERER="https://evil.example/")
+    assert response["Location"] == "/benchmarks/"
+    # A run that does not exist (or is another team's) is said so on the list, not a 404 page.
+    page = client.get(f"/benchmarks/compare/?a={finished_run.pk}&b=999999", follow=True).content.decode()
+    assert "There is no run" in page and "#999999" in page
+
+
+def test_it_warns_and_marks_nothing_when_the_workloads_differ(client, bob, deployment, finished_run):
+    other = benchmark_run_create(
+        user=bob, deployment=deployment, mix="short-qa", concurrencies=[16], requests_per_level=8
+    )
+    BenchmarkLevel.objects.create(run=other, index=0, concurrency=16, results=level(16, 1700, 300, 20))
+    client.force_login(bob)
+    page = client.get(f"/benchmarks/compare/?a={finished_run.pk}&b={other.pk}").content.decode()
+    assert "sent different workloads" in page and "+70.0 %" in page
+    assert 'class="better"' not in page and 'class="worse"' not in page
 
 
 def test_it_shows_what_changed_between_runs(client, alice, bob, deployment, finished_run):

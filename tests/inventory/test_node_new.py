@@ -83,3 +83,11 @@ def test_the_admin_also_refuses_a_broken_topology_without_saving_the_node(admin_
     assert response.status_code == 200  # the form again, with its errors
     assert not Node.objects.filter(name="dgx-v100-03").exists()
     assert "this is not a topology matrix" in response.content.decode()
+
+
+def test_it_keeps_the_topology_headers_leading_tab_so_the_columns_line_up(client, alice):
+    client.force_login(alice)
+    add(client, nvidia_smi_query=QUERY, nvidia_smi_topology=TOPO)
+    assert Node.objects.get(name="dgx-v100-02").topology_text == TOPO
+    page = client.get("/nodes/dgx-v100-02/").content.decode()
+    assert '<pre class="topology">\tGPU0\tGPU1' in page

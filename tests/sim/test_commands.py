@@ -101,8 +101,11 @@ def test_it_predicts_a_profile_from_the_planner_page(client, bob, demo):
     )  # fmt: skip
     assert page.status_code == 200
     text = page.content.decode()
-    assert "out tok/s" in text
+    assert '<table class="levels sweep">' in text and "output tok/s" in text and "<pre" not in text
     assert "SLA operating point: 8" in text
+    # A simulation says so: "predicted", never "measured"; and it is drawn like a run's levels.
+    assert "8 is the highest level predicted" in text and "level measured" not in text
+    assert text.count('<svg xmlns="http://www.w3.org/2000/svg" class="plot"') == 3
 
 
 def test_it_offers_the_prediction_on_the_planner_page(client, bob, demo):
