@@ -257,11 +257,9 @@ def run_compare(request):
         # Nothing (or one run) picked: back to the page the button was on, saying what to do.
         messages.error(request, "To compare, pick one run as A and another as B, then press Compare A and B.")
         return redirect(_back_to(request))
-    try:
-        a, b = run_get_for_user(request.user, a_id), run_get_for_user(request.user, b_id)
-    except Http404:
-        messages.error(request, f"There is no run #{a_id} or #{b_id} you can see: pick two from the list.")
-        return redirect("benchmarks:run-list")
+    # A run that does not exist or is another team's is a 404, as on every page of a run
+    # (the isolation contract: a hidden run and a missing one look the same).
+    a, b = run_get_for_user(request.user, a_id), run_get_for_user(request.user, b_id)
     comparison = compare_runs(a, b, staff=request.user.is_staff)
     return render(request, "benchmarks/run_compare.html", {"a": a, "b": b, "comparison": comparison})
 
