@@ -124,3 +124,20 @@ def test_it_refuses_engine_log_limits_out_of_bounds():
         result = _manage("check", env={**PRODUCTION, name: value})
         assert result.returncode != 0, (name, value)
         assert name in result.stderr or "invalid literal" in result.stderr
+
+
+def test_it_gives_sqlite_wal_and_waiting_writers_for_several_processes(tmp_path):
+    # A one-node installation (scripts/gpu_node.py, `make run`) writes one SQLite file from the web
+    # process, the workers, the agent and beat at once: readers beside a writer (WAL), and a writer
+    # that takes its lock when the transaction starts and waits for it instead of failing at once.
+    env = {**PRODUCTION, "DATABASE_URL": f"sqlite:///{tmp_path / 'portal.sqlite3'}"}
+    code = (
+        "import json; from django.db import connection; connection.ensure_connection();"
+        "c = connection.cursor(); c.execute('PRAGMA journal_mode'); mode = c.fetchone()[0];"
+        "o = connection.settings_dict['OPTIONS'];"
+        "print(json.dumps({'mode': mode, 'timeout': o.get('timeout'), 'tx': o.get('transaction_mode')}))"
+    )
+    result = _manage("shell", "-c", code, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found == {"mode": "wal", "timeout": 20, "tx": "IMMEDIATE"}
