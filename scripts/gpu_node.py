@@ -46,6 +46,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from inference import supervisor  # noqa: E402
+
 # What vLLM needs on the borrowed machine (as scripts/gpu_run.py): its own address does not
 # resolve, FlashInfer's sampler would compile kernels at start, nothing may reach a hub.
 VLLM_ENV = {
@@ -71,7 +73,7 @@ class Plan:
     node: str
     accept_shape: str
     accept_levels: str
-    accept_requests: int
+    accept_requests: int | None
     accept_mix: str
     model_name: str
     profile: dict
@@ -89,7 +91,7 @@ def gpu_plan(node: str) -> Plan:
         node=node,
         accept_shape=GPU_SHAPE,
         accept_levels="1,16",
-        accept_requests=32,
+        accept_requests=None,  # acceptance's default: 4 per user, at least 8
         accept_mix="short-qa",
         model_name="llama-2-7b-rand",
         profile={
@@ -106,7 +108,7 @@ def gpu_plan(node: str) -> Plan:
         },
         load_mix="short-qa",
         load_levels=[4, 16, 64],
-        load_requests=[96, 320, 768],
+        load_requests=[48, 128, 256],
         bench_levels=[8, 32],
         bench_requests=64,
         key_max_concurrent=64,
@@ -356,6 +358,31 @@ def portal_env(options: argparse.Namespace, work: Path, redis_url: str, plan: Pl
     }
 
 
+def zombies_in(pgid: int | None) -> list[int]:
+    """Exited processes of the group that nobody has reaped yet."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if entry.isdigit() and fields[0] == "Z" and int(fields[2]) == pgid:
+            found.append(int(entry))
+    return found
+
+
+def processes_in(directory: Path) -> list[int]:
+    """Every process working in `directory`: the servers the agent launched (cwd their run directory)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and Path(os.readlink(f"/proc/{entry}/cwd")).is_relative_to(directory):
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
 def celery(*args: str) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "portal", *args, "--loglevel", "INFO"]
 
@@ -523,11 +550,11 @@ def acceptance(stack: Stack, rec: Record, plan: Plan) -> None:
         plan.accept_levels,
         "--mix",
         plan.accept_mix,
-        "--requests-per-level",
-        str(plan.accept_requests),
         "--json",
         str(stack.work / "acceptance.json"),
     ]
+    if plan.accept_requests:
+        argv += ["--requests-per-level", str(plan.accept_requests)]
     text = manage(stack, rec, *argv, check=False)
     rec.log("accept_node:\n" + text)
     record = NodeAcceptance.objects.filter(node__name=plan.node).order_by("-pk").first()
@@ -925,14 +952,15 @@ def stop_deployment(
     )
     row = api.call("GET", f"deployments/{deployment_name}/")
     rec.step("stop (agent)", time.monotonic() - began, row["state"])
-    try:
-        os.killpg(pgid, 0)
-        gone = False
-    except ProcessLookupError:
-        gone = True
-    except (PermissionError, TypeError):
-        gone = False
-    rec.check("stopped: the process group is gone", row["state"] == "stopped" and gone, f"pgid {pgid}")
+    # Live members, as the agent counts them; a zombie (dead, its memory freed) waits for its reaper,
+    # which for the engine processes orphaned by the server's exit is PID 1 of the machine.
+    live = supervisor.group_members(pgid)
+    zombies = [pid for pid in zombies_in(pgid) if pid not in live]
+    rec.check(
+        "stopped: the process group is gone",
+        row["state"] == "stopped" and not live,
+        f"pgid {pgid}: live members {live}, zombies awaiting their reaper {zombies}",
+    )
     if plan.cpu:
         return
     freed = wait_for(
@@ -1011,9 +1039,8 @@ def run(options: argparse.Namespace, rec: Record) -> None:
         began = time.monotonic()
         codes = stack.stop()
         rec.step("stack stopped", time.monotonic() - began, json.dumps(codes))
-        pgrep = ["pgrep", "-f", str(work / "run")]
-        left = subprocess.run(pgrep, capture_output=True, text=True, check=False)  # noqa: S603
-        rec.check("nothing left running from the run directory", not left.stdout.strip(), left.stdout.strip())
+        left = processes_in(work / "run")
+        rec.check("nothing left running from the run directory", not left, f"pids {sorted(left)}")
         rec.save()
         if options.copy_logs:  # every process's log and the acceptance record, as one file
             import tarfile
