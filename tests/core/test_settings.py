@@ -141,3 +141,24 @@ def test_it_gives_sqlite_wal_and_waiting_writers_for_several_processes(tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     found = json.loads(result.stdout.strip().splitlines()[-1])
     assert found == {"mode": "wal", "timeout": 20, "tx": "IMMEDIATE"}
+
+
+def test_it_starts_on_sqlite_without_the_postgresql_driver(tmp_path):
+    # A one-node installation on SQLite carries no psycopg: the gateway's usage store must import without it.
+    env = {**PRODUCTION, "DATABASE_URL": f"sqlite:///{tmp_path / 'portal.sqlite3'}"}
+    code = (
+        "import sys; sys.modules['psycopg'] = None;"  # `import psycopg` raises ImportError from here on
+        "import django; django.setup();"
+        "import portal.urls, portal.teams.services as s; print(sorted(e.__name__ for e in s._REFUSED_ERRORS))"
+    )
+    clean = {k: v for k, v in os.environ.items() if k not in PRODUCTION and not k.startswith("SECURE_")}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "IntegrityError" in result.stdout
