@@ -142,6 +142,14 @@ DATABASES["default"]["CONN_MAX_AGE"] = env_number(
 )
 # A connection that died while idle (PostgreSQL restarted) is replaced, not reused.
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # SQLite (a laptop, one GPU node) is written by the web process, the workers, the agent and beat
+    # at once: WAL lets readers go on beside a writer, IMMEDIATE takes the write lock when a
+    # transaction starts (not halfway, where SQLite cannot wait for it), and a writer waits up to
+    # 20 s for another instead of failing at once with "database is locked".
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        timeout=20, transaction_mode="IMMEDIATE", init_command="PRAGMA journal_mode=WAL"
+    )
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

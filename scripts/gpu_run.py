@@ -139,6 +139,15 @@ def write_random_model(shape: str, directory: Path, *, layers: int | None = None
             p + "mlp.gate_proj.weight": rand(inter, hidden),
             p + "mlp.up_proj.weight": rand(inter, hidden),
             p + "mlp.down_proj.weight": rand(hidden, inter),
+            **(  # Qwen2 projects q, k and v with a bias; vLLM refuses a checkpoint without them
+                {
+                    p + "self_attn.q_proj.bias": rand(heads * head_dim),
+                    p + "self_attn.k_proj.bias": rand(kv_heads * head_dim),
+                    p + "self_attn.v_proj.bias": rand(kv_heads * head_dim),
+                }
+                if config.get("model_type") == "qwen2"
+                else {}
+            ),
             p + "input_layernorm.weight": torch.ones(hidden, dtype=torch.float16),
             p + "post_attention_layernorm.weight": torch.ones(hidden, dtype=torch.float16),
         }
@@ -286,6 +295,9 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("discover")
     d.add_argument("--out", required=True)
+    m = sub.add_parser("model", help="only write the random-weight model (what scripts/gpu_node.py deploys)")
+    m.add_argument("--shape", default="llama-2-7b-chat-hf", help="a bundled config name")
+    m.add_argument("--dir", required=True, help="the model directory to write")
     s = sub.add_parser("serve")
     s.add_argument("--out", required=True)
     s.add_argument("--shape", default="llama-2-7b-chat-hf", help="a bundled config name")
@@ -300,6 +312,11 @@ def main() -> None:
     s.add_argument("--parity-mode", default="graphs")
     s.add_argument("--vllm-python", default=sys.executable)
     options = parser.parse_args()
+    if options.command == "model":
+        began = time.monotonic()
+        write_random_model(options.shape, Path(options.dir))
+        log(f"model {options.shape} written to {options.dir} in {time.monotonic() - began:.1f} s")
+        return
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
     if options.command == "discover":

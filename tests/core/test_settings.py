@@ -154,3 +154,40 @@ def test_the_derived_namespace_does_not_depend_on_how_the_database_url_is_spelle
     namespaces = {_redis_settings(DATABASE_URL=url)["namespace"] for url in spellings}
     assert len(namespaces) == 1
     assert namespaces != {_redis_settings(DATABASE_URL="postgres://portal@db:5433/portal")["namespace"]}
+
+def test_it_gives_sqlite_wal_and_waiting_writers_for_several_processes(tmp_path):
+    # A one-node installation (scripts/gpu_node.py, `make run`) writes one SQLite file from the web
+    # process, the workers, the agent and beat at once: readers beside a writer (WAL), and a writer
+    # that takes its lock when the transaction starts and waits for it instead of failing at once.
+    env = {**PRODUCTION, "DATABASE_URL": f"sqlite:///{tmp_path / 'portal.sqlite3'}"}
+    code = (
+        "import json; from django.db import connection; connection.ensure_connection();"
+        "c = connection.cursor(); c.execute('PRAGMA journal_mode'); mode = c.fetchone()[0];"
+        "o = connection.settings_dict['OPTIONS'];"
+        "print(json.dumps({'mode': mode, 'timeout': o.get('timeout'), 'tx': o.get('transaction_mode')}))"
+    )
+    result = _manage("shell", "-c", code, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found == {"mode": "wal", "timeout": 20, "tx": "IMMEDIATE"}
+
+
+def test_it_starts_on_sqlite_without_the_postgresql_driver(tmp_path):
+    # A one-node installation on SQLite carries no psycopg: the gateway's usage store must import without it.
+    env = {**PRODUCTION, "DATABASE_URL": f"sqlite:///{tmp_path / 'portal.sqlite3'}"}
+    code = (
+        "import sys; sys.modules['psycopg'] = None;"  # `import psycopg` raises ImportError from here on
+        "import django; django.setup();"
+        "import portal.urls, portal.teams.services as s; print(sorted(e.__name__ for e in s._REFUSED_ERRORS))"
+    )
+    clean = {k: v for k, v in os.environ.items() if k not in PRODUCTION and not k.startswith("SECURE_")}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "IntegrityError" in result.stdout

@@ -21,6 +21,7 @@ BUNDLED = [
     "llama-2-7b-chat-hf",
     "llama-3.1-70b-instruct-gptq-4bit",
     "mistral-7b-instruct-v0.3",
+    "qwen2.5-14b-instruct",
     "qwen2.5-7b-instruct",
 ]
 
