@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -36,7 +36,7 @@ from portal.core.errors import ApplicationError
 from portal.deployments.models import Deployment, DeploymentState
 from portal.deployments.services import deployment_plan, deployment_set_concurrency_cap
 from portal.teams.models import ApiKey
-from portal.teams.services import api_key_create, api_key_new_secret
+from portal.teams.services import api_key_new_secret, member_key_for
 
 from .models import BenchmarkLevel, BenchmarkRun, RunKind, RunState
 
@@ -596,17 +596,7 @@ def _member_gateway_key(run: BenchmarkRun, deployment: Deployment) -> tuple[ApiK
         raise _Refused(
             f"{user.get_username()} is no longer a member of {team.name}: the run would spend its quota"
         )
-    key = ApiKey.objects.filter(team=team, benchmark_user=user).first()
-    if key is None:
-        try:
-            with transaction.atomic():
-                name = f"benchmark ({user.get_username()})"[:100]
-                key, _discarded = api_key_create(team=team, name=name, created_by=user)
-                # Claimed by a conditional UPDATE, as the playground's: a race finds the winner's key.
-                ApiKey.objects.filter(pk=key.pk, benchmark_user__isnull=True).update(benchmark_user=user)
-        except IntegrityError:
-            pass
-        key = ApiKey.objects.get(team=team, benchmark_user=user)
+    key = member_key_for(team=team, user=user, purpose="benchmark")
     token = api_key_new_secret(
         api_key=key, allowed_models=[deployment.model_version.name], pinned_deployment_id=deployment.pk
     )

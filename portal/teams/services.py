@@ -169,6 +169,28 @@ def api_key_create(
     return key, token
 
 
+def member_key_for(*, team: Team, user, purpose: str) -> ApiKey:
+    """The member's hidden key of `team` for `purpose` ("playground" or "benchmark"), with its team
+    loaded, made on first use: one key per (team, member, purpose), named "<purpose> (<user>)" so
+    usage says whose it is. Its first secret is dropped at once (nothing holds it).
+
+    Claimed by a conditional UPDATE: a second first use racing this one hits the unique constraint
+    on `<purpose>_user` and takes the winner's key instead."""
+    owner_field = {"playground": "playground_user", "benchmark": "benchmark_user"}[purpose]
+    keys = ApiKey.objects.select_related("team").filter(team=team)
+    found = keys.filter(**{owner_field: user}).first()
+    if found is not None:
+        return found
+    try:
+        with transaction.atomic():
+            name = f"{purpose} ({user.get_username()})"[:100]
+            key, _discarded = api_key_create(team=team, name=name, created_by=user)
+            ApiKey.objects.filter(pk=key.pk, **{f"{owner_field}__isnull": True}).update(**{owner_field: user})
+    except IntegrityError:
+        pass
+    return keys.get(**{owner_field: user})
+
+
 def api_key_new_secret(
     *, api_key: ApiKey, allowed_models: list[str] | None = None, pinned_deployment_id: int | None = None
 ) -> str:
