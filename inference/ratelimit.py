@@ -375,6 +375,8 @@ class RateLimiter:
         poll_s: tuple[float, float] = (0.002, 0.05),
         daily_used: Callable[[str, int | str, int], Awaitable[int]] | None = None,
     ) -> None:
+        if lease_ms < 1:
+            raise ValueError(f"lease_ms={lease_ms}: a lease must last (0 would renew in a busy loop)")
         self.redis = redis
         self.keys = keys
         self.lease_ms = lease_ms
