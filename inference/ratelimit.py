@@ -436,10 +436,11 @@ class RateLimiter:
             scope = team if status.startswith("team_") else key
             day = int(result[2])
             used = await self.daily_used(scope.kind, scope.id, day)
-            prefix = self.tpd_prefix(scope)
-            await self._rebuild_day(
-                keys=[f"{prefix}{day}", f"{prefix}{day}:rebuilt"], args=[max(0, int(used))]
+            counter, rebuilt = (
+                f"{self.tpd_prefix(scope)}{day}",
+                self.keys.tpd_rebuilt(scope.kind, scope.id, day),
             )
+            await self._rebuild_day(keys=[counter, rebuilt], args=[max(0, int(used))])
         raise RuntimeError("daily counters kept vanishing while being rebuilt")
 
     def _admit_keys_args(self, request_id: str, team: Scope, key: Scope, tokens: int) -> tuple[list, list]:
@@ -661,7 +662,8 @@ class RateLimiter:
                 if scope.limits.max_concurrent:
                     slots.append(self.concurrency_key(scope))
                 daily = self.tpd_prefix(scope) + str(admission.day) if scope.limits.tokens_per_day else ""
-                pairs += [self.tpm_key(scope), daily, f"{daily}:rebuilt" if daily else ""]
+                rebuilt = self.keys.tpd_rebuilt(scope.kind, scope.id, admission.day) if daily else ""
+                pairs += [self.tpm_key(scope), daily, rebuilt]
                 tpms.append(scope.limits.tpm or 0)
         if deployment_id is not None:
             slots += [self.inflight_key(deployment_id), self.long_key(deployment_id)]
