@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
@@ -48,12 +48,15 @@ DAY_MS = 86_400_000
 _NOW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 """
 
 # KEYS: blocked_team, blocked_key, then per scope (team, key): rpm_tat, tpm_tat, tpd_prefix, conc_zset,
 #       then the request's reservation record
-# ARGV: request_id, tokens, lease_ms, then per scope: rpm, tpm, tpd, conc (0 = no limit)
-# Returns {status, retry_after_ms, day}; status "ok" or the name of the limit that said no.
+# ARGV: request_id, tokens, lease_ms, then per scope: rpm, tpm, tpd, conc (0 = no limit),
+#       then 1 to report a missing daily counter (`<scope>_tpd_unknown`) instead of taking it as 0
+# Returns {status, retry_after_ms, day[, now_us]}; status "ok" (with Redis's time, µs) or the name of
+# the limit that said no.
 _ADMIT_BODY = """
 local day = math.floor(now / 86400000)
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'team_blocked', 0, day} end
@@ -81,7 +84,11 @@ for s = 0, 1 do
     commits[#commits+1] = {KEYS[k+2], new_tat}
   end
   if tpd > 0 then
-    local used = tonumber(redis.call('GET', KEYS[k+3] .. day) or 0)
+    local counter = redis.call('GET', KEYS[k+3] .. day)
+    -- No counter for today (the day's first request, a limit set today, a Redis restart): the
+    -- caller rebuilds it from what the database holds for today, then asks again.
+    if not counter and ARGV[12] == '1' then return {scope .. 'tpd_unknown', 0, day} end
+    local used = tonumber(counter or 0)
     if cost > tpd then return {scope .. 'tpd_too_large', -1, day} end
     if used + cost > tpd then return {scope .. 'tpd', (day + 1) * 86400000 - now, day} end
   end
@@ -106,7 +113,7 @@ for s = 0, 1 do
   end
 end
 """
-ADMIT = _NOW + _ADMIT_BODY + "return {'ok', 0, day}"
+ADMIT = _NOW + _ADMIT_BODY + "return {'ok', 0, day, now_us}"
 
 # KEYS: queue_zset (the request's class's), interactive_queue_zset, then per candidate i:
 #       inflight_zset_i, long_zset_i
@@ -174,45 +181,64 @@ ADMIT_PLACE = (
     _NOW
     + _ACQUIRE_FN
     + _ADMIT_BODY
-    + "local index, position = acquire(11, 11)\nreturn {'ok', 0, day, index, position}"
+    + "local index, position = acquire(11, 12)\nreturn {'ok', 0, day, index, position, now_us}"
 )
 
-# KEYS: usage_list, then slot zsets to leave, then pairs (tpm_tat, tpd_key) to correct
+# KEYS: usage_list, then slot zsets to leave, then triples (tpm_tat, tpd_key, tpd_rebuilt) to correct
 # ARGV: request_id, usage_json, n_slots, delta_tokens, members (1 + extra replica slots `<id>#j`),
-#       then per pair: tokens-per-minute limit (0 = skip)
+#       admitted_us, reserved_tokens, then per triple: tokens-per-minute limit (0 = skip)
+# A daily counter rebuilt from the database after this request was admitted never held its
+# reservation (a Redis restart lost it; the record is not in the database yet): it gets the tokens
+# used, not the correction.
 FINISH = (
     _NOW
     + """
 local req, n_slots, delta, members = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local admitted, reserved = tonumber(ARGV[6]), tonumber(ARGV[7])
 for i = 2, 1 + n_slots do
   redis.call('ZREM', KEYS[i], req)
   for j = 2, members do redis.call('ZREM', KEYS[i], req .. '#' .. j) end
 end
-if delta ~= 0 then
-  local p = 6
-  for i = 2 + n_slots, #KEYS, 2 do
-    local tpm = tonumber(ARGV[p]); p = p + 1
-    if tpm > 0 then
-      local tat = redis.call('GET', KEYS[i])
-      if tat then
-        -- An over-use moves the clock past what admission's TTL covers: stretch the TTL with it,
-        -- or the key (and the debt) would vanish before the clock is reached.
-        local new_tat = tonumber(tat) + delta * 60000 / tpm
-        local ttl = math.ceil(new_tat - now) + 60000
-        if ttl > 0 and ttl > redis.call('PTTL', KEYS[i]) then
-          redis.call('SET', KEYS[i], string.format('%.3f', new_tat), 'PX', ttl)
-        else
-          redis.call('SET', KEYS[i], string.format('%.3f', new_tat), 'KEEPTTL')
-        end
+local p = 8
+for i = 2 + n_slots, #KEYS, 3 do
+  local tpm = tonumber(ARGV[p]); p = p + 1
+  if tpm > 0 and delta ~= 0 then
+    local tat = redis.call('GET', KEYS[i])
+    if tat then
+      -- An over-use moves the clock past what admission's TTL covers: stretch the TTL with it,
+      -- or the key (and the debt) would vanish before the clock is reached.
+      local new_tat = tonumber(tat) + delta * 60000 / tpm
+      local ttl = math.ceil(new_tat - now) + 60000
+      if ttl > 0 and ttl > redis.call('PTTL', KEYS[i]) then
+        redis.call('SET', KEYS[i], string.format('%.3f', new_tat), 'PX', ttl)
+      else
+        redis.call('SET', KEYS[i], string.format('%.3f', new_tat), 'KEEPTTL')
       end
     end
-    if KEYS[i+1] ~= '' and redis.call('EXISTS', KEYS[i+1]) == 1 then
-      redis.call('INCRBY', KEYS[i+1], delta)
-    end
+  end
+  if KEYS[i+1] ~= '' and redis.call('EXISTS', KEYS[i+1]) == 1 then
+    local add = delta
+    local rebuilt = redis.call('GET', KEYS[i+2])
+    if rebuilt and tonumber(rebuilt) > admitted then add = delta + reserved end
+    if add ~= 0 then redis.call('INCRBY', KEYS[i+1], add) end
   end
 end
 if ARGV[2] ~= '' then redis.call('RPUSH', KEYS[1], ARGV[2]) end
 return 1
+"""
+)
+
+# A missing daily counter, rebuilt from the database: set only if still missing (another process
+# may have rebuilt it meanwhile), with the time of the rebuild, which `FINISH` reads.
+# KEYS: counter, rebuilt_marker; ARGV: tokens used today
+REBUILD_DAY = (
+    _NOW
+    + """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 2 * 86400000) then
+  redis.call('SET', KEYS[2], string.format('%.0f', now_us), 'PX', 2 * 86400000)
+  return 1
+end
+return 0
 """
 )
 
@@ -292,6 +318,7 @@ class Admission:
     retry_after_s: float = 0.0  # negative: retrying cannot help (the request alone exceeds the quota)
     day: int = 0
     tokens: int = 0
+    at_us: int = 0  # Redis's time when it was admitted (µs: a rebuild of its daily counter is ordered by it)
 
 
 @dataclass
@@ -346,10 +373,16 @@ class RateLimiter:
         keys: RedisKeys,
         lease_ms: int = 30_000,
         poll_s: tuple[float, float] = (0.002, 0.05),
+        daily_used: Callable[[str, int | str, int], Awaitable[int]] | None = None,
     ) -> None:
+        if lease_ms < 1:
+            raise ValueError(f"lease_ms={lease_ms}: a lease must last (0 would renew in a busy loop)")
         self.redis = redis
         self.keys = keys
         self.lease_ms = lease_ms
+        # (kind, id, UTC day number) -> tokens that scope used that day, from durable storage: a
+        # daily counter missing from Redis is rebuilt from it before any admission counts on it.
+        self.daily_used = daily_used
         # A queued request polls its queue from poll_s[0] apart, doubling up to poll_s[1]; a slot
         # freed by this process wakes one of its waiters at once (other processes' waiters poll).
         self.poll_s = poll_s
@@ -360,6 +393,7 @@ class RateLimiter:
         self._finish = redis.register_script(FINISH)
         self._renew = redis.register_script(RENEW)
         self._give_back = redis.register_script(GIVE_BACK)
+        self._rebuild_day = redis.register_script(REBUILD_DAY)
         self.usage_list = keys.usage
 
     # --- key names (inference/redis_keys.py spells them) ----------------------------
@@ -388,7 +422,26 @@ class RateLimiter:
     async def admit(self, *, request_id: str, team: Scope, key: Scope, tokens: int) -> Admission:
         """Check and take, in one step, every team and key quota for one request of `tokens` tokens."""
         keys, args = self._admit_keys_args(request_id, team, key, tokens)
-        return self._admission(await self._admit(keys=keys, args=args), tokens)
+        result = await self._with_daily_counters(lambda: self._admit(keys=keys, args=args), team, key)
+        return self._admission(result, tokens, at_index=3)
+
+    async def _with_daily_counters(self, run: Callable[[], Awaitable[list]], team: Scope, key: Scope) -> list:
+        """Run an admission script; while it reports a missing daily counter, rebuild that counter
+        from `daily_used` and run it again (a couple of rounds: both scopes may be missing)."""
+        for _round in range(3):
+            result = await run()
+            status = result[0].decode() if isinstance(result[0], bytes) else result[0]
+            if not status.endswith("_tpd_unknown"):
+                return result
+            scope = team if status.startswith("team_") else key
+            day = int(result[2])
+            used = await self.daily_used(scope.kind, scope.id, day)
+            counter, rebuilt = (
+                f"{self.tpd_prefix(scope)}{day}",
+                self.keys.tpd_rebuilt(scope.kind, scope.id, day),
+            )
+            await self._rebuild_day(keys=[counter, rebuilt], args=[max(0, int(used))])
+        raise RuntimeError("daily counters kept vanishing while being rebuilt")
 
     def _admit_keys_args(self, request_id: str, team: Scope, key: Scope, tokens: int) -> tuple[list, list]:
         keys = [self.blocked_key("team", team.id), self.blocked_key("key", key.id)]
@@ -403,19 +456,22 @@ class RateLimiter:
             lim = scope.limits
             args += [lim.rpm or 0, lim.tpm or 0, lim.tokens_per_day or 0, lim.max_concurrent or 0]
         keys.append(self.keys.reservation(request_id))
+        args.append(1 if self.daily_used is not None else 0)
         return keys, args
 
     @staticmethod
-    def _admission(result: list, tokens: int) -> Admission:
+    def _admission(result: list, tokens: int, *, at_index: int) -> Admission:
         status, retry_ms, day = result[:3]
         status = status.decode() if isinstance(status, bytes) else status
         retry = int(retry_ms) / 1000 if int(retry_ms) >= 0 else -1.0
+        ok = status == "ok"
         return Admission(
-            ok=status == "ok",
-            reason="" if status == "ok" else status,
+            ok=ok,
+            reason="" if ok else status,
             retry_after_s=retry,
             day=int(day),
             tokens=tokens,
+            at_us=int(result[at_index]) if ok else 0,
         )
 
     def _acquire_keys_args(
@@ -509,8 +565,10 @@ class RateLimiter:
             request_id, model, candidates, long_prompt, long_cap, queue_max, timeout_s, slots,
             batch_share, interactive_timeout_s,
         )  # fmt: skip
-        result = await self._admit_place(keys=admit_keys + keys, args=admit_args + args)
-        admission = self._admission(result, tokens)
+        result = await self._with_daily_counters(
+            lambda: self._admit_place(keys=admit_keys + keys, args=admit_args + args), team, key
+        )
+        admission = self._admission(result, tokens, at_index=5)
         if not admission.ok:
             return admission, None
         if on_admitted is not None:
@@ -603,16 +661,24 @@ class RateLimiter:
                     continue
                 if scope.limits.max_concurrent:
                     slots.append(self.concurrency_key(scope))
-                pairs += [
-                    self.tpm_key(scope),
-                    self.tpd_prefix(scope) + str(admission.day) if scope.limits.tokens_per_day else "",
-                ]
+                daily = self.tpd_prefix(scope) + str(admission.day) if scope.limits.tokens_per_day else ""
+                rebuilt = self.keys.tpd_rebuilt(scope.kind, scope.id, admission.day) if daily else ""
+                pairs += [self.tpm_key(scope), daily, rebuilt]
                 tpms.append(scope.limits.tpm or 0)
         if deployment_id is not None:
             slots += [self.inflight_key(deployment_id), self.long_key(deployment_id)]
         await self._finish(
             keys=[self.usage_list, *slots, *pairs],
-            args=[request_id, json.dumps(usage) if usage else "", len(slots), delta, replica_slots, *tpms],
+            args=[
+                request_id,
+                json.dumps(usage) if usage else "",
+                len(slots),
+                delta,
+                replica_slots,
+                admission.at_us if admission is not None else 0,
+                admission.tokens if admission is not None else 0,
+                *tpms,
+            ],
         )
         if deployment_id is not None:
             self._wake_one(self.inflight_key(deployment_id))

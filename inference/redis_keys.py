@@ -92,6 +92,11 @@ class RedisKeys:
         """Followed by the UTC day number."""
         return f"{self.gateway}tpd:{kind}:{id}:"
 
+    def tpd_rebuilt(self, kind: str, id: int | str, day: int | str) -> str:
+        """When (Redis's clock, µs) that day's counter was rebuilt from the database (apart from the
+        counters' prefix, so a scan of it finds counters only)."""
+        return f"{self.gateway}tpdrebuilt:{kind}:{id}:{day}"
+
     def concurrency(self, kind: str, id: int | str) -> str:
         return f"{self.gateway}conc:{kind}:{id}"
 

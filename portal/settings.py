@@ -401,6 +401,29 @@ ACCEPTANCE_STALE_S = env_number("ACCEPTANCE_STALE_S", default=3600, minimum=60, 
 # (so rotating SECRET_KEY invalidates every API key unless this is set on its own).
 GATEWAY_KEY_HMAC_SECRET = env.str("GATEWAY_KEY_HMAC_SECRET", default="")
 GATEWAY_REDIS_URL = env.str("GATEWAY_REDIS_URL", default=REDIS_URL)
+# Redis behind Sentinel (docs/scale.md, "Redis: persistence and failover"): the service name and
+# the Sentinels' `host:port` list. The portal's clients then ask the Sentinels for the primary
+# (GATEWAY_REDIS_URL gives only the database, password and TLS), and Celery's broker and results
+# default to the same Sentinels.
+REDIS_SENTINEL_MASTER = env.str("REDIS_SENTINEL_MASTER", default="").strip()
+REDIS_SENTINELS = [s.strip() for s in env.list("REDIS_SENTINELS", default=[]) if s.strip()]
+if REDIS_SENTINEL_MASTER and not REDIS_SENTINELS:
+    raise ImproperlyConfigured(
+        "REDIS_SENTINELS must list the Sentinels (host:port,...) when REDIS_SENTINEL_MASTER is set"
+    )
+for _sentinel in REDIS_SENTINELS:
+    _host, _, _port = _sentinel.rpartition(":")
+    if not _host or not _port.isdigit() or not 0 < int(_port) < 65536:
+        raise ImproperlyConfigured(f"REDIS_SENTINELS: {_sentinel!r} is not host:port")
+if REDIS_SENTINEL_MASTER:
+    # kombu's Sentinel transport: `sentinel://host:port;sentinel://host:port` plus the service name.
+    _sentinel_url = ";".join(f"sentinel://{s}" for s in REDIS_SENTINELS)
+    if "CELERY_BROKER_URL" not in env:
+        CELERY_BROKER_URL = _sentinel_url
+    if "CELERY_RESULT_BACKEND" not in env:
+        CELERY_RESULT_BACKEND = _sentinel_url
+    CELERY_BROKER_TRANSPORT_OPTIONS["master_name"] = REDIS_SENTINEL_MASTER
+    CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS["master_name"] = REDIS_SENTINEL_MASTER
 GATEWAY_MAX_BODY_BYTES = env_number(
     "GATEWAY_MAX_BODY_BYTES", default=1024 * 1024, minimum=1024, maximum=64 * 1024 * 1024
 )

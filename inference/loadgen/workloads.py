@@ -165,7 +165,7 @@ PRESETS: dict[str, Mix] = {
 
 
 def _known(allow_files: bool) -> str:
-    files = "a path to a mix JSON file" if allow_files else "an inline JSON mix ({\"buckets\": [...]})"
+    files = "a path to a mix JSON file" if allow_files else 'an inline JSON mix ({"buckets": [...]})'
     return ", ".join(PRESETS) + f", fixed:<in>:<out>, or {files}"
 
 

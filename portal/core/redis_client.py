@@ -1,8 +1,16 @@
-"""The portal's one synchronous Redis client (GATEWAY_REDIS_URL) and its key layout.
+"""The portal's one Redis client factory (GATEWAY_REDIS_URL, or a Sentinel-watched primary) and
+its key layout.
 
-Pages, the metrics flush and scrape, revocation and the usage flush all use this client.
-It has connect and read timeouts (GATEWAY_REDIS_TIMEOUT_S), so a hung Redis is an error
-after one timeout, never a page or a worker that waits without end.
+Pages, the metrics flush and scrape, revocation and the usage flush use the synchronous client;
+the gateway's event loops use `async_gateway_redis`. Both have connect and read timeouts
+(GATEWAY_REDIS_TIMEOUT_S), so a hung Redis is an error after one timeout, never a page or a worker
+that waits without end; and both reach Redis the same way:
+
+- `redis://[:password@]host:port/db`, or `rediss://...` for TLS (a managed Redis), with redis-py's
+  query options (`?ssl_cert_reqs=required&ssl_ca_certs=/path/ca.pem`);
+- with `REDIS_SENTINEL_MASTER` set, the primary that the Sentinels in `REDIS_SENTINELS`
+  (`host:port,host:port`) name for that service, found again after a failover; the URL then
+  gives only the database, password and TLS (docs/scale.md, "Redis: persistence and failover").
 """
 
 from __future__ import annotations
@@ -10,34 +18,93 @@ from __future__ import annotations
 from functools import cache
 
 import redis
+import redis.asyncio
+import redis.asyncio.sentinel
+import redis.sentinel
 from django.conf import settings
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.connection import parse_url
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.retry import Retry
 
 from inference.redis_keys import RedisKeys
 
 
-@cache
-def _client(url: str, timeout_s: float) -> redis.Redis:
+def _retry(asynchronous: bool):
     # As the gateway's client (docs/decisions.md, "Redis down"): only refused or broken
     # connections are retried, briefly; a timed-out script may already have run.
-    return redis.Redis.from_url(
-        url,
+    from redis.asyncio.retry import Retry as AsyncRetry
+    from redis.retry import Retry
+
+    cls = AsyncRetry if asynchronous else Retry
+    return cls(ExponentialWithJitterBackoff(cap=0.1, base=0.01), 2, supported_errors=(RedisConnectionError,))
+
+
+def _sentinel_master(
+    url: str, timeout_s: float, sentinels: tuple[str, ...], master: str, *, asynchronous: bool
+):
+    parsed = parse_url(url)
+    tls = parsed.pop("connection_class", None) is not None and url.startswith("rediss://")
+    parsed.pop("host", None)
+    parsed.pop("port", None)
+    kwargs = {
+        **parsed,
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+        "retry": _retry(asynchronous),
+    }
+    if tls:
+        kwargs["ssl"] = True
+    addresses = [(host, int(port)) for host, _, port in (s.rpartition(":") for s in sentinels)]
+    module = redis.asyncio.sentinel if asynchronous else redis.sentinel
+    sentinel = module.Sentinel(
+        addresses,
+        sentinel_kwargs={"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s},
         socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        retry=Retry(
-            ExponentialWithJitterBackoff(cap=0.1, base=0.01), 2, supported_errors=(RedisConnectionError,)
-        ),
+    )
+    return sentinel.master_for(
+        master, redis_class=redis.asyncio.Redis if asynchronous else redis.Redis, **kwargs
     )
 
 
+def make_redis(*, asynchronous: bool = False):
+    """A new client (its own connection pool) from the settings: plain URL, TLS URL or Sentinel."""
+    url, timeout = settings.GATEWAY_REDIS_URL, settings.GATEWAY_REDIS_TIMEOUT_S
+    if settings.REDIS_SENTINEL_MASTER:
+        return _sentinel_master(
+            url,
+            timeout,
+            tuple(settings.REDIS_SENTINELS),
+            settings.REDIS_SENTINEL_MASTER,
+            asynchronous=asynchronous,
+        )
+    cls = redis.asyncio.Redis if asynchronous else redis.Redis
+    return cls.from_url(
+        url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=_retry(asynchronous)
+    )
+
+
+@cache
+def _client(url: str, timeout_s: float, sentinels: tuple[str, ...], master: str) -> redis.Redis:
+    return make_redis()
+
+
 def gateway_redis() -> redis.Redis:
-    """The shared client (one connection pool per URL and timeout, so tests may change either)."""
-    return _client(settings.GATEWAY_REDIS_URL, settings.GATEWAY_REDIS_TIMEOUT_S)
+    """The shared client (one connection pool per URL, timeout and Sentinel setting, so tests may
+    change any of them)."""
+    return _client(
+        settings.GATEWAY_REDIS_URL,
+        settings.GATEWAY_REDIS_TIMEOUT_S,
+        tuple(settings.REDIS_SENTINELS),
+        settings.REDIS_SENTINEL_MASTER,
+    )
 
 
-# Drops every pooled client (the pools are keyed by URL and timeout, so nothing needs it to see
+def async_gateway_redis() -> redis.asyncio.Redis:
+    """A new asyncio client, for one event loop (the gateway keeps one per loop)."""
+    return make_redis(asynchronous=True)
+
+
+# Drops every pooled client (the pools are keyed by their settings, so nothing needs it to see
 # a changed setting; kept for callers of the former cached `teams.services.gateway_redis`).
 gateway_redis.cache_clear = _client.cache_clear  # type: ignore[attr-defined]
 

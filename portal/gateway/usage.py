@@ -13,12 +13,32 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from asgiref.sync import sync_to_async
+from django.db import Error as DatabaseError
+from django.db import close_old_connections
+
 from inference.ratelimit import Admission, LeaseKeeper, RateLimiter, Scope
 from portal.observability import prometheus
+from portal.teams import selectors
 
 from .auth import Caller
+from .errors import database_unavailable
 
 log = logging.getLogger("portal.gateway")
+
+
+def _billed_on_day(kind: str, id: int | str, day: int) -> int:
+    close_old_connections()  # the gateway handler sends no request signals (gateway/asgi.py)
+    return selectors.tokens_billed_on_day(kind=kind, id=int(id), day=day)
+
+
+async def tokens_billed_on_day(kind: str, id: int | str, day: int) -> int:
+    """A team's or key's tokens of one UTC day, from the database: how a daily counter that Redis
+    lost (a restart) or never had (the day's first request) is rebuilt before admission counts on it."""
+    try:
+        return await sync_to_async(_billed_on_day)(kind, id, day)
+    except DatabaseError:
+        raise database_unavailable() from None
 
 
 @dataclass

@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 from inference.ratelimit import LeaseKeeper, RateLimiter, Scope, slot_members
 from portal.core.errors import did_you_mean
 from portal.core.jsonbody import TOO_DEEP
-from portal.core.redis_client import redis_keys
+from portal.core.redis_client import async_gateway_redis, redis_keys
 from portal.observability import prometheus
 
 from .admission import (
@@ -44,7 +44,7 @@ from .routing import route_for, served_models, smallest_context
 from .sse import RelayResponse, RelayStream
 from .tokens import prompt_count, prompt_count_off_loop
 from .upstream import UPSTREAM_ERRORS, open_stream
-from .usage import Exchange
+from .usage import Exchange, tokens_billed_on_day
 
 log = logging.getLogger("portal.gateway")
 
@@ -60,28 +60,20 @@ COUNT_INLINE_BYTES = 4096
 
 def _limiter() -> tuple[RateLimiter, LeaseKeeper]:
     """One Redis client, limiter and lease keeper per event loop (uvicorn runs one)."""
-    from redis.asyncio import Redis
-    from redis.asyncio.retry import Retry
-    from redis.backoff import ExponentialWithJitterBackoff
-    from redis.exceptions import ConnectionError as RedisConnectionError
-
     loop = asyncio.get_running_loop()
     found = _state.get(id(loop))
     if found is None:
         # Fail fast when Redis is down or hung: a 503 within a fraction of a second (refused) or
         # one timeout (hung), not redis-py's ten retries nor a wait without end. Only refused or
         # broken connections are retried: a timed-out admission script may have run already.
-        # The pool reconnects by itself once Redis is back.
-        timeout = settings.GATEWAY_REDIS_TIMEOUT_S
-        redis = Redis.from_url(
-            settings.GATEWAY_REDIS_URL,
-            socket_connect_timeout=timeout,
-            socket_timeout=timeout,
-            retry=Retry(
-                ExponentialWithJitterBackoff(cap=0.1, base=0.01), 2, supported_errors=(RedisConnectionError,)
-            ),
+        # The pool reconnects by itself once Redis is back (after a Sentinel failover, to the new primary).
+        redis = async_gateway_redis()
+        limiter = RateLimiter(
+            redis,
+            keys=redis_keys(),
+            lease_ms=int(settings.GATEWAY_SLOT_LEASE_S * 1000),
+            daily_used=tokens_billed_on_day,
         )
-        limiter = RateLimiter(redis, keys=redis_keys(), lease_ms=int(settings.GATEWAY_SLOT_LEASE_S * 1000))
         found = _state[id(loop)] = (limiter, LeaseKeeper(limiter))
     return found
 

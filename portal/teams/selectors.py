@@ -96,6 +96,19 @@ def usage_today(team: Team) -> dict:
     }
 
 
+def tokens_billed_on_day(*, kind: str, id: int, day: int) -> int:
+    """Tokens a team or key (`kind` "team" or "key") was billed on UTC day number `day` (days since
+    the epoch), from the usage records: what the gateway's daily counter held, less what was still
+    queued in Redis. Refused requests (`rejected`) cost nothing; the rest cost their tokens."""
+    start = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(days=day)
+    rows = Usage.objects.filter(created_at__gte=start, created_at__lt=start + dt.timedelta(days=1))
+    rows = rows.filter(team_id=id) if kind == "team" else rows.filter(api_key_id=id)
+    totals = rows.exclude(status=UsageStatus.REJECTED).aggregate(
+        p=Sum("prompt_tokens"), c=Sum("completion_tokens")
+    )
+    return (totals["p"] or 0) + (totals["c"] or 0)
+
+
 def usage_today_by_key(team: Team) -> list[dict]:
     """Today's requests and tokens per key, busiest first: {"key", "name", "source", "requests",
     "tokens"} (a member's playground key shows as "playground (<user>)", source "playground"; a

@@ -16,14 +16,16 @@ from inference.redis_keys import RedisKeys
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
-def run(coro_fn, *, lease_ms: int = 2000, poll_s: tuple[float, float] = (0.002, 0.05)):
+def run(coro_fn, *, lease_ms: int = 2000, poll_s: tuple[float, float] = (0.002, 0.05), daily_used=None):
     """Run `coro_fn(limiter)` on a fresh event loop with a limiter under a unique namespace."""
 
     async def main():
         redis = Redis.from_url(REDIS_URL)
         namespace = f"test-{uuid.uuid4().hex[:8]}"
         try:
-            limiter = RateLimiter(redis, keys=RedisKeys(namespace), lease_ms=lease_ms, poll_s=poll_s)
+            limiter = RateLimiter(
+                redis, keys=RedisKeys(namespace), lease_ms=lease_ms, poll_s=poll_s, daily_used=daily_used
+            )
             return await coro_fn(limiter)
         finally:
             keys = [k async for k in redis.scan_iter(f"{namespace}:*")]
@@ -399,3 +401,51 @@ def test_it_leaves_a_slot_taken_by_a_poll_whose_reply_was_lost_to_cancellation()
         return in_flight, await limiter.redis.zcard(limiter.queue_key("m"))
 
     assert run(go) == (0, 0)
+
+
+def test_it_rebuilds_a_missing_daily_counter_from_what_the_database_says_was_used():
+    # A Redis restart lost the counter of a 40-token day of which 32 were used and stored.
+    asked = []
+
+    async def stored(kind, id, day):
+        asked.append((kind, id))
+        return 32 if kind == "key" else 0
+
+    async def go(limiter):
+        key = Scope("key", 7, Limits(tokens_per_day=40))
+        over = await limiter.admit(request_id=rid(), team=team(), key=key, tokens=10)
+        fits = await limiter.admit(request_id=rid(), team=team(), key=key, tokens=8)
+        return over.reason, fits.ok, int(await limiter.redis.get(limiter.tpd_prefix(key) + str(fits.day)))
+
+    assert run(go, daily_used=stored) == ("key_tpd", True, 40)
+    assert asked == [("key", 7)]  # once: the rebuilt counter is used from then on
+
+
+def test_a_request_admitted_before_its_counter_was_rebuilt_adds_what_it_used():
+    # Its reservation died with the old counter: the correction (used - reserved) would undercount.
+    async def nothing_stored(kind, id, day):
+        return 0
+
+    async def go(limiter):
+        scope = team(tokens_per_day=1000)
+        admission = await limiter.admit(request_id="a", team=scope, key=KEY, tokens=300)
+        counter = limiter.tpd_prefix(scope) + str(admission.day)
+        await limiter.redis.delete(counter)  # Redis restarted while "a" streamed
+        await limiter.admit(request_id="b", team=scope, key=KEY, tokens=100)  # rebuilt: 0, then 100
+        await limiter.finish(request_id="a", team=scope, key=KEY, admission=admission, used_tokens=50)
+        return int(await limiter.redis.get(counter))
+
+    assert run(go, daily_used=nothing_stored) == 150
+
+
+def test_a_request_admitted_right_after_its_counter_was_rebuilt_is_corrected_not_added():
+    async def nothing_stored(kind, id, day):
+        return 0
+
+    async def go(limiter):
+        scope = team(tokens_per_day=1000)
+        admission = await limiter.admit(request_id="a", team=scope, key=KEY, tokens=300)  # rebuilt first
+        await limiter.finish(request_id="a", team=scope, key=KEY, admission=admission, used_tokens=50)
+        return int(await limiter.redis.get(limiter.tpd_prefix(scope) + str(admission.day)))
+
+    assert run(go, daily_used=nothing_stored) == 50
