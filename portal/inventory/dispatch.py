@@ -37,6 +37,8 @@ def expires_after_s(task_name: str) -> float | None:
         # Periodic: the next tick replaces a pass that waited longer than two intervals.
         "deployments.supervise_node": 2 * interval,
         "deployments.check_adopted": 2 * interval,
+        "inventory.sample_gpu_health": 2 * settings.GPU_HEALTH_SAMPLE_INTERVAL_S,
+        "deployments.move": DEPLOYMENT_COMMAND_EXPIRES_S,
         # Commands: supervision reconciles from the desired state if one is lost.
         "deployments.start": DEPLOYMENT_COMMAND_EXPIRES_S,
         "deployments.stop": DEPLOYMENT_COMMAND_EXPIRES_S,
