@@ -63,3 +63,42 @@ def node_agent(node_name: str, log_path: Path, **extra_env: str) -> Iterator[sub
             process.wait(timeout=60)
             for pgid in Deployment.objects.exclude(pgid=None).values_list("pgid", flat=True):
                 supervisor.stop_group(pgid, grace_s=10)
+
+
+class FakeNvidiaSmi:
+    """An `nvidia-smi` (and `dmesg`) on a node agent's PATH that print committed fixtures.
+
+    `show(name)` switches what the next call prints (a file in inference/data/nvidia_smi/), so a test
+    can turn a GPU degraded under a running agent; `hang()` makes nvidia-smi stop answering.
+    """
+
+    def __init__(self, bin_dir: Path) -> None:
+        from tests.conftest import NVIDIA_SMI
+
+        self.bin_dir = bin_dir
+        self.fixtures = NVIDIA_SMI
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        self._current = bin_dir / "nvidia-smi.current"
+        self._kernel_log = bin_dir / "dmesg.current"
+        shown = f'shown="$(cat {self._current})"\n'
+        self._write("nvidia-smi", shown + '[ "$shown" = hang ] && exec sleep 3600\nexec cat "$shown"\n')
+        self._write("dmesg", f'[ -s {self._kernel_log} ] || exit 1\nexec cat "$(cat {self._kernel_log})"\n')
+        self._kernel_log.write_text("")
+
+    def _write(self, name: str, body: str) -> None:
+        script = self.bin_dir / name
+        script.write_text("#!/bin/sh\n" + body)
+        script.chmod(0o755)
+
+    def show(self, fixture: str) -> None:
+        self._current.write_text(str(self.fixtures / fixture))
+
+    def kernel_log(self, fixture: str) -> None:
+        self._kernel_log.write_text(str(self.fixtures / fixture))
+
+    def hang(self) -> None:
+        self._current.write_text("hang")
+
+    @property
+    def path(self) -> str:
+        return f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
