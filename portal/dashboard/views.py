@@ -7,6 +7,7 @@ from django.shortcuts import render
 
 from portal.deployments.models import DeploymentProfile, DeploymentState
 from portal.deployments.selectors import deployments_visible_to
+from portal.inventory.selectors import gpus_not_healthy
 from portal.observability.selectors import sla_breaches, traffic_last_hour
 from portal.registry.models import ModelVersion
 from portal.teams.charts import bar_chart_svg
@@ -43,6 +44,7 @@ def _ops_dashboard(request):
             "runs": recent_benchmark_runs(),
             "breaches": sla_breaches(open_only=True, limit=50),
             "teams": request.user.teams.all(),
+            "sick_gpus": gpus_not_healthy(),
         },
     )
 

@@ -18,7 +18,6 @@ from .dispatch import send_to_node
 from .models import Gpu, Node
 from .selectors import node_list
 
-
 HEALTH_FIELDS = ["health_state", "health_findings", "health_checked_at", "health_since", "health_cleared_at"]
 
 
