@@ -139,3 +139,22 @@ def test_the_node_agent_samples_a_fake_nvidia_smi_and_takes_a_hung_one_as_lost(d
         close_old_connections()
     finding = dgx.gpus.get(index=0).health_findings[0]
     assert finding["code"] == "no_answer" and "did not answer within 2 s" in finding["message"]
+
+
+def test_beat_asks_every_node_with_gpus_for_a_sample(dgx, cpu_node, django_capture_on_commit_callbacks):
+    from portal.celery import app
+    from portal.inventory.tasks import sample_gpu_health_all
+
+    with app.connection_for_read() as connection:
+        for node in (dgx, cpu_node):
+            connection.SimpleQueue(node.queue).clear()
+        with django_capture_on_commit_callbacks(execute=True):
+            assert sample_gpu_health_all() == 1
+        queue = connection.SimpleQueue(dgx.queue)
+        message = queue.get(block=True, timeout=5)
+        message.ack()
+        assert message.headers["task"] == "inventory.sample_gpu_health"
+        assert message.headers["expires"] is not None  # the next tick replaces a late one
+        nothing = connection.SimpleQueue(cpu_node.queue)
+        with pytest.raises(nothing.Empty):
+            nothing.get(block=True, timeout=1)
