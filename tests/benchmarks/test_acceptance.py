@@ -569,7 +569,7 @@ def test_it_accepts_this_machines_gpu(tmp_path, settings, capsys):
 
 
 def test_it_fails_a_node_whose_gpu_is_degraded_at_the_start_and_keeps_the_readings(
-    sim_node, tmp_path, monkeypatch
+    sim_node, tmp_path, monkeypatch, client, bob
 ):
     from tests.agents import FakeNvidiaSmi
 
@@ -587,6 +587,10 @@ def test_it_fails_a_node_whose_gpu_is_degraded_at_the_start_and_keeps_the_readin
     assert len(start["readings"]) == 8 and start["readings"][3]["ecc_uncorrected_volatile"] == 2
     assert start["findings"]["3"][0]["code"] == "ecc_uncorrectable"
     assert sim_node.gpus.get(index=3).health_state == "degraded"
+    client.force_login(bob)
+    page = client.get(sim_node.get_absolute_url()).content.decode()
+    shown = page[page.index('class="acceptance-gpu-health"') :]
+    assert "GPU 2 healthy, GPU 3 degraded" in shown[: shown.index("</td>")]
 
 
 def test_it_records_healthy_readings_and_goes_on(sim_node, tmp_path, monkeypatch):
