@@ -14,6 +14,7 @@ per sickness of the GPU (a failed move is decided again at the next sample).
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ from django.utils import timezone
 from inference.gpu_health import SICK_STATES
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError
-from portal.inventory.dispatch import send_to_node
+from portal.inventory.dispatch import DEPLOYMENT_COMMAND_EXPIRES_S, send_to_node
 from portal.inventory.models import Gpu, Node
 from portal.teams.models import Team
 
@@ -89,12 +90,17 @@ def move_target(deployment: Deployment) -> tuple[Node, list[int]] | None:
 
 
 def _decided(deployment: Deployment, since) -> bool:
+    """A decision stands for the GPU's current sickness, unless it failed or is a move whose command
+    expired unrun (the node's agent was down): those are decided again."""
     latest = (
         DeploymentEvent.objects.filter(deployment=deployment, step=STEP, at__gte=since)
         .order_by("-at", "-id")
         .first()
     )
-    return latest is not None and latest.status != EventStatus.FAILED
+    if latest is None or latest.status == EventStatus.FAILED:
+        return False
+    expired = timezone.now() - dt.timedelta(seconds=DEPLOYMENT_COMMAND_EXPIRES_S)
+    return not (latest.status == EventStatus.INFO and latest.at < expired)
 
 
 def node_drain_sick_gpus(*, node: Node) -> list[DrainDecision]:
