@@ -8,8 +8,8 @@ Per sample, median and P95 of `--repeats`, in ms:
 - parse + rules: what the agent adds to a sample beyond running the commands;
 - fake nvidia-smi: `read_sample` through a real subprocess (a script that prints the fixture),
   i.e. fork/exec of two commands, the timeout machinery, parse; rules not included.
-The real driver's own time (nvidia-smi initialising NVML, milliseconds with persistence mode on,
-seconds without) comes on top; docs/gpu-runs.md has it for an H200.
+With `--real`, also `read_sample` on this machine's own nvidia-smi and dmesg, plus the rules: the
+driver's own time (NVML start-up: milliseconds with persistence mode on, seconds without).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--fixture", default="health_v100_sxm2_8x_throttling.csv")
+    parser.add_argument("--real", action="store_true", help="also time this machine's own nvidia-smi")
     args = parser.parse_args(argv)
     if not 1 <= args.repeats <= 100_000:
         parser.error("--repeats must be between 1 and 100000")
@@ -58,6 +59,19 @@ def main(argv: list[str] | None = None) -> None:
         parse_s.append(parsed - began)
         rules_s.append(done - parsed)
         both_s.append(done - began)
+    real_s: list[float] = []
+    real_gpus = 0
+    if args.real:  # before the fake goes on PATH
+        for _ in range(min(args.repeats, 50)):
+            began = time.perf_counter()
+            sampled = read_sample(timeout_s=30)
+            real_s.append(time.perf_counter() - began)
+            if sampled.unavailable or sampled.error:
+                raise SystemExit(f"no real sample: {sampled.error or 'nvidia-smi is not installed'}")
+            sample = Sample(at=sampled.at, gpus=sampled.gpus, xids=sampled.xids)
+            for gpu in sampled.gpus:
+                evaluate(GpuContext(gpu.index, gpu.pci_bus_id), sample)
+            real_gpus = len(sampled.gpus)
     with tempfile.TemporaryDirectory() as bin_dir:
         for name, source in (("nvidia-smi", args.fixture), ("dmesg", "kernel_log_xid_dmesg_iso.txt")):
             script = Path(bin_dir) / name
@@ -75,6 +89,8 @@ def main(argv: list[str] | None = None) -> None:
         ["parse + rules", *_ms(both_s)],
         ["read_sample via fake nvidia-smi + dmesg", *_ms(exec_s)],
     ]
+    if real_s:
+        rows.append([f"real nvidia-smi + dmesg + rules ({real_gpus} GPUs)", *_ms(real_s)])
     print(f"GPU health sample, {len(gpus)} GPUs from {args.fixture}, {args.repeats} repeats")
     print(table(["step", "median ms", "P95 ms"], rows))
 

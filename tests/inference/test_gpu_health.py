@@ -195,3 +195,20 @@ def test_it_samples_with_a_bounded_timeout_and_takes_a_hung_driver_as_no_answer(
     assert len(partial.gpus) == 7 and "status 15" in partial.error and partial.xids == ()
     lost = evaluate(GpuContext(4, V100_BUS[4]), partial)
     assert lost.state == HealthState.LOST and "status 15" in lost.findings[0].message
+
+
+def test_the_command_prints_one_judged_sample_and_keeps_the_raw_output(tmp_path, monkeypatch, capsys):
+    import json
+
+    from inference.gpu_health import main
+    from tests.agents import FakeNvidiaSmi
+
+    smi = FakeNvidiaSmi(tmp_path / "bin")
+    smi.show("health_v100_sxm2_8x_retirement_pending.csv")
+    monkeypatch.setenv("PATH", smi.path)
+    assert main(["--timeout", "5", "--raw", str(tmp_path / "raw.csv")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [v["state"] for v in report["verdicts"]].count("degraded") == 1
+    assert report["gpus"][5]["retired_pages_pending"] is True
+    raw = (tmp_path / "raw.csv").read_text()
+    assert raw == nvidia_smi_sample("health_v100_sxm2_8x_retirement_pending.csv")
