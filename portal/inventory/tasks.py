@@ -86,11 +86,14 @@ def sample_gpu_health(node_name: str) -> dict | None:
 
 @shared_task(name="inventory.sample_gpu_health_all", ignore_result=True)
 def sample_gpu_health_all() -> int:
-    """Beat: ask the agent of every node with GPUs for a health sample."""
+    """Beat: ask the agent of every node with GPUs for a health sample.
+
+    Simulated nodes (engine `sim`, e.g. the demo's) have GPUs as entered and no nvidia-smi: skipped,
+    so their queues do not fill with samples nobody takes."""
     from .dispatch import send_to_node
     from .models import Node
 
-    nodes = Node.objects.filter(gpus__isnull=False).distinct()
+    nodes = Node.objects.filter(gpus__isnull=False).exclude(engine="sim").distinct()
     for node in nodes:
         send_to_node(node, "inventory.sample_gpu_health", args=[node.name])
     return len(nodes)

@@ -12,8 +12,13 @@ from inference.gpu_health import Sample, parse_health_csv, parse_kernel_log
 from portal.audit.models import AuditEvent
 from portal.core.errors import ApplicationError
 from portal.dashboard.services import retention_prune
-from portal.inventory.models import Gpu, GpuSample
-from portal.inventory.services import gpu_mark_healthy, node_record_gpu_health
+from portal.inventory.models import Gpu, GpuSample, Node
+from portal.inventory.services import (
+    gpu_mark_healthy,
+    node_apply_nvidia_smi_text,
+    node_create,
+    node_record_gpu_health,
+)
 from tests.agents import FakeNvidiaSmi, node_agent
 from tests.conftest import api_client, nvidia_smi_sample
 
@@ -145,8 +150,11 @@ def test_beat_asks_every_node_with_gpus_for_a_sample(dgx, cpu_node, django_captu
     from portal.celery import app
     from portal.inventory.tasks import sample_gpu_health_all
 
+    simulated = node_create(name="sim-dgx")
+    node_apply_nvidia_smi_text(node=simulated, query_csv=nvidia_smi_sample("v100_sxm2_8x_query.csv"))
+    Node.objects.filter(pk=simulated.pk).update(engine="sim")
     with app.connection_for_read() as connection:
-        for node in (dgx, cpu_node):
+        for node in (dgx, cpu_node, simulated):
             connection.SimpleQueue(node.queue).clear()
         with django_capture_on_commit_callbacks(execute=True):
             assert sample_gpu_health_all() == 1
@@ -155,6 +163,7 @@ def test_beat_asks_every_node_with_gpus_for_a_sample(dgx, cpu_node, django_captu
         message.ack()
         assert message.headers["task"] == "inventory.sample_gpu_health"
         assert message.headers["expires"] is not None  # the next tick replaces a late one
-        nothing = connection.SimpleQueue(cpu_node.queue)
-        with pytest.raises(nothing.Empty):
-            nothing.get(block=True, timeout=1)
+        for node in (cpu_node, simulated):
+            nothing = connection.SimpleQueue(node.queue)
+            with pytest.raises(nothing.Empty):
+                nothing.get(block=True, timeout=1)
