@@ -118,14 +118,6 @@ def test_it_refuses_gateway_limits_out_of_their_bounds():
         assert name in result.stderr or "invalid literal" in result.stderr, result.stderr[-500:]
 
 
-def test_it_refuses_engine_log_limits_out_of_bounds():
-    bad = [("ENGINE_LOG_MAX_BYTES", "100"), ("ENGINE_LOG_KEEP", "-1"), ("ENGINE_LOG_KEEP", "lots")]
-    for name, value in bad:
-        result = _manage("check", env={**PRODUCTION, name: value})
-        assert result.returncode != 0, (name, value)
-        assert name in result.stderr or "invalid literal" in result.stderr
-
-
 def test_it_refuses_gpu_health_settings_out_of_their_bounds():
     bad = [
         ("GPU_HEALTH_SAMPLE_INTERVAL_S", "1"),
@@ -140,3 +132,12 @@ def test_it_refuses_gpu_health_settings_out_of_their_bounds():
         result = _manage("check", env={**PRODUCTION, name: value})
         assert result.returncode != 0, (name, value)
         assert name in result.stderr, result.stderr[-500:]
+
+
+def test_it_refuses_engine_log_limits_out_of_bounds():
+    bad = [("ENGINE_LOG_MAX_BYTES", "100"), ("ENGINE_LOG_KEEP", "-1"), ("ENGINE_LOG_KEEP", "lots")]
+    for name, value in bad:
+        result = _manage("check", env={**PRODUCTION, name: value})
+        assert result.returncode != 0, (name, value)
+        assert name in result.stderr or "invalid literal" in result.stderr
+
