@@ -106,18 +106,6 @@ def test_it_refuses_a_malformed_redis_namespace():
     assert "PORTAL_REDIS_NAMESPACE" in result.stderr
 
 
-def test_it_refuses_gateway_limits_out_of_their_bounds():
-    for name, value in [
-        ("GATEWAY_MAX_PROMPTS", "0"),
-        ("GATEWAY_MAX_PROMPTS", "5000"),
-        ("GATEWAY_AUTH_FAILURES_PER_MINUTE", "0"),
-        ("GATEWAY_MAX_PROMPTS", "many"),
-    ]:
-        result = _manage("check", env={**PRODUCTION, name: value})
-        assert result.returncode != 0, (name, value)
-        assert name in result.stderr or "invalid literal" in result.stderr, result.stderr[-500:]
-
-
 def test_it_refuses_gpu_health_settings_out_of_their_bounds():
     bad = [
         ("GPU_HEALTH_SAMPLE_INTERVAL_S", "1"),
@@ -132,6 +120,18 @@ def test_it_refuses_gpu_health_settings_out_of_their_bounds():
         result = _manage("check", env={**PRODUCTION, name: value})
         assert result.returncode != 0, (name, value)
         assert name in result.stderr, result.stderr[-500:]
+
+
+def test_it_refuses_gateway_limits_out_of_their_bounds():
+    for name, value in [
+        ("GATEWAY_MAX_PROMPTS", "0"),
+        ("GATEWAY_MAX_PROMPTS", "5000"),
+        ("GATEWAY_AUTH_FAILURES_PER_MINUTE", "0"),
+        ("GATEWAY_MAX_PROMPTS", "many"),
+    ]:
+        result = _manage("check", env={**PRODUCTION, name: value})
+        assert result.returncode != 0, (name, value)
+        assert name in result.stderr or "invalid literal" in result.stderr, result.stderr[-500:]
 
 
 def test_it_refuses_engine_log_limits_out_of_bounds():
