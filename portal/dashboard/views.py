@@ -7,12 +7,17 @@ from django.shortcuts import render
 
 from portal.deployments.models import DeploymentProfile, DeploymentState
 from portal.deployments.selectors import deployments_visible_to
-from portal.inventory.selectors import gpus_not_healthy
 from portal.observability.selectors import sla_breaches, traffic_last_hour
 from portal.registry.models import ModelVersion
 from portal.teams.charts import bar_chart_svg
 
-from .selectors import deployment_health, node_occupancy, recent_benchmark_runs, team_fronts
+from .selectors import (
+    deployment_health,
+    gpus_not_healthy_with_holders,
+    node_occupancy,
+    recent_benchmark_runs,
+    team_fronts,
+)
 
 
 @login_required
@@ -44,7 +49,7 @@ def _ops_dashboard(request):
             "runs": recent_benchmark_runs(),
             "breaches": sla_breaches(open_only=True, limit=50),
             "teams": request.user.teams.all(),
-            "sick_gpus": gpus_not_healthy(),
+            "sick_gpus": gpus_not_healthy_with_holders(),
         },
     )
 
