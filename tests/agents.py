@@ -25,14 +25,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextlib.contextmanager
-def node_agent(node_name: str, log_path: Path, **extra_env: str) -> Iterator[subprocess.Popen]:
-    """The agent for `node_name` running until the block ends; `extra_env` sets the portal's settings."""
+def node_agent(
+    node_name: str, log_path: Path, *, also_queues: tuple[str, ...] = (), **extra_env: str
+) -> Iterator[subprocess.Popen]:
+    """The agent for `node_name` running until the block ends; `extra_env` sets the portal's settings.
+
+    `also_queues` (e.g. `("control",)`) makes the same worker take those queues too, for a test that
+    needs a control-side task sent by the agent to run without a second worker."""
     from portal.core.redis_client import redis_keys
     from portal.deployments.models import Deployment
 
     queue = f"node.{node_name}"
     # Messages an earlier run left on the queue would run first.
-    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(redis_keys().celery_key(queue))
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    for name in (queue, *also_queues):
+        broker.delete(redis_keys().celery_key(name))
     db = connection.settings_dict
     env = {
         **os.environ,
@@ -48,7 +55,8 @@ def node_agent(node_name: str, log_path: Path, **extra_env: str) -> Iterator[sub
         process = subprocess.Popen(
             [
                 *(sys.executable, "-m", "celery", "-A", "portal", "worker"),
-                *("-Q", queue, "-n", f"{node_name}@%h", "--pool", "solo", "--loglevel", "INFO"),
+                *("-Q", ",".join((queue, *also_queues)), "-n", f"{node_name}@%h"),
+                *("--pool", "solo", "--loglevel", "INFO"),
             ],
             cwd=ROOT,
             env=env,

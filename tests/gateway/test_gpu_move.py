@@ -18,7 +18,7 @@ import pytest
 from django.db import close_old_connections
 from django.utils import timezone
 
-from portal.deployments.gpu_drain import node_drain_sick_gpus
+from portal.audit.models import AuditEvent
 from portal.deployments.models import Deployment, DeploymentProfile
 from portal.inventory.dispatch import send_to_node
 from portal.inventory.models import Gpu
@@ -75,7 +75,8 @@ def test_a_deployment_on_a_gpu_turning_degraded_moves_under_traffic(
     from portal.deployments.services import deployment_create
 
     env = {"PATH": smi.path, "PORTAL_RUN_DIR": settings.PORTAL_RUN_DIR, "DEPLOYMENT_DRAIN_TIMEOUT_S": "10"}
-    with node_agent(dgx.name, tmp_path / "agent.log", **env):
+    # The agent also takes `control`: the drain its sample sends there runs without another worker.
+    with node_agent(dgx.name, tmp_path / "agent.log", also_queues=("control",), **env):
         send_to_node(dgx, "inventory.sample_gpu_health", args=[dgx.name])
         wait_until(lambda: dgx.gpus.filter(health_state="healthy").count() == 8, timeout=120, what="sampled")
         moved, *others = (
@@ -96,8 +97,6 @@ def test_a_deployment_on_a_gpu_turning_degraded_moves_under_traffic(
         sick = Gpu.objects.filter(node=dgx, index=3, health_state="degraded")
         wait_until(sick.exists, timeout=120, what="GPU 3 degraded")
         degraded_at = sick.get().health_since
-        (decision,) = node_drain_sick_gpus(node=dgx)  # what deployments.drain_sick_gpus runs on control
-        assert (decision.action, decision.target_gpus) == ("move", (0,))
 
         back = Deployment.objects.filter(pk=moved.pk, state="serving", gpu_indices=[0])
         wait_until(back.exists, timeout=180, what="the moved deployment serving on GPU 0")
@@ -121,6 +120,10 @@ def test_a_deployment_on_a_gpu_turning_degraded_moves_under_traffic(
     else:
         assert set(traffic.statuses) <= {200, 502, 503}
         assert all('"error"' in failure for failure in traffic.failures)
-    steps = [(e.step, e.status) for e in Deployment.objects.get(pk=moved.pk).events.all()]
+    events = list(Deployment.objects.get(pk=moved.pk).events.all())
+    steps = [(e.step, e.status) for e in events]
     assert ("drain", "ok") in steps and ("gpu-health", "ok") in steps
+    decision = next(e for e in events if (e.step, e.status) == ("gpu-health", "info"))
+    assert decision.message.startswith("moving from dgx-v100-01:3 to dgx-v100-01:0")
+    assert AuditEvent.objects.filter(action="deployment.gpu_move", target_id=str(moved.pk)).exists()
     assert timezone.now() > serving_again_at > degraded_at
