@@ -234,20 +234,47 @@ def _mask(value: str, column: str, line: int) -> int | None:
         raise TelemetryError(f"line {line}: {column} {value!r} is not a bitmask") from None
 
 
+# Driver 580 accepts the old names in the query but prints their current names in a header.
+_HEADER_ALIASES = {
+    "clocks.current.sm": "clocks.sm",
+    "clocks.current.memory": "clocks.mem",
+    "clocks_event_reasons.active": "clocks_throttle_reasons.active",
+}
+_UNIT_SUFFIX_RE = re.compile(r"\s*\[[^\]]*\]$")
+
+
+def _header(cells: list[str], number: int) -> list[str] | None:
+    """Canonical column names if `cells` is a `--format=csv` header line, else None (a data row)."""
+    names = [_HEADER_ALIASES.get(name, name) for name in (_UNIT_SUFFIX_RE.sub("", c) for c in cells)]
+    if names[:1] != ["index"]:
+        return None
+    missing = [name for name in HEALTH_FIELDS if name not in names]
+    if missing:
+        raise TelemetryError(f"line {number}: header lacks {', '.join(missing)}")
+    return names
+
+
 def parse_health_csv(text: str) -> list[GpuTelemetry]:
-    """Parse `HEALTH_COMMAND` output (no header, no units, `HEALTH_FIELDS` in order)."""
+    """Parse `HEALTH_COMMAND` output: without a header (the agent's `noheader,nounits`, `HEALTH_FIELDS` in
+    order) or with one (`--format=csv`: columns by name, units after the numbers)."""
     if not text.strip() or text.strip().startswith(_NO_DEVICES):
         return []
     gpus: list[GpuTelemetry] = []
+    columns: list[str] | None = None
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         cells = [cell.strip() for cell in next(csv.reader([line], skipinitialspace=True))]
+        if columns is None:
+            columns = _header(cells, number)
+            if columns is not None:
+                continue
+            columns = list(HEALTH_FIELDS)
         if _GPU_LOST in cells:
             continue  # a GPU the driver lists but cannot reach: it did not answer
-        if len(cells) != len(HEALTH_FIELDS):
-            raise TelemetryError(f"line {number}: expected {len(HEALTH_FIELDS)} values, found {len(cells)}")
-        row = dict(zip(HEALTH_FIELDS, cells, strict=True))
+        if len(cells) != len(columns):
+            raise TelemetryError(f"line {number}: expected {len(columns)} values, found {len(cells)}")
+        row = dict(zip(columns, cells, strict=True))
         if not row["index"].isdigit():
             raise TelemetryError(f"line {number}: index {row['index']!r} is not a number")
 

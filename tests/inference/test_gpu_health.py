@@ -212,3 +212,49 @@ def test_the_command_prints_one_judged_sample_and_keeps_the_raw_output(tmp_path,
     assert report["gpus"][5]["retired_pages_pending"] is True
     raw = (tmp_path / "raw.csv").read_text()
     assert raw == nvidia_smi_sample("health_v100_sxm2_8x_retirement_pending.csv")
+
+
+# --- The real H200 capture (driver 580.159.04; inference/data/nvidia_smi/README.md) ------------------------
+
+
+def test_it_parses_the_real_h200_capture_the_agent_way_and_with_a_header():
+    (bare,) = parse_health_csv(nvidia_smi_sample("h200_sxm_1x_health_r580_noheader.csv"))
+    assert (bare.index, bare.name, bare.pci_bus_id) == (0, "NVIDIA H200", "00000000:00:06.0")
+    assert bare.persistence_mode is True and bare.throttle_reasons == ("gpu_idle",)
+    assert (bare.memory_used_mib, bare.memory_total_mib, bare.temperature_c, bare.memory_temperature_c) == (
+        0,
+        143771,
+        38,
+        36,
+    )
+    assert (bare.power_draw_w, bare.power_limit_w) == (82.12, 700.0)
+    assert (bare.sm_clock_mhz, bare.memory_clock_mhz, bare.max_sm_clock_mhz) == (345, 3201, 1980)
+    assert bare.ecc_uncorrected_volatile == 0 and bare.ecc_corrected_aggregate == 0
+    # HBM3e remaps rows instead of retiring pages: the page fields are [N/A], the row fields numbers.
+    assert (bare.retired_pages_single_bit, bare.retired_pages_double_bit, bare.retired_pages_pending) == (
+        None,
+        None,
+        None,
+    )
+    assert (bare.remapped_rows_correctable, bare.remapped_rows_pending, bare.remapped_rows_failure) == (
+        0,
+        False,
+        False,
+    )
+    assert (bare.pcie_gen, bare.pcie_gen_max, bare.pcie_width, bare.pcie_width_max) == (5, 5, 16, 16)
+    verdict = evaluate(GpuContext(0, bare.pci_bus_id), Sample(at=AT, gpus=(bare,)))
+    assert verdict.state == HealthState.HEALTHY and verdict.findings == ()
+
+    # With a header the driver prints three fields under their current names and units after numbers.
+    (headed,) = parse_health_csv(nvidia_smi_sample("h200_sxm_1x_health_r580.csv"))
+    assert headed.sm_clock_mhz == 345 and headed.memory_clock_mhz == 3201 and headed.throttle_mask == 1
+    assert headed.power_draw_w == 82.10 and headed.memory_used_mib == 0
+    assert headed.to_dict() | {"power_draw_w": 82.12} == bare.to_dict()
+
+
+def test_it_refuses_a_header_without_a_field_it_needs():
+    header = (
+        nvidia_smi_sample("h200_sxm_1x_health_r580.csv").splitlines()[0].replace("pcie.link.width.max", "x")
+    )
+    with pytest.raises(TelemetryError, match=r"header lacks pcie\.link\.width\.max"):
+        parse_health_csv(header + "\n")
