@@ -140,4 +140,3 @@ def test_it_refuses_engine_log_limits_out_of_bounds():
         result = _manage("check", env={**PRODUCTION, name: value})
         assert result.returncode != 0, (name, value)
         assert name in result.stderr or "invalid literal" in result.stderr
-
