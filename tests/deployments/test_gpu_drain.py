@@ -125,3 +125,25 @@ def test_a_move_whose_command_expired_unrun_is_decided_again(sim_on_gpu3, dgx):
     dgx.gpus.filter(index=3).update(health_since=long_ago - dt.timedelta(seconds=1))
     assert drain_sick_gpus(dgx.name) == ["chat: move"]
     assert drain_sick_gpus("no-such-node") == []
+
+
+def test_the_api_takes_a_failure_policy_on_create_and_refuses_an_unknown_one(
+    alice, team, llama7b, profile_tp1, dgx
+):
+    from tests.conftest import api_client
+
+    body = {"team": "search", "model_version": llama7b.name, "profile": profile_tp1.name, "node": dgx.name}
+    created = api_client(alice).post(
+        "/api/v1/deployments/", {**body, "name": "pinned", "gpu_indices": [1], "gpu_failure_policy": "keep"},
+        format="json",
+    )  # fmt: skip
+    assert created.status_code == 201, created.json()
+    assert created.json()["gpu_failure_policy"] == "keep"
+    refused = api_client(alice).post(
+        "/api/v1/deployments/", {**body, "name": "odd", "gpu_indices": [2], "gpu_failure_policy": "pray"},
+        format="json",
+    )  # fmt: skip
+    assert refused.status_code == 400 and "gpu_failure_policy" in refused.json()
+    plain = {**body, "name": "d", "gpu_indices": [2]}
+    default = api_client(alice).post("/api/v1/deployments/", plain, format="json")
+    assert default.json()["gpu_failure_policy"] == "move"
