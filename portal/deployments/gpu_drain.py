@@ -25,7 +25,7 @@ from inference.gpu_health import SICK_STATES
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError
 from portal.inventory.dispatch import DEPLOYMENT_COMMAND_EXPIRES_S, send_to_node
-from portal.inventory.models import Gpu, Node
+from portal.inventory.models import Gpu, GpuHealth, Node
 from portal.teams.models import Team
 
 from .models import Deployment, DeploymentEvent, DeploymentState, DesiredState, EventStatus, GpuFailurePolicy
@@ -83,6 +83,8 @@ def move_target(deployment: Deployment) -> tuple[Node, list[int]] | None:
             if gpu.index not in held
             and not (node.pk == deployment.node_id and gpu.index in deployment.gpu_indices)
         ]
+        # Healthy GPUs before warning (throttling, hot) and unknown ones: a move should not land on the next.
+        free.sort(key=lambda gpu: gpu.health_state != GpuHealth.HEALTHY)
         for group in itertools.islice(itertools.combinations(free, count), 500):
             if not wants_nvlink or _linked(list(group)):
                 return node, [gpu.index for gpu in group]

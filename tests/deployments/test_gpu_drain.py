@@ -147,3 +147,9 @@ def test_the_api_takes_a_failure_policy_on_create_and_refuses_an_unknown_one(
     plain = {**body, "name": "d", "gpu_indices": [2]}
     default = api_client(alice).post("/api/v1/deployments/", plain, format="json")
     assert default.json()["gpu_failure_policy"] == "move"
+
+
+def test_it_prefers_healthy_gpus_to_warning_ones(sim_on_gpu3, dgx):
+    _health(dgx, "health_v100_sxm2_8x_ecc_uncorrectable.csv")
+    dgx.gpus.filter(index__in=[0, 1]).update(health_state="warning")
+    assert move_target(sim_on_gpu3) == (dgx, [2])
