@@ -17,6 +17,7 @@ import csv
 import datetime as dt
 import re
 import subprocess
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -384,8 +385,6 @@ def read_sample(
     now: Callable[[], dt.datetime] | None = None,
 ) -> Sample:
     """Run `HEALTH_COMMAND` (and the kernel log) on this machine, never for longer than `timeout_s` each."""
-    import time
-
     clock = now or (lambda: dt.datetime.now(dt.UTC))
     began = time.perf_counter()
     at = clock()
