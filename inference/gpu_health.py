@@ -13,10 +13,14 @@ its memory is not to be trusted until a reset), `warning` (it works, slower or a
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime as dt
+import os
 import re
+import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -377,10 +381,35 @@ def _pci_key(address: str) -> tuple[int, int, int] | None:
 Runner = Callable[..., subprocess.CompletedProcess[str]]
 
 
+def bounded_run(
+    argv: list[str], *, timeout: float, capture_output: bool = True, text: bool = True, check: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """`subprocess.run` that returns within about `timeout` + 1 s even when the child cannot die.
+
+    `subprocess.run` kills a child that timed out and then waits for it without a limit; nvidia-smi
+    stuck in the kernel on a hung driver ignores SIGKILL until the driver answers, so that wait would
+    hang the agent. Here the child (in its own session) is killed, given a second, then left to a
+    daemon thread that reaps it if it ever exits."""
+    process = subprocess.Popen(  # noqa: S603 (this module's own fixed commands)
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=text, start_new_session=True
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        try:
+            process.communicate(timeout=1)
+        except subprocess.TimeoutExpired:
+            threading.Thread(target=process.wait, name="reap-stuck-nvidia-smi", daemon=True).start()
+        raise subprocess.TimeoutExpired(argv, timeout) from None
+    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
 def read_sample(
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
-    run: Runner = subprocess.run,
+    run: Runner = bounded_run,
     read_kernel_log: bool = True,
     now: Callable[[], dt.datetime] | None = None,
 ) -> Sample:
@@ -703,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
     raw: dict[str, str] = {}
 
     def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(argv, **kwargs)  # noqa: S603 (the module's own fixed commands)
+        result = bounded_run(argv, **kwargs)
         raw.setdefault(argv[0], result.stdout or "")
         return result
 

@@ -258,3 +258,15 @@ def test_it_refuses_a_header_without_a_field_it_needs():
     )
     with pytest.raises(TelemetryError, match=r"header lacks pcie\.link\.width\.max"):
         parse_health_csv(header + "\n")
+
+
+def test_a_child_that_outlives_its_timeout_is_killed_and_the_call_returns(tmp_path):
+    import time
+
+    from inference.gpu_health import bounded_run
+
+    began = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        bounded_run(["sh", "-c", "sleep 30 & sleep 30"], timeout=0.5)
+    assert time.monotonic() - began < 5
+    assert bounded_run(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout=5).returncode == 3
