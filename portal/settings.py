@@ -396,6 +396,35 @@ if not 0 < ACCEPTANCE_SLOW_MARGIN < 1:
 ACCEPTANCE_MODEL_DIR = env.str("ACCEPTANCE_MODEL_DIR", default=str(VAR_DIR / "acceptance"))
 # A running acceptance without a progress write for this long is taken as abandoned (its agent died).
 ACCEPTANCE_STALE_S = env_number("ACCEPTANCE_STALE_S", default=3600, minimum=60, maximum=7 * 86_400)
+
+
+# --- GPU health (inference/gpu_health.py): each node agent's telemetry sample and its rules -----
+# How often beat asks every node with GPUs for a sample (one row per GPU per minute is kept).
+GPU_HEALTH_SAMPLE_INTERVAL_S = env_number(
+    "GPU_HEALTH_SAMPLE_INTERVAL_S", default=60.0, minimum=5.0, maximum=3600.0
+)
+# The longest one nvidia-smi (or dmesg) call may take: a hung driver is then a GPU that did not answer.
+GPU_HEALTH_COMMAND_TIMEOUT_S = env_number(
+    "GPU_HEALTH_COMMAND_TIMEOUT_S", default=10.0, minimum=1.0, maximum=120.0
+)
+if 2 * GPU_HEALTH_COMMAND_TIMEOUT_S >= GPU_HEALTH_SAMPLE_INTERVAL_S:  # two calls per sample
+    raise ImproperlyConfigured(
+        f"GPU_HEALTH_COMMAND_TIMEOUT_S={GPU_HEALTH_COMMAND_TIMEOUT_S} must be below half of "
+        f"GPU_HEALTH_SAMPLE_INTERVAL_S={GPU_HEALTH_SAMPLE_INTERVAL_S}"
+    )
+# Thermal or power throttling this many minutes in a row: a warning.
+GPU_HEALTH_THROTTLE_MINUTES = env_number(
+    "GPU_HEALTH_THROTTLE_MINUTES", default=5.0, minimum=1.0, maximum=1440.0
+)
+# A GPU core at or above this temperature: a warning (V100s slow down from about 87 °C).
+GPU_HEALTH_TEMPERATURE_WARNING_C = env_number(
+    "GPU_HEALTH_TEMPERATURE_WARNING_C", default=85.0, minimum=40.0, maximum=120.0
+)
+# Xid events older than this are history, not a reading (the kernel log keeps them until reboot).
+GPU_HEALTH_XID_WINDOW_MINUTES = env_number(
+    "GPU_HEALTH_XID_WINDOW_MINUTES", default=60.0, minimum=1.0, maximum=10080.0
+)
+
 # --- Gateway (portal/gateway): the OpenAI-compatible proxy -------------------------
 # Key digests are HMAC-SHA256 under this secret; by default derived from SECRET_KEY
 # (so rotating SECRET_KEY invalidates every API key unless this is set on its own).
@@ -482,6 +511,7 @@ PORTAL_METRICS_TOKEN = env.str("PORTAL_METRICS_TOKEN", default="")
 PORTAL_METRICS_FLUSH_S = env_number("PORTAL_METRICS_FLUSH_S", default=1.0, minimum=0.05, maximum=300.0)
 
 
+
 # --- Retention: a daily task deletes old rows in batches (portal/dashboard/services.py) ---
 def env_retention_days(name: str, *, default: int, least: int = 1) -> int:
     """Days to keep; 0 keeps forever."""
@@ -500,6 +530,8 @@ RETENTION_DEPLOYMENT_EVENTS_DAYS = env_retention_days("RETENTION_DEPLOYMENT_EVEN
 # Supervision and adopted-server health samples (the deployment page charts the latest 60).
 RETENTION_METRICS_SAMPLES_DAYS = env_retention_days("RETENTION_METRICS_SAMPLES_DAYS", default=7)
 RETENTION_AUDIT_DAYS = env_retention_days("RETENTION_AUDIT_DAYS", default=365)
+# Per-minute GPU health samples (the node page charts the last hours).
+RETENTION_GPU_SAMPLES_DAYS = env_retention_days("RETENTION_GPU_SAMPLES_DAYS", default=7)
 # Rows per DELETE: short statements and transactions, however much has piled up.
 RETENTION_BATCH_SIZE = env_positive_int("RETENTION_BATCH_SIZE", default=5000, maximum=100_000)
 
@@ -540,6 +572,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "benchmarks.expire_acceptances",
         "schedule": 60.0,
         "options": {"queue": "control", "expires": 60.0},
+    },
+    # Every node with GPUs samples their health (inventory.sample_gpu_health on its own queue).
+    "inventory-gpu-health": {
+        "task": "inventory.sample_gpu_health_all",
+        "schedule": GPU_HEALTH_SAMPLE_INTERVAL_S,
+        "options": {"queue": "control", "expires": GPU_HEALTH_SAMPLE_INTERVAL_S},
     },
     "retention-prune": {
         "task": "dashboard.retention_prune",

@@ -25,14 +25,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextlib.contextmanager
-def node_agent(node_name: str, log_path: Path, **extra_env: str) -> Iterator[subprocess.Popen]:
-    """The agent for `node_name` running until the block ends; `extra_env` sets the portal's settings."""
+def node_agent(
+    node_name: str, log_path: Path, *, also_queues: tuple[str, ...] = (), **extra_env: str
+) -> Iterator[subprocess.Popen]:
+    """The agent for `node_name` running until the block ends; `extra_env` sets the portal's settings.
+
+    `also_queues` (e.g. `("control",)`) makes the same worker take those queues too, for a test that
+    needs a control-side task sent by the agent to run without a second worker."""
     from portal.core.redis_client import redis_keys
     from portal.deployments.models import Deployment
 
     queue = f"node.{node_name}"
     # Messages an earlier run left on the queue would run first.
-    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(redis_keys().celery_key(queue))
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    for name in (queue, *also_queues):
+        broker.delete(redis_keys().celery_key(name))
     db = connection.settings_dict
     env = {
         **os.environ,
@@ -48,7 +55,8 @@ def node_agent(node_name: str, log_path: Path, **extra_env: str) -> Iterator[sub
         process = subprocess.Popen(
             [
                 *(sys.executable, "-m", "celery", "-A", "portal", "worker"),
-                *("-Q", queue, "-n", f"{node_name}@%h", "--pool", "solo", "--loglevel", "INFO"),
+                *("-Q", ",".join((queue, *also_queues)), "-n", f"{node_name}@%h"),
+                *("--pool", "solo", "--loglevel", "INFO"),
             ],
             cwd=ROOT,
             env=env,
@@ -74,3 +82,42 @@ def wait_for_row(predicate, *, timeout_s: float, what: str, interval_s: float = 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(interval_s)
+
+
+class FakeNvidiaSmi:
+    """An `nvidia-smi` (and `dmesg`) on a node agent's PATH that print committed fixtures.
+
+    `show(name)` switches what the next call prints (a file in inference/data/nvidia_smi/), so a test
+    can turn a GPU degraded under a running agent; `hang()` makes nvidia-smi stop answering.
+    """
+
+    def __init__(self, bin_dir: Path) -> None:
+        from tests.conftest import NVIDIA_SMI
+
+        self.bin_dir = bin_dir
+        self.fixtures = NVIDIA_SMI
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        self._current = bin_dir / "nvidia-smi.current"
+        self._kernel_log = bin_dir / "dmesg.current"
+        shown = f'shown="$(cat {self._current})"\n'
+        self._write("nvidia-smi", shown + '[ "$shown" = hang ] && exec sleep 3600\nexec cat "$shown"\n')
+        self._write("dmesg", f'[ -s {self._kernel_log} ] || exit 1\nexec cat "$(cat {self._kernel_log})"\n')
+        self._kernel_log.write_text("")
+
+    def _write(self, name: str, body: str) -> None:
+        script = self.bin_dir / name
+        script.write_text("#!/bin/sh\n" + body)
+        script.chmod(0o755)
+
+    def show(self, fixture: str) -> None:
+        self._current.write_text(str(self.fixtures / fixture))
+
+    def kernel_log(self, fixture: str) -> None:
+        self._kernel_log.write_text(str(self.fixtures / fixture))
+
+    def hang(self) -> None:
+        self._current.write_text("hang")
+
+    @property
+    def path(self) -> str:
+        return f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"

@@ -5,12 +5,14 @@ running acceptance per node, a partial unique constraint being the claim. `node_
 then does the work on the node itself (the agent task, or the command run there), step by step,
 each step written to the record as it happens so the node page shows the progress:
 
-1. discover the GPUs (nvidia-smi) and probe the vLLM environment;
+1. discover the GPUs (nvidia-smi), read their health (inference/gpu_health.py; not healthy: failed),
+   and probe the vLLM environment;
 2. write a reference model with random weights in the chosen shape (`inference.tiny_model`),
    into `ACCEPTANCE_MODEL_DIR` (same seed, same bytes: registered once, hashed like any release);
 3. start it through the deployments' own lifecycle (`deployment_start`: planner, hashes, launch,
    health, warm-up, smoke test), on a deployment of the `acceptance` team;
-4. benchmark the levels with the portal's bench (the dict `manage.py bench --json` writes);
+4. benchmark the levels with the portal's bench (the dict `manage.py bench --json` writes), then read
+   the GPUs' health again (after the load);
 5. predict the same profile and workload with the simulator, and fit the node's calibration;
 6. stop the deployment (always, also after a failure), then judge: `slow` when any level is
    slower than predicted by more than the margin (docs/decisions.md, "Node acceptance").
@@ -323,10 +325,13 @@ def _steps(run: _Run, context: dict) -> None:
     acceptance = run.acceptance
     node = acceptance.node
     run.step("discover", "reading the GPUs with nvidia-smi", lambda: _discover(node))
+    run.step("gpu-health-start", "reading GPU health", lambda: _health(run, node, "start"))
     run.step("probe", "probing the vLLM environment", lambda: _probe(run, node))
     run.step("model", f"writing the reference model ({acceptance.shape})", lambda: _model(run, context))
     run.step("start", "starting it through the deployment lifecycle", lambda: _start(run, context))
     run.step("bench", f"benchmarking {acceptance.concurrency} users", lambda: _bench(run, context))
+    # Right after the load: a card that overheats, throttles or logs ECC errors under it shows now.
+    run.step("gpu-health-end", "reading GPU health after the load", lambda: _health(run, node, "end"))
     run.step("predict", "simulating the same profile and workload", lambda: _predict(run, context))
     # The verdict stands without a calibration: a failed fit is recorded, not fatal.
     context["calibration_failed"] = run.step(
@@ -362,6 +367,47 @@ def _discover(node: Node) -> str:
         raise StepFailed(error.message) from error
     names = sorted({g.name for g in gpus})
     return f"{len(gpus)} × {', '.join(names)}, driver {readings[0].driver_version or '?'}"
+
+
+def _health(run: _Run, node: Node, moment: str) -> str:
+    """Sample the GPUs' health, keep the readings on the record (`gpu_health[moment]`), and fail the
+    node unless every GPU is healthy (docs/decisions.md, "GPU health")."""
+    from inference.gpu_health import read_sample
+    from portal.inventory.models import GpuHealth
+    from portal.inventory.services import node_record_gpu_health
+
+    if not node.gpus.exists():
+        return "no GPU: nothing to read"
+    sample = read_sample(timeout_s=settings.GPU_HEALTH_COMMAND_TIMEOUT_S)
+    if sample.unavailable:
+        if _simulated(node):
+            return "simulated node without nvidia-smi: nothing to read"
+        raise StepFailed("nvidia-smi is not installed: the GPUs' health cannot be read")
+    node_record_gpu_health(node=node, sample=sample)
+    gpus = list(node.gpus.order_by("index"))
+    health = dict(run.acceptance.gpu_health or {})
+    health[moment] = {
+        "at": sample.at.isoformat(),
+        "seconds": round(sample.seconds, 3),
+        "error": sample.error,
+        "readings": [reading.to_dict() for reading in sample.gpus],
+        "xids": [xid.to_dict() for xid in sample.xids],
+        "states": {str(gpu.index): gpu.health_state for gpu in gpus},
+        "findings": {str(gpu.index): gpu.health_findings for gpu in gpus if gpu.health_findings},
+    }
+    run.write(gpu_health=health)
+    run.acceptance.gpu_health = health
+    sick = [gpu for gpu in gpus if gpu.health_state != GpuHealth.HEALTHY]
+    if sick:
+        reasons = "; ".join(
+            f"GPU {gpu.index} {gpu.health_state}"
+            + (f": {gpu.health_findings[0]['message']}" if gpu.health_findings else "")
+            for gpu in sick
+        )
+        raise StepFailed(f"not every GPU is healthy: {reasons}")
+    temperatures = [r.temperature_c for r in sample.gpus if r.temperature_c is not None]
+    hottest = f", hottest {max(temperatures):.0f} °C" if temperatures else ""
+    return f"{len(gpus)} GPUs healthy{hottest}"
 
 
 def _probe(run: _Run, node: Node) -> str:

@@ -4,18 +4,24 @@ GPU) and acceptances (a benchmark of the node), so it lives here, above both."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from inference.env_probe import build_advice, missing_kernels
+from portal.core.charts import Line, time_series_svg
 from portal.core.errors import ApplicationError
 from portal.core.plots import safe_svg
 from portal.deployments.selectors import gpus_held_on_node
-from portal.inventory.selectors import node_latest_acceptance, node_list
+from portal.inventory.selectors import gpu_samples_since, node_latest_acceptance, node_list
+from portal.inventory.services import gpu_mark_healthy
 
 from .acceptance import node_acceptance_request
 from .forms import AcceptanceForm
@@ -33,8 +39,64 @@ def node_detail(request, name: str, *, accept_form: forms.Form | None = None, st
         "kernel_warnings": _kernel_warnings(node, [g for g, _ in gpus]),
         "accept_form": accept_form or AcceptanceForm(node=node),
         **_acceptance_context(node),
+        "gpu_health": _gpu_health(node, held),
+        "gpu_health_hours": GPU_HEALTH_CHART_HOURS,
     }
     return render(request, "benchmarks/node_detail.html", context, status=status)
+
+
+# The node page charts each GPU's per-minute samples over this many hours.
+GPU_HEALTH_CHART_HOURS = 6
+
+
+def _gpu_health(node, held: dict[int, str]) -> list[dict]:
+    """Per GPU: its state, findings, the deployment holding it, its latest sample and two charts."""
+    end = timezone.now()
+    start = end - dt.timedelta(hours=GPU_HEALTH_CHART_HOURS)
+    series = gpu_samples_since(node, start)
+    rows = []
+    for gpu in node.gpus.all():
+        samples = series.get(gpu.index, [])
+        holder = held.get(gpu.index, "")
+        title = f"GPU {gpu.index} · {holder or 'free'}"
+        times = [s.minute for s in samples]
+        charts = []
+        if samples:
+            hot = Line(settings.GPU_HEALTH_TEMPERATURE_WARNING_C, "temperature warning", "sla")
+            charts = [
+                time_series_svg(
+                    times,
+                    {"utilization %": [s.utilization_pct for s in samples],
+                     "temperature °C": [s.temperature_c for s in samples]},
+                    start=start, end=end, title=title, unit="", lines=[hot], width=460, height=170,
+                    chart_id=f"gpu-{gpu.index}-usage",
+                ),
+                time_series_svg(
+                    times,
+                    {"power W": [s.power_draw_w for s in samples],
+                     "memory used GiB": [None if s.memory_used_mib is None else s.memory_used_mib / 1024
+                                         for s in samples]},
+                    start=start, end=end, title=f"GPU {gpu.index} power and memory", unit="", width=460,
+                    height=170, chart_id=f"gpu-{gpu.index}-power",
+                ),
+            ]  # fmt: skip
+        rows.append(
+            {"gpu": gpu, "holder": holder, "latest": samples[-1] if samples else None, "charts": charts}
+        )
+    return rows
+
+
+@login_required
+@require_POST
+def gpu_mark_healthy_view(request, name: str, index: int):
+    """Staff: the GPU was reset or its node rebooted; it takes work again (the next sample judges it)."""
+    if not request.user.is_staff:
+        raise PermissionDenied
+    node = get_object_or_404(node_list(), name=name)
+    gpu = get_object_or_404(node.gpus, index=index)
+    gpu_mark_healthy(gpu=gpu, user=request.user)
+    messages.success(request, f"GPU {gpu.index} of {node.name} marked healthy; the next sample judges it")
+    return redirect(f"{node.get_absolute_url()}#gpu-health")
 
 
 def _kernel_warnings(node, gpus) -> list[str]:

@@ -24,8 +24,8 @@ from portal.deployments.selectors import (
     models_callable_by,
     served_replicas,
 )
-from portal.inventory.models import Node
-from portal.inventory.selectors import node_list
+from portal.inventory.models import Gpu, Node
+from portal.inventory.selectors import gpus_not_healthy, node_list
 from portal.observability import prometheus
 from portal.teams.models import ApiKey, Team, Usage, UsageStatus
 
@@ -182,3 +182,22 @@ def team_fronts(user) -> list[TeamFront]:
 
 def _team_in_flight(team_ids: list[int]) -> dict[int, int] | None:
     return _live_slots(lambda pk: redis_keys().concurrency("team", pk), team_ids)
+
+
+@dataclass
+class SickGpu:
+    gpu: Gpu
+    holder: str  # the deployment holding it, "" when free
+
+
+def gpus_not_healthy_with_holders() -> list[SickGpu]:
+    """The GPUs not healthy, worst first, each with the deployment holding it (two queries at most)."""
+    gpus = list(gpus_not_healthy())
+    if not gpus:
+        return []
+    holders: dict[tuple[int, int], str] = {}
+    held = Deployment.objects.filter(desired_state="running", node__in={g.node_id for g in gpus})
+    for node_id, name, indices in held.values_list("node_id", "name", "gpu_indices"):
+        for index in indices or []:
+            holders[(node_id, index)] = name
+    return [SickGpu(gpu, holders.get((gpu.node_id, gpu.index), "")) for gpu in gpus]

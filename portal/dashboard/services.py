@@ -15,6 +15,7 @@ from django.utils import timezone
 from portal.audit.models import AuditEvent
 from portal.core.services import delete_in_batches
 from portal.deployments.models import DeploymentEvent, MetricsSample
+from portal.inventory.models import GpuSample
 from portal.teams.services import usage_prune
 
 logger = logging.getLogger("portal.retention")
@@ -33,6 +34,7 @@ def retention_prune(*, now: dt.datetime | None = None) -> dict[str, int]:
         ("deployment_events", DeploymentEvent, settings.RETENTION_DEPLOYMENT_EVENTS_DAYS),
         ("metrics_samples", MetricsSample, settings.RETENTION_METRICS_SAMPLES_DAYS),
         ("audit_events", AuditEvent, settings.RETENTION_AUDIT_DAYS),
+        ("gpu_samples", GpuSample, settings.RETENTION_GPU_SAMPLES_DAYS),
     ]:
         if days:
             old = model._base_manager.filter(at__lt=now - dt.timedelta(days=days))

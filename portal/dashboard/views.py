@@ -14,7 +14,13 @@ from portal.registry.models import ModelVersion
 from portal.registry.selectors import acceptance_model_q
 from portal.teams.charts import bar_chart_svg
 
-from .selectors import deployment_health, node_occupancy, recent_benchmark_runs, team_fronts
+from .selectors import (
+    deployment_health,
+    gpus_not_healthy_with_holders,
+    node_occupancy,
+    recent_benchmark_runs,
+    team_fronts,
+)
 
 
 @login_required
@@ -56,6 +62,7 @@ def _ops_dashboard(request):
             "teams": request.user.teams.all(),
             "processes": processes,
             "namespace_split": sorted({p.namespace for p in processes or []}) if processes else [],
+            "sick_gpus": gpus_not_healthy_with_holders(),
         },
     )
 

@@ -91,7 +91,8 @@ class DeploymentForm(forms.ModelForm):
         if self.instance.pk is None and not self.errors:
             # The same checks as the API; DeploymentAdmin.save_model then creates it through the service.
             try:
-                checked = set(services.DEPLOYMENT_CREATE_FIELDS) - {"name", "concurrency_cap", "shared"}
+                unchecked = {"name", "concurrency_cap", "shared", "gpu_failure_policy"}
+                checked = set(services.DEPLOYMENT_CREATE_FIELDS) - unchecked
                 services.deployment_check(**{k: cleaned[k] for k in checked})
             except ApplicationError as error:
                 raise forms.ValidationError(error.message) from error

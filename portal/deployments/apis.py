@@ -114,6 +114,7 @@ class DeploymentSerializer(StaffOnlyFieldsMixin, serializers.ModelSerializer):
             "sla_p95_ttft_s",
             "sla_p95_tpot_s",
             "shared",
+            "gpu_failure_policy",
             "plan",
             "adopted",
             "engine",

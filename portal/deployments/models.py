@@ -171,6 +171,13 @@ class DeploymentState(models.TextChoices):
     FAILED = "failed", "failed"
 
 
+class GpuFailurePolicy(models.TextChoices):
+    """What happens to a deployment whose GPU turns degraded or lost (docs/decisions.md)."""
+
+    MOVE = "move", "move to healthy GPUs (kept and flagged where there are none)"
+    KEEP = "keep", "keep it where it is and flag it"
+
+
 class Deployment(models.Model):
     name = models.SlugField(max_length=100, unique=True)
     team = models.ForeignKey("teams.Team", on_delete=models.PROTECT, related_name="deployments")
@@ -208,6 +215,12 @@ class Deployment(models.Model):
     sla_p95_tpot_s = models.FloatField(
         default=0.2, validators=[MinValueValidator(0.0001), MaxValueValidator(60)]
     )  # services.SLA_TPOT_MAX_S
+    gpu_failure_policy = models.CharField(
+        max_length=10,
+        choices=GpuFailurePolicy.choices,
+        default=GpuFailurePolicy.MOVE,
+        help_text="When one of its GPUs turns degraded or lost.",
+    )
     # A server the portal did not start (register_endpoint): health-checked and
     # routed to, never started or stopped.
     adopted = models.BooleanField(default=False)

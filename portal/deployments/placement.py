@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inference.gpu_health import SICK_STATES
 from portal.inventory.models import Node
 from portal.teams.models import Team
 
@@ -19,7 +20,7 @@ from .selectors import gpus_held_by_team, gpus_held_on_node
 
 @dataclass(frozen=True)
 class PlacementProblem:
-    code: str  # "gpus_taken" | "quota": the failure code a refused start records
+    code: str  # "gpus_taken" | "gpu_unhealthy" | "quota": the failure code a refused start records
     message: str
     field: str  # the input a user would change: "gpu_indices" | "team"
 
@@ -34,6 +35,19 @@ def gpus_taken_problems(
     listing = ", ".join(f"GPU {i} ({name})" for i, name in sorted(taken.items()))
     message = f"already held by another running deployment: {listing}"
     return [PlacementProblem("gpus_taken", message, "gpu_indices")]
+
+
+def gpu_health_problems(*, node: Node, gpu_indices: list[int]) -> list[PlacementProblem]:
+    """A degraded or lost GPU takes no new deployment: its memory or its bus cannot be trusted."""
+    sick = node.gpus.filter(index__in=gpu_indices, health_state__in=SICK_STATES).order_by("index")
+    reasons = []
+    for gpu in sick:
+        worst = next((f["message"] for f in gpu.health_findings if f.get("level") == gpu.health_state), "")
+        reasons.append(f"GPU {gpu.index} is {gpu.health_state}" + (f" ({worst})" if worst else ""))
+    if not reasons:
+        return []
+    message = "; ".join(reasons) + " Choose other GPUs, or have staff mark it healthy after a reset."
+    return [PlacementProblem("gpu_unhealthy", message, "gpu_indices")]
 
 
 def team_quota_problems(
@@ -55,5 +69,6 @@ def holding_problems(
     excluded = exclude_deployment_id
     return [
         *gpus_taken_problems(node=node, gpu_indices=gpu_indices, exclude_deployment_id=excluded),
+        *gpu_health_problems(node=node, gpu_indices=gpu_indices),
         *team_quota_problems(team=team, gpu_count=len(gpu_indices), exclude_deployment_id=excluded),
     ]

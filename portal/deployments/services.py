@@ -24,12 +24,26 @@ from portal.inventory.models import Node
 from portal.registry.models import ModelVersion
 from portal.teams.models import Team
 
-from .models import Deployment, DeploymentEvent, DeploymentProfile, DeploymentState, DesiredState, EventStatus
+from .models import (
+    Deployment,
+    DeploymentEvent,
+    DeploymentProfile,
+    DeploymentState,
+    DesiredState,
+    EventStatus,
+    GpuFailurePolicy,
+)
 from .placement import holding_problems
 
 # Where a deployment runs; fixed once it exists (a new placement is a new deployment).
 DEPLOYMENT_PLACEMENT_FIELDS = ("name", "team", "model_version", "profile", "node", "gpu_indices")
-DEPLOYMENT_CREATE_FIELDS = (*DEPLOYMENT_PLACEMENT_FIELDS, "desired_state", "concurrency_cap", "shared")
+DEPLOYMENT_CREATE_FIELDS = (
+    *DEPLOYMENT_PLACEMENT_FIELDS,
+    "desired_state",
+    "concurrency_cap",
+    "shared",
+    "gpu_failure_policy",
+)
 
 
 # What an adopted server's key may be: it travels in an HTTP header, so visible ASCII, no spaces.
@@ -215,6 +229,7 @@ def deployment_create(
     desired_state: str = DesiredState.RUNNING,
     concurrency_cap: int | None = None,
     shared: bool = False,
+    gpu_failure_policy: str = GpuFailurePolicy.MOVE,
 ) -> Deployment:
     """Place a profile and model version on a node's GPUs after `deployment_check`.
 
@@ -244,6 +259,7 @@ def deployment_create(
         state=DeploymentState.PENDING if running else DeploymentState.STOPPED,
         concurrency_cap=concurrency_cap,
         shared=shared,
+        gpu_failure_policy=gpu_failure_policy,
         start_requested_at=timezone.now() if running else None,
         engine_api_key=engine_api_key_new(),
     )

@@ -61,6 +61,32 @@ def restart_deployment(self, deployment_id: int, reason: str = "restart requeste
     return deployment_restart(deployment_id, owner=_owner(self), reason=reason)
 
 
+@shared_task(bind=True, name="deployments.move", **NODE_TASK_OPTIONS)
+@skip_missing_row("deployments.Deployment", arg="deployment_id")
+def move_deployment(
+    self, deployment_id: int, node_id: int, gpu_indices: list[int], reason: str = ""
+) -> str | None:
+    """Drain and stop the deployment here, then hand it to the node of `gpu_indices` (gpu_drain.py)."""
+    from .agent.move import deployment_move
+
+    return deployment_move(
+        deployment_id, owner=_owner(self), node_id=node_id, gpu_indices=gpu_indices, reason=reason
+    )
+
+
+@shared_task(name="deployments.drain_sick_gpus")
+def drain_sick_gpus(node_name: str) -> list[str]:
+    """Move or keep-and-flag the deployments on the node's degraded or lost GPUs (on control)."""
+    from portal.inventory.models import Node
+
+    from .gpu_drain import node_drain_sick_gpus
+
+    node = Node.objects.filter(name=node_name).first()
+    if node is None:
+        return []
+    return [f"{d.deployment}: {d.action}" for d in node_drain_sick_gpus(node=node)]
+
+
 @shared_task(bind=True, name="deployments.supervise_node", acks_late=False)
 def supervise_node(self, node_name: str) -> dict[str, str]:
     """One supervision pass on the node (not retried: the next beat tick is the retry)."""

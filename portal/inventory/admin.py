@@ -97,9 +97,20 @@ class GpuAdmin(admin.ModelAdmin):
         "compute_capability",
         "bandwidth_gb_s",
         "fp16_tflops",
+        "health_state",
+        "health_checked_at",
     ]
-    list_filter = ["catalog_key", "compute_capability", "node"]
+    list_filter = ["catalog_key", "compute_capability", "node", "health_state"]
     search_fields = ["name", "uuid", "node__name"]
+    # Health is what the agent's samples say; staff mark a GPU healthy on its node page (audited there).
+    readonly_fields = [
+        "health_state",
+        "health_findings",
+        "health_checked_at",
+        "health_since",
+        "health_cleared_at",
+        "throttled_since",
+    ]
 
 
 @admin.register(NodeAcceptance)

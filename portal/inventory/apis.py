@@ -18,6 +18,8 @@ from .dispatch import send_to_node
 from .models import Gpu, Node
 from .selectors import node_list
 
+HEALTH_FIELDS = ["health_state", "health_findings", "health_checked_at", "health_since", "health_cleared_at"]
+
 
 class GpuSerializer(ModelCleanMixin, serializers.ModelSerializer):
     node = serializers.SlugRelatedField(slug_field="name", queryset=Node.objects.all())
@@ -40,7 +42,9 @@ class GpuSerializer(ModelCleanMixin, serializers.ModelSerializer):
             "bandwidth_gb_s",
             "fp16_tflops",
             "nvlink_peers",
+            *HEALTH_FIELDS,
         ]
+        read_only_fields = HEALTH_FIELDS
 
     def validate(self, attrs):
         # A GPU entered by hand with a catalog key takes its facts from the catalog
@@ -163,3 +167,11 @@ class NodeViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
 class GpuViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
     serializer_class = GpuSerializer
     queryset = Gpu.objects.select_related("node")
+
+    @extend_schema(request=None, responses=GpuSerializer)
+    @action(detail=True, methods=["post"], url_path="mark-healthy")
+    def mark_healthy(self, request, pk=None):
+        """Staff: the GPU was reset (or its node rebooted); it takes work again. The next health
+        sample judges it afresh."""
+        gpu = services.gpu_mark_healthy(gpu=self.get_object(), user=request.user)
+        return Response(GpuSerializer(gpu).data)

@@ -39,6 +39,8 @@ def expires_after_s(task_name: str) -> float | None:
         "deployments.check_adopted": 2 * interval,
         # A heartbeat answered late would say a dead agent is alive: it lives one interval.
         "inventory.agent_heartbeat": settings.NODE_HEARTBEAT_INTERVAL_S,
+        "inventory.sample_gpu_health": 2 * settings.GPU_HEALTH_SAMPLE_INTERVAL_S,
+        "deployments.move": DEPLOYMENT_COMMAND_EXPIRES_S,
         # Commands: supervision reconciles from the desired state if one is lost.
         "deployments.start": DEPLOYMENT_COMMAND_EXPIRES_S,
         "deployments.stop": DEPLOYMENT_COMMAND_EXPIRES_S,

@@ -110,6 +110,16 @@ class Node(models.Model):
         return AgentHeartbeat(state, self.agent_seen_at, age, dict(self.agent_versions or {}))
 
 
+class GpuHealth(models.TextChoices):
+    """inference.gpu_health.HealthState: degraded and lost GPUs take no new deployment."""
+
+    HEALTHY = "healthy", "healthy"
+    WARNING = "warning", "warning"
+    DEGRADED = "degraded", "degraded"
+    LOST = "lost", "lost"
+    UNKNOWN = "unknown", "unknown (no telemetry)"
+
+
 class Gpu(models.Model):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     index = models.PositiveSmallIntegerField(help_text="nvidia-smi index, the CUDA_VISIBLE_DEVICES number.")
@@ -126,6 +136,15 @@ class Gpu(models.Model):
     bandwidth_gb_s = models.FloatField(validators=[MinValueValidator(1)])
     fp16_tflops = models.FloatField(validators=[MinValueValidator(0.1)])
     nvlink_peers = models.JSONField(default=list, blank=True, help_text="Indices of GPUs linked by NVLink.")
+    # Health, as the node agent's last telemetry sample judged it (inference/gpu_health.py).
+    health_state = models.CharField(max_length=10, choices=GpuHealth.choices, default=GpuHealth.UNKNOWN)
+    health_findings = models.JSONField(default=list, blank=True, help_text="level, code, message of each.")
+    health_checked_at = models.DateTimeField(null=True, blank=True, help_text="The last sample.")
+    health_since = models.DateTimeField(null=True, blank=True, help_text="When it entered this state.")
+    health_cleared_at = models.DateTimeField(
+        null=True, blank=True, help_text="Marked healthy after a reset: older Xids are history."
+    )
+    throttled_since = models.DateTimeField(null=True, blank=True, help_text="Current throttling began.")
 
     class Meta:
         ordering = ["node", "index"]
@@ -165,6 +184,47 @@ class Gpu(models.Model):
 # links to them (`?acceptance=show`).
 ACCEPTANCE_TEAM_SLUG = "acceptance"
 ACCEPTANCE_SOURCE_PREFIX = "node acceptance"
+
+
+class GpuSample(models.Model):
+    """One GPU's telemetry in one UTC minute (the last sample of the minute wins), kept
+    RETENTION_GPU_SAMPLES_DAYS. `answered` False: nvidia-smi did not list it (the values are empty)."""
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="samples")
+    minute = models.DateTimeField(help_text="Start of the UTC minute.")
+    at = models.DateTimeField(help_text="When it was read.")
+    answered = models.BooleanField(default=True)
+    state = models.CharField(max_length=10, choices=GpuHealth.choices)
+    utilization_pct = models.FloatField(null=True, blank=True)
+    memory_used_mib = models.FloatField(null=True, blank=True)
+    temperature_c = models.FloatField(null=True, blank=True)
+    power_draw_w = models.FloatField(null=True, blank=True)
+    power_limit_w = models.FloatField(null=True, blank=True)
+    sm_clock_mhz = models.FloatField(null=True, blank=True)
+    memory_clock_mhz = models.FloatField(null=True, blank=True)
+    throttle_reasons = models.JSONField(default=list, blank=True)
+    ecc_corrected_volatile = models.BigIntegerField(null=True, blank=True)
+    ecc_uncorrected_volatile = models.BigIntegerField(null=True, blank=True)
+    ecc_corrected_aggregate = models.BigIntegerField(null=True, blank=True)
+    ecc_uncorrected_aggregate = models.BigIntegerField(null=True, blank=True)
+    retired_pages_single_bit = models.IntegerField(null=True, blank=True)
+    retired_pages_double_bit = models.IntegerField(null=True, blank=True)
+    retired_pages_pending = models.BooleanField(null=True, blank=True)
+    remapped_rows_pending = models.BooleanField(null=True, blank=True)
+    remapped_rows_failure = models.BooleanField(null=True, blank=True)
+    pcie_gen = models.PositiveSmallIntegerField(null=True, blank=True)
+    pcie_gen_max = models.PositiveSmallIntegerField(null=True, blank=True)
+    pcie_width = models.PositiveSmallIntegerField(null=True, blank=True)
+    pcie_width_max = models.PositiveSmallIntegerField(null=True, blank=True)
+    persistence_mode = models.BooleanField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["gpu", "minute"]
+        constraints = [models.UniqueConstraint(fields=["gpu", "minute"], name="gpu_sample_unique_minute")]
+        indexes = [models.Index(fields=["at"], name="gpu_sample_at")]
+
+    def __str__(self) -> str:
+        return f"{self.gpu} {self.minute:%Y-%m-%d %H:%M}"
 
 
 class AcceptanceState(models.TextChoices):
@@ -210,6 +270,9 @@ class NodeAcceptance(models.Model):
     versions = models.JSONField(default=dict, blank=True, help_text="vLLM, torch, CUDA, driver, GPU.")
     verdict = models.TextField(blank=True)
     error = models.TextField(blank=True)
+    gpu_health = models.JSONField(
+        default=dict, blank=True, help_text="GPU health readings at the start and the end of the run."
+    )
     started_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)

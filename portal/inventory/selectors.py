@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from django.db.models import Count, QuerySet
+import datetime as dt
+from collections import defaultdict
 
-from .models import Node
+from django.db.models import Case, Count, QuerySet, When
+
+from .models import Gpu, GpuHealth, GpuSample, Node
 
 
 def node_list() -> QuerySet[Node]:
@@ -35,3 +38,25 @@ def node_latest_calibration(node: Node) -> dict | None:
     if node.vllm_version and acceptance.versions.get("vllm", "") != node.vllm_version:
         return None
     return dict(acceptance.calibration)
+
+
+def gpus_not_healthy() -> QuerySet[Gpu]:
+    """GPUs whose last sample found something (warning, degraded, lost), worst first: the dashboard's list."""
+    order = Case(
+        When(health_state=GpuHealth.LOST, then=0),
+        When(health_state=GpuHealth.DEGRADED, then=1),
+        default=2,
+    )
+    bad = [GpuHealth.WARNING, GpuHealth.DEGRADED, GpuHealth.LOST]
+    gpus = Gpu.objects.select_related("node").filter(health_state__in=bad)
+    return gpus.order_by(order, "node__name", "index")
+
+
+def gpu_samples_since(node: Node, since: dt.datetime) -> dict[int, list[GpuSample]]:
+    """GPU index → its per-minute samples since `since`, oldest first (the node page's charts)."""
+    series: dict[int, list[GpuSample]] = defaultdict(list)
+    for sample in (
+        GpuSample.objects.filter(gpu__node=node, minute__gte=since).select_related("gpu").order_by("minute")
+    ):
+        series[sample.gpu.index].append(sample)
+    return dict(series)

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from inference.env_probe import EnvFacts, probe_environment
 from inference.errors import InputError
+from inference.gpu_health import GpuContext, GpuVerdict, HealthThresholds, Sample, evaluate, is_sick
 from inference.hardware import match_gpu
 from inference.nvidia_smi import GpuReading, Topology, parse_query_csv, parse_topology
+from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
 
-from .models import Gpu, Interconnect, Node
+from .models import Gpu, GpuHealth, GpuSample, Interconnect, Node
 
 
 def node_create(*, name: str, hostname: str = "", description: str = "", vllm_python: str = "") -> Node:
@@ -165,3 +170,135 @@ def node_probe_software(*, node: Node) -> EnvFacts:
         raise ApplicationError.from_input_error(error) from error
     node_record_software(node=node, facts=facts, python=node.vllm_python)
     return facts
+
+
+# --- GPU health (inference/gpu_health.py) ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HealthChange:
+    """A GPU whose state the sample changed."""
+
+    gpu_id: int
+    index: int
+    before: str
+    after: str
+
+
+def health_thresholds() -> HealthThresholds:
+    return HealthThresholds(
+        throttle_minutes=settings.GPU_HEALTH_THROTTLE_MINUTES,
+        temperature_warning_c=settings.GPU_HEALTH_TEMPERATURE_WARNING_C,
+        xid_window_minutes=settings.GPU_HEALTH_XID_WINDOW_MINUTES,
+    )
+
+
+def _sample_values(verdict: GpuVerdict) -> dict:
+    reading = verdict.reading
+    if reading is None:
+        return {"answered": False, "throttle_reasons": []}
+    return {
+        "answered": True,
+        "utilization_pct": reading.utilization_gpu_pct,
+        "memory_used_mib": reading.memory_used_mib,
+        "temperature_c": reading.temperature_c,
+        "power_draw_w": reading.power_draw_w,
+        "power_limit_w": reading.power_limit_w,
+        "sm_clock_mhz": reading.sm_clock_mhz,
+        "memory_clock_mhz": reading.memory_clock_mhz,
+        "throttle_reasons": list(reading.throttle_reasons),
+        "ecc_corrected_volatile": reading.ecc_corrected_volatile,
+        "ecc_uncorrected_volatile": reading.ecc_uncorrected_volatile,
+        "ecc_corrected_aggregate": reading.ecc_corrected_aggregate,
+        "ecc_uncorrected_aggregate": reading.ecc_uncorrected_aggregate,
+        "retired_pages_single_bit": reading.retired_pages_single_bit,
+        "retired_pages_double_bit": reading.retired_pages_double_bit,
+        "retired_pages_pending": reading.retired_pages_pending,
+        "remapped_rows_pending": reading.remapped_rows_pending,
+        "remapped_rows_failure": reading.remapped_rows_failure,
+        "pcie_gen": reading.pcie_gen,
+        "pcie_gen_max": reading.pcie_gen_max,
+        "pcie_width": reading.pcie_width,
+        "pcie_width_max": reading.pcie_width_max,
+        "persistence_mode": reading.persistence_mode,
+    }
+
+
+@transaction.atomic
+def node_record_gpu_health(*, node: Node, sample: Sample) -> list[HealthChange]:
+    """Judge every GPU of `node` from one telemetry sample, keep the minute's readings, and set each
+    GPU's health state and findings; returns the GPUs whose state changed.
+
+    A machine without nvidia-smi (`sample.unavailable`) changes nothing: nothing can be said.
+    """
+    if sample.unavailable:
+        return []
+    limits = health_thresholds()
+    minute = sample.at.replace(second=0, microsecond=0)
+    changes: list[HealthChange] = []
+    for gpu in Gpu.objects.select_for_update().filter(node=node).order_by("index"):
+        context = GpuContext(
+            index=gpu.index,
+            pci_bus_id=gpu.pci_bus_id,
+            throttled_since=gpu.throttled_since,
+            cleared_at=gpu.health_cleared_at,
+        )
+        verdict = evaluate(context, sample, limits=limits)
+        GpuSample.objects.update_or_create(
+            gpu=gpu,
+            minute=minute,
+            defaults={"at": sample.at, "state": verdict.state, **_sample_values(verdict)},
+        )
+        before = gpu.health_state
+        gpu.health_findings = verdict.findings_dicts()
+        gpu.health_checked_at = sample.at
+        gpu.throttled_since = verdict.throttled_since
+        if verdict.state != before:
+            gpu.health_state = verdict.state
+            gpu.health_since = sample.at
+            changes.append(HealthChange(gpu.pk, gpu.index, before, verdict.state))
+        gpu.save(
+            update_fields=[
+                "health_state",
+                "health_findings",
+                "health_checked_at",
+                "health_since",
+                "throttled_since",
+            ]
+        )
+    for change in changes:
+        if is_sick(change.after) or is_sick(change.before):
+            audit_event_record(
+                action="gpu.health",
+                target_type="inventory.gpu",
+                target_id=str(change.gpu_id),
+                target_repr=f"{node.name}:{change.index}",
+                changes={"health_state": [change.before, change.after]},
+            )
+    return changes
+
+
+@transaction.atomic
+def gpu_mark_healthy(*, gpu: Gpu, user=None) -> Gpu:
+    """An operator says the GPU was reset (or the node rebooted): it takes work again.
+
+    The next sample judges it afresh; Xid events logged before now are history from then on.
+    A GPU still failing turns degraded or lost again at that sample.
+    """
+    gpu = Gpu.objects.select_for_update().get(pk=gpu.pk)
+    before = gpu.health_state
+    now = timezone.now()
+    gpu.health_state = GpuHealth.HEALTHY
+    gpu.health_findings = []
+    gpu.health_since = now
+    gpu.health_cleared_at = now
+    gpu.throttled_since = None
+    fields = ["health_state", "health_findings", "health_since", "health_cleared_at", "throttled_since"]
+    gpu.save(update_fields=fields)
+    audit_event_record(
+        action="gpu.mark_healthy",
+        target=gpu,
+        actor=user,
+        changes={"health_state": [before, GpuHealth.HEALTHY]},
+    )
+    return gpu

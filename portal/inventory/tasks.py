@@ -119,3 +119,48 @@ def heartbeat_on_start(sender=None, **_kwargs) -> None:
     for name in queues:
         if name.startswith("node."):
             agent_heartbeat.run(name.removeprefix("node."))
+
+
+@shared_task(name="inventory.sample_gpu_health", ignore_result=True)
+@skip_missing_row("inventory.Node", arg="node_name", field="name")
+def sample_gpu_health(node_name: str) -> dict | None:
+    """Read this machine's GPU telemetry and kernel log, judge each GPU, and keep the minute's readings.
+
+    Must run on the node itself. Each command is bounded by GPU_HEALTH_COMMAND_TIMEOUT_S. When a GPU
+    is degraded or lost, the deployments on it are drained (deployments.drain_sick_gpus, on control).
+    """
+    from django.conf import settings
+
+    from inference.gpu_health import is_sick, read_sample
+
+    from .dispatch import send_to_control
+    from .models import Node
+    from .services import node_record_gpu_health
+
+    node = Node.objects.get(name=node_name)
+    sample = read_sample(timeout_s=settings.GPU_HEALTH_COMMAND_TIMEOUT_S)
+    changes = node_record_gpu_health(node=node, sample=sample)
+    if any(is_sick(state) for state in node.gpus.values_list("health_state", flat=True)):
+        send_to_control("deployments.drain_sick_gpus", args=[node.name])
+    return {
+        "gpus": len(sample.gpus),
+        "error": sample.error,
+        "unavailable": sample.unavailable,
+        "seconds": round(sample.seconds, 4),
+        "changes": [(c.index, c.before, c.after) for c in changes],
+    }
+
+
+@shared_task(name="inventory.sample_gpu_health_all", ignore_result=True)
+def sample_gpu_health_all() -> int:
+    """Beat: ask the agent of every node with GPUs for a health sample.
+
+    Simulated nodes (engine `sim`, e.g. the demo's) have GPUs as entered and no nvidia-smi: skipped,
+    so their queues do not fill with samples nobody takes."""
+    from .dispatch import send_to_node
+    from .models import Node
+
+    nodes = Node.objects.filter(gpus__isnull=False).exclude(engine="sim").distinct()
+    for node in nodes:
+        send_to_node(node, "inventory.sample_gpu_health", args=[node.name])
+    return len(nodes)

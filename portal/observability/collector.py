@@ -23,6 +23,7 @@ from portal.core.redis_client import redis_keys
 from portal.deployments.models import Deployment, DeploymentState
 
 from . import prometheus as m
+from .gpu_metrics import gpu_families
 from .models import SlaBreach
 
 log = logging.getLogger("portal.metrics")
@@ -94,6 +95,7 @@ class PortalCollector:
             states.add_metric([state], by_state.get(state, 0))
         yield states
         yield self._breaching(deployments)
+        yield from gpu_families()
 
         up = GaugeMetricFamily("portal_metrics_redis_up", "1 if the scrape could read Redis.")
         try:

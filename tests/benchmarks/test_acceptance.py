@@ -475,7 +475,10 @@ def test_it_accepts_a_simulated_node_end_to_end_and_stops_the_reference_server(s
     assert acceptance.engine_start_s > 0
     assert acceptance.versions["gpu_catalog_key"] == "v100-sxm2-32gb"
     ok = [entry["step"] for entry in steps if entry["status"] == "ok"]
-    assert ok == ["discover", "probe", "model", "start", "bench", "predict", "calibrate", "stop"]
+    assert ok == [
+        *("discover", "gpu-health-start", "probe", "model", "start", "bench", "gpu-health-end"),
+        *("predict", "calibrate", "stop"),
+    ]
     assert acceptance.progress == steps
     deployment = Deployment.objects.get(name=acceptance.deployment_name)
     assert deployment.state == "stopped" and deployment.pgid is None
@@ -646,3 +649,50 @@ def test_it_accepts_this_machines_gpu(tmp_path, settings, capsys):
     assert [row["fitted"] for row in acceptance.levels] == [True, True] + [False] * (
         len(acceptance.levels) - 2
     )
+
+
+# --- GPU health at the start and the end of the run ---------------------------------------------------
+
+
+def test_it_fails_a_node_whose_gpu_is_degraded_at_the_start_and_keeps_the_readings(
+    sim_node, tmp_path, monkeypatch, client, bob
+):
+    from tests.agents import FakeNvidiaSmi
+
+    smi = FakeNvidiaSmi(tmp_path / "bin")
+    smi.show("health_v100_sxm2_8x_ecc_uncorrectable.csv")
+    monkeypatch.setenv("PATH", smi.path)
+    acceptance = node_acceptance_request(node=sim_node, send=False, **SMALL)
+    acceptance = node_acceptance_run(acceptance_id=acceptance.pk)
+
+    assert acceptance.state == AcceptanceState.FAILED
+    assert acceptance.error.startswith("gpu-health-start: not every GPU is healthy: GPU 3 degraded: GPU 3 co")
+    assert not acceptance.deployment_name  # no reference model was started on a sick node
+    start = acceptance.gpu_health["start"]
+    assert start["states"]["3"] == "degraded" and start["states"]["0"] == "healthy"
+    assert len(start["readings"]) == 8 and start["readings"][3]["ecc_uncorrected_volatile"] == 2
+    assert start["findings"]["3"][0]["code"] == "ecc_uncorrectable"
+    assert sim_node.gpus.get(index=3).health_state == "degraded"
+    client.force_login(bob)
+    page = client.get(sim_node.get_absolute_url()).content.decode()
+    shown = page[page.index('class="acceptance-gpu-health"') :]
+    assert "GPU 2 healthy, GPU 3 degraded" in shown[: shown.index("</td>")]
+
+
+def test_it_records_healthy_readings_and_goes_on(sim_node, tmp_path, monkeypatch):
+    from tests.agents import FakeNvidiaSmi
+
+    smi = FakeNvidiaSmi(tmp_path / "bin")
+    smi.show("health_v100_sxm2_8x_healthy.csv")
+    monkeypatch.setenv("PATH", smi.path)
+    def stop_here(run, node):
+        raise acceptance_module.StepFailed("stop here")
+
+    monkeypatch.setattr(acceptance_module, "_probe", stop_here)
+    acceptance = node_acceptance_request(node=sim_node, send=False, **SMALL)
+    acceptance = node_acceptance_run(acceptance_id=acceptance.pk)
+
+    assert acceptance.error == "probe: stop here"
+    health = [e for e in acceptance.progress if e["step"] == "gpu-health-start"]
+    assert health[-1]["status"] == "ok" and health[-1]["message"] == "8 GPUs healthy, hottest 61 °C"
+    assert set(acceptance.gpu_health["start"]["states"].values()) == {"healthy"}

@@ -127,6 +127,7 @@ def _admin_add_deployment(client, **overrides):
         "concurrency_cap": "",
         "sla_p95_ttft_s": "3.0",  # the form's initial values, as a browser would send them
         "sla_p95_tpot_s": "0.2",
+        "gpu_failure_policy": "move",
         **overrides,
     }
     return client.post("/admin/deployments/deployment/add/", data)

@@ -107,6 +107,22 @@ def test_it_refuses_a_malformed_redis_namespace():
     assert "PORTAL_REDIS_NAMESPACE" in result.stderr
 
 
+def test_it_refuses_gpu_health_settings_out_of_their_bounds():
+    bad = [
+        ("GPU_HEALTH_SAMPLE_INTERVAL_S", "1"),
+        ("GPU_HEALTH_COMMAND_TIMEOUT_S", "500"),
+        ("GPU_HEALTH_COMMAND_TIMEOUT_S", "40"),  # two calls would not fit in the 60 s interval
+        ("GPU_HEALTH_THROTTLE_MINUTES", "0"),
+        ("GPU_HEALTH_TEMPERATURE_WARNING_C", "hot"),
+        ("GPU_HEALTH_XID_WINDOW_MINUTES", "99999"),
+        ("RETENTION_GPU_SAMPLES_DAYS", "-1"),
+    ]
+    for name, value in bad:
+        result = _manage("check", env={**PRODUCTION, name: value})
+        assert result.returncode != 0, (name, value)
+        assert name in result.stderr, result.stderr[-500:]
+
+
 def test_it_refuses_gateway_limits_out_of_their_bounds():
     for name, value in [
         ("GATEWAY_MAX_PROMPTS", "0"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from portal.observability.charts import Line, time_series_svg, time_ticks
+from portal.core.charts import Line, time_series_svg, time_ticks
 
 END = dt.datetime(2026, 12, 2, 4, 0, tzinfo=dt.UTC)
 

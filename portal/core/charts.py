@@ -1,11 +1,5 @@
-"""The deployment page's production latency charts: time series as inline SVG with horizontal
-reference lines (the SLA, the benchmark's operating point). No JavaScript, no network assets.
-
-The charts take the page's whole width; the y axis has four to eight ticks on round steps, scaled
-to the data, a reference line far above it (a 3 s SLA over 50 ms TTFTs) drawn at the top edge and
-labelled as above the scale; the x axis has ticks on round times, with the date where a day
-starts (and on every tick of the week window). Times are UTC.
-"""
+"""Time series as inline SVG with horizontal reference lines (the SLA, the benchmark's operating point): the
+deployment page's production latency and the node page's GPU health. No JavaScript, no network assets."""
 
 from __future__ import annotations
 
