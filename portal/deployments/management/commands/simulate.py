@@ -24,6 +24,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from inference.loadgen.summary import format_table
+from inference.sim.costs import describe_calibration
 from portal.core.errors import ApplicationError
 from portal.deployments.management.commands.plan import Command as PlanCommand
 from portal.deployments.management.commands.plan import _flag
@@ -158,8 +159,7 @@ class Command(BaseCommand):
         if options["node"] and calibration is not None and "fit" not in result:
             calibrated = f"node {options['node']}'s acceptance"
         self.stdout.write(
-            f"host costs ({calibrated}): "
-            + ", ".join(f"{name} {value * 1e6:.1f} µs" for name, value in result["calibration"].items())
+            f"host costs ({calibrated}): " + describe_calibration(result["calibration"])
         )
         self.stdout.write(format_table(result["levels"]))
         self.stdout.write("")
