@@ -2,7 +2,8 @@
 
 Targets (issue 14): calibrated from the two lowest levels of the 7B llama-shaped model, the higher levels
 within ±15 % on output tok/s and ±20 % on mean TPOT, in eager and CUDA-graph mode; the same calibration
-on the GQA-shaped model (Mistral-7B) within the same bounds at every level.
+on the GQA-shaped model (Mistral-7B) within the same bounds at every level. Issue 24 adds mean TTFT
+within ±25 % at every level of both models (before it, TTFT was 33-63 % low at the low levels).
 """
 
 from __future__ import annotations
@@ -69,34 +70,41 @@ def predicted_vs_measured(model: str, mode: str, host, concurrency: int) -> tupl
     return result, level
 
 
+def assert_within_targets(result: dict, level) -> None:
+    assert result["output_throughput"] == pytest.approx(level.output_throughput, rel=0.15)
+    assert result["mean_tpot_ms"] == pytest.approx(level.mean_tpot_ms, rel=0.20)
+    assert result["mean_ttft_ms"] == pytest.approx(level.mean_ttft_ms, rel=0.25)
+
+
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("concurrency", [64, 256])
+@pytest.mark.parametrize("concurrency", [1, 16, 64, 256])
 def test_it_predicts_the_higher_levels_from_two_low_ones(calibrations, mode, concurrency):
     result, level = predicted_vs_measured(LLAMA, mode, calibrations[mode], concurrency)
 
-    assert result["output_throughput"] == pytest.approx(level.output_throughput, rel=0.15)
-    assert result["mean_tpot_ms"] == pytest.approx(level.mean_tpot_ms, rel=0.20)
+    assert_within_targets(result, level)
 
 
-NOISY_EAGER_ONE_USER = pytest.mark.xfail(
-    strict=True,
-    reason="Mistral's eager 1-user level (3 requests) ran 24.8 ms per token: slower than its own 16-user "
-    "level (24.0 ms) and than llama's 1-user level (20.6 ms) on the same 32-layer architecture, VM noise "
-    "no host constant can follow (predicted +17 % tok/s)",
-)
-
-
-@pytest.mark.parametrize(
-    ("mode", "concurrency"),
-    [pytest.param("eager", 1, marks=NOISY_EAGER_ONE_USER)]
-    + [("eager", c) for c in (16, 64, 256)]
-    + [("graphs", c) for c in (1, 16, 64, 256)],
-)
+# Mistral's eager 1-user level (3 requests, 24.8 ms per token, slower than its own 16-user level)
+# was a strict xfail at +17 % tok/s before issue 24. With the TTFT terms and the output lag the
+# eager fit explains llama's 1-user level differently and this level comes out at +13 %: it passes.
+@pytest.mark.parametrize(("mode", "concurrency"), [(m, c) for m in MODES for c in (1, 16, 64, 256)])
 def test_it_carries_the_calibration_to_a_gqa_model(calibrations, mode, concurrency):
     result, level = predicted_vs_measured(MISTRAL, mode, calibrations[mode], concurrency)
 
-    assert result["output_throughput"] == pytest.approx(level.output_throughput, rel=0.15)
-    assert result["mean_tpot_ms"] == pytest.approx(level.mean_tpot_ms, rel=0.20)
+    assert_within_targets(result, level)
+
+
+def test_it_fits_the_api_servers_per_request_work_and_a_prefill_rate_near_the_compute_estimate(
+    calibrations,
+):
+    # The low levels' TTFT gap (33-63 % before issue 24) is mostly the API server's work per
+    # request, ~10-25 ms on this VM; prefill runs near the model's compute estimate (the spread
+    # of TTFT over prompts of 438-2547 tokens says so).
+    for mode in MODES:
+        host = calibrations[mode]
+        assert 5e-3 <= host.api_s_per_request <= 40e-3, mode
+        factor = host.eager_prefill_factor if mode == "eager" else host.graph_prefill_factor
+        assert 0.8 <= factor <= 1.4, mode
 
 
 def test_it_fits_a_slow_hosts_eager_launches_and_keeps_the_gpu_physics(calibrations):
