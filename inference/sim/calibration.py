@@ -216,8 +216,12 @@ def _misses(predicted: Sequence[dict], measured: Sequence[MeasuredLevel]) -> lis
             # (the simulated ones are the same draws), so the prefill rate shows in it, while the
             # API server's per-request work, the same for every prompt, does not. The mean alone
             # cannot tell the two apart at low load.
+            # A tenth of the mean is added to both: where the prompts hardly differ (a fixed
+            # workload) the spread is noise, and a ratio of two noises must not steer the fit.
+            floor = 0.1 * level.mean_ttft_ms
             spread = guess.get("std_ttft_ms")
-            miss = math.log(spread / level.std_ttft_ms) if _positive(spread) else 10.0
+            spread = spread if isinstance(spread, int | float) and math.isfinite(spread) else None
+            miss = math.log((spread + floor) / (level.std_ttft_ms + floor)) if spread is not None else 10.0
             misses.append(miss * STD_TTFT_WEIGHT)
     return misses
 
