@@ -275,3 +275,23 @@ def test_it_fits_the_ttft_constants_on_two_low_levels_and_predicts_ttft_under_lo
         measured = by_level(truth)[level]
         assert predicted[level]["mean_ttft_ms"] == pytest.approx(measured["mean_ttft_ms"], rel=0.15)
         assert predicted[level]["output_throughput"] == pytest.approx(measured["output_throughput"], rel=0.05)
+
+
+@pytest.mark.slow  # out of make test-fast: tens of seconds on 2 cores
+def test_it_fits_the_eager_low_load_effect_from_1_and_16_users_instead_of_averaging_it():
+    # A node whose eager steps cost 4 ms more at one sequence (docs/simulator.md, "The low-load
+    # host effect"): fitted on 1 and 16 users, the 1-user level gets its own term and the launch
+    # work is what the 16-user level says, so 4 and 64 users come out right.
+    host = replace(SLOW_HOST, eager_low_batch_s_per_step=4e-3)
+    truth = sweep(config(eager=True, host=host), MIX, [1, 4, 16, 64], requests_per_level=64)
+
+    fit = fit_host_costs(config(eager=True), MIX, measured_levels(truth, only=[1, 16]))
+
+    assert "eager_low_batch_s_per_step" in fit.fitted
+    assert fit.host.eager_low_batch_s_per_step == pytest.approx(4e-3, rel=0.25)
+    assert fit.host.eager_launch_s_per_layer == pytest.approx(640e-6, rel=0.10)
+    predicted = by_level(sweep(config(eager=True, host=fit.host), MIX, [4, 64], requests_per_level=64))
+    for level in (4, 64):
+        measured = by_level(truth)[level]
+        assert predicted[level]["output_throughput"] == pytest.approx(measured["output_throughput"], rel=0.05)
+        assert predicted[level]["mean_tpot_ms"] == pytest.approx(measured["mean_tpot_ms"], rel=0.05)
