@@ -64,7 +64,15 @@ def load_report(path: Path) -> dict:
     report = json.loads(path.read_text())
     engine = report.get("engine") or {}
     shape = engine.get("shape") or report["model"]
-    profile = profile_from_argv(engine.get("argv", ""))
+    if shape.startswith("accept-"):  # node acceptance registers the reference as accept-<shape>-<dtype>
+        shape = shape.removeprefix("accept-").rsplit("-", 1)[0]
+    argv = engine.get("argv") or (
+        # An acceptance record carries no command line: its profile on a GPU is the fixtures' one
+        # (tests/sim/data/h200/README.md), eager or not as the record says.
+        "--max-model-len 4096 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9 "
+        "--max-num-seqs 256 --block-size 16" + (" --enforce-eager" if engine.get("enforce_eager") else "")
+    )
+    profile = profile_from_argv(argv)
     mode = "eager" if profile.enforce_eager else "graphs"
     return {"path": path, "report": report, "shape": shape, "profile": profile, "mode": mode}
 
@@ -85,7 +93,7 @@ def error(predicted: float | None, measured: float) -> float | None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=str(ROOT / "tests/sim/data/h200"))
-    parser.add_argument("--fit-model", default="llama-2-7b-chat-hf")
+    parser.add_argument("--fit-model", default="llama-2-7b-chat-hf", help="the shape the fit reports are of")
     parser.add_argument("--fit-levels", default="1,16")
     parser.add_argument("--fit-file-prefix", default="bench-", help="fit on reports whose names start so")
     parser.add_argument("--gpu", default="h200-sxm-141gb")
