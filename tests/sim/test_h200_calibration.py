@@ -115,3 +115,49 @@ def test_it_fits_a_slow_hosts_eager_launches_and_keeps_the_gpu_physics(calibrati
     # With graphs the CPU hides under the GPU: the scheduling is what the 1-user TPOT shows.
     assert 0.5e-3 <= graphs.step_overhead_s <= 2e-3
     assert graphs.eager_launch_s_per_layer == DEFAULT_HOST_COSTS.eager_launch_s_per_layer
+
+
+# --- issue 24's held-out runs: calibrated from node acceptance's levels, a model nobody tuned on ---
+QWEN_14B = "qwen2.5-14b-instruct"
+
+
+def report(name: str) -> dict:
+    return json.loads((DATA / f"{name}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def acceptance_calibrations() -> dict:
+    """Per mode, fitted on the 7B's acceptance levels (short-qa, 1 and 16 users) as acceptance does."""
+    fits = {}
+    for mode in MODES:
+        accepted = report(f"accept-{LLAMA}-short-qa-{mode}")
+        levels = measured_levels(accepted)
+        fits[mode] = fit_host_costs(config(LLAMA, mode), load_mix(accepted["mix"]), levels).host
+    return fits
+
+
+EAGER_14B_LOW_LOAD = pytest.mark.xfail(
+    strict=True,
+    reason="the 14B's eager steps at 8 and 32 users are ~30 % longer than the 7B's acceptance levels "
+    "on the same node predict (TPOT 33 / 42 ms against 26 / 30 ms; tok/s +27 / +40 %): that node's "
+    "7B took 478 µs of eager launch work per layer, its 14B ~650; the per-layer cost did not carry "
+    "from 32 to 48 layers there (docs/simulator.md, 'Held out'); graphs and 128 users do",
+)
+
+
+@pytest.mark.parametrize(
+    ("mode", "concurrency"),
+    [("graphs", 8), ("graphs", 32), ("graphs", 128), ("eager", 128)]
+    + [pytest.param("eager", c, marks=EAGER_14B_LOW_LOAD) for c in (8, 32)],
+)
+def test_it_predicts_a_14b_gqa_model_under_a_mixed_workload_from_a_7b_acceptance(
+    acceptance_calibrations, mode, concurrency
+):
+    held_out = report(f"heldout-{QWEN_14B}-chat-mixed-{mode}")
+    [level] = [lv for lv in measured_levels(held_out) if lv.concurrency == concurrency]
+
+    [result] = simulate_levels(
+        config(QWEN_14B, mode, acceptance_calibrations[mode]), load_mix(held_out["mix"]), [level]
+    )
+
+    assert_within_targets(result, level)
