@@ -53,6 +53,25 @@ VOLTA_USEFUL_MAX_MODEL_LEN = 8192
 # for KV, run one instance per GPU (or per pair) instead of tensor parallelism.
 SMALL_MODEL_KV_SHARE = 0.5
 
+# vLLM's own feature × hardware table (docs/features/README.md, "Feature x Hardware"; before
+# 0.10 docs/features/compatibility_matrix.md, first docs/source/serving/compatibility_matrix.rst)
+# marks chunked prefill (vllm#2729) and automatic prefix caching (vllm#3687) as not supported
+# on Volta. It says so in every version of the table: from its first, in vLLM 0.6.x (0.6.4.post1
+# was read), through 0.10.0 to the current docs. Behind both marks is the Triton kernel that
+# attends to KV already cached (a later chunk of a prompt, a cached prefix), which failed on
+# sm_70 with "mma -> mma layout conversion is only supported on Ampere" (vllm#6723, #8024,
+# #11352). docs/v100-field-guide.md#feature-support-on-volta says how to check a node.
+VOLTA_UNSUPPORTED_SOURCE = (
+    'vLLM\'s feature × hardware table (docs/features/README.md, "Feature x Hardware", vLLM 0.6 '
+    "through the current docs)"
+)
+VOLTA_CHECK = (
+    "To check a node's vLLM version: start the profile on one V100 node and send one prompt longer "
+    "than max_num_batched_tokens and the same prompt twice; the engine dies on the first cached-KV "
+    "prefill if the table holds (node acceptance cannot start its reference model with a profile's "
+    "flags yet)."
+)
+
 # Candidate TPs for suggestions: vLLM deployments use powers of two.
 _SUGGESTED_TPS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -89,6 +108,8 @@ TITLES = {
     "tp_for_small_model": "tensor parallel for a small model",
     "long_context_on_volta": "long context on Volta",
     "batched_tokens_below_max_len": "batched tokens below max length",
+    "chunked_prefill_on_volta": "chunked prefill on Volta",
+    "prefix_caching_on_volta": "prefix caching on Volta",
 }
 
 
@@ -430,12 +451,45 @@ def _batched_tokens_below_max_len(
 ) -> Finding | None:
     if profile.enable_chunked_prefill or sizing.max_num_batched_tokens >= sizing.max_model_len:
         return None
+    if placement.gpu.is_volta:
+        # Chunked prefill is no way out on Volta (`_chunked_prefill_on_volta`).
+        advice = f"Raise max_num_batched_tokens to at least {sizing.max_model_len:,} or lower max_model_len."
+    else:
+        advice = "Enable chunked prefill or raise max_num_batched_tokens."
     return Finding(
         "error",
         "batched_tokens_below_max_len",
         f"max_num_batched_tokens {sizing.max_num_batched_tokens:,} is below max_model_len "
         f"{sizing.max_model_len:,}; without chunked prefill vLLM refuses it, since a long prompt "
-        "could never be scheduled. Enable chunked prefill or raise max_num_batched_tokens.",
+        f"could never be scheduled. {advice}",
+    )
+
+
+def _chunked_prefill_on_volta(
+    model: ModelArch, profile: ProfileSettings, placement: Placement, sizing: Sizing
+) -> Finding | None:
+    if not placement.gpu.is_volta or not profile.enable_chunked_prefill:
+        return None
+    return Finding(
+        "warning",
+        "chunked_prefill_on_volta",
+        f"chunked prefill is marked not supported on Volta in {VOLTA_UNSUPPORTED_SOURCE}, "
+        "vllm#2729: a prompt's later chunks run a Triton kernel that fails on sm_70. Turn it off "
+        "(--no-enable-chunked-prefill) with max_num_batched_tokens ≥ max_model_len. " + VOLTA_CHECK,
+    )
+
+
+def _prefix_caching_on_volta(
+    model: ModelArch, profile: ProfileSettings, placement: Placement, sizing: Sizing
+) -> Finding | None:
+    if not placement.gpu.is_volta or not profile.enable_prefix_caching:
+        return None
+    return Finding(
+        "warning",
+        "prefix_caching_on_volta",
+        f"automatic prefix caching is marked not supported on Volta in {VOLTA_UNSUPPORTED_SOURCE}, "
+        "vllm#3687: a cached prefix is attended by the same Triton kernel that fails on sm_70. "
+        "Turn it off (--no-enable-prefix-caching). " + VOLTA_CHECK,
     )
 
 
@@ -457,6 +511,8 @@ RULES = (
     _max_num_seqs_preemption,
     _tp_for_small_model,
     _long_context_on_volta,
+    _chunked_prefill_on_volta,
+    _prefix_caching_on_volta,
 )
 
 

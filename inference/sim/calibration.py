@@ -27,7 +27,13 @@ from dataclasses import dataclass, replace
 
 from inference.errors import InputError
 from inference.loadgen.workloads import Mix, fit_to_context
-from inference.sim.costs import DEFAULT_HOST_COSTS, HOST_COST_BOUNDS, HostCosts
+from inference.sim.costs import (
+    DEFAULT_HOST_COSTS,
+    HOST_COST_BOUNDS,
+    LOW_BATCH_SEQUENCES,
+    HostCosts,
+    is_factor,
+)
 from inference.sim.engine import EngineConfig, SimEngine
 from inference.sim.virtual import run_level
 
@@ -45,18 +51,40 @@ MIN_FIT_REQUESTS = 16
 # H200 (10×), so they are held only loosely. The per-token work is seen at low levels only
 # as the difference between 1 and 16 users, a few per cent and noisy on a VM, so it is held
 # firmly to the informed start (`_informed_start`).
+#
+# The TTFT constants (issue 24): the API server's per-request work and the prefill factor
+# are both seen in the low levels' TTFT, where they add up (a request's time before the
+# engine, and its prefill step); throughput and TPOT of a loaded level see only the factor.
+# Both are held moderately to the informed start, which shares the TTFT gap between them with
+# the factor's share capped (`_ttft_start`); the TTFT spread over the level's prompts and the
+# loaded levels move the factor. The low-load term is held loosely: only the lowest level sees it.
 PRIOR_WEIGHTS: dict[str, float] = {
     "step_overhead_s": 0.05,
     "eager_launch_s_per_layer": 0.0005,
     "graph_launch_s_per_layer": 0.0005,
     "api_s_per_token": 0.05,
+    "api_s_per_request": 0.02,
+    "eager_prefill_factor": 0.02,
+    "graph_prefill_factor": 0.02,
+    "eager_low_batch_s_per_step": 0.002,
 }
+# The prefill factor is fitted only from workloads whose prompts average at least this many
+# tokens: with acceptance's `short-qa` (100-300) prefill is a few ms of TTFT, and on the H200
+# node the fit pushed the factor to 1.4-1.7 there to follow how TTFT grew from 1 to 16 users,
+# which then overpredicted a 14B model's TTFT under a 200-2,500-token workload by 30-60 %.
+PREFILL_FIT_MIN_PROMPT_TOKENS = 800
+# The weight of the TTFT spread's log-miss (its square counts a fifth of a mean's): three
+# requests at one user make a noisy spread, and it only has to tell prefill from API work.
+STD_TTFT_WEIGHT = math.sqrt(0.2)
 # Stop when the simplex's objective values agree this closely, or after this many runs.
 TOLERANCE = 1e-5
-MAX_EVALUATIONS = 120
-# Constants are searched as log(seconds); zero is a legal value, so the log is taken of
-# seconds + this floor (0.1 µs, far below any host cost worth modelling).
+MAX_EVALUATIONS = 240
+# Constants are searched as log(value + scale). Zero is a legal value of the seconds, so the
+# scale keeps the log finite: 0.1 µs for the constants whose defaults are far above it, and
+# about the size that matters for those whose default is zero (a step of the search then moves
+# them by a fraction of that size, not by a factor of a nothing).
 _FLOOR_S = 1e-7
+_SEARCH_SCALE: dict[str, float] = {"api_s_per_request": 2e-3, "eager_low_batch_s_per_step": 1e-3}
 
 
 @dataclass(frozen=True)
@@ -68,6 +96,8 @@ class MeasuredLevel:
     mean_tpot_ms: float
     requests: int  # measured requests (completed + failed)
     warmup: int | None = None  # warm-up requests sent first; None: one per user, as by default
+    mean_ttft_ms: float | None = None  # None: the report has none, the fit leaves TTFT alone
+    std_ttft_ms: float | None = None  # the spread of TTFT over the level's prompts (see _misses)
 
 
 @dataclass(frozen=True)
@@ -111,7 +141,12 @@ def measured_levels(report: object, *, only: Sequence[int] | None = None) -> lis
         requests = int(level.get("completed", 0)) + int(level.get("failed", 0) or 0)
         warmup = level.get("warmup_requests")
         warmup = warmup if isinstance(warmup, int) and not isinstance(warmup, bool) and warmup >= 0 else None
-        levels.append(MeasuredLevel(concurrency, float(throughput), float(tpot), requests, warmup))
+        ttft, spread = level.get("mean_ttft_ms"), level.get("std_ttft_ms")
+        ttft = float(ttft) if _positive(ttft) else None
+        spread = float(spread) if ttft is not None and _positive(spread) else None
+        levels.append(
+            MeasuredLevel(concurrency, float(throughput), float(tpot), requests, warmup, ttft, spread)
+        )
     if only is not None:
         missing = sorted(set(only) - {level.concurrency for level in levels})
         if missing:
@@ -129,10 +164,33 @@ def _positive(value: object) -> bool:
     return number and math.isfinite(value) and value > 0
 
 
-def fitted_names(config: EngineConfig) -> tuple[str, ...]:
-    """The constants a run of this profile exercises, hence can fit."""
-    launch = "eager_launch_s_per_layer" if config.profile.enforce_eager else "graph_launch_s_per_layer"
-    return ("step_overhead_s", launch, "api_s_per_token")
+def mean_prompt_tokens(mix: Mix) -> float:
+    """The mean prompt length a mix draws (the middle of each bucket's range, by share)."""
+    total = sum(bucket.share for bucket in mix.buckets) or 1.0
+    return sum(bucket.share * sum(bucket.prompt_range) / 2 for bucket in mix.buckets) / total
+
+
+def fitted_names(
+    config: EngineConfig, measured: Sequence[MeasuredLevel] | None = None
+) -> tuple[str, ...]:
+    """The constants a run of this profile (and these measured levels) exercises, hence can fit.
+
+    The launch work and the prefill factor are the run's mode's; the per-request API work
+    needs a measured TTFT; the eager low-load term needs an eager level below
+    LOW_BATCH_SEQUENCES users and one at or above it, to tell it from the launch work.
+    """
+    eager = config.profile.enforce_eager
+    names = ["step_overhead_s", "eager_launch_s_per_layer" if eager else "graph_launch_s_per_layer"]
+    names.append("api_s_per_token")
+    with_ttft = measured is None or any(level.mean_ttft_ms for level in measured)
+    if with_ttft:
+        names.append("api_s_per_request")
+    names.append("eager_prefill_factor" if eager else "graph_prefill_factor")
+    if eager and measured is not None:
+        users = [level.concurrency for level in measured]
+        if min(users) < LOW_BATCH_SEQUENCES <= max(users):
+            names.append("eager_low_batch_s_per_step")
+    return tuple(names)
 
 
 def simulate_levels(
@@ -154,14 +212,33 @@ def simulate_levels(
 
 
 def _misses(predicted: Sequence[dict], measured: Sequence[MeasuredLevel]) -> list[float]:
-    """log(predicted ÷ measured) for output tok/s and mean TPOT of each level."""
+    """log(predicted ÷ measured) for output tok/s, mean TPOT and (where measured) mean TTFT of each level."""
     misses = []
     for guess, level in zip(predicted, measured, strict=True):
         throughput, tpot = guess.get("output_throughput"), guess.get("mean_tpot_ms")
         # A level the simulator could not complete is as wrong as a level can be.
         misses.append(math.log(throughput / level.output_throughput) if _positive(throughput) else 10.0)
         misses.append(math.log(tpot / level.mean_tpot_ms) if _positive(tpot) else 10.0)
+        if level.mean_ttft_ms is not None:
+            ttft = guess.get("mean_ttft_ms")
+            misses.append(math.log(ttft / level.mean_ttft_ms) if _positive(ttft) else 10.0)
+        if level.std_ttft_ms is not None:
+            # The spread says how TTFT grows with the prompt: the level's prompts differ in length
+            # (the simulated ones are the same draws), so the prefill rate shows in it, while the
+            # API server's per-request work, the same for every prompt, does not. The mean alone
+            # cannot tell the two apart at low load.
+            # A tenth of the mean is added to both: where the prompts hardly differ (a fixed
+            # workload) the spread is noise, and a ratio of two noises must not steer the fit.
+            floor = 0.1 * level.mean_ttft_ms
+            spread = guess.get("std_ttft_ms")
+            spread = spread if isinstance(spread, int | float) and math.isfinite(spread) else None
+            miss = math.log((spread + floor) / (level.std_ttft_ms + floor)) if spread is not None else 10.0
+            misses.append(miss * STD_TTFT_WEIGHT)
     return misses
+
+
+def _scale(name: str) -> float:
+    return 0.0 if is_factor(name) else _SEARCH_SCALE.get(name, _FLOOR_S)
 
 
 def fit_host_costs(
@@ -176,19 +253,29 @@ def fit_host_costs(
     if not measured:
         raise InputError(SOURCE, "has no closed-loop level with completed requests to fit on")
     start = config.host
-    names = fitted_names(config)
-    lows = [math.log(HOST_COST_BOUNDS[name][0] + _FLOOR_S) for name in names]
-    highs = [math.log(HOST_COST_BOUNDS[name][1] + _FLOOR_S) for name in names]
+    names = fitted_names(config, measured)
+    if mean_prompt_tokens(mix) < PREFILL_FIT_MIN_PROMPT_TOKENS:
+        # Short prompts: prefill is a few ms of TTFT, which cannot tell a prefill factor from the
+        # per-request work or from queueing; it keeps its starting value (1 by default).
+        names = tuple(name for name in names if not is_factor(name))
+    lows = [math.log(HOST_COST_BOUNDS[name][0] + _scale(name)) for name in names]
+    highs = [math.log(HOST_COST_BOUNDS[name][1] + _scale(name)) for name in names]
     lowest = min(measured, key=lambda level: level.concurrency)
     guess = simulate_levels(config, mix, [lowest], seed=seed)[0]
     first = _informed_start(config, names, start, lowest, guess)
-    origin = [math.log(getattr(first, name) + _FLOOR_S) for name in names]
+    if "api_s_per_request" in names and lowest.mean_ttft_ms is not None:
+        # The TTFT gap is shared out once the host's part of a step is known: a host-bound
+        # step delays its tokens by the next step's launch work (`StepTime.output_lag_s`).
+        informed = replace(first, **{name: getattr(start, name) for name in _TTFT_NAMES})
+        guess = simulate_levels(replace(config, host=informed), mix, [lowest], seed=seed)[0]
+        first = replace(informed, **_ttft_start(names, start, lowest, guess))
+    origin = [math.log(getattr(first, name) + _scale(name)) for name in names]
     evaluations = 0
 
     def costs_at(point: Sequence[float]) -> HostCosts:
-        # Clamped: exp(log(bound + floor)) − floor can land a rounding error past the bound itself.
+        # Clamped: exp(log(bound + scale)) − scale can land a rounding error past the bound itself.
         values = {
-            name: min(max(HOST_COST_BOUNDS[name][0], math.exp(x) - _FLOOR_S), HOST_COST_BOUNDS[name][1])
+            name: min(max(HOST_COST_BOUNDS[name][0], math.exp(x) - _scale(name)), HOST_COST_BOUNDS[name][1])
             for name, x in zip(names, point, strict=True)
         }
         return replace(start, **values)
@@ -207,6 +294,10 @@ def fit_host_costs(
         return value
 
     best = _nelder_mead(objective, list(origin), lows, highs)
+    if evaluations < MAX_EVALUATIONS - 2 * len(names):
+        # Restarted once from the best point with a fresh simplex: a collapsed simplex on these
+        # ridges stops short of the minimum (the classic remedy; the budget is shared).
+        best = _nelder_mead(objective, best, lows, highs, budget=MAX_EVALUATIONS - evaluations)
     host = costs_at(best)
     predicted = simulate_levels(replace(config, host=host), mix, measured, seed=seed)
     levels = [
@@ -216,6 +307,8 @@ def fit_host_costs(
             "predicted_output_throughput": guess.get("output_throughput"),
             "measured_mean_tpot_ms": level.mean_tpot_ms,
             "predicted_mean_tpot_ms": guess.get("mean_tpot_ms"),
+            "measured_mean_ttft_ms": level.mean_ttft_ms,
+            "predicted_mean_ttft_ms": guess.get("mean_ttft_ms"),
         }
         for guess, level in zip(predicted, measured, strict=True)
     ]
@@ -263,13 +356,57 @@ def _informed_start(
     return replace(start, **values)
 
 
+_TTFT_NAMES = ("api_s_per_request", "eager_prefill_factor", "graph_prefill_factor")
+# The most the informed start puts in the prefill factor (see `_ttft_start`): the recorded H200
+# runs fitted 1.05-1.12, and the 14B run of issue 24 (tok/s over, TPOT and TTFT under at
+# factor 1) points the same way.
+MAX_START_PREFILL_FACTOR = 1.25
+
+
+def _ttft_start(
+    names: Sequence[str], start: HostCosts, level: MeasuredLevel, predicted: dict
+) -> dict[str, float]:
+    """The TTFT constants' start: the lowest level's TTFT gap shared between the API server's
+    per-request work and the prefill factor.
+
+    Half the gap is per-request work and half is prefill, but the factor starts at most
+    `MAX_START_PREFILL_FACTOR` times its starting value: a workload of short prompts
+    (acceptance's `short-qa`) cannot tell the two apart, and half its gap in a few-ms
+    prefill would make a factor of 2 that a long-prompt workload then pays. The rest of the
+    gap is per-request work. The spread of TTFT and the loaded levels move the factor where
+    they show it. A gap below zero shrinks the factor (the engine's part of TTFT, which the
+    prefill step dominates at low load).
+    """
+    guess_ms = predicted.get("mean_ttft_ms")
+    if "api_s_per_request" not in names or level.mean_ttft_ms is None or not _positive(guess_ms):
+        return {}
+    factor_name = next((name for name in names if is_factor(name)), None)
+    gap = (level.mean_ttft_ms - guess_ms) / 1000
+    if factor_name is None:  # the prefill factor is not fitted: the gap is per-request work
+        values = {"api_s_per_request": max(0.0, start.api_s_per_request + gap)}
+    else:
+        engine = max(guess_ms / 1000 - start.api_s_per_request, 1e-4)
+        prefill_gap = gap if gap <= 0 else min(gap / 2, (MAX_START_PREFILL_FACTOR - 1) * engine)
+        values = {
+            "api_s_per_request": start.api_s_per_request + max(0.0, gap - prefill_gap),
+            factor_name: getattr(start, factor_name) * max(0.25, (engine + prefill_gap) / engine),
+        }
+    return {
+        name: min(max(value, HOST_COST_BOUNDS[name][0]), HOST_COST_BOUNDS[name][1])
+        for name, value in values.items()
+    }
+
+
 def _nelder_mead(
     objective: Callable[[list[float]], float],
     start: list[float],
     lows: list[float],
     highs: list[float],
+    *,
+    budget: int = MAX_EVALUATIONS,
 ) -> list[float]:
-    """Minimise `objective` inside the box [lows, highs] (points are clipped into it)."""
+    """Minimise `objective` inside the box [lows, highs] (points are clipped into it), in at most
+    about `budget` evaluations."""
     dims = len(start)
 
     def clip(point: list[float]) -> list[float]:
@@ -284,7 +421,7 @@ def _nelder_mead(
         simplex.append(clip(point))
     values = [objective(point) for point in simplex]
     evaluations = len(values)
-    while evaluations < MAX_EVALUATIONS:
+    while evaluations < budget:
         order = sorted(range(dims + 1), key=values.__getitem__)
         simplex = [simplex[i] for i in order]
         values = [values[i] for i in order]

@@ -144,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         # As vLLM: --api-key, else VLLM_API_KEY (the portal uses the environment, never argv).
         api_key=args.api_key or os.environ.get("VLLM_API_KEY", ""),
     )
+    for warning in engine.warnings():
+        print(f"WARNING inference.sim: {warning}", flush=True)
     print(f"INFO inference.sim: {engine.describe()}", flush=True)
     print(f"INFO inference.sim: serving {', '.join(names)} on http://{args.host}:{args.port}", flush=True)
     web.run_app(server.app(), host=args.host, port=args.port, print=None, access_log=None)

@@ -102,6 +102,31 @@ STEP_OVERHEAD_S = 1.5e-3
 # which only launch work plus per-token work explains. It costs time only when the CPU's
 # part outlasts the GPU's.
 API_S_PER_TOKEN = 10e-6
+# The API server's work per request, outside the engine's steps: parsing and validating the
+# request, the chat template, tokenizing the prompt, handing it to the engine process, and
+# the first token's detokenizing and SSE chunk. It delays the request's arrival at the
+# scheduler (so it adds to TTFT and E2EL, and in a closed loop to the time between a user's
+# requests) without taking a step's time. Default 0: before calibration, TTFT is the
+# engine's alone, as it always was; a node's calibration fits it from the measured TTFT
+# (on the H200 VM of tests/sim/data/h200, ~10-20 ms).
+API_S_PER_REQUEST = 0.0
+# How much more GPU time the prefill work of a step takes than the model's compute estimate
+# (FLOPs ÷ peak × MATMUL_EFFICIENCY), per mode: a step carrying a prompt chunk runs attention
+# over thousands of keys, unfused elementwise kernels over every prompt token (eager mode
+# has no torch.compile fusion), and sizes no CUDA graph was captured for. A calibration fits
+# it from TTFT and the throughput of loaded levels; 1 (the default) is the compute estimate,
+# which is every prediction made before calibration.
+EAGER_PREFILL_FACTOR = 1.0
+GRAPH_PREFILL_FACTOR = 1.0
+# The low-load host effect in eager mode (docs/simulator.md, "The low-load host effect"):
+# a decode step carrying one sequence took longer on the H200 VMs than the launch work a
+# step of 16 showed, with inter-token gaps alternating between ~19 and ~29 ms at one user.
+# Charged per step, in full at one sequence and fading linearly to nothing at
+# LOW_BATCH_SEQUENCES; the default 0 leaves every step as it was.
+EAGER_LOW_BATCH_S_PER_STEP = 0.0
+# Where the low-load effect is gone: the 7B runs show it at 1 user and not at 16, the 14B
+# at 8 users and not at 32.
+LOW_BATCH_SEQUENCES = 16
 
 # --- GPU-side launch gaps (fixed) -----------------------------------------------------
 # Even when the CPU launches ahead of the GPU, ~10 of a decoder layer's ~15-20 kernels
@@ -122,13 +147,20 @@ class HostCosts:
     """The host-side constants of one node and vLLM version (defaults: uncalibrated).
 
     `as_dict()` is the `"calibration"` object of `manage.py simulate --json`, and
-    `from_dict` reads it back (missing names keep their defaults).
+    `from_dict` reads it back (missing names keep their defaults). Names ending in `_s...`
+    are seconds; the `_factor`s are plain ratios.
     """
 
     step_overhead_s: float = STEP_OVERHEAD_S
     eager_launch_s_per_layer: float = EAGER_LAUNCH_S_PER_LAYER
     graph_launch_s_per_layer: float = GRAPH_LAUNCH_S_PER_LAYER
     api_s_per_token: float = API_S_PER_TOKEN
+    # Added with issue 24 (TTFT and the low-load effect). A calibration saved before them
+    # lacks these names and loads with their defaults, which change nothing it predicted.
+    api_s_per_request: float = API_S_PER_REQUEST
+    eager_prefill_factor: float = EAGER_PREFILL_FACTOR
+    graph_prefill_factor: float = GRAPH_PREFILL_FACTOR
+    eager_low_batch_s_per_step: float = EAGER_LOW_BATCH_S_PER_STEP
 
     def as_dict(self) -> dict[str, float]:
         return {name: getattr(self, name) for name in HOST_COST_BOUNDS}
@@ -146,11 +178,13 @@ class HostCosts:
         checked: dict[str, float] = {}
         for name, value in values.items():
             low, high = HOST_COST_BOUNDS[name]
+            unit = "" if is_factor(name) else " s"
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise InputError("calibration", f"{name} must be a number of seconds, got {value!r}")
+                what = "a number" if is_factor(name) else "a number of seconds"
+                raise InputError("calibration", f"{name} must be {what}, got {value!r}")
             if not low <= value <= high:
                 raise InputError(
-                    "calibration", f"{name} must be between {low:g} and {high:g} s, got {value!r}"
+                    "calibration", f"{name} must be between {low:g} and {high:g}{unit}, got {value!r}"
                 )
             checked[name] = float(value)
         return cls(**checked)
@@ -164,7 +198,25 @@ HOST_COST_BOUNDS: dict[str, tuple[float, float]] = {
     "eager_launch_s_per_layer": (0.0, 5e-3),
     "graph_launch_s_per_layer": (0.0, 1e-3),
     "api_s_per_token": (0.0, 1e-3),
+    "api_s_per_request": (0.0, 1.0),
+    # Ratios, not seconds: prefill at a quarter of the compute estimate's time up to 10 times it.
+    "eager_prefill_factor": (0.25, 10.0),
+    "graph_prefill_factor": (0.25, 10.0),
+    "eager_low_batch_s_per_step": (0.0, 50e-3),
 }
+
+
+def is_factor(name: str) -> bool:
+    """Whether a calibration constant is a ratio rather than seconds."""
+    return name.endswith("_factor")
+
+
+def describe_calibration(values: dict[str, float]) -> str:
+    """`name 12.3 µs, …, name ×1.20`: a calibration for people to read."""
+    return ", ".join(
+        f"{name} ×{value:.3g}" if is_factor(name) else f"{name} {value * 1e6:.1f} µs"
+        for name, value in values.items()
+    )
 
 DEFAULT_HOST_COSTS = HostCosts()
 
@@ -188,6 +240,20 @@ class StepTime:
     def total_s(self) -> float:
         return max(self.gpu_s + self.launch_gap_s, self.host_overlapped_s) + self.overhead_s
 
+    @property
+    def output_lag_s(self) -> float:
+        """How long after the step its sampled tokens reach the API server.
+
+        vLLM's engine launches the next step before it reads this one's sampled tokens back
+        (async scheduling), so they are handed on once the CPU has launched the next step,
+        taken to be like this one. Where the CPU bounds the step (eager mode on a slow host,
+        at small batches) that is the whole of the next step's launch work; where the GPU's
+        part outlasts the CPU's, the CPU starts the next launch that much earlier, and with
+        CUDA graphs (launch work ≪ GPU work) nothing is lost.
+        """
+        cpu, gpu = self.host_overlapped_s, self.gpu_s + self.launch_gap_s
+        return cpu if cpu >= gpu else max(0.0, 2 * cpu - gpu)
+
 
 @dataclass(frozen=True)
 class ScheduledChunk:
@@ -208,11 +274,13 @@ class BatchShape:
     attention_pairs: float  # (query, key) pairs over the step's causal attention
     kv_tokens: int  # cached + new tokens whose KV the step reads
     decode_only: bool
+    prefill_tokens: int = 0  # of `tokens`, those in prompt chunks (more than one new token)
+    prefill_attention_pairs: float = 0.0  # of `attention_pairs`, those of prompt chunks
 
     @classmethod
     def of(cls, chunks: Iterable[ScheduledChunk]) -> BatchShape:
-        tokens = sequences = samples = kv_tokens = 0
-        pairs = 0.0
+        tokens = sequences = samples = kv_tokens = prefill_tokens = 0
+        pairs = prefill_pairs = 0.0
         decode_only = True
         for chunk in chunks:
             n, ctx = chunk.new_tokens, chunk.context_tokens
@@ -220,10 +288,14 @@ class BatchShape:
             sequences += 1
             samples += chunk.samples
             # Causal attention: token i of the chunk attends to ctx + i + 1 keys.
-            pairs += n * ctx + n * (n + 1) / 2
+            chunk_pairs = n * ctx + n * (n + 1) / 2
+            pairs += chunk_pairs
             kv_tokens += ctx + n
             decode_only = decode_only and n == 1
-        return cls(tokens, sequences, samples, pairs, kv_tokens, decode_only)
+            if n > 1:
+                prefill_tokens += n
+                prefill_pairs += chunk_pairs
+        return cls(tokens, sequences, samples, pairs, kv_tokens, decode_only, prefill_tokens, prefill_pairs)
 
 
 class StepCostModel:
@@ -282,11 +354,20 @@ class StepCostModel:
     def batch_time(self, batch: BatchShape) -> StepTime:
         if batch.tokens == 0:
             return StepTime(0.0, 0.0, 0.0, 0.0, 0.0)
+        host = self.host
         flops = (
             self.linear_flops_per_token * batch.tokens
             + self.lm_head_flops_per_sample * batch.samples
             + self.attention_flops_per_pair * batch.attention_pairs
         )
+        prefill_factor = host.eager_prefill_factor if self.enforce_eager else host.graph_prefill_factor
+        if prefill_factor != 1.0 and batch.prefill_tokens:
+            # The prompt chunks' share of the work runs at the node's measured prefill rate.
+            prefill_flops = (
+                self.linear_flops_per_token * batch.prefill_tokens
+                + self.attention_flops_per_pair * batch.prefill_attention_pairs
+            )
+            flops += (prefill_factor - 1.0) * prefill_flops
         # Each step streams the weight shard once and every scheduled request's KV once.
         memory_bytes = self.weights_bytes_per_gpu + batch.kv_tokens * self.kv_bytes_per_token_per_gpu
         communication = (
@@ -294,14 +375,17 @@ class StepCostModel:
             * self.layers
             * self.allreduce_s(batch.tokens * self.activation_bytes_per_token)
         )
-        host = self.host
         launch = host.eager_launch_s_per_layer if self.enforce_eager else host.graph_launch_s_per_layer
         gap = GRAPH_GAP_S_PER_LAYER if not self.enforce_eager and batch.decode_only else EAGER_GAP_S_PER_LAYER
+        overhead = host.step_overhead_s
+        if self.enforce_eager and host.eager_low_batch_s_per_step and batch.sequences < LOW_BATCH_SEQUENCES:
+            fade = (LOW_BATCH_SEQUENCES - batch.sequences) / (LOW_BATCH_SEQUENCES - 1)
+            overhead += host.eager_low_batch_s_per_step * fade
         return StepTime(
             compute_s=flops / self.effective_flops,
             memory_s=memory_bytes / self.effective_bandwidth,
             communication_s=communication,
-            overhead_s=host.step_overhead_s,
+            overhead_s=overhead,
             host_overlapped_s=launch * self.layers + host.api_s_per_token * batch.samples,
             launch_gap_s=gap * self.layers,
         )

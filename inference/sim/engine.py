@@ -13,7 +13,7 @@ a launch against vLLM would.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from inference.hardware import GpuSpec
 from inference.modelspec import ModelArch
@@ -118,6 +118,23 @@ def _vllm_message(code: str, config: EngineConfig, sizing: Sizing, fallback: str
     return fallback
 
 
+# What the planner's rules say vLLM does not support on Volta (inference/rules.py, from vLLM's
+# feature × hardware table): the simulator of a Volta GPU runs without them, as the rules advise,
+# and says so at start. The flag, and the finding that explains it.
+VOLTA_UNSUPPORTED = {
+    "enable_chunked_prefill": "chunked_prefill_on_volta",
+    "enable_prefix_caching": "prefix_caching_on_volta",
+}
+
+
+def supported_profile(profile: ProfileSettings, gpu: GpuSpec) -> tuple[ProfileSettings, list[str]]:
+    """The profile the simulated engine runs on `gpu`, and the flags it ignored (Volta only)."""
+    if not gpu.is_volta:
+        return profile, []
+    ignored = [flag for flag in VOLTA_UNSUPPORTED if getattr(profile, flag)]
+    return replace(profile, **dict.fromkeys(ignored, False)), ignored
+
+
 def check_startup(config: EngineConfig) -> Plan:
     """The planner's plan, or EngineRefused with vLLM's wording for the first error."""
     plan = plan_deployment(config.model, config.profile, config.placement)
@@ -135,6 +152,8 @@ class SimEngine:
     """The scheduler, KV cache and step costs of one simulated deployment."""
 
     def __init__(self, config: EngineConfig) -> None:
+        profile, self.ignored_flags = supported_profile(config.profile, config.gpu)
+        config = replace(config, profile=profile)
         self.config = config
         self.plan = check_startup(config)
         profile = config.profile
@@ -154,6 +173,14 @@ class SimEngine:
         self.costs = StepCostModel(
             config.model, profile, config.gpu, nvlink=config.placement.nvlink_connected, host=config.host
         )
+
+    def warnings(self) -> list[str]:
+        """What the engine says at start about flags it ignores (the planner's findings)."""
+        return [
+            f"--{flag.replace('_', '-')} ignored on {self.config.gpu.display_name}: vLLM's feature × "
+            f"hardware table marks it unsupported on Volta (planner finding {VOLTA_UNSUPPORTED[flag]})"
+            for flag in self.ignored_flags
+        ]
 
     def describe(self) -> str:
         plan = self.plan

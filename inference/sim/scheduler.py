@@ -89,9 +89,8 @@ class StepPlan:
 
     def batch(self) -> BatchShape:
         """The step's totals, which is all the cost model needs (cheaper than `chunks`)."""
-        tokens = samples = kv_tokens = 0
-        pairs = 0.0
-        decode_only = True
+        tokens = samples = kv_tokens = prefill_tokens = 0
+        pairs = prefill_pairs = 0.0
         for request, n in self.scheduled:
             context = request.num_computed_tokens
             tokens += n
@@ -99,8 +98,10 @@ class StepPlan:
             if n == 1:
                 pairs += context + 1
             else:
-                decode_only = False
-                pairs += n * context + n * (n + 1) / 2
+                chunk_pairs = n * context + n * (n + 1) / 2
+                pairs += chunk_pairs
+                prefill_tokens += n
+                prefill_pairs += chunk_pairs
             if context + n >= request.num_tokens:
                 samples += 1
         return BatchShape(
@@ -109,7 +110,9 @@ class StepPlan:
             samples=samples,
             attention_pairs=pairs,
             kv_tokens=kv_tokens,
-            decode_only=decode_only,
+            decode_only=prefill_tokens == 0,
+            prefill_tokens=prefill_tokens,
+            prefill_attention_pairs=prefill_pairs,
         )
 
     @property

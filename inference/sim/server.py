@@ -292,6 +292,10 @@ class SimServer:
             stop_after=None if ignore_eos else natural_length(seed, max_tokens, min_tokens),
             context=stream,
         )
+        # The API server's per-request work (a calibrated host cost) before the engine sees it.
+        delay = self.engine.config.host.api_s_per_request / self.speedup
+        if delay > 0:
+            await asyncio.sleep(delay)
         self.engine.add(sim)
         self.wakeup.set()
         streaming = bool(body.get("stream", False))

@@ -73,6 +73,9 @@ def run_level(
     if concurrency < 1:
         raise InputError("concurrency", f"must be at least 1, got {concurrency}")
     engine = SimEngine(config)
+    # The API server's per-request work delays each request's arrival at the scheduler.
+    api_delay = config.host.api_s_per_request
+    arrivals: list[tuple[float, int, SimRequest]] = []  # (reaches the engine at, order, request)
     now = 0.0
     records: list[RequestRecord | None] = [None] * len(specs)
     next_spec = 0
@@ -106,7 +109,10 @@ def run_level(
             arrival_time=at,
             context=record,
         )
-        engine.add(request)
+        if api_delay > 0:
+            heapq.heappush(arrivals, (at + api_delay, index, request))
+        else:
+            engine.add(request)
 
     preemptions_at_start = 0
     while True:
@@ -115,25 +121,34 @@ def run_level(
         while sends and sends[0][0] <= now and next_spec < len(specs):
             heapq.heappop(sends)
             send(now)
+        while arrivals and arrivals[0][0] <= now:
+            engine.add(heapq.heappop(arrivals)[2])
         if not engine.has_work:
-            if not sends or next_spec >= len(specs):
+            upcoming = [arrivals[0][0]] if arrivals else []
+            if sends and next_spec < len(specs):
+                upcoming.append(sends[0][0])
+            if not upcoming:
                 break
-            now = max(now, sends[0][0])
+            now = max(now, min(upcoming))
             continue
         plan = engine.schedule()
-        duration = engine.step_time(plan).total_s
+        step = engine.step_time(plan)
+        duration = step.total_s
         if duration <= 0:  # nothing schedulable yet cannot happen with work queued; guard anyway
             raise RuntimeError("the scheduler made no progress")
         now += duration
+        # A step's tokens reach the API server once the CPU has launched the next step
+        # (docs/simulator.md, "The output lag"): only a host-bound step delays them.
+        delivered = now + step.output_lag_s
         outcome = engine.finish(plan)
         for request in outcome.sampled:
-            request.context.token_times.append(now)
+            request.context.token_times.append(delivered)
         for request in outcome.finished:
             record = request.context
             record.output_tokens = request.num_output_tokens
-            record.end = now
+            record.end = delivered
             if next_spec < len(specs):
-                heapq.heappush(sends, (now, order))
+                heapq.heappush(sends, (delivered, order))
                 order += 1
     done = [r for r in records if r is not None]
     measured = done[warmup:]

@@ -71,3 +71,15 @@ def test_it_creates_no_superuser_when_the_password_file_cannot_be_written(tmp_pa
     call_command("seed_demo", "--admin-password-file", str(tmp_path / "pw"))
     admin = get_user_model().objects.get(username="admin")
     assert admin.check_password((tmp_path / "pw").read_text().strip())
+
+
+def test_it_seeds_v100_profiles_without_the_features_vllm_marks_unsupported_on_volta():
+    from portal.deployments.services import profile_plan
+
+    call_command("seed_demo")
+    v100 = DeploymentProfile.objects.filter(target_gpu__startswith="v100")
+    assert v100.count() == 5
+    for profile in v100:
+        assert not profile.enable_chunked_prefill and not profile.enable_prefix_caching, profile.name
+        codes = {finding.code for finding in profile_plan(profile).findings}
+        assert not codes & {"chunked_prefill_on_volta", "prefix_caching_on_volta"}, profile.name

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from inference.hardware import get_gpu
 from inference.planner import Placement, ProfileSettings, Sizing, plan_deployment
 from inference.rules import Finding, validate
@@ -337,3 +339,39 @@ def test_it_refuses_a_token_budget_below_max_len_without_chunked_prefill():
 def test_it_accepts_a_token_budget_below_max_len_with_chunked_prefill():
     profile = sound(max_num_batched_tokens=2048, enable_chunked_prefill=True)
     assert "batched_tokens_below_max_len" not in findings(llama2_7b(), profile, node())
+
+
+def test_it_advises_a_larger_budget_not_chunked_prefill_on_a_v100():
+    profile = sound(max_num_batched_tokens=2048)
+
+    on_volta = findings(llama2_7b(), profile, node())["batched_tokens_below_max_len"].message
+    off_volta = findings(llama2_7b(), profile, node(A100_80))["batched_tokens_below_max_len"].message
+
+    assert "Enable chunked prefill" not in on_volta
+    assert "Raise max_num_batched_tokens to at least 4,096" in on_volta
+    assert "Enable chunked prefill" in off_volta
+
+
+# chunked_prefill_on_volta, prefix_caching_on_volta: vLLM's feature × hardware table
+
+
+@pytest.mark.parametrize(
+    ("flag", "code", "issue"),
+    [
+        ("enable_chunked_prefill", "chunked_prefill_on_volta", "vllm#2729"),
+        ("enable_prefix_caching", "prefix_caching_on_volta", "vllm#3687"),
+    ],
+)
+def test_it_warns_that_vllm_marks_the_feature_unsupported_on_volta(flag, code, issue):
+    finding = findings(llama2_7b(), sound(**{flag: True}), node())[code]
+
+    assert finding.level == "warning"
+    # It names its source, the vLLM versions it applies to, and how to check a node.
+    assert "docs/features/README.md" in finding.message and "Feature x Hardware" in finding.message
+    assert issue in finding.message and "vLLM 0.6 through the current docs" in finding.message
+    assert "start the profile on one V100 node" in finding.message
+
+
+@pytest.mark.parametrize("flag", ["enable_chunked_prefill", "enable_prefix_caching"])
+def test_it_keeps_quiet_about_those_features_off_volta(flag):
+    assert findings(llama2_7b(), sound(**{flag: True}), node(A100_80)) == {}

@@ -2,7 +2,8 @@
 
 Targets (issue 14): calibrated from the two lowest levels of the 7B llama-shaped model, the higher levels
 within ±15 % on output tok/s and ±20 % on mean TPOT, in eager and CUDA-graph mode; the same calibration
-on the GQA-shaped model (Mistral-7B) within the same bounds at every level.
+on the GQA-shaped model (Mistral-7B) within the same bounds at every level. Issue 24 adds mean TTFT
+within ±25 % at every level of both models (before it, TTFT was 33-63 % low at the low levels).
 """
 
 from __future__ import annotations
@@ -69,34 +70,41 @@ def predicted_vs_measured(model: str, mode: str, host, concurrency: int) -> tupl
     return result, level
 
 
+def assert_within_targets(result: dict, level) -> None:
+    assert result["output_throughput"] == pytest.approx(level.output_throughput, rel=0.15)
+    assert result["mean_tpot_ms"] == pytest.approx(level.mean_tpot_ms, rel=0.20)
+    assert result["mean_ttft_ms"] == pytest.approx(level.mean_ttft_ms, rel=0.25)
+
+
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("concurrency", [64, 256])
+@pytest.mark.parametrize("concurrency", [1, 16, 64, 256])
 def test_it_predicts_the_higher_levels_from_two_low_ones(calibrations, mode, concurrency):
     result, level = predicted_vs_measured(LLAMA, mode, calibrations[mode], concurrency)
 
-    assert result["output_throughput"] == pytest.approx(level.output_throughput, rel=0.15)
-    assert result["mean_tpot_ms"] == pytest.approx(level.mean_tpot_ms, rel=0.20)
+    assert_within_targets(result, level)
 
 
-NOISY_EAGER_ONE_USER = pytest.mark.xfail(
-    strict=True,
-    reason="Mistral's eager 1-user level (3 requests) ran 24.8 ms per token: slower than its own 16-user "
-    "level (24.0 ms) and than llama's 1-user level (20.6 ms) on the same 32-layer architecture, VM noise "
-    "no host constant can follow (predicted +17 % tok/s)",
-)
-
-
-@pytest.mark.parametrize(
-    ("mode", "concurrency"),
-    [pytest.param("eager", 1, marks=NOISY_EAGER_ONE_USER)]
-    + [("eager", c) for c in (16, 64, 256)]
-    + [("graphs", c) for c in (1, 16, 64, 256)],
-)
+# Mistral's eager 1-user level (3 requests, 24.8 ms per token, slower than its own 16-user level)
+# was a strict xfail at +17 % tok/s before issue 24. With the TTFT terms and the output lag the
+# eager fit explains llama's 1-user level differently and this level comes out at +13 %: it passes.
+@pytest.mark.parametrize(("mode", "concurrency"), [(m, c) for m in MODES for c in (1, 16, 64, 256)])
 def test_it_carries_the_calibration_to_a_gqa_model(calibrations, mode, concurrency):
     result, level = predicted_vs_measured(MISTRAL, mode, calibrations[mode], concurrency)
 
-    assert result["output_throughput"] == pytest.approx(level.output_throughput, rel=0.15)
-    assert result["mean_tpot_ms"] == pytest.approx(level.mean_tpot_ms, rel=0.20)
+    assert_within_targets(result, level)
+
+
+def test_it_fits_the_api_servers_per_request_work_and_a_prefill_rate_near_the_compute_estimate(
+    calibrations,
+):
+    # The low levels' TTFT gap (33-63 % before issue 24) is mostly the API server's work per
+    # request, ~10-25 ms on this VM; prefill runs near the model's compute estimate (the spread
+    # of TTFT over prompts of 438-2547 tokens says so).
+    for mode in MODES:
+        host = calibrations[mode]
+        assert 5e-3 <= host.api_s_per_request <= 40e-3, mode
+        factor = host.eager_prefill_factor if mode == "eager" else host.graph_prefill_factor
+        assert 0.8 <= factor <= 1.4, mode
 
 
 def test_it_fits_a_slow_hosts_eager_launches_and_keeps_the_gpu_physics(calibrations):
@@ -107,3 +115,49 @@ def test_it_fits_a_slow_hosts_eager_launches_and_keeps_the_gpu_physics(calibrati
     # With graphs the CPU hides under the GPU: the scheduling is what the 1-user TPOT shows.
     assert 0.5e-3 <= graphs.step_overhead_s <= 2e-3
     assert graphs.eager_launch_s_per_layer == DEFAULT_HOST_COSTS.eager_launch_s_per_layer
+
+
+# --- issue 24's held-out runs: calibrated from node acceptance's levels, a model nobody tuned on ---
+QWEN_14B = "qwen2.5-14b-instruct"
+
+
+def report(name: str) -> dict:
+    return json.loads((DATA / f"{name}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def acceptance_calibrations() -> dict:
+    """Per mode, fitted on the 7B's acceptance levels (short-qa, 1 and 16 users) as acceptance does."""
+    fits = {}
+    for mode in MODES:
+        accepted = report(f"accept-{LLAMA}-short-qa-{mode}")
+        levels = measured_levels(accepted)
+        fits[mode] = fit_host_costs(config(LLAMA, mode), load_mix(accepted["mix"]), levels).host
+    return fits
+
+
+EAGER_14B_LOW_LOAD = pytest.mark.xfail(
+    strict=True,
+    reason="the 14B's eager steps at 8 and 32 users are ~30 % longer than the 7B's acceptance levels "
+    "on the same node predict (TPOT 33 / 42 ms against 26 / 30 ms; tok/s +27 / +40 %): that node's "
+    "7B took 478 µs of eager launch work per layer, its 14B ~650; the per-layer cost did not carry "
+    "from 32 to 48 layers there (docs/simulator.md, 'Held out'); graphs and 128 users do",
+)
+
+
+@pytest.mark.parametrize(
+    ("mode", "concurrency"),
+    [("graphs", 8), ("graphs", 32), ("graphs", 128), ("eager", 128)]
+    + [pytest.param("eager", c, marks=EAGER_14B_LOW_LOAD) for c in (8, 32)],
+)
+def test_it_predicts_a_14b_gqa_model_under_a_mixed_workload_from_a_7b_acceptance(
+    acceptance_calibrations, mode, concurrency
+):
+    held_out = report(f"heldout-{QWEN_14B}-chat-mixed-{mode}")
+    [level] = [lv for lv in measured_levels(held_out) if lv.concurrency == concurrency]
+
+    [result] = simulate_levels(
+        config(QWEN_14B, mode, acceptance_calibrations[mode]), load_mix(held_out["mix"]), [level]
+    )
+
+    assert_within_targets(result, level)

@@ -107,7 +107,7 @@ class Command(BaseCommand):
         self.stdout.write("")
         self.stdout.write(
             "users | measured tok/s | predicted | calibrated | ratio"
-            " | measured TPOT ms | predicted | calibrated"
+            " | measured TPOT ms | predicted | calibrated | measured TTFT ms | predicted | calibrated"
         )
         for row in acceptance.levels:
             measured, predicted = row["measured"], row.get("predicted") or {}
@@ -123,6 +123,9 @@ class Command(BaseCommand):
                         _num(measured.get("mean_tpot_ms")),
                         _num(predicted.get("mean_tpot_ms")),
                         _num(calibrated.get("mean_tpot_ms")),
+                        _num(measured.get("mean_ttft_ms")),
+                        _num(predicted.get("mean_ttft_ms")),
+                        _num(calibrated.get("mean_ttft_ms")),
                     ]
                 )
             )

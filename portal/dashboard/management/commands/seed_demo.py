@@ -66,7 +66,9 @@ MODELS = [
     ("qwen2.5-7b-instruct", "qwen2.5-7b-instruct", "Qwen/Qwen2.5-7B-Instruct (bf16 weights)"),
 ]
 
-# The launch settings that worked (docs/v100-field-guide.md#launch-settings).
+# The launch settings that worked (docs/v100-field-guide.md#launch-settings), without chunked
+# prefill and prefix caching: vLLM's feature × hardware table marks both unsupported on Volta
+# (docs/v100-field-guide.md#feature-support-on-volta; the planner warns about them there).
 PROFILES = [
     {
         "name": "v100-7b-fp16-tp8",
@@ -77,8 +79,6 @@ PROFILES = [
         "tensor_parallel_size": 8,
         "max_model_len": 4096,  # Llama-2 has 4096 positions; the field guide's 8192 is for longer models
         "max_num_seqs": 256,
-        "enable_prefix_caching": True,
-        "enable_chunked_prefill": True,
     },
     {
         "name": "v100-13b-fp16-tp2",
@@ -89,7 +89,6 @@ PROFILES = [
         "tensor_parallel_size": 2,
         "max_model_len": 4096,
         "max_num_seqs": 64,
-        "enable_prefix_caching": True,
     },
     {
         "name": "v100-16g-27b-gptq",
@@ -104,7 +103,6 @@ PROFILES = [
         "max_model_len": 2048,
         "max_num_seqs": 8,
         "max_num_batched_tokens": 2048,
-        "enable_chunked_prefill": True,
         "quantization": "gptq",
     },
     {
@@ -116,7 +114,6 @@ PROFILES = [
         "tensor_parallel_size": 8,
         "max_model_len": 8192,
         "max_num_seqs": 32,
-        "enable_chunked_prefill": True,
         "quantization": "gptq",
     },
     {

@@ -24,6 +24,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from inference.loadgen.summary import format_table
+from inference.sim.costs import describe_calibration
 from portal.core.errors import ApplicationError
 from portal.deployments.management.commands.plan import Command as PlanCommand
 from portal.deployments.management.commands.plan import _flag
@@ -146,20 +147,20 @@ class Command(BaseCommand):
             )
             return
         if "fit" in result:
-            self.stdout.write("fitted on the measured levels (output tok/s, mean TPOT ms):")
+            self.stdout.write("fitted on the measured levels (output tok/s, mean TPOT ms, mean TTFT ms):")
             for level in result["fit"]["levels"]:
+                ttft, predicted_ttft = level.get("measured_mean_ttft_ms"), level.get("predicted_mean_ttft_ms")
                 self.stdout.write(
                     f"  {level['concurrency']:>4} users: measured {level['measured_output_throughput']:.1f}, "
-                    f"{level['measured_mean_tpot_ms']:.2f}; predicted "
+                    f"{level['measured_mean_tpot_ms']:.2f}, {ttft or 0:.1f}; predicted "
                     f"{level['predicted_output_throughput'] or 0:.1f}, "
-                    f"{level['predicted_mean_tpot_ms'] or 0:.2f}"
+                    f"{level['predicted_mean_tpot_ms'] or 0:.2f}, {predicted_ttft or 0:.1f}"
                 )
         calibrated = "fitted" if "fit" in result else ("saved" if calibration is not None else "uncalibrated")
         if options["node"] and calibration is not None and "fit" not in result:
             calibrated = f"node {options['node']}'s acceptance"
         self.stdout.write(
-            f"host costs ({calibrated}): "
-            + ", ".join(f"{name} {value * 1e6:.1f} µs" for name, value in result["calibration"].items())
+            f"host costs ({calibrated}): " + describe_calibration(result["calibration"])
         )
         self.stdout.write(format_table(result["levels"]))
         self.stdout.write("")

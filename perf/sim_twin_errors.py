@@ -1,0 +1,179 @@
+"""How far the simulator's twin is from recorded GPU runs: tok/s, mean TPOT and mean TTFT, per level.
+
+Reads `manage.py bench --json` reports recorded on a GPU node (default: tests/sim/data/h200/*.json),
+fits the node's host costs per mode (eager / CUDA graphs) on one model's levels (by default
+llama-2-7b-chat-hf at 1 and 16 users, the fixtures' acceptance levels), then predicts every
+recorded level of every report, with the request and warm-up counts it was measured with,
+uncalibrated and calibrated, and prints the errors as a markdown table (and `--json` for both).
+
+    .venv/bin/python perf/sim_twin_errors.py [--fit-model llama-2-7b-chat-hf] [--fit-levels 1,16]
+        [--data tests/sim/data/h200] [--json out.json]
+
+The profile of each report is read from its `engine.argv` (the vLLM command line it was served
+with); the GPU is an H200 unless `--gpu` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from inference.hardware import get_gpu  # noqa: E402
+from inference.hf_config import resolve_model_config  # noqa: E402
+from inference.loadgen.workloads import fit_to_context, load_mix  # noqa: E402
+from inference.planner import ProfileSettings  # noqa: E402
+from inference.sim.calibration import fit_host_costs, measured_levels  # noqa: E402
+from inference.sim.costs import DEFAULT_HOST_COSTS, describe_calibration  # noqa: E402
+from inference.sim.engine import EngineConfig, SimEngine  # noqa: E402
+from inference.sim.virtual import run_level  # noqa: E402
+
+
+def profile_from_argv(argv: str) -> ProfileSettings:
+    """The flags of a recorded vLLM command line that the simulator models."""
+    words = shlex.split(argv)
+    values: dict = {"dtype": "float16", "tensor_parallel_size": 1}
+
+    def value(flag: str) -> str | None:
+        return words[words.index(flag) + 1] if flag in words else None
+
+    for flag, name, kind in (
+        ("--tensor-parallel-size", "tensor_parallel_size", int),
+        ("--gpu-memory-utilization", "gpu_memory_utilization", float),
+        ("--max-num-seqs", "max_num_seqs", int),
+        ("--block-size", "block_size", int),
+        ("--max-model-len", "max_model_len", int),
+        ("--max-num-batched-tokens", "max_num_batched_tokens", int),
+    ):
+        if value(flag) is not None:
+            values[name] = kind(value(flag))
+    values["enable_prefix_caching"] = "--enable-prefix-caching" in words
+    values["enable_chunked_prefill"] = "--no-enable-chunked-prefill" not in words
+    values["enforce_eager"] = "--enforce-eager" in words
+    return ProfileSettings(**values)
+
+
+def load_report(path: Path) -> dict:
+    report = json.loads(path.read_text())
+    engine = report.get("engine") or {}
+    shape = engine.get("shape") or report["model"]
+    if shape.startswith("accept-"):  # node acceptance registers the reference as accept-<shape>-<dtype>
+        shape = shape.removeprefix("accept-").rsplit("-", 1)[0]
+    argv = engine.get("argv") or (
+        # An acceptance record carries no command line: its profile on a GPU is the fixtures' one
+        # (tests/sim/data/h200/README.md), eager or not as the record says.
+        "--max-model-len 4096 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9 "
+        "--max-num-seqs 256 --block-size 16" + (" --enforce-eager" if engine.get("enforce_eager") else "")
+    )
+    profile = profile_from_argv(argv)
+    mode = "eager" if profile.enforce_eager else "graphs"
+    return {"path": path, "report": report, "shape": shape, "profile": profile, "mode": mode}
+
+
+def simulate(config: EngineConfig, mix, level) -> dict:
+    """One measured level simulated with its own request and warm-up counts."""
+    engine = SimEngine(config)
+    warmup = level.warmup if level.warmup is not None else level.concurrency
+    sample = mix.sample(level.requests + warmup, seed=0)
+    specs = [fit_to_context(spec, engine.max_model_len) for spec in sample]
+    return run_level(config, specs, concurrency=level.concurrency, warmup=warmup).level
+
+
+def error(predicted: float | None, measured: float) -> float | None:
+    return None if not predicted else (predicted / measured - 1) * 100
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=str(ROOT / "tests/sim/data/h200"))
+    parser.add_argument("--fit-model", default="llama-2-7b-chat-hf", help="the shape the fit reports are of")
+    parser.add_argument("--fit-levels", default="1,16")
+    parser.add_argument("--fit-file-prefix", default="bench-", help="fit on reports whose names start so")
+    parser.add_argument("--gpu", default="h200-sxm-141gb")
+    parser.add_argument("--mode", choices=("eager", "graphs"), default=None, help="only this mode's reports")
+    parser.add_argument("--json", default=None)
+    options = parser.parse_args()
+    gpu = get_gpu(options.gpu)
+    fit_levels = [int(x) for x in options.fit_levels.split(",")]
+    reports = [load_report(path) for path in sorted(Path(options.data).glob("*.json"))]
+    reports = [item for item in reports if options.mode in (None, item["mode"])]
+
+    calibrations = {}
+    for item in reports:
+        if item["shape"] != options.fit_model or not item["path"].name.startswith(options.fit_file_prefix):
+            continue
+        config = EngineConfig(resolve_model_config(item["shape"]), item["profile"], gpu)
+        levels = measured_levels(item["report"], only=fit_levels)
+        started = time.monotonic()
+        fit = fit_host_costs(config, load_mix(item["report"]["mix"]), levels)
+        calibrations[item["mode"]] = fit.host
+        print(
+            f"{item['mode']}: fitted {describe_calibration(fit.host.as_dict())};"
+            f" {fit.evaluations} runs, {time.monotonic() - started:.0f} s",
+            file=sys.stderr,
+        )
+
+    rows = []
+    for item in reports:
+        model = resolve_model_config(item["shape"])
+        mix = load_mix(item["report"]["mix"])
+        for level in sorted(measured_levels(item["report"]), key=lambda lv: lv.concurrency):
+            raw = next(lv for lv in item["report"]["levels"] if lv.get("concurrency") == level.concurrency)
+            row = {
+                "file": item["path"].name,
+                "model": item["shape"],
+                "mode": item["mode"],
+                "users": level.concurrency,
+                "measured": {
+                    "tok_s": raw["output_throughput"],
+                    "tpot_ms": raw["mean_tpot_ms"],
+                    "ttft_ms": raw["mean_ttft_ms"],
+                },
+            }
+            for label, host in (("uncal", DEFAULT_HOST_COSTS), ("cal", calibrations.get(item["mode"]))):
+                if host is None:
+                    continue
+                result = simulate(EngineConfig(model, replace(item["profile"]), gpu, host=host), mix, level)
+                row[label] = {
+                    "tok_s": result["output_throughput"],
+                    "tpot_ms": result["mean_tpot_ms"],
+                    "ttft_ms": result["mean_ttft_ms"],
+                }
+            rows.append(row)
+
+    print("| run | mode | users | tok/s meas. | uncal. | cal. | TPOT ms meas. | uncal. | cal. "
+          "| TTFT ms meas. | uncal. | cal. |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        cells = [row["file"].removesuffix(".json").replace("-chat-hf", "").replace("-instruct-v0.3", ""),
+                 row["mode"], str(row["users"])]
+        for key, digits in (("tok_s", 0), ("tpot_ms", 1), ("ttft_ms", 0)):
+            measured = row["measured"][key]
+            cells.append(f"{measured:.{digits}f}")
+            for label in ("uncal", "cal"):
+                if label not in row:
+                    cells.append("–")
+                    continue
+                value = row[label][key]
+                miss = error(value, measured)
+                cells.append(f"{value:.{digits}f} ({miss:+.0f}%)" if miss is not None else "–")
+        print("| " + " | ".join(cells) + " |")
+    if options.json:
+        Path(options.json).write_text(
+            json.dumps(
+                {"calibration": {mode: host.as_dict() for mode, host in calibrations.items()}, "rows": rows},
+                indent=1,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
