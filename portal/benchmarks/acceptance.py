@@ -41,7 +41,7 @@ from inference.hardware import get_gpu
 from inference.loadgen import cli as bench_cli
 from inference.loadgen.sla import Sla, operating_point
 from inference.loadgen.workloads import load_mix
-from inference.tiny_model import resolve_shape, write_model_atomically
+from inference.tiny_model import TINY_SHAPE, resolve_shape, write_model_atomically
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
 from portal.deployments.selectors import gpus_held_on_node
@@ -142,11 +142,17 @@ def node_acceptances_expire(*, node: Node | None = None) -> list[int]:
     return expired
 
 
+def default_shape_for(node: Node) -> str:
+    """The reference shape a node is accepted with unless one is chosen: tiny on a CPU-only node,
+    where a 7B shape would be 27 GB of float32 weights in its RAM; a 7B on a GPU node."""
+    return TINY_SHAPE if node.is_cpu_only else DEFAULT_SHAPE
+
+
 def node_acceptance_request(
     *,
     node: Node,
     user=None,
-    shape: str = DEFAULT_SHAPE,
+    shape: str | None = None,
     layers: int | None = None,
     enforce_eager: bool = False,
     mix: str = DEFAULT_MIX,
@@ -159,7 +165,7 @@ def node_acceptance_request(
     """Check the options, claim the node (one running acceptance per node), record who asked,
     and with `send` queue the run on the node's agent once the claim is committed."""
     try:
-        shape, _ = resolve_shape(shape, layers=layers)
+        shape, _ = resolve_shape(shape or default_shape_for(node), layers=layers)
         load_mix(mix)
         if predict_gpu:
             predict_gpu = get_gpu(predict_gpu).key

@@ -6,9 +6,15 @@ from django import forms
 
 from inference.hardware import GPU_CATALOG
 from inference.loadgen.workloads import MAX_INLINE_CHARS, PRESETS
-from inference.tiny_model import TINY_SHAPE, shape_names
+from inference.tiny_model import shape_names
 
-from .acceptance import DEFAULT_CONCURRENCY, DEFAULT_MIX, DEFAULT_SHAPE, MAX_REQUESTS_PER_LEVEL
+from .acceptance import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_MIX,
+    DEFAULT_SHAPE,
+    MAX_REQUESTS_PER_LEVEL,
+    default_shape_for,
+)
 from .services import FIELD_GUIDE_7B_TABLE, MAX_SEED
 
 
@@ -120,8 +126,9 @@ class AcceptanceForm(forms.Form):
 
     def __init__(self, *args, node=None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if node is not None:
+            self.fields["shape"].initial = default_shape_for(node)
         if node is not None and node.is_cpu_only:
-            self.fields["shape"].initial = TINY_SHAPE
             self.fields["shape"].help_text += " A CPU node computes in float32: keep to tiny."
             self.fields["predict_gpu"].choices = [
                 ("", "none: no GPU here (measure only)"),

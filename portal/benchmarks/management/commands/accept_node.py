@@ -12,7 +12,7 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from inference.tiny_model import shape_names
+from inference.tiny_model import TINY_SHAPE, shape_names
 from portal.benchmarks.acceptance import (
     DEFAULT_CONCURRENCY,
     DEFAULT_MIX,
@@ -37,7 +37,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("node", help="node name")
         parser.add_argument(
-            "--shape", default=DEFAULT_SHAPE, help=f"{' | '.join(shape_names())} (default {DEFAULT_SHAPE})"
+            "--shape",
+            default=None,
+            help=f"{' | '.join(shape_names())} (default: {DEFAULT_SHAPE}; {TINY_SHAPE} on a CPU-only node)",
         )
         parser.add_argument("--layers", type=int, default=None, help="override the shape's layer count")
         parser.add_argument(
