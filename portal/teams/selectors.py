@@ -12,7 +12,7 @@ from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
 from portal.core.redis_client import gateway_redis, redis_keys
-from portal.registry.models import ModelVersion
+from portal.registry.models import ModelVersion, ServedModel
 
 from .models import (
     ApiKey,
@@ -36,11 +36,12 @@ def team_get_for_user(user, slug: str) -> Team:
 
 
 def model_names_for_team(team: Team) -> list[str]:
-    """Registered model names the team may call (its allowed list, else every registered model)."""
-    names = ModelVersion.objects.order_by("name").values_list("name", flat=True)
+    """Registered model and served names the team may call (its allowed list, else every one)."""
+    names = set(ModelVersion.objects.values_list("name", flat=True))
+    names |= set(ServedModel.objects.values_list("name", flat=True))
     if team.allowed_models:
-        names = names.filter(name__in=team.allowed_models)
-    return list(names)
+        names &= set(team.allowed_models)
+    return sorted(names)
 
 
 def api_keys_of(team: Team) -> QuerySet[ApiKey]:
