@@ -9,6 +9,7 @@ from portal.deployments.apis import DeploymentViewSet, PlanApi, ProfileViewSet, 
 from portal.gateway.not_found import unknown_path
 from portal.inventory.apis import GpuViewSet, NodeViewSet
 from portal.registry.apis import ConversionJobViewSet, ModelVersionViewSet
+from portal.rollouts.apis import RolloutViewSet
 
 router = DefaultRouter()
 router.register("nodes", NodeViewSet, basename="node")
@@ -19,6 +20,7 @@ router.register("profiles", ProfileViewSet, basename="profile")
 router.register("deployments", DeploymentViewSet, basename="deployment")
 router.register("teams", TeamViewSet, basename="team")
 router.register("benchmark-runs", BenchmarkRunViewSet, basename="benchmark-run")
+router.register("rollouts", RolloutViewSet, basename="rollout")
 
 urlpatterns = [
     path("favicon.ico", favicon, name="favicon"),

@@ -1,0 +1,86 @@
+"""The rollouts REST API: staff drive a rollout; members read the rollouts of the served names their
+team may call, and anyone else's is a 404 (the isolation contract)."""
+
+from __future__ import annotations
+
+from tests.conftest import api_client
+from tests.rollouts.conftest import shares_of
+
+URL = "/api/v1/rollouts/"
+
+
+def test_staff_start_pause_resume_and_roll_back_a_rollout(pair, alice):
+    client = api_client(alice)
+    started = client.post(
+        URL,
+        {
+            "served_model": pair.served.name,
+            "to_deployment": pair.new.name,
+            "from_deployment": pair.old.name,
+            "steps": [[10, 5], [100, 5]],
+        },
+        format="json",
+    )
+    assert started.status_code == 201, started.content
+    body = started.json()
+    assert body["state"] == "warming"
+    assert body["shares_percent"] == {pair.old.model_version.name: 100.0, pair.new.model_version.name: 0.0}
+    assert body["steps"] == [{"share_percent": 10, "minutes": 5}, {"share_percent": 100, "minutes": 5}]
+    rollout_url = f"{URL}{body['id']}/"
+
+    assert client.post(f"{rollout_url}pause/").json()["state"] == "paused"
+    again = client.post(f"{rollout_url}pause/")
+    assert again.status_code == 400 and "cannot be paused" in again.json()["state"][0]
+    assert client.post(f"{rollout_url}resume/").json()["state"] == "warming"
+    rolled = client.post(f"{rollout_url}rollback/", {"reason": "wrong adapter"}, format="json").json()
+    assert rolled["state"] == "rolled_back"
+    assert [e["kind"] for e in rolled["events"]] == ["start", "pause", "resume", "roll_back"]
+    assert rolled["events"][-1]["actor_repr"] == "alice"
+    assert shares_of(pair.served)[pair.new.model_version.name] == 0
+
+
+def test_it_refuses_bad_steps_with_a_message_naming_the_field(pair, alice):
+    response = api_client(alice).post(
+        URL,
+        {
+            "served_model": pair.served.name,
+            "to_deployment": pair.new.name,
+            "steps": [[10, 5], [100, 100_000]],
+        },
+        format="json",
+    )
+    assert response.status_code == 400
+    assert "1 to 1440 minutes" in response.json()["steps"][0]
+
+
+def test_members_read_but_never_write(pair, alice, bob, team):
+    from portal.rollouts.services import rollout_start
+
+    rollout = rollout_start(served_model=pair.served, to_deployment=pair.new, actor=alice)
+    member = api_client(bob)  # bob is in team "search", which may call every name
+    assert member.get(f"{URL}{rollout.pk}/").json()["state"] == "warming"
+    assert [r["id"] for r in member.get(URL).json()["results"]] == [rollout.pk]
+    for verb in ("pause", "resume", "promote", "rollback"):
+        assert member.post(f"{URL}{rollout.pk}/{verb}/").status_code == 403
+    refused = member.post(
+        URL, {"served_model": pair.served.name, "to_deployment": pair.new.name}, format="json"
+    )
+    assert refused.status_code == 403
+
+
+def test_a_rollout_of_a_name_the_team_may_not_call_is_a_404(pair, alice, charlie, bob, team):
+    from portal.rollouts.services import rollout_start
+    from portal.teams.models import Team
+
+    rollout = rollout_start(served_model=pair.served, to_deployment=pair.new, actor=alice)
+    other = Team.objects.create(name="Ads", slug="ads", allowed_models=["chat-elsewhere"])
+    other.members.add(charlie)
+    outsider = api_client(charlie)
+    assert outsider.get(f"{URL}{rollout.pk}/").status_code == 404
+    assert outsider.get(URL).json()["results"] == []
+    # Allowed the served name: the rollout appears.
+    other.allowed_models = [pair.served.name]
+    other.save()
+    assert outsider.get(f"{URL}{rollout.pk}/").status_code == 200
+    # Nobody signed in: nothing at all.
+    assert api_client().get(URL).status_code in (401, 403)
