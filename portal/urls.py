@@ -8,7 +8,7 @@ from portal.core.views import favicon
 from portal.deployments.apis import DeploymentViewSet, PlanApi, ProfileViewSet, TeamViewSet
 from portal.gateway.not_found import unknown_path
 from portal.inventory.apis import GpuViewSet, NodeViewSet
-from portal.registry.apis import ConversionJobViewSet, ModelVersionViewSet
+from portal.registry.apis import ConversionJobViewSet, ModelVersionViewSet, ServedModelViewSet
 from portal.rollouts.apis import RolloutViewSet
 
 router = DefaultRouter()
@@ -20,6 +20,7 @@ router.register("profiles", ProfileViewSet, basename="profile")
 router.register("deployments", DeploymentViewSet, basename="deployment")
 router.register("teams", TeamViewSet, basename="team")
 router.register("benchmark-runs", BenchmarkRunViewSet, basename="benchmark-run")
+router.register("served-models", ServedModelViewSet, basename="served-model")
 router.register("rollouts", RolloutViewSet, basename="rollout")
 
 urlpatterns = [

@@ -84,3 +84,29 @@ def test_a_rollout_of_a_name_the_team_may_not_call_is_a_404(pair, alice, charlie
     assert outsider.get(f"{URL}{rollout.pk}/").status_code == 200
     # Nobody signed in: nothing at all.
     assert api_client().get(URL).status_code in (401, 403)
+
+
+def test_staff_create_a_served_name_and_set_its_shares_in_percent(pair, alice, bob):
+    old, new = pair.old.model_version.name, pair.new.model_version.name
+    staff = api_client(alice)
+    created = staff.post(
+        "/api/v1/served-models/", {"name": "chat-api", "shares": {old: 99.5, new: 0.5}}, format="json"
+    )
+    assert created.status_code == 201, created.content
+    assert created.json()["shares_percent"] == {old: 99.5, new: 0.5}
+    wrong = staff.post(
+        "/api/v1/served-models/chat-api/shares/", {"shares": {old: 70, new: 20}}, format="json"
+    )
+    assert wrong.status_code == 400 and "add up to 90 %" in wrong.json()["versions"][0]
+    moved = staff.post(
+        "/api/v1/served-models/chat-api/shares/", {"shares": {old: 30, new: 70}}, format="json"
+    )
+    assert moved.json()["shares_percent"] == {old: 30.0, new: 70.0}
+    member = api_client(bob)
+    assert member.get("/api/v1/served-models/chat-api/").status_code == 200
+    assert (
+        member.post(
+            "/api/v1/served-models/chat-api/shares/", {"shares": {old: 100}}, format="json"
+        ).status_code
+        == 403
+    )
