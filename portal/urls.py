@@ -41,5 +41,6 @@ urlpatterns = [
     path("teams/", include("portal.teams.urls")),
     path("teams/", include("portal.playground.urls")),
     path("benchmarks/", include("portal.benchmarks.urls")),
+    path("rollouts/", include("portal.rollouts.urls")),
     path("", include("portal.dashboard.urls")),
 ]

@@ -1,0 +1,58 @@
+"""The rollout page and the deployment page's line about a rollout in progress."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from django.utils import timezone
+
+from tests.rollouts.conftest import measured
+
+
+def test_the_rollout_page_shows_steps_shares_measurements_and_buttons(pair, alice, client):
+    from portal.rollouts.services import rollout_evaluate, rollout_start
+
+    rollout = rollout_start(
+        served_model=pair.served, to_deployment=pair.new, from_deployment=pair.old, steps=[[10, 5], [100, 5]]
+    )
+    t0 = timezone.now()
+    rollout_evaluate(rollout=rollout, now=t0 - dt.timedelta(seconds=1))
+    measured(pair.new, t0, requests=12, errors=1, ttft_ms=812)
+    measured(pair.old, t0, requests=108, ttft_ms=640)
+    client.force_login(alice)
+    page = client.get(f"/rollouts/{rollout.pk}/").content.decode()
+    assert "10.00 %" in page and "90.00 %" in page  # the live shares
+    assert "812 ms" in page and "640 ms" in page  # both versions this step
+    assert "SLA 3000 ms" in page
+    assert "Roll back" in page and "Pause" in page
+
+    response = client.post(f"/rollouts/{rollout.pk}/pause/")
+    assert response.status_code == 302
+    rollout.refresh_from_db()
+    assert rollout.state == "paused"
+
+    deployment_page = client.get(pair.new.get_absolute_url()).content.decode()
+    assert "Rollout in progress" in deployment_page and f"/rollouts/{rollout.pk}/" in deployment_page
+
+
+def test_members_see_no_buttons_and_cannot_post(pair, alice, bob, client):
+    from portal.rollouts.services import rollout_start
+
+    rollout = rollout_start(served_model=pair.served, to_deployment=pair.new, actor=alice)
+    client.force_login(bob)
+    page = client.get(f"/rollouts/{rollout.pk}/").content.decode()
+    assert "Roll back" not in page
+    assert client.post(f"/rollouts/{rollout.pk}/rollback/").status_code == 403
+    rollout.refresh_from_db()
+    assert rollout.state == "warming"
+
+
+def test_another_teams_member_gets_a_404(pair, alice, charlie, client):
+    from portal.rollouts.services import rollout_start
+    from portal.teams.models import Team
+
+    rollout = rollout_start(served_model=pair.served, to_deployment=pair.new, actor=alice)
+    Team.objects.create(name="Ads", slug="ads", allowed_models=["else"]).members.add(charlie)
+    client.force_login(charlie)
+    assert client.get(f"/rollouts/{rollout.pk}/").status_code == 404
+    assert client.post(f"/rollouts/{rollout.pk}/rollback/").status_code == 404
