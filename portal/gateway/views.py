@@ -282,6 +282,7 @@ async def _serve(request, ex: Exchange, *, chat: bool):
         replica = remaining.pop(check_slot_grant(placement, parsed.model, batch=caller.is_batch))
         ex.placed = True
         ex.deployment_id, ex.replica_slots = replica.id, placement.slots
+        ex.tried_deployment_id = replica.id
         placement = None
         ex.hold([limiter.inflight_key(replica.id)], slot_members(ex.request_id, ex.replica_slots))
         ex.hold([limiter.long_key(replica.id)])

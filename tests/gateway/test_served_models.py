@@ -4,6 +4,7 @@ and usage tells which version served each request (through its deployment)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 import uuid
 from collections import Counter
@@ -142,3 +143,73 @@ def test_it_refuses_a_version_named_like_a_served_name(db, llama7b):
     served_model_create(name="chat-y", shares={llama7b.name: 10_000})
     with pytest.raises(ApplicationError, match="served model name"):
         model_version_create(name="chat-y", config=bundled_config("llama-2-7b-chat-hf"))
+
+
+@pytest.mark.slow  # a gateway of its own with a one-second route cache, and a failing upstream
+def test_a_failing_new_version_is_rolled_back_from_its_gateway_errors(
+    team, cpu_node, fake_upstream, gw_redis, transactional_db, tmp_path, settings
+):
+    """The whole chain on real components: the gateway's usage records → the latency rollup → the
+    rollout's evaluation → shares → the gateway sends nothing more to the new version."""
+    from portal.observability.services import latency_rollup
+    from portal.registry.services import served_model_create
+    from portal.rollouts.services import rollout_evaluate, rollout_start
+    from portal.teams.services import api_key_create, usage_flush
+    from tests.gateway.conftest import spawn_fake_upstream, start_gateway, stop, wait_until
+
+    settings.ROLLOUT_MIN_REQUESTS = 5
+    broken_url, broken = spawn_fake_upstream(5, "--status", "500")
+    gateway, process = start_gateway(tmp_path / "gateway.log", GATEWAY_CACHE_S="1")
+    try:
+        old = make_setup(team=team, node=cpu_node, upstream=fake_upstream)
+        new = _second_version(old, broken_url)
+        name = f"chat-{uuid.uuid4().hex[:8]}"
+        served = served_model_create(name=name, shares={old.model: 10_000})
+        _, token = api_key_create(team=team, name="rollout", allowed_models=[name])
+        headers = {"Authorization": f"Bearer {token}"}
+        rollout = rollout_start(
+            served_model=served,
+            to_deployment=new.deployment,
+            from_deployment=old.deployment,
+            steps=[[50, 1], [100, 1]],
+        )
+        assert rollout_evaluate(rollout=rollout) == "serving"  # 50 % to the new version
+
+        def call() -> httpx.Response:
+            return httpx.post(
+                f"{gateway.url}/v1/chat/completions",
+                headers=headers,
+                json=chat_body(name, max_tokens=1),
+                timeout=30,
+            )
+
+        statuses = Counter(call().status_code for _ in range(40))
+        assert statuses[502] >= 5 and statuses[200] >= 5, statuses  # the new version fails its share
+
+        usage_flush()
+        from django.utils import timezone
+
+        from portal.teams.models import Usage
+
+        # A request that failed on every replica is recorded against the last one it tried.
+        failed = Usage.objects.filter(model=name, status="upstream_error")
+        assert failed.count() == statuses[502]
+        assert set(failed.values_list("deployment_id", flat=True)) == {new.deployment.pk}
+
+        now = timezone.now()
+        latency_rollup(since=now - dt.timedelta(minutes=2), until=now + dt.timedelta(minutes=1))
+        assert rollout_evaluate(rollout=rollout) == "rolled_back"  # one evaluation
+        rollout.refresh_from_db()
+        assert "error rate 100.0%" in rollout.reason
+        assert rollout.measurements["new"]["errors"] == statuses[502]
+
+        # Within the route cache interval every request goes to the old version again.
+        wait_until(
+            lambda: all(call().json().get("model") == old.model for _ in range(5)),
+            timeout=30,
+            what="the old version serving alone",
+        )
+        assert Counter(call().status_code for _ in range(30)) == Counter({200: 30})
+    finally:
+        stop(process)
+        stop(broken)
