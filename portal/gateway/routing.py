@@ -103,6 +103,8 @@ def _load_route(model: str) -> Route:
     served = ServedModel.objects.filter(name=model).first()
     if served is not None:
         return _load_served_route(served)
+    if ModelVersion.objects.filter(name=model, callable_by_name=False).exists():
+        return Route(model, False, (), None)  # reachable through a served name only: unknown by its own
     return _load_version_route(model)
 
 
@@ -149,11 +151,8 @@ async def route_for(model: str) -> Route:
 
 def _load_served() -> list[tuple[str, int, bool]]:
     close_old_connections()
-    reachable = set(
-        Deployment.objects.filter(state="serving")
-        .exclude(endpoint_url="")
-        .values_list("model_version__name", "team_id", "shared")
-    )
+    serving = Deployment.objects.filter(state="serving").exclude(endpoint_url="")
+    reachable = set(serving.values_list("model_version__name", "team_id", "shared"))
     # A served name is reachable where one of its versions with a share is.
     by_version: dict[str, list[str]] = {}
     for served, version in ServedModelVersion.objects.filter(share_bp__gt=0).values_list(
@@ -163,7 +162,8 @@ def _load_served() -> list[tuple[str, int, bool]]:
     names = {
         (name, team, shared) for version, team, shared in reachable for name in by_version.get(version, ())
     }
-    return sorted(reachable | names)
+    hidden = set(ModelVersion.objects.filter(callable_by_name=False).values_list("name", flat=True))
+    return sorted({row for row in reachable if row[0] not in hidden} | names)
 
 
 async def served_models(team_id: int) -> list[str]:

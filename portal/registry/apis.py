@@ -36,6 +36,7 @@ class ModelVersionSerializer(serializers.ModelSerializer):
             "config",
             *DERIVED_FIELDS,
             "smoke_expected_substring",
+            "callable_by_name",
             "created_at",
         ]
         read_only_fields = DERIVED_FIELDS

@@ -78,6 +78,11 @@ class ModelVersion(models.Model):
         help_text="Recorded from a running server's /v1/models (register_endpoint): only its name and "
         "max model length are known, so the planner cannot plan it.",
     )
+    callable_by_name = models.BooleanField(
+        default=True,
+        help_text="Clients may call it by its own name. Off: only through a served model name (a rollout's "
+        "versions that clients should not pin).",
+    )
     smoke_expected_substring = models.CharField(
         max_length=200, blank=True, help_text="A smoke-test reply must contain this (blank: any sane reply)."
     )

@@ -213,3 +213,31 @@ def test_a_failing_new_version_is_rolled_back_from_its_gateway_errors(
     finally:
         stop(process)
         stop(broken)
+
+
+def test_a_version_ops_hide_is_callable_only_through_the_served_name(gateway, split):
+    from portal.registry.models import ModelVersion
+
+    name, _, new, headers = split
+    ModelVersion.objects.filter(name=new.model).update(callable_by_name=False)  # before any route load
+    refused = httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        headers=headers,
+        json=chat_body(new.model, max_tokens=1),
+        timeout=30,
+    )
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"
+    listed = {
+        m["id"] for m in httpx.get(f"{gateway.url}/v1/models", headers=headers, timeout=30).json()["data"]
+    }
+    assert listed == {name}
+    served_by = {
+        httpx.post(
+            f"{gateway.url}/v1/chat/completions",
+            headers=headers,
+            json=chat_body(name, max_tokens=1),
+            timeout=30,
+        ).json()["model"]
+        for _ in range(20)
+    }
+    assert new.model in served_by  # 70 % of 20 draws: it still serves the served name

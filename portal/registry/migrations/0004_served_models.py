@@ -12,6 +12,11 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AddField(
+            model_name='modelversion',
+            name='callable_by_name',
+            field=models.BooleanField(default=True, help_text="Clients may call it by its own name. Off: only through a served model name (a rollout's versions that clients should not pin)."),
+        ),
         migrations.CreateModel(
             name='ServedModel',
             fields=[
