@@ -110,3 +110,13 @@ def test_staff_create_a_served_name_and_set_its_shares_in_percent(pair, alice, b
         ).status_code
         == 403
     )
+
+
+def test_staff_turn_a_versions_own_name_off(pair, alice):
+    name = pair.new.model_version.name
+    response = api_client(alice).patch(
+        f"/api/v1/model-versions/{name}/", {"callable_by_name": False}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    pair.new.model_version.refresh_from_db()
+    assert pair.new.model_version.callable_by_name is False
