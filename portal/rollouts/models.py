@@ -46,6 +46,13 @@ class Rollout(models.Model):
     state = models.CharField(max_length=12, choices=RolloutState.choices, default=RolloutState.WARMING)
     reason = models.TextField(blank=True, help_text="Why it ended (or paused), with the numbers.")
     measurements = models.JSONField(default=dict, blank=True, help_text="The last evaluation's windows.")
+    # The deployment that left the traffic (the new one on a roll-back, the old one on promotion) is
+    # asked to stop one gateway route-cache interval later: until every gateway process has seen its
+    # share at 0, requests may still reach it, and a stopped server would fail them.
+    stop_deployment = models.ForeignKey(
+        "deployments.Deployment", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    stop_due_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )

@@ -215,9 +215,29 @@ def _enter_step(
     return True
 
 
-def _stop(deployment: Deployment | None, *, actor=None) -> None:
-    if deployment is not None and not deployment.adopted and deployment.desired_state != DesiredState.STOPPED:
-        deployment_request_stop(deployment=deployment, user=actor)  # the agent drains it, then stops it
+def _stop_later(deployment: Deployment | None) -> dict:
+    """The fields that ask the next tick past one route-cache interval to stop `deployment`."""
+    if deployment is None or deployment.adopted:
+        return {}
+    due = timezone.now() + dt.timedelta(seconds=settings.GATEWAY_CACHE_S + 1)
+    return {"stop_deployment": deployment, "stop_due_at": due}
+
+
+def rollouts_stop_due(*, now: dt.datetime | None = None) -> list[int]:
+    """Ask the deployments whose stop is due to stop (the agent drains in-flight streams first);
+    each claimed once by clearing `stop_due_at`. Returns the rollouts handled."""
+    now = now or timezone.now()
+    done = []
+    for rollout in Rollout.objects.filter(stop_due_at__lte=now).select_related("stop_deployment"):
+        with transaction.atomic():
+            if Rollout.objects.filter(pk=rollout.pk, stop_due_at__isnull=False).update(stop_due_at=None) != 1:
+                continue
+            deployment = rollout.stop_deployment
+            if deployment is not None and deployment.desired_state != DesiredState.STOPPED:
+                deployment_request_stop(deployment=deployment)
+                _event(rollout, "stop", f"{deployment.name} asked to stop: it takes no traffic any more")
+            done.append(rollout.pk)
+    return done
 
 
 def _roll_back(rollout: Rollout, *, reason: str, data: dict, from_states, from_step, actor=None) -> bool:
@@ -230,10 +250,10 @@ def _roll_back(rollout: Rollout, *, reason: str, data: dict, from_states, from_s
             reason=reason,
             measurements=data,
             finished_at=timezone.now(),
+            **_stop_later(rollout.to_deployment),
         ):
             return False
         _set_new_share(rollout, 0, actor=actor, reason=f"rollout {rollout.pk} rolled back")
-        _stop(rollout.to_deployment, actor=actor)
         _event(rollout, "roll_back", reason, actor=actor, data=data)
     return True
 
@@ -247,10 +267,10 @@ def _promote(rollout: Rollout, *, from_states, from_step, actor=None, data: dict
             state=RolloutState.PROMOTED,
             reason="",
             finished_at=timezone.now(),
+            **_stop_later(rollout.from_deployment),
         ):
             return False
         _set_new_share(rollout, 100, actor=actor, reason=f"rollout {rollout.pk} promoted")
-        _stop(rollout.from_deployment, actor=actor)
         _event(
             rollout,
             "promote",
@@ -337,6 +357,11 @@ def rollout_evaluate(*, rollout: Rollout, now: dt.datetime | None = None) -> str
 def rollouts_advance_all(*, now: dt.datetime | None = None) -> dict[int, str]:
     """Evaluate every active rollout once (the beat task); one failing rollout does not stop the rest."""
     done = {}
+    try:
+        for pk in rollouts_stop_due(now=now):
+            done[pk] = "stop"
+    except Exception:
+        log.exception("rollouts: asking deployments to stop failed; the next tick tries again")
     for rollout in Rollout.objects.filter(state__in=[RolloutState.WARMING, RolloutState.STEPPING]):
         try:
             done[rollout.pk] = rollout_evaluate(rollout=rollout, now=now)

@@ -75,10 +75,26 @@ def test_a_good_rollout_steps_up_and_is_promoted(pair):
     measured(pair.new, t1, requests=300)
     assert rollout_evaluate(rollout=rollout, now=t1 + dt.timedelta(seconds=61)) == "promoted"
     rollout.refresh_from_db()
-    pair.old.refresh_from_db()
     assert rollout.state == "promoted" and rollout.finished_at is not None
-    assert pair.old.desired_state == "stopped"  # the old version drains and stops
-    assert _kinds(rollout) == ["start", "step", "step", "promote"]
+    _assert_stopped_after_the_route_cache(rollout, pair.old)
+    assert _kinds(rollout) == ["start", "step", "step", "promote", "stop"]
+
+
+def _assert_stopped_after_the_route_cache(rollout, deployment) -> None:
+    """The deployment that left the traffic is asked to stop once every gateway process has seen
+    its share at 0 (one GATEWAY_CACHE_S later), once, by the next tick past that."""
+    from django.conf import settings
+
+    from portal.rollouts.services import rollouts_stop_due
+
+    deployment.refresh_from_db()
+    assert deployment.desired_state == "running"  # gateways may still send it a request now
+    assert rollouts_stop_due(now=timezone.now()) == []
+    due = timezone.now() + dt.timedelta(seconds=settings.GATEWAY_CACHE_S + 2)
+    assert rollouts_stop_due(now=due) == [rollout.pk]
+    assert rollouts_stop_due(now=due) == []  # claimed once
+    deployment.refresh_from_db()
+    assert deployment.desired_state == "stopped"  # the agent drains it, then stops it
 
 
 def test_a_step_without_enough_traffic_holds(pair, settings):
@@ -103,15 +119,14 @@ def test_a_breach_of_the_sla_rolls_back_within_one_evaluation(pair):
 
     assert rollout_evaluate(rollout=rollout, now=t0 + dt.timedelta(seconds=20)) == "rolled_back"
     rollout.refresh_from_db()
-    pair.new.refresh_from_db()
-    pair.old.refresh_from_db()
     assert shares_of(pair.served) == {pair.old.model_version.name: 10_000, pair.new.model_version.name: 0}
     assert rollout.state == "rolled_back"
     assert "P95 TTFT 5000 ms > SLA 3000 ms" in rollout.reason
     assert rollout.measurements["new"]["p95_ttft_ms"] == 5000.0  # the numbers it decided on
-    assert pair.new.desired_state == "stopped"  # drained and stopped
-    assert pair.old.desired_state == "running"
     assert _kinds(rollout)[-1] == "roll_back"
+    _assert_stopped_after_the_route_cache(rollout, pair.new)
+    pair.old.refresh_from_db()
+    assert pair.old.desired_state == "running"
 
 
 def test_errors_above_the_old_versions_roll_back(pair):
