@@ -56,3 +56,28 @@ def test_another_teams_member_gets_a_404(pair, alice, charlie, client):
     client.force_login(charlie)
     assert client.get(f"/rollouts/{rollout.pk}/").status_code == 404
     assert client.post(f"/rollouts/{rollout.pk}/rollback/").status_code == 404
+
+
+def test_the_team_usage_page_reads_a_served_name_per_version(pair, team, bob, client):
+    from portal.teams.models import Usage
+    from portal.teams.services import api_key_create
+
+    key, _ = api_key_create(team=team, name="k")
+    for deployment, status, n in (
+        (pair.old, "completed", 3),
+        (pair.new, "completed", 2),
+        (pair.new, "upstream_error", 1),
+    ):
+        for _ in range(n):
+            Usage.objects.create(
+                team=team, api_key=key, model=pair.served.name, deployment=deployment, status=status,
+                http_status=200 if status == "completed" else 502, created_at=timezone.now(),
+                prompt_tokens=10, completion_tokens=5, duration_ms=10.0,
+            )  # fmt: skip
+    from portal.teams.selectors import usage_today_by_version
+
+    rows = {(r["version"], r["requests"], r["errors"]) for r in usage_today_by_version(team)}
+    assert rows == {(pair.old.model_version.name, 3, 0), (pair.new.model_version.name, 3, 1)}
+    client.force_login(bob)
+    page = client.get(f"/teams/{team.slug}/usage/").content.decode()
+    assert "Today by model and version" in page and pair.new.model_version.name in page
