@@ -60,10 +60,13 @@ def _set_new_share(rollout: Rollout, percent: int, *, actor=None, reason: str) -
     return shares
 
 
-def _claim(rollout: Rollout, *, states, step: int | object | None = ..., **updates) -> bool:
-    """Move the row only if it is still in one of `states` (and at `step`, when given)."""
+ANY_STEP = object()  # a claim that does not depend on the step (an operator's action)
+
+
+def _claim(rollout: Rollout, *, states, step: object = ANY_STEP, **updates) -> bool:
+    """Move the row only if it is still in one of `states` (and at `step`, unless ANY_STEP)."""
     rows = Rollout.objects.filter(pk=rollout.pk, state__in=list(states))
-    if step is not ...:
+    if step is not ANY_STEP:
         rows = rows.filter(current_step=step)
     claimed = rows.update(**updates, updated_at=timezone.now()) == 1
     if claimed:
@@ -420,7 +423,7 @@ def rollout_promote(*, rollout: Rollout, actor=None) -> Rollout:
     if not _promote(
         rollout,
         from_states=[RolloutState.STEPPING, RolloutState.PAUSED, RolloutState.WARMING],
-        from_step=...,
+        from_step=ANY_STEP,
         actor=actor,
     ):
         raise _not_now(rollout, "promoted")
@@ -432,7 +435,7 @@ def rollout_rollback(*, rollout: Rollout, actor=None, reason: str = "") -> Rollo
     rollout = _refresh(rollout)
     why = f"rolled back by {_actor_repr(actor)}" + (f": {reason[:300]}" if reason else "")
     if not _roll_back(
-        rollout, reason=why, data={}, from_states=ACTIVE_ROLLOUT_STATES, from_step=..., actor=actor
+        rollout, reason=why, data={}, from_states=ACTIVE_ROLLOUT_STATES, from_step=ANY_STEP, actor=actor
     ):
         raise _not_now(rollout, "rolled back")
     return rollout
