@@ -14,6 +14,7 @@ from django.views.decorators.http import require_POST
 from portal.core.errors import ApplicationError
 
 from . import services
+from .forms import RolloutStartForm
 from .models import RolloutState
 from .selectors import rollouts_visible_to
 
@@ -23,6 +24,29 @@ ACTIONS = {
     "promote": services.rollout_promote,
     "rollback": services.rollout_rollback,
 }
+
+
+@login_required
+def rollout_list(request):
+    return render(
+        request, "rollouts/rollout_list.html", {"rollouts": rollouts_visible_to(request.user)[:200]}
+    )
+
+
+@login_required
+def rollout_new(request):
+    if not request.user.is_staff:
+        raise PermissionDenied
+    form = RolloutStartForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            rollout = services.rollout_start(**form.cleaned_data, actor=request.user)
+        except ApplicationError as error:
+            form.add_error(error.field if error.field in form.fields else None, error.message)
+        else:
+            messages.success(request, "Rollout started: the new version gets traffic once it serves")
+            return redirect(reverse("rollouts:rollout-detail", args=[rollout.pk]))
+    return render(request, "rollouts/rollout_new.html", {"form": form})
 
 
 @login_required

@@ -81,3 +81,30 @@ def test_the_team_usage_page_reads_a_served_name_per_version(pair, team, bob, cl
     client.force_login(bob)
     page = client.get(f"/teams/{team.slug}/usage/").content.decode()
     assert "Today by model and version" in page and pair.new.model_version.name in page
+
+
+def test_staff_start_a_rollout_from_the_page_and_see_it_listed(pair, alice, client):
+    from portal.rollouts.models import Rollout
+
+    client.force_login(alice)
+    assert "Start" in client.get("/rollouts/new/").content.decode()
+    bad = client.post(
+        "/rollouts/new/",
+        {"served_model": pair.served.name, "to_deployment": pair.new.name, "steps": "10x5, 50x5"},
+    )
+    assert "last step must send 100" in bad.content.decode()
+    response = client.post(
+        "/rollouts/new/",
+        {"served_model": pair.served.name, "to_deployment": pair.new.name, "from_deployment": pair.old.name,
+         "steps": "10% x 5, 100x5 min"},
+    )  # fmt: skip
+    rollout = Rollout.objects.get()
+    assert response.status_code == 302 and response["Location"] == f"/rollouts/{rollout.pk}/"
+    assert rollout.steps == [{"share_percent": 10, "minutes": 5}, {"share_percent": 100, "minutes": 5}]
+    assert pair.served.name in client.get("/rollouts/").content.decode()
+
+
+def test_members_cannot_open_the_start_form(bob, client):
+    client.force_login(bob)
+    assert client.get("/rollouts/new/").status_code == 403
+    assert client.get("/rollouts/").status_code == 200
