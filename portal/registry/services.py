@@ -95,6 +95,7 @@ def model_version_create(
     source: str = "",
     revision: str = "",
     smoke_expected_substring: str = "",
+    callable_by_name: bool = True,
 ) -> ModelVersion:
     """Register a model version from its config.json (facts are derived, never typed in)."""
     arch = parse_config(config)
@@ -109,6 +110,7 @@ def model_version_create(
         revision=revision,
         config=config,
         smoke_expected_substring=smoke_expected_substring,
+        callable_by_name=callable_by_name,
         **arch_fields(arch),
     )
     clean_or_raise(version, exclude=["param_count"])

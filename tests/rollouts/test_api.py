@@ -120,3 +120,16 @@ def test_staff_turn_a_versions_own_name_off(pair, alice):
     assert response.status_code == 200, response.content
     pair.new.model_version.refresh_from_db()
     assert pair.new.model_version.callable_by_name is False
+
+
+def test_staff_register_a_version_callable_only_through_served_names(alice):
+    from portal.registry.models import ModelVersion
+    from tests.conftest import bundled_config
+
+    response = api_client(alice).post(
+        "/api/v1/model-versions/",
+        {"name": "chat-v9", "config": bundled_config("llama-2-7b-chat-hf"), "callable_by_name": False},
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    assert ModelVersion.objects.get(name="chat-v9").callable_by_name is False
