@@ -94,6 +94,7 @@ INSTALLED_APPS = [
     "portal.playground",
     "portal.benchmarks",
     "portal.observability",
+    "portal.rollouts",
     "portal.audit",
     "portal.dashboard",  # the top: reads and writes across the others (docs/architecture.md#layers)
 ]
@@ -535,6 +536,20 @@ RETENTION_GPU_SAMPLES_DAYS = env_retention_days("RETENTION_GPU_SAMPLES_DAYS", de
 # Rows per DELETE: short statements and transactions, however much has piled up.
 RETENTION_BATCH_SIZE = env_positive_int("RETENTION_BATCH_SIZE", default=5000, maximum=100_000)
 
+# --- Rollouts (README "Rollouts"; docs/decisions.md, "Rollouts: steps and what a breach is") --------
+ROLLOUT_TICK_S = env_number("ROLLOUT_TICK_S", default=15, minimum=1, maximum=300)
+# Requests the new version must have served in a step before it may pass, and before error rates
+# and comparisons with the old version count (an SLA miss counts at once).
+ROLLOUT_MIN_REQUESTS = env_number("ROLLOUT_MIN_REQUESTS", default=20, minimum=1, maximum=1_000_000)
+# The new version's error rate may exceed the old one's by at most this fraction (0.01: one point).
+ROLLOUT_MAX_ERROR_RATE_INCREASE = env_number(
+    "ROLLOUT_MAX_ERROR_RATE_INCREASE", default=0.01, minimum=0.0, maximum=1.0
+)
+# The new version's P95 TTFT and TPOT may be at most this many times the old version's.
+ROLLOUT_MAX_LATENCY_RATIO = env_number("ROLLOUT_MAX_LATENCY_RATIO", default=1.5, minimum=1.0, maximum=100.0)
+# A new deployment not serving this long after the rollout started fails the rollout.
+ROLLOUT_WARMUP_TIMEOUT_S = env_number("ROLLOUT_WARMUP_TIMEOUT_S", default=1800, minimum=60, maximum=86_400)
+
 # --- Celery beat: every periodic task, in one place --------------------------------
 CELERY_BEAT_SCHEDULE = {
     "deployments-supervise": {
@@ -566,6 +581,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "observability.latency_rollup",
         "schedule": 60.0,
         "options": {"queue": "control", "expires": 60.0},
+    },
+    # Each active rollout: warm-up, its step's verdict from the latency rollups, the next step.
+    "rollouts-advance": {
+        "task": "rollouts.advance_all",
+        "schedule": ROLLOUT_TICK_S,
+        "options": {"queue": "control", "expires": ROLLOUT_TICK_S},
     },
     # An acceptance whose agent died is declared abandoned and its reference server stopped.
     "benchmarks-expire-acceptances": {

@@ -8,7 +8,8 @@ from portal.core.views import favicon
 from portal.deployments.apis import DeploymentViewSet, PlanApi, ProfileViewSet, TeamViewSet
 from portal.gateway.not_found import unknown_path
 from portal.inventory.apis import GpuViewSet, NodeViewSet
-from portal.registry.apis import ConversionJobViewSet, ModelVersionViewSet
+from portal.registry.apis import ConversionJobViewSet, ModelVersionViewSet, ServedModelViewSet
+from portal.rollouts.apis import RolloutViewSet
 
 router = DefaultRouter()
 router.register("nodes", NodeViewSet, basename="node")
@@ -19,6 +20,8 @@ router.register("profiles", ProfileViewSet, basename="profile")
 router.register("deployments", DeploymentViewSet, basename="deployment")
 router.register("teams", TeamViewSet, basename="team")
 router.register("benchmark-runs", BenchmarkRunViewSet, basename="benchmark-run")
+router.register("served-models", ServedModelViewSet, basename="served-model")
+router.register("rollouts", RolloutViewSet, basename="rollout")
 
 urlpatterns = [
     path("favicon.ico", favicon, name="favicon"),
@@ -38,5 +41,6 @@ urlpatterns = [
     path("teams/", include("portal.teams.urls")),
     path("teams/", include("portal.playground.urls")),
     path("benchmarks/", include("portal.benchmarks.urls")),
+    path("rollouts/", include("portal.rollouts.urls")),
     path("", include("portal.dashboard.urls")),
 ]

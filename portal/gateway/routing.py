@@ -10,10 +10,17 @@ A team's keys reach its own deployments and those marked `shared`, nothing else:
 result with the route. A model served only by another team's deployments looks
 exactly like a registered model nobody serves (503 `no_replica`; absent from
 `/v1/models`), so a key learns nothing about other teams' deployments.
+
+A served model name (registry.ServedModel, `chat-7b`) is not a version: its route carries
+the routes of its versions with a share above 0 (`Route.split`), loaded together and cached
+together, so every process draws with the same shares within one cache interval. Each request
+draws a version on its own (`Route.pick`), among the versions this team can reach, weighted by
+share; the rest of the pipeline then runs on that version's route as if it had been asked for.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +32,7 @@ from django.db import close_old_connections
 
 from portal.deployments.models import Deployment
 from portal.deployments.selectors import serving_deployments_for_model
-from portal.registry.models import ModelVersion
+from portal.registry.models import ModelVersion, ServedModel, ServedModelVersion
 
 from .cache import TtlCache
 from .errors import database_unavailable
@@ -53,6 +60,8 @@ class Route:
     registered: bool
     replicas: tuple[Replica, ...]  # every team's: use `for_team`
     tokenizer_path: str | None  # tokenizer.json of the model version, when it exists here
+    # A served model name: (share in basis points, the version's route) for each version above 0.
+    split: tuple[tuple[int, Route], ...] = ()
     _by_team: dict[int, tuple[Replica, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     def for_team(self, team_id: int) -> tuple[Replica, ...]:
@@ -63,6 +72,21 @@ class Route:
                 r for r in self.replicas if r.shared or r.team_id == team_id
             )
         return found
+
+    def pick(self, team_id: int, draw: random.Random | None = None) -> Route:
+        """The version route that serves one request of `team_id` (itself when not a served name):
+        a draw weighted by share among the versions with a replica this team may use."""
+        if not self.split:
+            return self
+        reachable = [(share, route) for share, route in self.split if route.for_team(team_id)]
+        if not reachable:
+            return self  # no version is serving for this team: the caller answers 503 no_replica
+        roll = (draw or random).random() * sum(share for share, _ in reachable)
+        for share, route in reachable:
+            roll -= share
+            if roll < 0:
+                return route
+        return reachable[-1][1]
 
 
 def smallest_context(replicas: tuple[Replica, ...]) -> int | None:
@@ -76,6 +100,26 @@ _served = TtlCache(lambda: settings.GATEWAY_CACHE_S)
 
 def _load_route(model: str) -> Route:
     close_old_connections()  # the gateway handler sends no request signals (gateway/asgi.py)
+    served = ServedModel.objects.filter(name=model).first()
+    if served is not None:
+        return _load_served_route(served)
+    if ModelVersion.objects.filter(name=model, callable_by_name=False).exists():
+        return Route(model, False, (), None)  # reachable through a served name only: unknown by its own
+    return _load_version_route(model)
+
+
+def _load_served_route(served: ServedModel) -> Route:
+    rows = (
+        ServedModelVersion.objects.filter(served_model=served, share_bp__gt=0)
+        .select_related("model_version")
+        .order_by("model_version__name")
+    )
+    split = tuple((row.share_bp, _load_version_route(row.model_version.name)) for row in rows)
+    replicas = tuple(replica for _, route in split for replica in route.replicas)
+    return Route(served.name, True, replicas, None, split)
+
+
+def _load_version_route(model: str) -> Route:
     version = ModelVersion.objects.filter(name=model).only("path").first()
     if version is None:
         return Route(model, False, (), None)
@@ -107,13 +151,19 @@ async def route_for(model: str) -> Route:
 
 def _load_served() -> list[tuple[str, int, bool]]:
     close_old_connections()
-    return sorted(
-        set(
-            Deployment.objects.filter(state="serving")
-            .exclude(endpoint_url="")
-            .values_list("model_version__name", "team_id", "shared")
-        )
-    )
+    serving = Deployment.objects.filter(state="serving").exclude(endpoint_url="")
+    reachable = set(serving.values_list("model_version__name", "team_id", "shared"))
+    # A served name is reachable where one of its versions with a share is.
+    by_version: dict[str, list[str]] = {}
+    for served, version in ServedModelVersion.objects.filter(share_bp__gt=0).values_list(
+        "served_model__name", "model_version__name"
+    ):
+        by_version.setdefault(version, []).append(served)
+    names = {
+        (name, team, shared) for version, team, shared in reachable for name in by_version.get(version, ())
+    }
+    hidden = set(ModelVersion.objects.filter(callable_by_name=False).values_list("name", flat=True))
+    return sorted({row for row in reachable if row[0] not in hidden} | names)
 
 
 async def served_models(team_id: int) -> list[str]:

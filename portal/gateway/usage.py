@@ -58,7 +58,10 @@ class Exchange:
     stream: bool = False
     admission: Admission | None = None
     placed: bool = False  # it got a replica slot; before that, nothing ran and nothing is billed
-    deployment_id: int | None = None
+    deployment_id: int | None = None  # the replica whose slot it holds now (None once it left one)
+    # The last replica it was sent to: a request that failed on every replica is recorded against
+    # the last one, so production error rates (and a rollout's verdict) see upstream errors.
+    tried_deployment_id: int | None = None
     replica_slots: int = 1  # slots held on the replica: one per prompt of a batch
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -119,7 +122,7 @@ class Exchange:
             "team_id": self.caller.team_id,
             "api_key_id": self.caller.key_id,
             "model": self.model,
-            "deployment_id": self.deployment_id,
+            "deployment_id": self.tried_deployment_id,  # deployment_id, or the last replica it left
             "endpoint": self.endpoint,
             "priority_class": self.caller.priority_class,
             "stream": self.stream,

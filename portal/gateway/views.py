@@ -212,6 +212,11 @@ async def _serve(request, ex: Exchange, *, chat: bool):
             code="model_not_found",
             param="model",
         )
+    if route.split:
+        # A served name: this request's version, drawn by share; it goes upstream under the
+        # version's name (what vLLM serves), and the answer names the version, as an alias does.
+        route = route.pick(caller.team_id)
+        parsed.body["model"] = route.model
     replicas = route.for_team(caller.team_id)  # other teams' unshared replicas do not exist here
     if caller.pinned_deployment_id is not None:  # a member's benchmark measures its one deployment
         replicas = tuple(r for r in replicas if r.id == caller.pinned_deployment_id)
@@ -241,7 +246,7 @@ async def _serve(request, ex: Exchange, *, chat: bool):
         team=ex.team,
         key=ex.key,
         tokens=ex.prompt_tokens + parsed.reserved_output_tokens,
-        model=parsed.model,
+        model=route.model,
         candidates=[(r.id, r.cap) for r in remaining],
         long_prompt=long_prompt,
         on_admitted=ex.admitted,
@@ -260,7 +265,7 @@ async def _serve(request, ex: Exchange, *, chat: bool):
             placement = await place(
                 limiter,
                 request_id=ex.request_id,
-                model=parsed.model,
+                model=route.model,
                 candidates=[(r.id, r.cap) for r in remaining],
                 long_prompt=long_prompt,
                 slots=parsed.prompts,
@@ -269,6 +274,7 @@ async def _serve(request, ex: Exchange, *, chat: bool):
         replica = remaining.pop(check_slot_grant(placement, parsed.model, batch=caller.is_batch))
         ex.placed = True
         ex.deployment_id, ex.replica_slots = replica.id, placement.slots
+        ex.tried_deployment_id = replica.id
         placement = None
         ex.hold([limiter.inflight_key(replica.id)], slot_members(ex.request_id, ex.replica_slots))
         ex.hold([limiter.long_key(replica.id)])

@@ -1,4 +1,4 @@
-"""REST API for model versions and their bf16 → fp16 conversion jobs."""
+"""REST API for model versions, their bf16 → fp16 conversion jobs and served model names."""
 
 from __future__ import annotations
 
@@ -12,8 +12,14 @@ from portal.audit.api import AuditedModelViewSetMixin
 from portal.core.errors import ApplicationError
 from portal.inventory.models import Node
 
-from .models import ConversionJob, ModelVersion
-from .services import DERIVED_FIELDS, conversion_job_start, model_version_create
+from .models import ConversionJob, ModelVersion, ServedModel
+from .services import (
+    DERIVED_FIELDS,
+    conversion_job_start,
+    model_version_create,
+    served_model_create,
+    served_model_set_shares,
+)
 
 
 class ModelVersionSerializer(serializers.ModelSerializer):
@@ -30,6 +36,7 @@ class ModelVersionSerializer(serializers.ModelSerializer):
             "config",
             *DERIVED_FIELDS,
             "smoke_expected_substring",
+            "callable_by_name",
             "created_at",
         ]
         read_only_fields = DERIVED_FIELDS
@@ -136,3 +143,71 @@ class ConversionJobViewSet(viewsets.ReadOnlyModelViewSet):
 
     serializer_class = ConversionJobSerializer
     queryset = ConversionJob.objects.select_related("source", "result", "node")
+
+
+# --- Served model names ---------------------------------------------------------------------------
+
+
+class SharesField(serializers.DictField):
+    """{"chat-7b-v1": 70, "chat-7b-v2": 30}: percent per version, at most two decimals → basis points."""
+
+    def __init__(self, **kwargs):
+        super().__init__(child=serializers.DecimalField(max_digits=5, decimal_places=2), **kwargs)
+
+    def to_internal_value(self, data) -> dict[str, int]:
+        if isinstance(data, dict) and len(data) > 50:
+            raise serializers.ValidationError("At most 50 versions.")
+        return {name: int(share * 100) for name, share in super().to_internal_value(data).items()}
+
+
+class ServedModelSerializer(serializers.ModelSerializer):
+    shares_percent = serializers.SerializerMethodField(help_text="Each version's share of the traffic.")
+
+    class Meta:
+        model = ServedModel
+        fields = ["id", "name", "description", "shares_percent", "created_at", "updated_at"]
+
+    def get_shares_percent(self, served: ServedModel) -> dict[str, float]:
+        return {row.model_version.name: row.share_bp / 100 for row in served.versions.all()}
+
+
+class ServedModelCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    description = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    shares = SharesField(help_text="Percent per version name, adding up to 100.")
+
+
+class SharesSerializer(serializers.Serializer):
+    shares = SharesField(help_text="Percent per version name, adding up to 100 (versions left out leave).")
+
+
+class ServedModelViewSet(viewsets.ReadOnlyModelViewSet):
+    """Stable names clients call, each over model versions with traffic shares (README "Rollouts").
+    Staff create them and set shares; a rollout moves the shares step by step."""
+
+    serializer_class = ServedModelSerializer
+    queryset = ServedModel.objects.prefetch_related("versions__model_version")
+    lookup_field = "name"
+
+    @extend_schema(request=ServedModelCreateSerializer, responses={201: ServedModelSerializer})
+    def create(self, request):
+        data = ServedModelCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        served = served_model_create(**data.validated_data, actor=request.user)
+        return Response(ServedModelSerializer(self.get_queryset().get(pk=served.pk)).data, status=201)
+
+    @extend_schema(request=SharesSerializer, responses={200: ServedModelSerializer})
+    @action(detail=True, methods=["post"])
+    def shares(self, request, name=None):
+        """Set every version's share at once. A rollout in progress on this name sets its two versions'
+        shares again at its next step: pause or end it first."""
+        served = self.get_object()
+        data = SharesSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        served_model_set_shares(
+            served_model=served,
+            shares=data.validated_data["shares"],
+            actor=request.user,
+            reason="set by hand",
+        )
+        return Response(ServedModelSerializer(self.get_queryset().get(pk=served.pk)).data)

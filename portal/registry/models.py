@@ -78,6 +78,11 @@ class ModelVersion(models.Model):
         help_text="Recorded from a running server's /v1/models (register_endpoint): only its name and "
         "max model length are known, so the planner cannot plan it.",
     )
+    callable_by_name = models.BooleanField(
+        default=True,
+        help_text="Clients may call it by its own name. Off: only through a served model name (a rollout's "
+        "versions that clients should not pin).",
+    )
     smoke_expected_substring = models.CharField(
         max_length=200, blank=True, help_text="A smoke-test reply must contain this (blank: any sane reply)."
     )
@@ -248,3 +253,54 @@ class ConversionJob(models.Model):
         if self.state == ConversionState.SUCCEEDED:
             return 100.0
         return 100.0 * self.bytes_done / self.bytes_total if self.bytes_total else 0.0
+
+
+SHARE_TOTAL_BP = 10_000  # a served model's shares add up to 100 % in basis points (0.01 %)
+
+
+class ServedModel(models.Model):
+    """A stable name clients call (`chat-7b`) that points at one or more model versions, each with a
+    share of its traffic (docs/decisions.md, "Served model names and traffic shares"). A version's own
+    name stays callable. A rollout (portal.rollouts) moves the shares; ops may set them by hand."""
+
+    name = models.CharField(
+        max_length=100,
+        unique=True,
+        validators=[model_name_validator],
+        help_text="The stable name clients put in `model`; never a model version's name.",
+    )
+    description = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ServedModelVersion(models.Model):
+    """One version behind a served model and its share of the traffic, in basis points."""
+
+    served_model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="versions")
+    model_version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="served_as")
+    share_bp = models.PositiveIntegerField(help_text="Share of the traffic in basis points (10000 = 100 %).")
+
+    class Meta:
+        ordering = ["served_model", "-share_bp", "model_version__name"]
+        constraints = [
+            models.UniqueConstraint(fields=["served_model", "model_version"], name="served_version_once"),
+            models.CheckConstraint(
+                condition=models.Q(share_bp__lte=SHARE_TOTAL_BP),
+                name="served_version_share_bounded",
+                violation_error_message="A share is at most 100 %.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.served_model_id}:{self.model_version_id} {self.share_bp / 100:g} %"
+
+    @property
+    def share_percent(self) -> float:
+        return self.share_bp / 100

@@ -27,10 +27,13 @@ from portal.inventory.dispatch import send_to_node
 
 from .models import (
     ACTIVE_CONVERSION_STATES,
+    SHARE_TOTAL_BP,
     ConversionJob,
     ConversionState,
     ModelVersion,
     Quantization,
+    ServedModel,
+    ServedModelVersion,
     WeightDtype,
     model_name_validator,
 )
@@ -92,9 +95,14 @@ def model_version_create(
     source: str = "",
     revision: str = "",
     smoke_expected_substring: str = "",
+    callable_by_name: bool = True,
 ) -> ModelVersion:
     """Register a model version from its config.json (facts are derived, never typed in)."""
     arch = parse_config(config)
+    if ServedModel.objects.filter(name=name).exists():  # the served name would hide the version
+        raise ApplicationError(
+            f"`{name}` is a served model name; a version's name must differ.", field="name"
+        )
     version = ModelVersion(
         name=name,
         path=path,
@@ -102,6 +110,7 @@ def model_version_create(
         revision=revision,
         config=config,
         smoke_expected_substring=smoke_expected_substring,
+        callable_by_name=callable_by_name,
         **arch_fields(arch),
     )
     clean_or_raise(version, exclude=["param_count"])
@@ -459,3 +468,84 @@ def _fail(job_id: int, attempt: int, message: str, **fields) -> None:
     ConversionJob.objects.filter(pk=job_id, attempt=attempt, state=ConversionState.RUNNING).update(
         state=ConversionState.FAILED, phase="", error=message, finished_at=now, updated_at=now, **fields
     )
+
+
+# --- Served model names (docs/decisions.md, "Served model names and traffic shares") ----------------
+
+
+def _check_shares(shares: dict[str, int]) -> None:
+    if not shares:
+        raise ApplicationError("A served model needs at least one version.", field="versions")
+    for name, share in shares.items():
+        if not isinstance(share, int) or isinstance(share, bool) or not 0 <= share <= SHARE_TOTAL_BP:
+            raise ApplicationError(
+                f"The share of `{name}` must be a whole number of basis points from 0 to {SHARE_TOTAL_BP}.",
+                field="versions",
+            )
+    total = sum(shares.values())
+    if total != SHARE_TOTAL_BP:
+        raise ApplicationError(
+            f"The shares add up to {total / 100:g} %, not 100 %.", field="versions", extra={"total_bp": total}
+        )
+
+
+def _versions_named(names: list[str]) -> dict[str, ModelVersion]:
+    found = {v.name: v for v in ModelVersion.objects.filter(name__in=names)}
+    missing = sorted(set(names) - set(found))
+    if missing:
+        raise ApplicationError(f"No model version named {', '.join(missing)}.", field="versions")
+    return found
+
+
+@transaction.atomic
+def served_model_create(
+    *, name: str, shares: dict[str, int], description: str = "", actor=None
+) -> ServedModel:
+    """A stable name over model versions; `shares`: version name → basis points, adding up to 10000."""
+    _check_shares(shares)
+    if ModelVersion.objects.filter(name=name).exists():
+        raise ApplicationError(
+            f"`{name}` is a model version's name; a served name must differ.", field="name"
+        )
+    served = ServedModel(name=name, description=description)
+    clean_or_raise(served)
+    served.save()
+    versions = _versions_named(list(shares))
+    ServedModelVersion.objects.bulk_create(
+        ServedModelVersion(served_model=served, model_version=versions[n], share_bp=share)
+        for n, share in shares.items()
+    )
+    audit_event_record(
+        action="served_model.create", target=served, changes={"shares_bp": shares}, actor=actor
+    )
+    return served
+
+
+@transaction.atomic
+def served_model_set_shares(
+    *, served_model: ServedModel, shares: dict[str, int], actor=None, reason: str = ""
+) -> dict[str, int]:
+    """Set every version's share at once (versions not named leave the served model). The row is
+    locked, so two writers (a rollout step and an operator) apply one after the other, never mixed.
+    Returns the shares before."""
+    _check_shares(shares)
+    ServedModel.objects.select_for_update().get(pk=served_model.pk)
+    before = {
+        row.model_version.name: row.share_bp
+        for row in served_model.versions.select_related("model_version")
+    }
+    versions = _versions_named(list(shares))
+    served_model.versions.exclude(model_version__name__in=list(shares)).delete()
+    for name, share in shares.items():
+        ServedModelVersion.objects.update_or_create(
+            served_model=served_model, model_version=versions[name], defaults={"share_bp": share}
+        )
+    ServedModel.objects.filter(pk=served_model.pk).update(updated_at=timezone.now())
+    if before != shares:
+        audit_event_record(
+            action="served_model.set_shares",
+            target=served_model,
+            changes={"before_bp": before, "after_bp": shares, "reason": reason},
+            actor=actor,
+        )
+    return before

@@ -5,7 +5,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.widgets import FilteredSelectMultiple
 from django.utils import timezone
 
-from portal.registry.models import ModelVersion
+from portal.registry.models import ModelVersion, ServedModel
 
 from .charts import bar_chart_svg
 from .models import ApiKey, Team, Usage, UsageDaily, UsageHourly
@@ -29,6 +29,7 @@ class TeamAdminForm(forms.ModelForm):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         names = set(ModelVersion.objects.values_list("name", flat=True))
+        names |= set(ServedModel.objects.values_list("name", flat=True))  # stable names too
         names |= set(self.instance.allowed_models or [])  # one since deleted stays visible, and removable
         self.fields["allowed_models"].choices = [(name, name) for name in sorted(names)]
 

@@ -6,13 +6,13 @@ import datetime as dt
 import json
 from collections import Counter
 
-from django.db.models import Count, F, QuerySet, Sum
+from django.db.models import Count, F, Q, QuerySet, Sum
 from django.db.models.functions import TruncHour
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
 from portal.core.redis_client import gateway_redis, redis_keys
-from portal.registry.models import ModelVersion
+from portal.registry.models import ModelVersion, ServedModel
 
 from .models import (
     ApiKey,
@@ -36,11 +36,12 @@ def team_get_for_user(user, slug: str) -> Team:
 
 
 def model_names_for_team(team: Team) -> list[str]:
-    """Registered model names the team may call (its allowed list, else every registered model)."""
-    names = ModelVersion.objects.order_by("name").values_list("name", flat=True)
+    """Registered model and served names the team may call (its allowed list, else every one)."""
+    names = set(ModelVersion.objects.values_list("name", flat=True))
+    names |= set(ServedModel.objects.values_list("name", flat=True))
     if team.allowed_models:
-        names = names.filter(name__in=team.allowed_models)
-    return list(names)
+        names &= set(team.allowed_models)
+    return sorted(names)
 
 
 def api_keys_of(team: Team) -> QuerySet[ApiKey]:
@@ -130,6 +131,34 @@ def usage_today_by_key(team: Team) -> list[dict]:
         for row in rows
     ]
     return sorted(out, key=lambda r: (-r["tokens"], -r["requests"], r["key"]))
+
+
+# Failures of the upstream, as the production latency rollups count them (observability).
+UPSTREAM_FAILURES = (UsageStatus.UPSTREAM_ERROR, UsageStatus.TIMEOUT)
+
+
+def usage_today_by_version(team: Team) -> list[dict]:
+    """Today's requests and tokens per model name called and the version that served it (the
+    version of the deployment recorded per request: a served name shows one row per version;
+    refused requests, which reached no deployment, show version None). Busiest first."""
+    start = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    rows = (
+        Usage.objects.filter(team=team, created_at__gte=start)
+        .values("model", "deployment__model_version__name")
+        .annotate(requests=Count("id"), errors=Count("id", filter=Q(status__in=UPSTREAM_FAILURES)),
+                  p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
+    )  # fmt: skip
+    out = [
+        {
+            "model": row["model"],
+            "version": row["deployment__model_version__name"],
+            "requests": row["requests"],
+            "errors": row["errors"],
+            "tokens": (row["p"] or 0) + (row["c"] or 0),
+        }
+        for row in rows
+    ]
+    return sorted(out, key=lambda r: (-r["requests"], r["model"], r["version"] or ""))
 
 
 def usage_by_priority_class(team: Team, *, days: int = 30) -> list[dict]:

@@ -24,6 +24,7 @@ from .selectors import (
     usage_hourly_series,
     usage_today,
     usage_today_by_key,
+    usage_today_by_version,
 )
 from .services import api_key_create, api_key_revoke, team_in_flight
 
@@ -86,6 +87,7 @@ def team_usage(request, slug: str):
             "team": team,
             "today": today,
             "by_key": usage_today_by_key(team),
+            "by_version": usage_today_by_version(team),
             "by_class": usage_by_priority_class(team),
             "in_flight": team_in_flight(team),
             "daily_chart": bar_chart_svg(

@@ -134,6 +134,7 @@ LAYERS = (
     "deployments",
     "benchmarks",
     "observability",
+    "rollouts",
     "gateway",
     "playground",
     "dashboard",

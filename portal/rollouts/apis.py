@@ -1,0 +1,121 @@
+"""REST API for rollouts: staff start, pause, resume, promote and roll back; members read the
+rollouts of the served names their team may call (any other is a 404)."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from portal.deployments.models import Deployment
+from portal.registry.models import ServedModel
+
+from . import services
+from .models import Rollout, RolloutEvent
+from .selectors import rollouts_visible_to
+
+
+class RolloutEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RolloutEvent
+        fields = ["at", "kind", "message", "data", "actor_repr"]
+
+
+class RolloutSerializer(serializers.ModelSerializer):
+    served_model = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    from_version = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    to_version = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    from_deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    to_deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    shares_percent = serializers.SerializerMethodField(help_text="The served name's live shares, by version.")
+    events = RolloutEventSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Rollout
+        fields = [
+            "id",
+            "served_model",
+            "from_version",
+            "to_version",
+            "from_deployment",
+            "to_deployment",
+            "steps",
+            "current_step",
+            "state",
+            "reason",
+            "measurements",
+            "shares_percent",
+            "created_at",
+            "step_started_at",
+            "finished_at",
+            "events",
+        ]
+        read_only_fields = fields
+
+    def get_shares_percent(self, rollout: Rollout) -> dict[str, float]:
+        rows = rollout.served_model.versions.values_list("model_version__name", "share_bp")
+        return {name: share / 100 for name, share in rows}
+
+
+class RolloutStartSerializer(serializers.Serializer):
+    served_model = serializers.SlugRelatedField(slug_field="name", queryset=ServedModel.objects.all())
+    to_deployment = serializers.SlugRelatedField(slug_field="name", queryset=Deployment.objects.all())
+    from_deployment = serializers.SlugRelatedField(
+        slug_field="name", queryset=Deployment.objects.all(), required=False, allow_null=True
+    )
+    steps = serializers.JSONField(
+        required=False, help_text="[[5, 10], [25, 10], [50, 10], [100, 10]]: (share %, minutes) each."
+    )
+
+
+class RollbackSerializer(serializers.Serializer):
+    reason = serializers.CharField(required=False, allow_blank=True, max_length=300)
+
+
+class RolloutViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Rollouts of a served name from one model version to another (README "Rollouts").
+    Writes are staff only (the default permission); reads show a member the rollouts of the
+    served names their team may call."""
+
+    serializer_class = RolloutSerializer
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Rollout.objects.none()
+        return rollouts_visible_to(self.request.user).prefetch_related("events")
+
+    @extend_schema(request=RolloutStartSerializer, responses={201: RolloutSerializer})
+    def create(self, request):
+        data = RolloutStartSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        rollout = services.rollout_start(**data.validated_data, actor=request.user)
+        return Response(RolloutSerializer(rollout).data, status=status.HTTP_201_CREATED)
+
+    def _done(self, rollout: Rollout) -> Response:
+        return Response(RolloutSerializer(self.get_queryset().get(pk=rollout.pk)).data)
+
+    @extend_schema(request=None, responses={200: RolloutSerializer})
+    @action(detail=True, methods=["post"])
+    def pause(self, request, pk=None):
+        return self._done(services.rollout_pause(rollout=self.get_object(), actor=request.user))
+
+    @extend_schema(request=None, responses={200: RolloutSerializer})
+    @action(detail=True, methods=["post"])
+    def resume(self, request, pk=None):
+        return self._done(services.rollout_resume(rollout=self.get_object(), actor=request.user))
+
+    @extend_schema(request=None, responses={200: RolloutSerializer})
+    @action(detail=True, methods=["post"])
+    def promote(self, request, pk=None):
+        return self._done(services.rollout_promote(rollout=self.get_object(), actor=request.user))
+
+    @extend_schema(request=RollbackSerializer, responses={200: RolloutSerializer})
+    @action(detail=True, methods=["post"])
+    def rollback(self, request, pk=None):
+        data = RollbackSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        rollout = services.rollout_rollback(
+            rollout=self.get_object(), actor=request.user, reason=data.validated_data.get("reason", "")
+        )
+        return self._done(rollout)

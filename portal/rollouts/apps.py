@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class RolloutsConfig(AppConfig):
+    name = "portal.rollouts"
+    label = "rollouts"

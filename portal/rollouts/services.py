@@ -1,0 +1,441 @@
+"""Writes for rollouts: start, the task's evaluation, and the operators' pause, resume, promote and
+roll back.
+
+Every transition is a conditional update (`UPDATE … WHERE state = … AND current_step = …`, see
+docs/concurrency.md) inside the transaction that also moves the shares, writes the timeline and the
+audit log and asks deployments to stop: a second worker (or an operator) that evaluated the same
+rollout at the same moment updates no row and does nothing, and a worker killed half way leaves
+nothing half done. The next tick resumes from what the row says.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Max, Sum
+from django.utils import timezone
+
+from inference.errors import InputError
+from inference.rollout import DEFAULT_STEPS, Decision, Policy, Window, judge, parse_steps, split_share
+from portal.audit.services import audit_event_record
+from portal.core.errors import ApplicationError
+from portal.deployments.models import Deployment, DeploymentState, DesiredState
+from portal.deployments.services import deployment_request_start, deployment_request_stop
+from portal.observability.models import LatencyMinute
+from portal.registry.models import ServedModel
+from portal.registry.services import served_model_set_shares
+
+from .models import ACTIVE_ROLLOUT_STATES, Rollout, RolloutEvent, RolloutState
+
+log = logging.getLogger(__name__)
+
+
+def _actor_repr(actor) -> str:
+    return actor.get_username() if actor is not None else "system"
+
+
+def _event(rollout: Rollout, kind: str, message: str, *, actor=None, data: dict | None = None) -> None:
+    RolloutEvent.objects.create(
+        rollout=rollout, kind=kind, message=message[:500], data=data or {}, actor_repr=_actor_repr(actor)
+    )
+    audit_event_record(
+        action=f"rollout.{kind}", target=rollout, changes={"message": message, **(data or {})}, actor=actor
+    )
+
+
+def _shares(served_model: ServedModel) -> dict[str, int]:
+    return dict(served_model.versions.values_list("model_version__name", "share_bp"))
+
+
+def _set_new_share(rollout: Rollout, percent: int, *, actor=None, reason: str) -> dict[str, int]:
+    """Give the new version `percent` of what the pair (old + new) carries; other versions keep theirs."""
+    shares = _shares(rollout.served_model)
+    old, new = rollout.from_version.name, rollout.to_version.name
+    pair = shares.get(old, 0) + shares.get(new, 0)
+    shares[new], shares[old] = split_share(pair, percent)
+    served_model_set_shares(served_model=rollout.served_model, shares=shares, actor=actor, reason=reason)
+    return shares
+
+
+ANY_STEP = object()  # a claim that does not depend on the step (an operator's action)
+
+
+def _claim(rollout: Rollout, *, states, step: object = ANY_STEP, **updates) -> bool:
+    """Move the row only if it is still in one of `states` (and at `step`, unless ANY_STEP)."""
+    rows = Rollout.objects.filter(pk=rollout.pk, state__in=list(states))
+    if step is not ANY_STEP:
+        rows = rows.filter(current_step=step)
+    claimed = rows.update(**updates, updated_at=timezone.now()) == 1
+    if claimed:
+        for name, value in updates.items():
+            setattr(rollout, name, value)
+    return claimed
+
+
+# --- Start ---------------------------------------------------------------------------------------
+
+
+def rollout_start(
+    *,
+    served_model: ServedModel,
+    to_deployment: Deployment,
+    steps: list | None = None,
+    from_deployment: Deployment | None = None,
+    actor=None,
+) -> Rollout:
+    """Roll `served_model` over to `to_deployment`'s version in `steps` (default 5/25/50/100 %, ten
+    minutes each). The old version is `from_deployment`'s, else the one version that has a share now.
+    The new deployment is asked to start if it is not running; it gets no traffic until it serves."""
+    try:
+        parsed = parse_steps([list(s) for s in DEFAULT_STEPS] if steps is None else steps)
+    except InputError as error:
+        raise ApplicationError.from_input_error(error) from None
+    shares = _shares(served_model)
+    to_version = to_deployment.model_version
+    if from_deployment is not None:
+        from_version = from_deployment.model_version
+        if shares.get(from_version.name, 0) == 0:
+            raise ApplicationError(
+                f"`{from_version.name}` takes no traffic of `{served_model.name}`.", field="from_deployment"
+            )
+    else:
+        live = [name for name, share in shares.items() if share > 0]
+        if len(live) != 1:
+            raise ApplicationError(
+                f"`{served_model.name}` sends traffic to {len(live)} versions: name the old deployment.",
+                field="from_deployment",
+            )
+        from_version = served_model.versions.get(model_version__name=live[0]).model_version
+    if to_version.pk == from_version.pk:
+        raise ApplicationError("The new deployment serves the old version.", field="to_deployment")
+    if shares.get(to_version.name, 0) > 0:
+        raise ApplicationError(
+            f"`{to_version.name}` already takes traffic of `{served_model.name}`.", field="to_deployment"
+        )
+    if to_deployment.adopted:
+        raise ApplicationError(
+            "An adopted server cannot be started or stopped by a rollout.", field="to_deployment"
+        )
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                rollout = Rollout.objects.create(
+                    served_model=served_model,
+                    from_version=from_version,
+                    to_version=to_version,
+                    from_deployment=from_deployment,
+                    to_deployment=to_deployment,
+                    steps=[{"share_percent": s.share_percent, "minutes": s.minutes} for s in parsed],
+                    created_by=actor,
+                )
+        except IntegrityError:
+            raise ApplicationError(
+                f"`{served_model.name}` already has a rollout in progress.", field="served_model"
+            ) from None
+        # The new version joins the served name at 0 %: listed, no traffic.
+        served_model_set_shares(
+            served_model=served_model,
+            shares={**shares, to_version.name: 0},
+            actor=actor,
+            reason="rollout start",
+        )
+        if to_deployment.desired_state != DesiredState.RUNNING:
+            deployment_request_start(deployment=to_deployment, user=actor)  # refuses when no GPU is free
+        _event(
+            rollout,
+            "start",
+            f"rollout of {served_model.name} from {from_version.name} to {to_version.name} "
+            f"on {to_deployment.name}: steps "
+            + ", ".join(f"{s.share_percent} % × {s.minutes} min" for s in parsed),
+            actor=actor,
+        )
+    return rollout
+
+
+# --- The task's evaluation -----------------------------------------------------------------------
+
+
+def _policy(rollout: Rollout) -> Policy:
+    deployment = rollout.to_deployment
+    return Policy(
+        sla_p95_ttft_ms=deployment.sla_p95_ttft_s * 1000,
+        sla_p95_tpot_ms=deployment.sla_p95_tpot_s * 1000,
+        min_requests=settings.ROLLOUT_MIN_REQUESTS,
+        max_error_rate_increase=settings.ROLLOUT_MAX_ERROR_RATE_INCREASE,
+        max_latency_ratio=settings.ROLLOUT_MAX_LATENCY_RATIO,
+    )
+
+
+def _window(rows) -> Window:
+    found = rows.aggregate(
+        requests=Sum("requests"), errors=Sum("errors"), ttft=Max("p95_ttft_ms"), tpot=Max("p95_tpot_ms")
+    )
+    return Window(found["requests"] or 0, found["errors"] or 0, found["ttft"], found["tpot"])
+
+
+def step_windows(rollout: Rollout, *, now: dt.datetime) -> tuple[Window, Window]:
+    """(new, old): each version's gateway measurements over the same minutes, from the minute the
+    step began up to now (the worst minute's P95; counts summed)."""
+    since = rollout.step_started_at.replace(second=0, microsecond=0)
+    minutes = LatencyMinute.objects.filter(minute__gte=since, minute__lte=now)
+    new = _window(minutes.filter(deployment_id=rollout.to_deployment_id))
+    old_rows = (
+        minutes.filter(deployment_id=rollout.from_deployment_id)
+        if rollout.from_deployment_id
+        else minutes.filter(deployment__model_version_id=rollout.from_version_id)
+    )
+    return new, _window(old_rows)
+
+
+def _enter_step(
+    rollout: Rollout, index: int, *, now: dt.datetime, from_states, from_step, actor=None
+) -> bool:
+    step = rollout.step_list()[index]
+    with transaction.atomic():
+        if not _claim(
+            rollout,
+            states=from_states,
+            step=from_step,
+            state=RolloutState.STEPPING,
+            current_step=index,
+            step_started_at=now,
+        ):
+            return False
+        _set_new_share(
+            rollout, step.share_percent, actor=actor, reason=f"rollout {rollout.pk} step {index + 1}"
+        )
+        _event(
+            rollout,
+            "step",
+            f"step {index + 1} of {len(rollout.steps)}: {rollout.to_version.name} takes "
+            f"{step.share_percent} % for {step.minutes} min",
+            actor=actor,
+            data={"step": index, "share_percent": step.share_percent},
+        )
+    return True
+
+
+def _stop_later(deployment: Deployment | None) -> dict:
+    """The fields that ask the next tick past one route-cache interval to stop `deployment`."""
+    if deployment is None or deployment.adopted:
+        return {}
+    due = timezone.now() + dt.timedelta(seconds=settings.GATEWAY_CACHE_S + 1)
+    return {"stop_deployment": deployment, "stop_due_at": due}
+
+
+def rollouts_stop_due(*, now: dt.datetime | None = None) -> list[int]:
+    """Ask the deployments whose stop is due to stop (the agent drains in-flight streams first);
+    each claimed once by clearing `stop_due_at`. Returns the rollouts handled."""
+    now = now or timezone.now()
+    done = []
+    for rollout in Rollout.objects.filter(stop_due_at__lte=now).select_related("stop_deployment"):
+        with transaction.atomic():
+            if Rollout.objects.filter(pk=rollout.pk, stop_due_at__isnull=False).update(stop_due_at=None) != 1:
+                continue
+            deployment = rollout.stop_deployment
+            if deployment is not None and deployment.desired_state != DesiredState.STOPPED:
+                deployment_request_stop(deployment=deployment)
+                _event(rollout, "stop", f"{deployment.name} asked to stop: it takes no traffic any more")
+            done.append(rollout.pk)
+    return done
+
+
+def _roll_back(rollout: Rollout, *, reason: str, data: dict, from_states, from_step, actor=None) -> bool:
+    with transaction.atomic():
+        if not _claim(
+            rollout,
+            states=from_states,
+            step=from_step,
+            state=RolloutState.ROLLED_BACK,
+            reason=reason,
+            measurements=data,
+            finished_at=timezone.now(),
+            **_stop_later(rollout.to_deployment),
+        ):
+            return False
+        _set_new_share(rollout, 0, actor=actor, reason=f"rollout {rollout.pk} rolled back")
+        _event(rollout, "roll_back", reason, actor=actor, data=data)
+    return True
+
+
+def _promote(rollout: Rollout, *, from_states, from_step, actor=None, data: dict | None = None) -> bool:
+    with transaction.atomic():
+        if not _claim(
+            rollout,
+            states=from_states,
+            step=from_step,
+            state=RolloutState.PROMOTED,
+            reason="",
+            finished_at=timezone.now(),
+            **_stop_later(rollout.from_deployment),
+        ):
+            return False
+        _set_new_share(rollout, 100, actor=actor, reason=f"rollout {rollout.pk} promoted")
+        _event(
+            rollout,
+            "promote",
+            f"promoted: {rollout.to_version.name} takes all of {rollout.served_model.name}",
+            actor=actor,
+            data=data or {},
+        )
+    return True
+
+
+def _fail(rollout: Rollout, reason: str) -> bool:
+    with transaction.atomic():
+        if not _claim(
+            rollout,
+            states=[RolloutState.WARMING],
+            state=RolloutState.FAILED,
+            reason=reason,
+            finished_at=timezone.now(),
+        ):
+            return False
+        _set_new_share(rollout, 0, reason=f"rollout {rollout.pk} failed")
+        _event(rollout, "fail", reason)
+    return True
+
+
+def rollout_evaluate(*, rollout: Rollout, now: dt.datetime | None = None) -> str:
+    """One evaluation of one rollout by the task; returns what it did (for logs and tests)."""
+    now = now or timezone.now()
+    rollout = Rollout.objects.select_related(
+        "served_model", "from_version", "to_version", "to_deployment", "from_deployment"
+    ).get(pk=rollout.pk)
+    if rollout.state == RolloutState.WARMING:
+        deployment = rollout.to_deployment
+        if deployment.state == DeploymentState.SERVING and deployment.endpoint_url:
+            return (
+                "serving"
+                if _enter_step(rollout, 0, now=now, from_states=[RolloutState.WARMING], from_step=None)
+                else "-"
+            )
+        if deployment.state == DeploymentState.FAILED or deployment.desired_state == DesiredState.STOPPED:
+            why = f"the new deployment {deployment.name} is {deployment.state}"
+            why += f": {deployment.state_reason}" if deployment.state_reason else ""
+            return "failed" if _fail(rollout, why) else "-"
+        if (now - rollout.created_at).total_seconds() > settings.ROLLOUT_WARMUP_TIMEOUT_S:
+            limit = settings.ROLLOUT_WARMUP_TIMEOUT_S
+            why = f"the new deployment {deployment.name} was not serving after {limit} s"
+            return "failed" if _fail(rollout, why) else "-"
+        return "warming"
+    if rollout.state != RolloutState.STEPPING:
+        return "-"
+    steps = rollout.step_list()
+    index = rollout.current_step
+    new, old = step_windows(rollout, now=now)
+    elapsed = (now - rollout.step_started_at).total_seconds()
+    verdict = judge(new=new, old=old, policy=_policy(rollout), step=steps[index], elapsed_s=elapsed)
+    data = {"step": index, "new": new.as_dict(), "old": old.as_dict(), "elapsed_s": round(elapsed)}
+    if verdict.decision == Decision.ROLL_BACK:
+        done = _roll_back(
+            rollout,
+            reason=f"breach in step {index + 1}: " + "; ".join(verdict.reasons),
+            data=data,
+            from_states=[RolloutState.STEPPING],
+            from_step=index,
+        )
+        return "rolled_back" if done else "-"
+    if verdict.decision == Decision.ADVANCE:
+        if index + 1 == len(steps):
+            return (
+                "promoted"
+                if _promote(rollout, from_states=[RolloutState.STEPPING], from_step=index, data=data)
+                else "-"
+            )
+        advanced = _enter_step(
+            rollout, index + 1, now=now, from_states=[RolloutState.STEPPING], from_step=index
+        )
+        return "advanced" if advanced else "-"
+    # Hold: keep the latest numbers for the page (the same row, the same step: harmless if two write).
+    Rollout.objects.filter(pk=rollout.pk, state=RolloutState.STEPPING, current_step=index).update(
+        measurements=data
+    )
+    return "hold"
+
+
+def rollouts_advance_all(*, now: dt.datetime | None = None) -> dict[int, str]:
+    """Evaluate every active rollout once (the beat task); one failing rollout does not stop the rest."""
+    done = {}
+    try:
+        for pk in rollouts_stop_due(now=now):
+            done[pk] = "stop"
+    except Exception:
+        log.exception("rollouts: asking deployments to stop failed; the next tick tries again")
+    for rollout in Rollout.objects.filter(state__in=[RolloutState.WARMING, RolloutState.STEPPING]):
+        try:
+            done[rollout.pk] = rollout_evaluate(rollout=rollout, now=now)
+        except Exception:
+            log.exception("rollout %s: evaluation failed; the next tick tries again", rollout.pk)
+            done[rollout.pk] = "error"
+    return done
+
+
+# --- Operators -----------------------------------------------------------------------------------
+
+
+def _refresh(rollout: Rollout) -> Rollout:
+    return Rollout.objects.select_related(
+        "served_model", "from_version", "to_version", "to_deployment", "from_deployment"
+    ).get(pk=rollout.pk)
+
+
+def _not_now(rollout: Rollout, verb: str) -> ApplicationError:
+    return ApplicationError(
+        f"A rollout that is {rollout.get_state_display()} cannot be {verb}.", field="state"
+    )
+
+
+def rollout_pause(*, rollout: Rollout, actor=None) -> Rollout:
+    """Hold the shares as they are; nothing advances (a breach is not judged either) until resumed."""
+    rollout = _refresh(rollout)
+    with transaction.atomic():
+        if not _claim(
+            rollout, states=[RolloutState.STEPPING, RolloutState.WARMING], state=RolloutState.PAUSED
+        ):
+            raise _not_now(rollout, "paused")
+        _event(rollout, "pause", "paused", actor=actor)
+    return rollout
+
+
+def rollout_resume(*, rollout: Rollout, actor=None) -> Rollout:
+    """Go on from the step it was paused in; that step's minutes count again from now."""
+    rollout = _refresh(rollout)
+    state = RolloutState.WARMING if rollout.current_step is None else RolloutState.STEPPING
+    with transaction.atomic():
+        if not _claim(rollout, states=[RolloutState.PAUSED], state=state, step_started_at=timezone.now()):
+            raise _not_now(rollout, "resumed")
+        _event(rollout, "resume", f"resumed ({state})", actor=actor)
+    return rollout
+
+
+def rollout_promote(*, rollout: Rollout, actor=None) -> Rollout:
+    """Send all the pair's traffic to the new version now and stop the old deployment."""
+    rollout = _refresh(rollout)
+    if rollout.to_deployment.state != DeploymentState.SERVING:
+        raise ApplicationError(
+            f"The new deployment {rollout.to_deployment.name} is {rollout.to_deployment.state}, not serving.",
+            field="to_deployment",
+        )
+    if not _promote(
+        rollout,
+        from_states=[RolloutState.STEPPING, RolloutState.PAUSED, RolloutState.WARMING],
+        from_step=ANY_STEP,
+        actor=actor,
+    ):
+        raise _not_now(rollout, "promoted")
+    return rollout
+
+
+def rollout_rollback(*, rollout: Rollout, actor=None, reason: str = "") -> Rollout:
+    """Send nothing to the new version from now on and stop its deployment."""
+    rollout = _refresh(rollout)
+    why = f"rolled back by {_actor_repr(actor)}" + (f": {reason[:300]}" if reason else "")
+    if not _roll_back(
+        rollout, reason=why, data={}, from_states=ACTIVE_ROLLOUT_STATES, from_step=ANY_STEP, actor=actor
+    ):
+        raise _not_now(rollout, "rolled back")
+    return rollout

@@ -1,0 +1,98 @@
+"""The rollout page: its steps, the live shares, both versions' measurements against the SLA since
+the step began, the timeline, and (for staff) the buttons."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from portal.core.errors import ApplicationError
+
+from . import services
+from .forms import RolloutStartForm
+from .models import RolloutState
+from .selectors import rollouts_visible_to
+
+ACTIONS = {
+    "pause": services.rollout_pause,
+    "resume": services.rollout_resume,
+    "promote": services.rollout_promote,
+    "rollback": services.rollout_rollback,
+}
+
+
+@login_required
+def rollout_list(request):
+    return render(
+        request, "rollouts/rollout_list.html", {"rollouts": rollouts_visible_to(request.user)[:200]}
+    )
+
+
+@login_required
+def rollout_new(request):
+    if not request.user.is_staff:
+        raise PermissionDenied
+    form = RolloutStartForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            rollout = services.rollout_start(**form.cleaned_data, actor=request.user)
+        except ApplicationError as error:
+            form.add_error(error.field if error.field in form.fields else None, error.message)
+        else:
+            messages.success(request, "Rollout started: the new version gets traffic once it serves")
+            return redirect(reverse("rollouts:rollout-detail", args=[rollout.pk]))
+    return render(request, "rollouts/rollout_new.html", {"form": form})
+
+
+@login_required
+def rollout_detail(request, pk: int):
+    rollout = get_object_or_404(rollouts_visible_to(request.user), pk=pk)
+    shares = {
+        name: share / 100
+        for name, share in rollout.served_model.versions.values_list("model_version__name", "share_bp")
+    }
+    windows = None
+    if rollout.step_started_at is not None and rollout.state in (RolloutState.STEPPING, RolloutState.PAUSED):
+        new, old = services.step_windows(rollout, now=timezone.now())
+        windows = {"new": new, "old": old}
+    steps = [
+        {"index": i, "share_percent": s.share_percent, "minutes": s.minutes,
+         "current": i == rollout.current_step and rollout.is_active,
+         "done": rollout.current_step is not None and i < rollout.current_step}
+        for i, s in enumerate(rollout.step_list())
+    ]  # fmt: skip
+    return render(
+        request,
+        "rollouts/rollout_detail.html",
+        {
+            "rollout": rollout,
+            "steps": steps,
+            "shares": shares,
+            "windows": windows,
+            "sla_ttft_ms": rollout.to_deployment.sla_p95_ttft_s * 1000,
+            "sla_tpot_ms": rollout.to_deployment.sla_p95_tpot_s * 1000,
+            "events": rollout.events.all(),
+            "refresh_s": 15 if rollout.is_active else 300,
+        },
+    )
+
+
+@login_required
+@require_POST
+def rollout_action(request, pk: int, action: str):
+    rollout = get_object_or_404(rollouts_visible_to(request.user), pk=pk)
+    service = ACTIONS.get(action)
+    if not request.user.is_staff or service is None:
+        raise PermissionDenied
+    try:
+        service(rollout=rollout, actor=request.user)
+    except ApplicationError as error:
+        messages.error(request, error.message)
+    else:
+        messages.success(request, f"{action}: done")
+    return redirect(reverse("rollouts:rollout-detail", args=[rollout.pk]))

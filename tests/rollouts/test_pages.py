@@ -1,0 +1,110 @@
+"""The rollout page and the deployment page's line about a rollout in progress."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from django.utils import timezone
+
+from tests.rollouts.conftest import measured
+
+
+def test_the_rollout_page_shows_steps_shares_measurements_and_buttons(pair, alice, client):
+    from portal.rollouts.services import rollout_evaluate, rollout_start
+
+    rollout = rollout_start(
+        served_model=pair.served, to_deployment=pair.new, from_deployment=pair.old, steps=[[10, 5], [100, 5]]
+    )
+    t0 = timezone.now()
+    rollout_evaluate(rollout=rollout, now=t0 - dt.timedelta(seconds=1))
+    measured(pair.new, t0, requests=12, errors=1, ttft_ms=812)
+    measured(pair.old, t0, requests=108, ttft_ms=640)
+    client.force_login(alice)
+    page = client.get(f"/rollouts/{rollout.pk}/").content.decode()
+    assert "10.00 %" in page and "90.00 %" in page  # the live shares
+    assert "812 ms" in page and "640 ms" in page  # both versions this step
+    assert "SLA 3000 ms" in page
+    assert "Roll back" in page and "Pause" in page
+
+    response = client.post(f"/rollouts/{rollout.pk}/pause/")
+    assert response.status_code == 302
+    rollout.refresh_from_db()
+    assert rollout.state == "paused"
+
+    deployment_page = client.get(pair.new.get_absolute_url()).content.decode()
+    assert "Rollout in progress" in deployment_page and f"/rollouts/{rollout.pk}/" in deployment_page
+
+
+def test_members_see_no_buttons_and_cannot_post(pair, alice, bob, client):
+    from portal.rollouts.services import rollout_start
+
+    rollout = rollout_start(served_model=pair.served, to_deployment=pair.new, actor=alice)
+    client.force_login(bob)
+    page = client.get(f"/rollouts/{rollout.pk}/").content.decode()
+    assert "Roll back" not in page
+    assert client.post(f"/rollouts/{rollout.pk}/rollback/").status_code == 403
+    rollout.refresh_from_db()
+    assert rollout.state == "warming"
+
+
+def test_another_teams_member_gets_a_404(pair, alice, charlie, client):
+    from portal.rollouts.services import rollout_start
+    from portal.teams.models import Team
+
+    rollout = rollout_start(served_model=pair.served, to_deployment=pair.new, actor=alice)
+    Team.objects.create(name="Ads", slug="ads", allowed_models=["else"]).members.add(charlie)
+    client.force_login(charlie)
+    assert client.get(f"/rollouts/{rollout.pk}/").status_code == 404
+    assert client.post(f"/rollouts/{rollout.pk}/rollback/").status_code == 404
+
+
+def test_the_team_usage_page_reads_a_served_name_per_version(pair, team, bob, client):
+    from portal.teams.models import Usage
+    from portal.teams.services import api_key_create
+
+    key, _ = api_key_create(team=team, name="k")
+    for deployment, status, n in (
+        (pair.old, "completed", 3),
+        (pair.new, "completed", 2),
+        (pair.new, "upstream_error", 1),
+    ):
+        for _ in range(n):
+            Usage.objects.create(
+                team=team, api_key=key, model=pair.served.name, deployment=deployment, status=status,
+                http_status=200 if status == "completed" else 502, created_at=timezone.now(),
+                prompt_tokens=10, completion_tokens=5, duration_ms=10.0,
+            )  # fmt: skip
+    from portal.teams.selectors import usage_today_by_version
+
+    rows = {(r["version"], r["requests"], r["errors"]) for r in usage_today_by_version(team)}
+    assert rows == {(pair.old.model_version.name, 3, 0), (pair.new.model_version.name, 3, 1)}
+    client.force_login(bob)
+    page = client.get(f"/teams/{team.slug}/usage/").content.decode()
+    assert "Today by model and version" in page and pair.new.model_version.name in page
+
+
+def test_staff_start_a_rollout_from_the_page_and_see_it_listed(pair, alice, client):
+    from portal.rollouts.models import Rollout
+
+    client.force_login(alice)
+    assert "Start" in client.get("/rollouts/new/").content.decode()
+    bad = client.post(
+        "/rollouts/new/",
+        {"served_model": pair.served.name, "to_deployment": pair.new.name, "steps": "10x5, 50x5"},
+    )
+    assert "last step must send 100" in bad.content.decode()
+    response = client.post(
+        "/rollouts/new/",
+        {"served_model": pair.served.name, "to_deployment": pair.new.name, "from_deployment": pair.old.name,
+         "steps": "10% x 5, 100x5 min"},
+    )  # fmt: skip
+    rollout = Rollout.objects.get()
+    assert response.status_code == 302 and response["Location"] == f"/rollouts/{rollout.pk}/"
+    assert rollout.steps == [{"share_percent": 10, "minutes": 5}, {"share_percent": 100, "minutes": 5}]
+    assert pair.served.name in client.get("/rollouts/").content.decode()
+
+
+def test_members_cannot_open_the_start_form(bob, client):
+    client.force_login(bob)
+    assert client.get("/rollouts/new/").status_code == 403
+    assert client.get("/rollouts/").status_code == 200

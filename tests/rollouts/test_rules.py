@@ -1,0 +1,64 @@
+"""inference.rollout without Django: steps checked, the verdict on one step's windows."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference.errors import InputError
+from inference.rollout import Decision, Policy, Step, Window, judge, parse_steps, split_share
+
+POLICY = Policy(
+    sla_p95_ttft_ms=3000,
+    sla_p95_tpot_ms=100,
+    min_requests=20,
+    max_error_rate_increase=0.01,
+    max_latency_ratio=1.5,
+)
+STEP = Step(25, 10)
+GOOD_OLD = Window(requests=300, errors=0, p95_ttft_ms=500, p95_tpot_ms=40)
+
+
+def test_it_reads_steps_in_either_form_and_checks_them():
+    assert parse_steps([[5, 10], {"share_percent": 100, "minutes": 1}]) == (Step(5, 10), Step(100, 1))
+    for bad, message in [
+        ([], "1 to 20 steps"),
+        ([[5, 10]] * 21, "1 to 20 steps"),
+        ([[0, 10], [100, 1]], "1 to 100 %"),
+        ([[True, 10], [100, 1]], "whole numbers"),
+        ([[5.5, 10], [100, 1]], "whole numbers"),
+        ([[5, 10, 1]], "(share %, minutes)"),
+        ("5,100", "1 to 20 steps"),
+    ]:
+        with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            parse_steps(bad)
+
+
+def test_a_quiet_good_step_holds_until_its_minutes_and_its_requests():
+    new = Window(requests=25, errors=0, p95_ttft_ms=520, p95_tpot_ms=41)
+    assert judge(new=new, old=GOOD_OLD, policy=POLICY, step=STEP, elapsed_s=599).decision == Decision.HOLD
+    assert judge(new=new, old=GOOD_OLD, policy=POLICY, step=STEP, elapsed_s=600).decision == Decision.ADVANCE
+    few = Window(requests=19, p95_ttft_ms=520, p95_tpot_ms=41)
+    assert judge(new=few, old=GOOD_OLD, policy=POLICY, step=STEP, elapsed_s=6000).decision == Decision.HOLD
+
+
+def test_an_sla_miss_rolls_back_however_few_the_requests():
+    new = Window(requests=1, p95_ttft_ms=20, p95_tpot_ms=150)
+    verdict = judge(new=new, old=GOOD_OLD, policy=POLICY, step=STEP, elapsed_s=1)
+    assert verdict.decision == Decision.ROLL_BACK
+    assert verdict.reasons == ("P95 TPOT 150.0 ms > SLA 100.0 ms",)
+
+
+def test_rates_and_ratios_need_evidence_on_both_sides():
+    new = Window(requests=25, errors=2, p95_ttft_ms=900, p95_tpot_ms=40)
+    assert judge(new=new, old=GOOD_OLD, policy=POLICY, step=STEP, elapsed_s=1).decision == Decision.ROLL_BACK
+    quiet_old = Window(requests=5, errors=0, p95_ttft_ms=100, p95_tpot_ms=10)
+    no_errors = Window(requests=25, errors=0, p95_ttft_ms=900, p95_tpot_ms=40)
+    assert (
+        judge(new=no_errors, old=quiet_old, policy=POLICY, step=STEP, elapsed_s=1).decision == Decision.HOLD
+    )
+
+
+def test_a_share_splits_the_pairs_total():
+    assert split_share(10_000, 5) == (500, 9_500)
+    assert split_share(6_000, 25) == (1_500, 4_500)  # another version keeps its 40 %
+    assert split_share(10_000, 100) == (10_000, 0)
