@@ -12,7 +12,7 @@ from collections import Counter
 import httpx
 import pytest
 
-from tests.gateway.conftest import chat_body, make_setup
+from tests.gateway.conftest import chat_body, make_setup, wait_until
 
 
 def _second_version(setup, upstream: str):
@@ -111,13 +111,14 @@ def test_it_lists_the_served_name_a_key_may_call(gateway, split, team, bob):
     from portal.teams.services import api_key_create
 
     _, token = api_key_create(team=team, name="any")
-    listed = {
-        m["id"]
-        for m in httpx.get(
-            f"{gateway.url}/v1/models", headers={"Authorization": f"Bearer {token}"}, timeout=30
-        ).json()["data"]
-    }
-    assert {name, old.model, new.model} <= listed
+
+    def unscoped_listing() -> set[str]:
+        answer = httpx.get(f"{gateway.url}/v1/models", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        return {m["id"] for m in answer.json()["data"]}
+
+    # The list of every served model is one cache entry per gateway process (GATEWAY_CACHE_S, 30 s
+    # here): an earlier test may have filled it before these deployments existed.
+    wait_until(lambda: {name, old.model, new.model} <= unscoped_listing(), timeout=45, what="the served name listed")
     assert name in model_names_for_team(team)
 
 
