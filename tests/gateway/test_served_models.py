@@ -113,12 +113,14 @@ def test_it_lists_the_served_name_a_key_may_call(gateway, split, team, bob):
     _, token = api_key_create(team=team, name="any")
 
     def unscoped_listing() -> set[str]:
-        answer = httpx.get(f"{gateway.url}/v1/models", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        auth = {"Authorization": f"Bearer {token}"}
+        answer = httpx.get(f"{gateway.url}/v1/models", headers=auth, timeout=30)
         return {m["id"] for m in answer.json()["data"]}
 
     # The list of every served model is one cache entry per gateway process (GATEWAY_CACHE_S, 30 s
     # here): an earlier test may have filled it before these deployments existed.
-    wait_until(lambda: {name, old.model, new.model} <= unscoped_listing(), timeout=45, what="the served name listed")
+    everything = {name, old.model, new.model}
+    wait_until(lambda: everything <= unscoped_listing(), timeout=45, what="the served name listed")
     assert name in model_names_for_team(team)
 
 
