@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# Each test starts manage.py on a fresh SQLite file (migrations included): out of make test-fast.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "inference" / "data" / "hf_configs" / "llama-2-7b-chat-hf" / "config.json"
 

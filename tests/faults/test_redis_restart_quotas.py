@@ -17,7 +17,7 @@ from tests.gateway.conftest import chat_body, make_setup, run_async, upstream_re
 
 from .conftest import shared_database_url, start_web, stop, wait_for
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 
 def restart(private_redis) -> None:

@@ -29,7 +29,8 @@ from tests.conftest import bundled_config
 
 from .conftest import chat_body, wait_until
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# A real agent, gateway and simulator moving a deployment under traffic: 15-50 s, out of make test-fast.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 class Traffic(threading.Thread):

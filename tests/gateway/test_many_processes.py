@@ -31,7 +31,8 @@ from .conftest import (
     wait_until_up,
 )
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+# Several gateway processes at once: out of make test-fast.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration, pytest.mark.slow]
 
 # A stream that outlives any test: admitted requests hold their slots until the test closes them.
 HOLD = "FAKE chunks=600 interval=100"

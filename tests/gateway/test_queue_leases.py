@@ -31,6 +31,7 @@ def short_lease_gateway(serving, tmp_path):
     stop(process)
 
 
+@pytest.mark.slow  # waits out real leases: out of make test-fast
 def test_a_batch_request_waiting_past_the_lease_still_counts_against_its_keys_max_concurrent(
     short_lease_gateway, serving, gw_redis
 ):

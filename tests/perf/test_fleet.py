@@ -14,6 +14,7 @@ from perf.fleet import PAGES, build_fleet, page_costs
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # a tiny run of a whole benchmark script: out of make test-fast
 def test_a_tiny_fleet_bench_supervises_every_node_prints_its_table_and_cleans_up():
     run = subprocess.run(
         [sys.executable, "-m", "perf.fleet", "--nodes", "5", "--ticks", "1", "--inflight", "50",

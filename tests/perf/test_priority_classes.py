@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # a tiny run of a whole benchmark script: out of make test-fast
 def test_a_tiny_priority_bench_runs_both_phases_and_batch_completes_work(tmp_path):
     out = tmp_path / "priority.json"
     run = subprocess.run(

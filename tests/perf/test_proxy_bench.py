@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # a tiny run of a whole benchmark script: out of make test-fast
 def test_a_tiny_proxy_bench_runs_one_and_two_processes_clean_and_counts_redis_work(tmp_path):
     out = tmp_path / "proxy.json"
     run = subprocess.run(

@@ -9,10 +9,12 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # a tiny run of a whole benchmark script: out of make test-fast
 def test_a_tiny_insert_rate_bench_prints_every_method_and_drops_its_database():
     server = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/portal").rsplit("/", 1)[0]
     run = subprocess.run(
