@@ -115,7 +115,7 @@ def worker_main(queues: str, concurrency: int) -> None:
     import django
 
     django.setup()
-    from portal.core.redis_client import gateway_redis
+    from portal.core.redis.client import gateway_redis
     from portal.deployments.agent import supervise
     from portal.deployments.models import Deployment
 
@@ -139,7 +139,7 @@ def worker_main(queues: str, concurrency: int) -> None:
 
 def supervision(names: list[str], ticks: int, interval_s: float) -> dict:
     """Run the beat task `ticks` times; per tick: its own duration and until every node was checked."""
-    from portal.core.redis_client import gateway_redis
+    from portal.core.redis.client import gateway_redis
     from portal.deployments.tasks import supervise_all
 
     redis = gateway_redis()
@@ -180,8 +180,8 @@ def redis_memory(inflight: int, redis_url: str) -> dict:
     """Admit `inflight` requests over every deployment, kept in flight; memory and keys before and after."""
     import redis.asyncio as aioredis
 
-    from inference.ratelimit import Limits, RateLimiter, Scope
-    from portal.core.redis_client import redis_keys
+    from portal.core.redis.client import redis_keys
+    from portal.core.redis.ratelimit import Limits, RateLimiter, Scope
     from portal.deployments.models import Deployment
 
     replicas = [(pk, 64) for pk in Deployment.objects.order_by("pk").values_list("pk", flat=True)]

@@ -163,7 +163,7 @@ def _copy_plain(rows: list) -> None:
 def run(args) -> list[list[str]]:
     from django.db import connection
 
-    from portal.core.redis_client import gateway_redis, redis_keys
+    from portal.core.redis.client import gateway_redis, redis_keys
     from portal.teams import services
     from portal.teams.models import Team, Usage, UsageHourly
     from portal.teams.services import api_key_create, team_create, usage_flush, usage_insert

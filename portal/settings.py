@@ -16,7 +16,7 @@ import environ
 from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
-from inference.redis_keys import NAMESPACE_RE, RedisKeys, namespace_for_database
+from portal.core.redis.keys import NAMESPACE_RE, RedisKeys, namespace_for_database
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -267,7 +267,7 @@ SPECTACULAR_SETTINGS = {
 
 # --- Redis namespace ------------------------------------------------------------
 # Every Redis key of this installation (quotas, usage records, metrics, Celery queues) starts
-# with it (inference/redis_keys.py), so installations sharing a Redis server never mix data.
+# with it (portal/core/redis/keys.py), so installations sharing a Redis server never mix data.
 # Unset: derived from the database's identity (engine, host, port, name).
 # Derived, a namespace depends on every process spelling the database alike (normalised, but a
 # host alias still differs): `check --deploy` refuses a derived one, and each process reports the

@@ -32,7 +32,7 @@ def node_agent(
 
     `also_queues` (e.g. `("control",)`) makes the same worker take those queues too, for a test that
     needs a control-side task sent by the agent to run without a second worker."""
-    from portal.core.redis_client import redis_keys
+    from portal.core.redis.client import redis_keys
     from portal.deployments.models import Deployment
 
     queue = f"node.{node_name}"

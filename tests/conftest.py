@@ -16,7 +16,7 @@ from django.conf import settings
 from rest_framework.test import APIClient
 
 from inference.hf_config import known_configs
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 
 NVIDIA_SMI = Path(__file__).resolve().parents[1] / "inference" / "data" / "nvidia_smi"
 

@@ -22,7 +22,7 @@ import httpx
 import redis
 
 from inference import supervisor
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_NODE = "local"

@@ -23,9 +23,9 @@ import redis
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
-from inference.redis_keys import database_identity, heartbeat_key
+from portal.core.redis.keys import database_identity, heartbeat_key
 
-from .redis_client import gateway_redis
+from .redis.client import gateway_redis
 
 log = logging.getLogger("portal.core")
 

@@ -16,7 +16,7 @@ from django.db.models import Count, F, Max, Q, Sum
 from django.utils import timezone
 
 from portal.benchmarks.models import BenchmarkRun
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 from portal.deployments.models import Deployment, DeploymentState, MetricsSample
 from portal.deployments.selectors import (
     CallableModel,

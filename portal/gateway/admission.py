@@ -25,10 +25,10 @@ from dataclasses import dataclass, replace
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from inference.ratelimit import Admission, RateLimiter, Scope, SlotGrant, prompt_limit
 from portal.core.errors import did_you_mean
 from portal.core.jsonbody import TOO_DEEP
 from portal.core.middleware import bad_text
+from portal.core.redis.ratelimit import Admission, RateLimiter, Scope, SlotGrant, prompt_limit
 
 from .errors import GatewayError
 

@@ -17,7 +17,7 @@ from asgiref.sync import sync_to_async
 from django.db import Error as DatabaseError
 from django.db import close_old_connections
 
-from inference.ratelimit import Admission, LeaseKeeper, RateLimiter, Scope
+from portal.core.redis.ratelimit import Admission, LeaseKeeper, RateLimiter, Scope
 from portal.observability import prometheus
 from portal.teams import selectors
 

@@ -21,10 +21,10 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
-from inference.ratelimit import LeaseKeeper, RateLimiter, Scope, slot_members
 from portal.core.errors import did_you_mean
 from portal.core.jsonbody import TOO_DEEP
-from portal.core.redis_client import async_gateway_redis, redis_keys
+from portal.core.redis.client import async_gateway_redis, redis_keys
+from portal.core.redis.ratelimit import LeaseKeeper, RateLimiter, Scope, slot_members
 from portal.observability import prometheus
 
 from .admission import (

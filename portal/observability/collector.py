@@ -18,8 +18,8 @@ from django.conf import settings
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from inference.redis_keys import USAGE_DEAD_LETTERS
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
+from portal.core.redis.keys import USAGE_DEAD_LETTERS
 from portal.deployments.models import Deployment, DeploymentState
 
 from . import prometheus as m

@@ -7,7 +7,7 @@ PORTAL_METRICS_FLUSH_S seconds in one pipeline. A scrape of `/metrics` on any we
 process reads the sums from Redis (`collector.py`), so one scrape target sees the
 whole portal. A process that dies loses at most one interval of counts.
 
-Redis layout (GATEWAY_REDIS_URL, keys from inference/redis_keys.py under the namespace):
+Redis layout (GATEWAY_REDIS_URL, keys from portal/core/redis/keys.py under the namespace):
 - `<ns>:metrics:counters`: one hash; field = JSON `[family, labels...]`, value = the running sum.
 - `<ns>:metrics:minute:<epoch minute>`: per-minute traffic for the dashboard (requests,
   tokens, errors, rejections, the largest queue depth sampled), kept two hours.
@@ -25,8 +25,8 @@ import time
 import redis
 from django.conf import settings
 
-from inference.redis_keys import RedisKeys
-from portal.core.redis_client import gateway_redis, redis_keys
+from portal.core.redis.client import gateway_redis, redis_keys
+from portal.core.redis.keys import RedisKeys
 
 log = logging.getLogger("portal.metrics")
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import redis
 
 from portal.benchmarks.models import FINISHED_STATES, BenchmarkRun
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 
 from . import prometheus
 from .models import LatencyMinute, SlaBreach

@@ -11,7 +11,7 @@ from django.db.models.functions import TruncHour
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
-from portal.core.redis_client import gateway_redis, redis_keys
+from portal.core.redis.client import gateway_redis, redis_keys
 from portal.registry.models import ModelVersion, ServedModel
 
 from .models import (

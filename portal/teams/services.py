@@ -27,10 +27,10 @@ from django.db.models import Count, Q, Sum
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
-from inference.redis_keys import USAGE_DEAD_LETTERS, RedisKeys
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
-from portal.core.redis_client import gateway_redis, redis_keys
+from portal.core.redis.client import gateway_redis, redis_keys
+from portal.core.redis.keys import USAGE_DEAD_LETTERS, RedisKeys
 
 from . import partitions
 from .models import (

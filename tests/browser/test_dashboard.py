@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 from tests.browser.conftest import login, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

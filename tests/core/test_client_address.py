@@ -11,7 +11,7 @@ from django.test import Client, RequestFactory
 
 from portal.audit.models import AuditEvent
 from portal.core.clientaddr import client_address
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 
 PROXY = "10.1.0.1"
 

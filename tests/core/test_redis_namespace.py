@@ -8,9 +8,9 @@ import pytest
 import redis
 from django.conf import settings
 
-from inference.redis_keys import RedisKeys
 from portal.celery import app
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
+from portal.core.redis.keys import RedisKeys
 from portal.observability import prometheus
 from portal.observability.selectors import traffic_last_hour
 
@@ -62,15 +62,15 @@ def test_the_dashboard_shows_only_this_installations_traffic(shared_redis):
 def test_a_derived_namespace_does_not_depend_on_how_the_database_url_is_spelled(urls):
     import environ
 
-    from inference.redis_keys import namespace_for_database
+    from portal.core.redis.keys import namespace_for_database
 
     assert len({namespace_for_database(environ.Env.db_url_config(url)) for url in urls}) == 1
 
 
 @pytest.fixture
 def heartbeats():
-    from inference.redis_keys import heartbeat_key
     from portal.core.heartbeat import database_fingerprint
+    from portal.core.redis.keys import heartbeat_key
 
     client = redis.Redis.from_url(settings.GATEWAY_REDIS_URL)
     key = heartbeat_key(database_fingerprint())

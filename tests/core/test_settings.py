@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from inference.redis_keys import namespace_for_database
+from portal.core.redis.keys import namespace_for_database
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from portal.benchmarks.models import BenchmarkLevel, BenchmarkRun
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 from portal.deployments.models import Deployment, MetricsSample
 from portal.observability import prometheus
 from portal.observability.services import queue_depth_sample

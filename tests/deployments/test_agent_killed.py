@@ -18,7 +18,7 @@ import redis
 from django.db import connection
 
 from inference import supervisor
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 from portal.deployments.agent.start import deployment_start
 from portal.deployments.agent.supervise import deployment_supervise
 from portal.deployments.models import Deployment

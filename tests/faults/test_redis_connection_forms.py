@@ -12,7 +12,7 @@ import pytest
 import redis
 from redis.connection import SSLConnection
 
-from portal.core import redis_client
+from portal.core.redis import client as redis_client
 
 from .conftest import REDIS_SERVER, free_port, wait_for
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 from tests.gateway.conftest import chat_body, make_setup, run_async, slots_in_use
 
 from .conftest import shared_database_url, start_web, stop, wait_for

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 from tests.gateway.conftest import chat_body, make_setup, run_async, upstream_reset, upstream_stats
 
 from .conftest import shared_database_url, start_web, stop, wait_for

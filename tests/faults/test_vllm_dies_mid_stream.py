@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from inference import supervisor
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 from portal.deployments.agent.start import deployment_start
 from portal.deployments.agent.supervise import deployment_supervise
 from portal.teams.models import Usage

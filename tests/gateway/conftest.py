@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from perf._common import free_port
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")

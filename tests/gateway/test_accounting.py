@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 
 from .conftest import NO_FIRST_TOKEN_IN_TIME, chat_body
 

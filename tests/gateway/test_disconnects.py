@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 
 from .conftest import (
     chat_body,

@@ -11,7 +11,7 @@ import uuid
 import httpx
 import pytest
 
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 
 from .conftest import chat_body, make_setup, spawn_fake_upstream, stop, upstream_reset, upstream_stats
 

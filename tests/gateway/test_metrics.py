@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 from portal.observability.selectors import traffic_last_hour
 from portal.observability.services import queue_depth_sample
 from tests.observability.conftest import TOKEN, scrape, value

@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 
 from .conftest import add_replica, chat_body, make_setup, spawn_fake_upstream, stop, wait_for_slots_free
 

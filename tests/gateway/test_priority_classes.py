@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 
 from .conftest import (
     BATCH_QUEUE_TIMEOUT_S,

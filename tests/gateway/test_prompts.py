@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 
 from .conftest import chat_body, run_async, upstream_reset, wait_for_slots_free
 

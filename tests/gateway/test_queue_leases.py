@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 
 from .conftest import chat_body, run_async, slots_in_use, start_gateway, stop, wait_for_slots_free, wait_until
 

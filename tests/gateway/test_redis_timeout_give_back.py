@@ -11,8 +11,8 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from inference.ratelimit import Limits, RateLimiter, Scope
-from inference.redis_keys import RedisKeys
+from portal.core.redis.keys import RedisKeys
+from portal.core.redis.ratelimit import Limits, RateLimiter, Scope
 from portal.gateway import admission
 from portal.gateway.errors import GatewayError
 

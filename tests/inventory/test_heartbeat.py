@@ -106,7 +106,7 @@ def test_a_node_without_an_agent_gets_one_heartbeat_waiting_not_one_per_tick(
     import redis
     from django.conf import settings
 
-    from portal.core.redis_client import redis_keys
+    from portal.core.redis.client import redis_keys
 
     node = node_create(name="hb-lonely")
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)

@@ -172,7 +172,7 @@ def test_the_task_stores_waiting_usage_records_before_rolling_up(deployment, gat
 
     from django.utils import timezone
 
-    from portal.core.redis_client import redis_keys
+    from portal.core.redis.client import redis_keys
     from portal.observability.tasks import latency_rollup as task
     from portal.teams.services import api_key_create
 

@@ -22,7 +22,7 @@ from django.db import connection
 
 from inference.convert import bf16_bits_to_fp16
 from inference.hashing import hash_model_dir
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 from portal.inventory.services import node_create
 from portal.registry.models import ConversionJob, ConversionState, ModelVersion
 from portal.registry.services import conversion_job_start, model_version_create

@@ -6,7 +6,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from portal.core.errors import ApplicationError
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 from portal.registry.models import ModelVersion
 from portal.registry.services import model_version_create
 from tests.conftest import api_client, bundled_config

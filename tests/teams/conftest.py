@@ -7,7 +7,7 @@ import os
 import pytest
 import redis
 
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 from portal.teams.services import api_key_create
 
 

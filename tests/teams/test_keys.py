@@ -14,7 +14,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from portal.core.errors import ApplicationError
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 from portal.teams.models import ApiKey
 from portal.teams.services import (
     api_key_create,

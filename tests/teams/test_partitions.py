@@ -13,7 +13,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 from portal.dashboard.services import retention_prune
 from portal.teams import partitions
 from portal.teams.models import Usage, UsageDaily, UsageHourly

@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from portal.core.errors import ApplicationError
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 from portal.teams.models import ApiKey, Usage, UsageDaily
 from portal.teams.services import api_key_create, usage_flush
 

@@ -11,7 +11,7 @@ import uuid
 import pytest
 from django.utils import timezone
 
-from portal.core.redis_client import redis_keys
+from portal.core.redis.client import redis_keys
 from portal.teams.models import ApiKey, Team, Usage, UsageDaily
 from portal.teams.services import api_key_create, budgets_enforce, usage_flush, usage_rollup
 
@@ -288,7 +288,7 @@ def test_it_dead_letters_records_of_keys_this_database_does_not_know(team, key, 
 
 
 def test_it_ignores_the_usage_records_of_another_installation_on_the_same_redis(team, key, gw, settings):
-    from inference.redis_keys import RedisKeys
+    from portal.core.redis.keys import RedisKeys
 
     theirs = RedisKeys("another-portal")
     try:

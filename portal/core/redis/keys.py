@@ -8,7 +8,7 @@ and `<ns>:celery:...` (Celery's queues, through kombu's `global_keyprefix`).
 Admission, revocation, the usage flush and every reader build their keys here,
 so a writer and a reader can never disagree on a spelling.
 
-Pure Python; no Django.
+Pure Python; no Django (portal/settings.py reads the namespace rules from here).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
-from inference.ratelimit import LeaseKeeper, Limits, RateLimiter, Scope
-from inference.redis_keys import RedisKeys
+from portal.core.redis.keys import RedisKeys
+from portal.core.redis.ratelimit import LeaseKeeper, Limits, RateLimiter, Scope
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from inference.ratelimit import batch_limit
+from portal.core.redis.ratelimit import batch_limit
 
 from .test_ratelimit import run as run_with_limiter
 

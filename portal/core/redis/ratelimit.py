@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from inference.redis_keys import RedisKeys
+from .keys import RedisKeys
 
 DAY_MS = 86_400_000
 
@@ -396,7 +396,7 @@ class RateLimiter:
         self._rebuild_day = redis.register_script(REBUILD_DAY)
         self.usage_list = keys.usage
 
-    # --- key names (inference/redis_keys.py spells them) ----------------------------
+    # --- key names (portal/core/redis/keys.py spells them) --------------------------
     def blocked_key(self, kind: str, id: int | str) -> str:
         return self.keys.blocked(kind, id)
 

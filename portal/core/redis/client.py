@@ -26,12 +26,12 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.connection import parse_url
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from inference.redis_keys import RedisKeys
+from .keys import RedisKeys
 
 
 def _retry(asynchronous: bool):
-    # As the gateway's client (docs/decisions.md, "Redis down"): only refused or broken
-    # connections are retried, briefly; a timed-out script may already have run.
+    # The one retry policy of every client (docs/decisions.md, "Redis down"): only refused or
+    # broken connections are retried, briefly; a timed-out script may already have run.
     from redis.asyncio.retry import Retry as AsyncRetry
     from redis.retry import Retry
 
@@ -102,11 +102,6 @@ def gateway_redis() -> redis.Redis:
 def async_gateway_redis() -> redis.asyncio.Redis:
     """A new asyncio client, for one event loop (the gateway keeps one per loop)."""
     return make_redis(asynchronous=True)
-
-
-# Drops every pooled client (the pools are keyed by their settings, so nothing needs it to see
-# a changed setting; kept for callers of the former cached `teams.services.gateway_redis`).
-gateway_redis.cache_clear = _client.cache_clear  # type: ignore[attr-defined]
 
 
 @cache
