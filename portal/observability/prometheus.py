@@ -27,6 +27,7 @@ from django.conf import settings
 
 from portal.core.redis.client import gateway_redis, redis_keys
 from portal.core.redis.keys import RedisKeys
+from portal.core.redis.scripts import MINUTE_MAX, MinuteMaxCall
 
 log = logging.getLogger("portal.metrics")
 
@@ -230,15 +231,9 @@ def celery_task_outcome(task: str, outcome: str) -> None:
         log.warning("task outcome %s %s not counted: %s", task, outcome, error)
 
 
-# Lua: keep the largest sample of a minute (several beat ticks and several models per minute).
-_MAX_SET = """
-local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '-1')
-if tonumber(ARGV[2]) > cur then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-return 1
-"""
-
-
 def minute_max(name: str, value: int, *, at: float | None = None) -> None:
+    """Keep the largest sample of a minute (several beat ticks and several models per minute)."""
     minute = int((time.time() if at is None else at) // 60)
-    client().eval(_MAX_SET, 1, redis_keys().metrics_minute(minute), name, value, MINUTE_TTL_S)
+    key = redis_keys().metrics_minute(minute)
+    call = MinuteMaxCall(minute=key, name=name, value=value, ttl_s=MINUTE_TTL_S)
+    client().eval(MINUTE_MAX, len(call.keys()), *call.keys(), *call.args())

@@ -31,6 +31,9 @@ from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
 from portal.core.redis.client import gateway_redis, redis_keys
 from portal.core.redis.keys import USAGE_DEAD_LETTERS, RedisKeys
+from portal.core.redis.scripts import USAGE_GIVE_BACK as _USAGE_GIVE_BACK
+from portal.core.redis.scripts import USAGE_REPLAY as _USAGE_REPLAY
+from portal.core.redis.scripts import USAGE_TAKE as _USAGE_TAKE
 
 from . import partitions
 from .models import (
@@ -240,38 +243,6 @@ USAGE_CLOCK_SKEW = dt.timedelta(minutes=5)
 # The dead-letter list keeps the newest this many records (a flood of foreign records must
 # not fill Redis); every one is counted in /metrics whether or not it is kept.
 USAGE_DEAD_MAX = 100_000
-
-# KEYS: usage list, flushers zset, this batch's list; ARGV: batch size, lease ms, flusher id.
-# Moves up to `batch` records from the queue to the flusher's own list in one step, so two
-# flushers never take the same records, and a dead flusher's batch can be put back.
-_USAGE_TAKE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local raws = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
-if #raws == 0 then return raws end
-redis.call('LTRIM', KEYS[1], #raws, -1)
-for i = 1, #raws, 500 do
-  redis.call('RPUSH', KEYS[3], unpack(raws, i, math.min(i + 499, #raws)))
-end
-redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[3])
-return raws
-"""
-
-# KEYS: usage list, flushers zset, the batch's list; ARGV: flusher id, '1' = even if its lease runs.
-# Puts a batch back on the queue: its flusher's lease ran out (it died), or it gave up on it.
-_USAGE_GIVE_BACK = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease_end = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if ARGV[2] ~= '1' and lease_end and tonumber(lease_end) > now then return 0 end
-local raws = redis.call('LRANGE', KEYS[3], 0, -1)
-for i = 1, #raws, 500 do
-  redis.call('RPUSH', KEYS[1], unpack(raws, i, math.min(i + 499, #raws)))
-end
-redis.call('DEL', KEYS[3])
-redis.call('ZREM', KEYS[2], ARGV[1])
-return #raws
-"""
 
 
 # What storing a row can raise for a value it cannot hold: PostgreSQL's refusals (through Django, or
@@ -521,27 +492,6 @@ def _existing_deployments(ids: set[int]) -> set[int]:
     # Through the foreign key's model: teams sits below deployments and does not import it.
     deployments = Usage._meta.get_field("deployment").related_model._default_manager
     return set(deployments.filter(pk__in=ids).values_list("pk", flat=True)) if ids else set()
-
-
-# KEYS: dead-letter list, usage list; ARGV: the reason that stays. In one step, moves every
-# dead-lettered record back to the queue except those of that reason, which stay dead-lettered.
-_USAGE_REPLAY = """
-local entries = redis.call('LRANGE', KEYS[1], 0, -1)
-local kept = {}
-for _, entry in ipairs(entries) do
-  local decoded = cjson.decode(entry)
-  if decoded['reason'] == ARGV[1] then
-    table.insert(kept, entry)
-  else
-    redis.call('RPUSH', KEYS[2], decoded['record'])
-  end
-end
-redis.call('DEL', KEYS[1])
-for i = 1, #kept, 500 do
-  redis.call('RPUSH', KEYS[1], unpack(kept, i, math.min(i + 499, #kept)))
-end
-return {#entries - #kept, #kept}
-"""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Rate limits, token budgets and concurrency slots in Redis, as atomic Lua scripts.
+"""Rate limits, token budgets and concurrency slots in Redis, as atomic Lua scripts (their
+source, and the layout of each one's keys and arguments, in portal/core/redis/scripts.py).
 
 Every web process shares this state, and each check and its increment are one
 script, so two processes can never both take the last unit of a quota. Time is
@@ -42,255 +43,25 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from .keys import RedisKeys
-
-DAY_MS = 86_400_000
-
-_NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-"""
-
-# KEYS: blocked_team, blocked_key, then per scope (team, key): rpm_tat, tpm_tat, tpd_prefix, conc_zset,
-#       then the request's reservation record
-# ARGV: request_id, tokens, lease_ms, then per scope: rpm, tpm, tpd, conc (0 = no limit),
-#       then 1 to report a missing daily counter (`<scope>_tpd_unknown`) instead of taking it as 0
-# Returns {status, retry_after_ms, day[, now_us]}; status "ok" (with Redis's time, µs) or the name of
-# the limit that said no.
-_ADMIT_BODY = """
-local day = math.floor(now / 86400000)
-if redis.call('EXISTS', KEYS[1]) == 1 then return {'team_blocked', 0, day} end
-if redis.call('EXISTS', KEYS[2]) == 1 then return {'key_blocked', 0, day} end
-local req, cost, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local commits = {}
-for s = 0, 1 do
-  local k, a = 2 + s * 4, 3 + s * 4
-  local rpm, tpm = tonumber(ARGV[a+1]), tonumber(ARGV[a+2])
-  local tpd, conc = tonumber(ARGV[a+3]), tonumber(ARGV[a+4])
-  local scope = (s == 0) and 'team_' or 'key_'
-  if rpm > 0 then
-    local period = 60000 / rpm
-    local tat = math.max(tonumber(redis.call('GET', KEYS[k+1]) or 0), now)
-    local new_tat = tat + period
-    if new_tat - now > 60000 then return {scope .. 'rpm', math.ceil(new_tat - 60000 - now), day} end
-    commits[#commits+1] = {KEYS[k+1], new_tat}
-  end
-  if tpm > 0 and cost > 0 then
-    local period = 60000 / tpm
-    if cost > tpm then return {scope .. 'tpm_too_large', -1, day} end
-    local tat = math.max(tonumber(redis.call('GET', KEYS[k+2]) or 0), now)
-    local new_tat = tat + cost * period
-    if new_tat - now > 60000 then return {scope .. 'tpm', math.ceil(new_tat - 60000 - now), day} end
-    commits[#commits+1] = {KEYS[k+2], new_tat}
-  end
-  if tpd > 0 then
-    local counter = redis.call('GET', KEYS[k+3] .. day)
-    -- No counter for today (the day's first request, a limit set today, a Redis restart): the
-    -- caller rebuilds it from what the database holds for today, then asks again.
-    if not counter and ARGV[12] == '1' then return {scope .. 'tpd_unknown', 0, day} end
-    local used = tonumber(counter or 0)
-    if cost > tpd then return {scope .. 'tpd_too_large', -1, day} end
-    if used + cost > tpd then return {scope .. 'tpd', (day + 1) * 86400000 - now, day} end
-  end
-  if conc > 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[k+4], '-inf', now)
-    if redis.call('ZCARD', KEYS[k+4]) >= conc then return {scope .. 'concurrency', 1000, day} end
-  end
-end
-for _, c in ipairs(commits) do
-  redis.call('SET', c[1], string.format('%.3f', c[2]), 'PX', math.ceil(c[2] - now) + 60000)
-end
--- What was taken, for a caller that loses this reply (`GIVE_BACK`); outlives its retries.
-redis.call('SET', KEYS[11], day .. ':' .. cost, 'PX', lease + 60000)
-for s = 0, 1 do
-  local k, a = 2 + s * 4, 3 + s * 4
-  if tonumber(ARGV[a+3]) > 0 and cost > 0 then
-    redis.call('INCRBY', KEYS[k+3] .. day, cost)
-    redis.call('PEXPIRE', KEYS[k+3] .. day, 2 * 86400000)
-  end
-  if tonumber(ARGV[a+4]) > 0 then
-    redis.call('ZADD', KEYS[k+4], now + lease, req)
-  end
-end
-"""
-ADMIT = _NOW + _ADMIT_BODY + "return {'ok', 0, day, now_us}"
-
-# KEYS: queue_zset (the request's class's), interactive_queue_zset, then per candidate i:
-#       inflight_zset_i, long_zset_i
-# ARGV: request_id, lease_ms, is_long, long_cap, queue_max, queue_stale_ms, slots (prompts),
-#       is_batch, interactive_queue_stale_ms,
-#       then cap_i per candidate (-1 = no cap; 0 = no room, never "unlimited"; a batch request's
-#       is its batch limit)
-# Returns {index (1-based) or 0 = wait or -1 = queue full, queue position}
-# (K0, A0: where its keys and arguments start, so the same code runs alone or after ADMIT.)
-_ACQUIRE_FN = """
-local function acquire(K0, A0)
-  local req, lease, is_long = ARGV[A0+1], tonumber(ARGV[A0+2]), ARGV[A0+3] == '1'
-  local long_cap, queue_max, stale = tonumber(ARGV[A0+4]), tonumber(ARGV[A0+5]), tonumber(ARGV[A0+6])
-  local need = tonumber(ARGV[A0+7])
-  local is_batch = ARGV[A0+8] == '1'
-  local queue = KEYS[K0+1]
-  redis.call('ZREMRANGEBYSCORE', queue, '-inf', now - stale)
-  local rank = redis.call('ZRANK', queue, req)
-  local queued = redis.call('ZCARD', queue)
-  -- A batch request yields to any interactive request waiting for the model (abandoned entries
-  -- of a dead process aside): the freed slot is the interactive one's.
-  local yield = false
-  if is_batch then
-    redis.call('ZREMRANGEBYSCORE', KEYS[K0+2], '-inf', now - tonumber(ARGV[A0+9]))
-    yield = redis.call('EXISTS', KEYS[K0+2]) == 1
-  end
-  local best, best_load, best_take, free_total = 0, math.huge, 0, 0
-  local n = (#KEYS - K0 - 2) / 2
-  for i = 1, n do
-    local inflight, long = KEYS[K0+1+2*i], KEYS[K0+2+2*i]
-    redis.call('ZREMRANGEBYSCORE', inflight, '-inf', now)
-    local load = redis.call('ZCARD', inflight)
-    local cap = tonumber(ARGV[A0+9+i])
-    local free = (cap >= 0) and (cap - load) or 1000000
-    if free > 0 then free_total = free_total + free end
-    -- Every prompt takes a slot: a request with more prompts than a replica's cap (a batch one's:
-    -- its batch limit) never fits there (the gateway refuses one that fits nowhere, with a 400).
-    local take = need
-    local fits = free > 0 and free >= take
-    if fits and is_long then
-      redis.call('ZREMRANGEBYSCORE', long, '-inf', now)
-      fits = redis.call('ZCARD', long) < long_cap
-    end
-    if fits and load < best_load then best, best_load, best_take = i, load, take end
-  end
-  -- FIFO: a request may start only when fewer requests wait ahead of it than there are free slots.
-  local position = rank or queued
-  if best > 0 and position < free_total and not yield then
-    redis.call('ZADD', KEYS[K0+1+2*best], now + lease, req)
-    for j = 2, best_take do redis.call('ZADD', KEYS[K0+1+2*best], now + lease, req .. '#' .. j) end
-    if is_long then redis.call('ZADD', KEYS[K0+2+2*best], now + lease, req) end
-    if rank then redis.call('ZREM', queue, req) end
-    return best, 0
-  end
-  if not rank then
-    if queued >= queue_max then return -1, queued end
-    redis.call('ZADD', queue, now, req)
-  end
-  return 0, position
-end
-"""
-ACQUIRE = _NOW + _ACQUIRE_FN + "local index, position = acquire(0, 0)\nreturn {index, position}"
-# ADMIT then, if admitted, ACQUIRE: one round trip for the common case (admitted, a slot free).
-ADMIT_PLACE = (
-    _NOW
-    + _ACQUIRE_FN
-    + _ADMIT_BODY
-    + "local index, position = acquire(11, 12)\nreturn {'ok', 0, day, index, position, now_us}"
-)
-
-# KEYS: usage_list, then slot zsets to leave, then triples (tpm_tat, tpd_key, tpd_rebuilt) to correct
-# ARGV: request_id, usage_json, n_slots, delta_tokens, members (1 + extra replica slots `<id>#j`),
-#       admitted_us, reserved_tokens, then per triple: tokens-per-minute limit (0 = skip)
-# A daily counter rebuilt from the database after this request was admitted never held its
-# reservation (a Redis restart lost it; the record is not in the database yet): it gets the tokens
-# used, not the correction.
-FINISH = (
-    _NOW
-    + """
-local req, n_slots, delta, members = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local admitted, reserved = tonumber(ARGV[6]), tonumber(ARGV[7])
-for i = 2, 1 + n_slots do
-  redis.call('ZREM', KEYS[i], req)
-  for j = 2, members do redis.call('ZREM', KEYS[i], req .. '#' .. j) end
-end
-local p = 8
-for i = 2 + n_slots, #KEYS, 3 do
-  local tpm = tonumber(ARGV[p]); p = p + 1
-  if tpm > 0 and delta ~= 0 then
-    local tat = redis.call('GET', KEYS[i])
-    if tat then
-      -- An over-use moves the clock past what admission's TTL covers: stretch the TTL with it,
-      -- or the key (and the debt) would vanish before the clock is reached.
-      local new_tat = tonumber(tat) + delta * 60000 / tpm
-      local ttl = math.ceil(new_tat - now) + 60000
-      if ttl > 0 and ttl > redis.call('PTTL', KEYS[i]) then
-        redis.call('SET', KEYS[i], string.format('%.3f', new_tat), 'PX', ttl)
-      else
-        redis.call('SET', KEYS[i], string.format('%.3f', new_tat), 'KEEPTTL')
-      end
-    end
-  end
-  if KEYS[i+1] ~= '' and redis.call('EXISTS', KEYS[i+1]) == 1 then
-    local add = delta
-    local rebuilt = redis.call('GET', KEYS[i+2])
-    if rebuilt and tonumber(rebuilt) > admitted then add = delta + reserved end
-    if add ~= 0 then redis.call('INCRBY', KEYS[i+1], add) end
-  end
-end
-if ARGV[2] ~= '' then redis.call('RPUSH', KEYS[1], ARGV[2]) end
-return 1
-"""
-)
-
-# A missing daily counter, rebuilt from the database: set only if still missing (another process
-# may have rebuilt it meanwhile), with the time of the rebuild, which `FINISH` reads.
-# KEYS: counter, rebuilt_marker; ARGV: tokens used today
-REBUILD_DAY = (
-    _NOW
-    + """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 2 * 86400000) then
-  redis.call('SET', KEYS[2], string.format('%.0f', now_us), 'PX', 2 * 86400000)
-  return 1
-end
-return 0
-"""
-)
-
-# An admission whose reply was lost (a Redis timeout): leave every slot and queue it may hold and,
-# only if its reservation record says it was admitted, give back its request and tokens, once.
-# KEYS: reservation, then zsets to leave, then per scope (rpm_tat, tpm_tat, tpd_prefix)
-# ARGV: request_id, members (slots per replica), n_zsets, then per scope: rpm, tpm, tpd (0 = none)
-GIVE_BACK = """
-local req, members, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-for i = 2, 1 + n do
-  redis.call('ZREM', KEYS[i], req)
-  for j = 2, members do redis.call('ZREM', KEYS[i], req .. '#' .. j) end
-end
-local taken = redis.call('GET', KEYS[1])
-if not taken then return 0 end
-redis.call('DEL', KEYS[1])
-local sep = string.find(taken, ':', 1, true)
-local day, cost = string.sub(taken, 1, sep - 1), tonumber(string.sub(taken, sep + 1))
-local p = 4
-for k = 2 + n, #KEYS, 3 do
-  local rpm, tpm, tpd = tonumber(ARGV[p]), tonumber(ARGV[p+1]), tonumber(ARGV[p+2]); p = p + 3
-  local back = {}
-  if rpm > 0 then back[#back+1] = {KEYS[k], 60000 / rpm} end
-  if tpm > 0 and cost > 0 then back[#back+1] = {KEYS[k+1], cost * 60000 / tpm} end
-  for _, b in ipairs(back) do
-    local tat = redis.call('GET', b[1])
-    if tat then redis.call('SET', b[1], string.format('%.3f', tonumber(tat) - b[2]), 'KEEPTTL') end
-  end
-  if tpd > 0 and cost > 0 and redis.call('EXISTS', KEYS[k+2] .. day) == 1 then
-    redis.call('DECRBY', KEYS[k+2] .. day, cost)
-  end
-end
-return 1
-"""
-
-# KEYS: zsets; ARGV: lease_ms, then for each zset the number of members that follow, then members.
-# A plain ZADD, not `XX`: a member this process still holds is put back if it lapsed (a renewal
-# round that failed, a Redis restart that lost the sets); the caller stops renewing a member, and
-# waits for a round in flight (`LeaseKeeper.settled`), before removing it.
-RENEW = (
-    _NOW
-    + """
-local lease = tonumber(ARGV[1])
-local p = 2
-for i = 1, #KEYS do
-  local count = tonumber(ARGV[p]); p = p + 1
-  for j = 1, count do
-    redis.call('ZADD', KEYS[i], now + lease, ARGV[p]); p = p + 1
-  end
-end
-return 1
-"""
+from .scripts import (
+    ACQUIRE,
+    ADMIT,
+    ADMIT_PLACE,
+    FINISH,
+    GIVE_BACK,
+    REBUILD_DAY,
+    RENEW,
+    AcquireCall,
+    AdmitCall,
+    AdmitPlaceCall,
+    CorrectionCall,
+    FinishCall,
+    GiveBackCall,
+    GiveBackScopeCall,
+    QuotaCall,
+    RebuildDayCall,
+    RenewCall,
+    ReplicaCall,
 )
 
 
@@ -387,6 +158,7 @@ class RateLimiter:
         # freed by this process wakes one of its waiters at once (other processes' waiters poll).
         self.poll_s = poll_s
         self._waiters: list[_LocalWaiter] = []
+        # Each script is called with its record's `keys()` and `args()` (portal/core/redis/scripts.py).
         self._admit = redis.register_script(ADMIT)
         self._acquire = redis.register_script(ACQUIRE)
         self._admit_place = redis.register_script(ADMIT_PLACE)
@@ -421,8 +193,10 @@ class RateLimiter:
     # --- admission -------------------------------------------------------------
     async def admit(self, *, request_id: str, team: Scope, key: Scope, tokens: int) -> Admission:
         """Check and take, in one step, every team and key quota for one request of `tokens` tokens."""
-        keys, args = self._admit_keys_args(request_id, team, key, tokens)
-        result = await self._with_daily_counters(lambda: self._admit(keys=keys, args=args), team, key)
+        call = self._admit_call(request_id, team, key, tokens)
+        result = await self._with_daily_counters(
+            lambda: self._admit(keys=call.keys(), args=call.args()), team, key
+        )
         return self._admission(result, tokens, at_index=3)
 
     async def _with_daily_counters(self, run: Callable[[], Awaitable[list]], team: Scope, key: Scope) -> list:
@@ -436,28 +210,39 @@ class RateLimiter:
             scope = team if status.startswith("team_") else key
             day = int(result[2])
             used = await self.daily_used(scope.kind, scope.id, day)
-            counter, rebuilt = (
-                f"{self.tpd_prefix(scope)}{day}",
-                self.keys.tpd_rebuilt(scope.kind, scope.id, day),
+            rebuild = RebuildDayCall(
+                counter=f"{self.tpd_prefix(scope)}{day}",
+                rebuilt_marker=self.keys.tpd_rebuilt(scope.kind, scope.id, day),
+                tokens=max(0, int(used)),
             )
-            await self._rebuild_day(keys=[counter, rebuilt], args=[max(0, int(used))])
+            await self._rebuild_day(keys=rebuild.keys(), args=rebuild.args())
         raise RuntimeError("daily counters kept vanishing while being rebuilt")
 
-    def _admit_keys_args(self, request_id: str, team: Scope, key: Scope, tokens: int) -> tuple[list, list]:
-        keys = [self.blocked_key("team", team.id), self.blocked_key("key", key.id)]
-        args: list = [request_id, tokens, self.lease_ms]
-        for scope in (team, key):
-            keys += [
-                self.keys.rpm(scope.kind, scope.id),
-                self.tpm_key(scope),
-                self.tpd_prefix(scope),
-                self.concurrency_key(scope),
-            ]
-            lim = scope.limits
-            args += [lim.rpm or 0, lim.tpm or 0, lim.tokens_per_day or 0, lim.max_concurrent or 0]
-        keys.append(self.keys.reservation(request_id))
-        args.append(1 if self.daily_used is not None else 0)
-        return keys, args
+    def _admit_call(self, request_id: str, team: Scope, key: Scope, tokens: int) -> AdmitCall:
+        return AdmitCall(
+            blocked_team=self.blocked_key("team", team.id),
+            blocked_key=self.blocked_key("key", key.id),
+            request_id=request_id,
+            tokens=tokens,
+            lease_ms=self.lease_ms,
+            team=self._quota(team),
+            api_key=self._quota(key),
+            reservation=self.keys.reservation(request_id),
+            report_missing_day=1 if self.daily_used is not None else 0,
+        )
+
+    def _quota(self, scope: Scope) -> QuotaCall:
+        lim = scope.limits
+        return QuotaCall(
+            rpm_tat=self.keys.rpm(scope.kind, scope.id),
+            tpm_tat=self.tpm_key(scope),
+            tpd_prefix=self.tpd_prefix(scope),
+            concurrency=self.concurrency_key(scope),
+            rpm=lim.rpm or 0,
+            tpm=lim.tpm or 0,
+            tpd=lim.tokens_per_day or 0,
+            max_concurrent=lim.max_concurrent or 0,
+        )
 
     @staticmethod
     def _admission(result: list, tokens: int, *, at_index: int) -> Admission:
@@ -474,7 +259,7 @@ class RateLimiter:
             at_us=int(result[at_index]) if ok else 0,
         )
 
-    def _acquire_keys_args(
+    def _acquire_call(
         self,
         request_id: str,
         model: str,
@@ -486,26 +271,33 @@ class RateLimiter:
         slots: int,
         batch_share: float | None,
         interactive_timeout_s: float | None,
-    ) -> tuple[list, list]:
+    ) -> AcquireCall:
         batch = batch_share is not None
-        keys = [self.queue_key(model, batch=batch), self.queue_key(model)]
-        for deployment_id, _cap in candidates:
-            keys += [self.inflight_key(deployment_id), self.long_key(deployment_id)]
-        caps = [batch_limit(cap, batch_share) if batch else cap for _id, cap in candidates]
         interactive_timeout_s = timeout_s if interactive_timeout_s is None else interactive_timeout_s
-        args = [
-            request_id,
-            self.lease_ms,
-            1 if long_prompt else 0,
-            long_cap,
-            queue_max,
-            int(timeout_s * 1000) + self.lease_ms,  # a queued entry older than this was abandoned
-            max(1, slots),
-            1 if batch else 0,
-            int(interactive_timeout_s * 1000) + self.lease_ms,  # the same, for the interactive queue
-            *[-1 if cap is None else cap for cap in caps],
-        ]
-        return keys, args
+        replicas = []
+        for deployment_id, cap in candidates:
+            limit = batch_limit(cap, batch_share) if batch else cap
+            replicas.append(
+                ReplicaCall(
+                    inflight=self.inflight_key(deployment_id),
+                    long=self.long_key(deployment_id),
+                    cap=-1 if limit is None else limit,
+                )
+            )
+        return AcquireCall(
+            queue=self.queue_key(model, batch=batch),
+            interactive_queue=self.queue_key(model),
+            request_id=request_id,
+            lease_ms=self.lease_ms,
+            is_long=1 if long_prompt else 0,
+            long_cap=long_cap,
+            queue_max=queue_max,
+            queue_stale_ms=int(timeout_s * 1000) + self.lease_ms,
+            slots=max(1, slots),
+            is_batch=1 if batch else 0,
+            interactive_queue_stale_ms=int(interactive_timeout_s * 1000) + self.lease_ms,
+            candidates=replicas,
+        )
 
     async def acquire_replica(
         self,
@@ -532,11 +324,11 @@ class RateLimiter:
         model, and waits in the model's batch queue; `interactive_timeout_s` is the interactive
         queue's deadline (to tell its abandoned entries), when it differs from `timeout_s`.
         """
-        keys, args = self._acquire_keys_args(
+        call = self._acquire_call(
             request_id, model, candidates, long_prompt, long_cap, queue_max, timeout_s, slots,
             batch_share, interactive_timeout_s,
         )  # fmt: skip
-        return await self._wait_for_slot(keys, args, request_id, timeout_s, first=None)
+        return await self._wait_for_slot(call, timeout_s, first=None)
 
     async def admit_and_place(
         self,
@@ -560,13 +352,13 @@ class RateLimiter:
 
         `on_admitted` gets the admission before any wait in the queue: a caller cancelled while
         queued never sees the return value, yet must still release its slots and reservation."""
-        admit_keys, admit_args = self._admit_keys_args(request_id, team, key, tokens)
-        keys, args = self._acquire_keys_args(
+        acquire = self._acquire_call(
             request_id, model, candidates, long_prompt, long_cap, queue_max, timeout_s, slots,
             batch_share, interactive_timeout_s,
         )  # fmt: skip
+        call = AdmitPlaceCall(admit=self._admit_call(request_id, team, key, tokens), acquire=acquire)
         result = await self._with_daily_counters(
-            lambda: self._admit_place(keys=admit_keys + keys, args=admit_args + args), team, key
+            lambda: self._admit_place(keys=call.keys(), args=call.args()), team, key
         )
         admission = self._admission(result, tokens, at_index=5)
         if not admission.ok:
@@ -574,17 +366,16 @@ class RateLimiter:
         if on_admitted is not None:
             on_admitted(admission)
         first = (int(result[3]), int(result[4]))
-        return admission, await self._wait_for_slot(keys, args, request_id, timeout_s, first=first)
+        return admission, await self._wait_for_slot(acquire, timeout_s, first=first)
 
-    async def _wait_for_slot(
-        self, keys: list, args: list, request_id: str, timeout_s: float, *, first: tuple | None
-    ) -> SlotGrant:
+    async def _wait_for_slot(self, call: AcquireCall, timeout_s: float, *, first: tuple | None) -> SlotGrant:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + timeout_s
         delay, longest = self.poll_s
         queued = False
         waiter: _LocalWaiter | None = None  # registered once it waits: most requests never do
+        keys, args = call.keys(), call.args()
         try:
             while True:
                 if first is not None:
@@ -594,7 +385,7 @@ class RateLimiter:
                 index = int(index)
                 if index > 0:
                     queued = False
-                    return SlotGrant(index - 1, waited_s=loop.time() - started, slots=args[6])
+                    return SlotGrant(index - 1, waited_s=loop.time() - started, slots=call.slots)
                 if index < 0:
                     return SlotGrant(None, "queue_full", loop.time() - started)
                 queued = True
@@ -602,7 +393,8 @@ class RateLimiter:
                 if remaining <= 0:
                     return SlotGrant(None, "queue_timeout", loop.time() - started)
                 if waiter is None:
-                    waiter = _LocalWaiter(inflight_keys=frozenset(keys[2::2]), batch=keys[0] != keys[1])
+                    inflight_keys = frozenset(replica.inflight for replica in call.candidates)
+                    waiter = _LocalWaiter(inflight_keys=inflight_keys, batch=bool(call.is_batch))
                     self._waiters.append(waiter)
                 # A wake-up that came during the poll above is kept: the wait then returns at once.
                 with contextlib.suppress(TimeoutError):
@@ -613,27 +405,27 @@ class RateLimiter:
         except asyncio.CancelledError:
             # A poll cancelled mid-call may have placed the request before its reply was lost: leave
             # any slot it took (nothing else would release it before its lease lapsed).
-            await asyncio.shield(self._leave_candidates(keys, request_id, int(args[6])))
+            await asyncio.shield(self._leave_candidates(call))
             raise
         except RedisError:
             # The same for a poll that timed out: its script may have run (best effort: Redis is ailing).
             with contextlib.suppress(RedisError):
-                await asyncio.shield(self._leave_candidates(keys, request_id, int(args[6])))
+                await asyncio.shield(self._leave_candidates(call))
             raise
         finally:
             if waiter is not None:
                 self._waiters.remove(waiter)
             if queued:
-                # Shielded so a cancelled request still leaves the queue (its class's: keys[0]).
-                await asyncio.shield(self.redis.zrem(keys[0], request_id))
+                # Shielded so a cancelled request still leaves the queue (its class's).
+                await asyncio.shield(self.redis.zrem(call.queue, call.request_id))
 
-    async def _leave_candidates(self, keys: list, request_id: str, slots: int) -> None:
-        """Leave the in-flight and long-prompt sets of every candidate (keys as `_acquire_keys_args`)."""
+    async def _leave_candidates(self, call: AcquireCall) -> None:
+        """Leave the in-flight and long-prompt sets of every candidate."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            for inflight in keys[2::2]:
-                pipe.zrem(inflight, *slot_members(request_id, slots))
-            for long in keys[3::2]:
-                pipe.zrem(long, request_id)
+            for replica in call.candidates:
+                pipe.zrem(replica.inflight, *slot_members(call.request_id, call.slots))
+            for replica in call.candidates:
+                pipe.zrem(replica.long, call.request_id)
             await pipe.execute()
 
     async def finish(
@@ -651,8 +443,7 @@ class RateLimiter:
         """Leave every slot the request held (`replica_slots` of them on its replica), correct its
         token reservation to `used_tokens`, and queue its usage record, in one step."""
         slots: list[str] = []
-        pairs: list[str] = []
-        tpms: list[int] = []
+        corrections: list[CorrectionCall] = []
         delta = 0
         if admission is not None and admission.ok:
             delta = used_tokens - admission.tokens
@@ -663,23 +454,29 @@ class RateLimiter:
                     slots.append(self.concurrency_key(scope))
                 daily = self.tpd_prefix(scope) + str(admission.day) if scope.limits.tokens_per_day else ""
                 rebuilt = self.keys.tpd_rebuilt(scope.kind, scope.id, admission.day) if daily else ""
-                pairs += [self.tpm_key(scope), daily, rebuilt]
-                tpms.append(scope.limits.tpm or 0)
+                corrections.append(
+                    CorrectionCall(
+                        tpm_tat=self.tpm_key(scope),
+                        tpd_counter=daily,
+                        tpd_rebuilt=rebuilt,
+                        tpm=scope.limits.tpm or 0,
+                    )
+                )
         if deployment_id is not None:
             slots += [self.inflight_key(deployment_id), self.long_key(deployment_id)]
-        await self._finish(
-            keys=[self.usage_list, *slots, *pairs],
-            args=[
-                request_id,
-                json.dumps(usage) if usage else "",
-                len(slots),
-                delta,
-                replica_slots,
-                admission.at_us if admission is not None else 0,
-                admission.tokens if admission is not None else 0,
-                *tpms,
-            ],
+        call = FinishCall(
+            usage_list=self.usage_list,
+            request_id=request_id,
+            usage_json=json.dumps(usage) if usage else "",
+            n_slots=len(slots),
+            delta_tokens=delta,
+            members=replica_slots,
+            admitted_us=admission.at_us if admission is not None else 0,
+            reserved_tokens=admission.tokens if admission is not None else 0,
+            slots=slots,
+            corrections=corrections,
         )
+        await self._finish(keys=call.keys(), args=call.args())
         if deployment_id is not None:
             self._wake_one(self.inflight_key(deployment_id))
 
@@ -719,12 +516,25 @@ class RateLimiter:
         zsets += [self.queue_key(model, batch=True), self.queue_key(model)]
         for deployment_id, _cap in candidates:
             zsets += [self.inflight_key(deployment_id), self.long_key(deployment_id)]
-        keys, args = [self.keys.reservation(request_id), *zsets], [request_id, max(1, slots), len(zsets)]
-        for scope in (team, key):
-            keys += [self.keys.rpm(scope.kind, scope.id), self.tpm_key(scope), self.tpd_prefix(scope)]
-            lim = scope.limits
-            args += [lim.rpm or 0, lim.tpm or 0, lim.tokens_per_day or 0]
-        return bool(await self._give_back(keys=keys, args=args))
+        call = GiveBackCall(
+            reservation=self.keys.reservation(request_id),
+            request_id=request_id,
+            members=max(1, slots),
+            n_zsets=len(zsets),
+            zsets=zsets,
+            scopes=[
+                GiveBackScopeCall(
+                    rpm_tat=self.keys.rpm(scope.kind, scope.id),
+                    tpm_tat=self.tpm_key(scope),
+                    tpd_prefix=self.tpd_prefix(scope),
+                    rpm=scope.limits.rpm or 0,
+                    tpm=scope.limits.tpm or 0,
+                    tpd=scope.limits.tokens_per_day or 0,
+                )
+                for scope in (team, key)
+            ],
+        )
+        return bool(await self._give_back(keys=call.keys(), args=call.args()))
 
     # --- failed authentication, per client address ---------------------------------
     def auth_failures_key(self, address: str) -> str:
@@ -751,11 +561,11 @@ class RateLimiter:
     async def renew(self, leases: dict[str, set[str]]) -> None:
         if not leases:
             return
-        keys, args = [], [self.lease_ms]
-        for zset, members in leases.items():
-            keys.append(zset)
-            args += [len(members), *members]
-        await self._renew(keys=keys, args=args)
+        counted_members: list = []
+        for members in leases.values():
+            counted_members += [len(members), *members]
+        call = RenewCall(lease_ms=self.lease_ms, zsets=list(leases), counted_members=counted_members)
+        await self._renew(keys=call.keys(), args=call.args())
 
 
 class LeaseKeeper:
