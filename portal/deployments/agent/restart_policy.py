@@ -8,8 +8,8 @@ from django.utils import timezone
 
 from inference import supervisor
 from inference.vllm_metrics import VllmMetrics
-from portal.inventory.dispatch import send_to_node
 
+from ..dispatch import send_to_node
 from ..models import Deployment, DeploymentState, EventStatus
 from .lease import NO_PROCESS, Lease, process_identity
 from .steps import event
