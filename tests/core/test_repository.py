@@ -5,6 +5,12 @@ The facts the code relies on live in docs/v100-field-guide.md and docs/architect
 a citation of the outside notes they came from would send a reader to a file that
 does not exist here. And the apps keep their layers (docs/architecture.md#layers): core,
 at the bottom, imports no other app; the dashboard, at the top, is imported by none.
+
+The layers hold for strings too (docs/architecture.md#beyond-imports): model labels, migration
+dependencies, URL names, template names and task names sent by name point down, except the few
+listed with their reasons in ALLOWED_UPWARD (Usage.deployment and its two migrations; two page
+links by name). Not seen: reverse relations, `related_model`, signal receivers. inference/ imports
+neither Django nor the portal.
 """
 
 from __future__ import annotations
