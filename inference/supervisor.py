@@ -14,7 +14,8 @@ What a node agent does with a vLLM (or simulator) server, as plain functions:
   returns only when no process of the group is left (zombies included);
 - `check_health`, `scrape_metrics` and `group_rss_mb` are what supervision reads.
 
-Nothing here knows about Django; the portal stores what these return.
+The server's log file (rotation, tail) is inference/server_log.py; when to restart a server is
+inference/restart_policy.py. Nothing here knows about Django; the portal stores what these return.
 Linux only: process groups are read from /proc.
 """
 
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -362,69 +362,6 @@ def _wait_group_gone(pgid: int, timeout_s: float, identity: ProcessIdentity | No
     return True
 
 
-def _shift_logs(path: Path, keep: int) -> None:
-    """path.{keep-1} → path.{keep}, …, path.1 → path.2 (what was path.{keep} is dropped)."""
-    for n in range(keep - 1, 0, -1):
-        older = path.with_name(f"{path.name}.{n}")
-        if older.exists():
-            older.replace(path.with_name(f"{path.name}.{n + 1}"))
-
-
-def retire_log(path: str | Path, *, keep: int) -> None:
-    """Before a launch: the previous run's log becomes path.1 (older ones shift, `keep` kept)."""
-    path = Path(path)
-    if not path.exists():
-        return
-    if keep <= 0:
-        path.unlink()
-        return
-    _shift_logs(path, keep)
-    path.replace(path.with_name(f"{path.name}.1"))
-
-
-def rotate_log(path: str | Path | None, *, max_bytes: int, keep: int) -> bool:
-    """Copy-truncate the live log of a running server once it is over `max_bytes`.
-
-    The server writes through a descriptor it inherited (opened O_APPEND by `launch`), so the
-    file cannot be renamed under it; instead its content is copied to path.1 (older copies
-    shift, `keep` kept) and the file truncated: with O_APPEND the next write lands at the new
-    end, without a hole. Lines written between the copy and the truncate are lost (as with
-    logrotate's copytruncate). Returns whether it rotated.
-    """
-    if not path:
-        return False
-    path = Path(path)
-    try:
-        if path.stat().st_size <= max_bytes:
-            return False
-    except OSError:
-        return False
-    if keep > 0:
-        _shift_logs(path, keep)
-        partial = path.with_name(f"{path.name}.rotating")
-        with open(path, "rb") as source, open(partial, "wb") as copy:
-            shutil.copyfileobj(source, copy, 1024 * 1024)
-        partial.replace(path.with_name(f"{path.name}.1"))
-    os.truncate(path, 0)
-    return True
-
-
-def log_tail(path: str | Path | None, *, lines: int = 80, max_bytes: int = 64 * 1024) -> str:
-    """The last lines of a log file ("" when it does not exist)."""
-    if not path:
-        return ""
-    try:
-        with open(path, "rb") as log:
-            log.seek(0, os.SEEK_END)
-            size = log.tell()
-            log.seek(max(0, size - max_bytes))
-            data = log.read()
-    except OSError:
-        return ""
-    text = data.decode("utf-8", errors="replace")
-    return "\n".join(text.splitlines()[-lines:])
-
-
 # --- HTTP -----------------------------------------------------------------------
 
 
@@ -602,56 +539,3 @@ def smoke_test(
     if expected_substring and expected_substring.lower() not in reply.lower():
         raise SmokeTestFailed(f"smoke test reply lacks {expected_substring!r}: {reply[:200]!r}")
     return reply
-
-
-# --- Restart policy ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RestartPolicy:
-    """When to restart a healthy server on purpose (docs/v100-field-guide.md#operating-habits:
-    memory creeps after
-    ~48 h, preemption storms when KV headroom collapses). None disables a rule."""
-
-    max_uptime_hours: float | None = None
-    max_preemptions: float | None = None  # since the server started
-    max_memory_growth: float | None = None  # fraction over the memory first seen serving, e.g. 0.2
-
-
-def planned_restart_reason(
-    policy: RestartPolicy,
-    *,
-    uptime_s: float,
-    preemptions_since_start: float | None,
-    memory_mb: float | None,
-    baseline_memory_mb: float | None,
-) -> str:
-    """Why the policy wants a restart now ("" when it does not)."""
-    if policy.max_uptime_hours is not None and uptime_s >= policy.max_uptime_hours * 3600:
-        return f"up {uptime_s / 3600:.1f} h (policy: restart after {policy.max_uptime_hours:g} h)"
-    if (
-        policy.max_preemptions is not None
-        and preemptions_since_start is not None
-        and preemptions_since_start >= policy.max_preemptions
-    ):
-        return (
-            f"{preemptions_since_start:.0f} preemptions since start "
-            f"(policy: restart at {policy.max_preemptions:g})"
-        )
-    if (
-        policy.max_memory_growth is not None
-        and memory_mb is not None
-        and baseline_memory_mb
-        and memory_mb >= baseline_memory_mb * (1 + policy.max_memory_growth)
-    ):
-        growth = memory_mb / baseline_memory_mb - 1
-        return (
-            f"memory grew {growth:.0%} ({baseline_memory_mb:.0f} → {memory_mb:.0f} MiB; "
-            f"policy: restart at {policy.max_memory_growth:.0%})"
-        )
-    return ""
-
-
-def restart_backoff_s(attempt: int, *, base_s: float, cap_s: float = 600.0) -> float:
-    """Exponential backoff before automatic restart number `attempt` (1, 2, 3, …)."""
-    return min(cap_s, base_s * 2 ** max(0, attempt - 1))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -179,6 +180,28 @@ STORAGES = {
 
 # With DEBUG on, servestatic serves static files straight from the apps (no collectstatic).
 SERVESTATIC_USE_FINDERS = DEBUG
+
+# --- Pages served by an app above the model's own -------------------------------------------------
+# A node's page is benchmarks' (it shows acceptance), a team's overview is deployments' (GPUs held),
+# a deployment's page is observability's (production latency): docs/architecture.md#layers. The
+# model's own app sits below and names no app above it, so the project, above every app, gives those
+# models their get_absolute_url here (Django's ABSOLUTE_URL_OVERRIDES).
+
+
+def _page(url_name: str, field: str) -> Callable[[object], str]:
+    def get_absolute_url(instance: object) -> str:
+        from django.urls import reverse
+
+        return reverse(url_name, args=[getattr(instance, field)])
+
+    return get_absolute_url
+
+
+ABSOLUTE_URL_OVERRIDES = {
+    "inventory.node": _page("nodes:detail", "name"),
+    "teams.team": _page("deployments:team-detail", "slug"),
+    "deployments.deployment": _page("observability:deployment-detail", "name"),
+}
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard:home"

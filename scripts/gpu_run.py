@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from inference import supervisor  # noqa: E402
+from inference import server_log, supervisor  # noqa: E402
 from inference.env_probe import probe_environment  # noqa: E402
 from inference.hf_config import known_configs  # noqa: E402
 from inference.loadgen.loadgen import BenchConfig, LevelPlan, run_blocking, run_sweep  # noqa: E402
@@ -282,7 +282,7 @@ def serve(options: argparse.Namespace) -> None:
                 (out / f"parity-{options.shape}-{mode}.json").write_text(json.dumps(parity, indent=2))
         except Exception as error:
             record["error"] = f"{type(error).__name__}: {error}"
-            log(f"{mode} failed: {record['error']}\n{supervisor.log_tail(log_path)}")
+            log(f"{mode} failed: {record['error']}\n{server_log.log_tail(log_path)}")
             (out / f"bench-{options.shape}-{mode}.json").write_text(json.dumps({"engine": record}, indent=2))
         finally:
             stopped = time.monotonic()

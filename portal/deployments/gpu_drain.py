@@ -24,10 +24,10 @@ from django.utils import timezone
 from inference.gpu_health import SICK_STATES
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError
-from portal.inventory.dispatch import DEPLOYMENT_COMMAND_EXPIRES_S, send_to_node
 from portal.inventory.models import Gpu, GpuHealth, Node
 from portal.teams.models import Team
 
+from .dispatch import COMMAND_EXPIRES_S, send_to_node
 from .models import Deployment, DeploymentEvent, DeploymentState, DesiredState, EventStatus, GpuFailurePolicy
 from .placement import holding_problems
 from .selectors import gpus_held_on_node
@@ -101,7 +101,7 @@ def _decided(deployment: Deployment, since) -> bool:
     )
     if latest is None or latest.status == EventStatus.FAILED:
         return False
-    expired = timezone.now() - dt.timedelta(seconds=DEPLOYMENT_COMMAND_EXPIRES_S)
+    expired = timezone.now() - dt.timedelta(seconds=COMMAND_EXPIRES_S)
     return not (latest.status == EventStatus.INFO and latest.at < expired)
 
 

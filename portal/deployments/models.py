@@ -324,8 +324,7 @@ class Deployment(models.Model):
     def __str__(self) -> str:
         return self.name
 
-    def get_absolute_url(self) -> str:
-        return reverse("observability:deployment-detail", args=[self.name])
+    # get_absolute_url: the deployment's page is observability's (settings.ABSOLUTE_URL_OVERRIDES).
 
     @property
     def effective_engine(self) -> str:

@@ -19,11 +19,11 @@ from inference.nvidia_smi import Topology
 from inference.planner import Placement, Plan, ProfileSettings, plan_deployment
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
-from portal.inventory.dispatch import send_to_control, send_to_node
 from portal.inventory.models import Node
 from portal.registry.models import ModelVersion
 from portal.teams.models import Team
 
+from .dispatch import send_to_control, send_to_node
 from .models import (
     Deployment,
     DeploymentEvent,
@@ -387,7 +387,7 @@ def _event(deployment: Deployment, step: str, message: str) -> None:
 
 def _send(deployment: Deployment, action: str, **kwargs) -> None:
     """Ask the deployment's node to `action` it once the request is committed (the message
-    expires: supervision reconciles from the desired state instead; portal/inventory/dispatch.py)."""
+    expires: supervision reconciles from the desired state instead; portal/deployments/dispatch.py)."""
     send_to_node(deployment.node, f"deployments.{action}", args=[deployment.pk], kwargs=kwargs)
 
 

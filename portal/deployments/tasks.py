@@ -1,7 +1,7 @@
 """Deployment tasks. They take IDs and call the node agent (`portal/deployments/agent/`).
 
 start / stop / restart / supervise_node run on the deployment's node (sent with
-`portal.inventory.dispatch.send_to_node`): they start and signal local processes. supervise_all runs
+`portal.deployments.dispatch.send_to_node`): they start and signal local processes. supervise_all runs
 on `control` from beat and fans out one supervise_node per node, plus the health
 checks of adopted servers (plain HTTP, no process to watch).
 
@@ -106,9 +106,9 @@ def check_adopted(deployment_id: int) -> str | None:
 @shared_task(name="deployments.supervise_all")
 def supervise_all() -> int:
     """Beat: send a supervision pass to every node with a deployment to watch."""
-    from portal.inventory.dispatch import send_to_control, send_to_node
     from portal.inventory.models import Node
 
+    from .dispatch import send_to_control, send_to_node
     from .models import Deployment, DeploymentState, DesiredState
 
     watched = Deployment.objects.filter(adopted=False).exclude(

@@ -8,7 +8,6 @@ from datetime import datetime
 from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
-from django.urls import reverse
 from django.utils import timezone
 
 from inference.hardware import GpuSpec, get_gpu
@@ -88,8 +87,7 @@ class Node(models.Model):
     def __str__(self) -> str:
         return self.name
 
-    def get_absolute_url(self) -> str:
-        return reverse("nodes:detail", args=[self.name])
+    # get_absolute_url: the node's page is benchmarks' (settings.ABSOLUTE_URL_OVERRIDES).
 
     @property
     def queue(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 from celery.signals import worker_ready
+from django.conf import settings
 
 from portal.core.tasking import skip_missing_row
 
@@ -103,7 +104,13 @@ def heartbeat_all() -> int:
             silent = not node.agent.listening and not app.conf.task_always_eager
             if silent and channel.queue_declare(queue=node.queue, passive=False).message_count:
                 continue
-            send_to_node(node, "inventory.agent_heartbeat", args=[node.name])
+            # A heartbeat answered late would say a dead agent is alive: it lives one interval.
+            send_to_node(
+                node,
+                "inventory.agent_heartbeat",
+                args=[node.name],
+                expires_s=settings.NODE_HEARTBEAT_INTERVAL_S,
+            )
             sent += 1
     return sent
 
@@ -127,21 +134,20 @@ def sample_gpu_health(node_name: str) -> dict | None:
     """Read this machine's GPU telemetry and kernel log, judge each GPU, and keep the minute's readings.
 
     Must run on the node itself. Each command is bounded by GPU_HEALTH_COMMAND_TIMEOUT_S. When a GPU
-    is degraded or lost, the deployments on it are drained (deployments.drain_sick_gpus, on control).
+    is degraded or lost, it sends `gpus_sick` (portal/inventory/signals.py): deployments drains the
+    deployments on it.
     """
-    from django.conf import settings
-
     from inference.gpu_health import is_sick, read_sample
 
-    from .dispatch import send_to_control
     from .models import Node
     from .services import node_record_gpu_health
+    from .signals import gpus_sick
 
     node = Node.objects.get(name=node_name)
     sample = read_sample(timeout_s=settings.GPU_HEALTH_COMMAND_TIMEOUT_S)
     changes = node_record_gpu_health(node=node, sample=sample)
     if any(is_sick(state) for state in node.gpus.values_list("health_state", flat=True)):
-        send_to_control("deployments.drain_sick_gpus", args=[node.name])
+        gpus_sick.send(sender=Node, node=node)
     return {
         "gpus": len(sample.gpus),
         "error": sample.error,
@@ -161,6 +167,8 @@ def sample_gpu_health_all() -> int:
     from .models import Node
 
     nodes = Node.objects.filter(gpus__isnull=False).exclude(engine="sim").distinct()
+    # The next tick replaces a sample that waited longer than two intervals.
+    expires_s = 2 * settings.GPU_HEALTH_SAMPLE_INTERVAL_S
     for node in nodes:
-        send_to_node(node, "inventory.sample_gpu_health", args=[node.name])
+        send_to_node(node, "inventory.sample_gpu_health", args=[node.name], expires_s=expires_s)
     return len(nodes)

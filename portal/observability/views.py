@@ -71,7 +71,7 @@ def deployment_detail(request, name: str):
     )
     return render(
         request,
-        "deployments/deployment_detail.html",
+        "observability/deployment_detail.html",
         {
             "deployment": deployment,
             "plan": plan,

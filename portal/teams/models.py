@@ -13,7 +13,6 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
-from django.urls import reverse
 from django.utils import timezone
 
 from portal.inventory.models import ACCEPTANCE_TEAM_SLUG
@@ -103,8 +102,7 @@ class Team(QuotaFields):
     def __str__(self) -> str:
         return self.name
 
-    def get_absolute_url(self) -> str:
-        return reverse("deployments:team-detail", args=[self.slug])
+    # get_absolute_url: the team's overview is deployments' (settings.ABSOLUTE_URL_OVERRIDES).
 
     def clean(self) -> None:
         super().clean()

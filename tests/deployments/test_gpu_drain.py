@@ -113,14 +113,14 @@ def test_it_does_not_move_a_deployment_stopped_meanwhile(sim_on_gpu3, dgx):
 def test_a_move_whose_command_expired_unrun_is_decided_again(sim_on_gpu3, dgx):
     import datetime as dt
 
+    from portal.deployments.dispatch import COMMAND_EXPIRES_S
     from portal.deployments.models import DeploymentEvent
     from portal.deployments.tasks import drain_sick_gpus
-    from portal.inventory.dispatch import DEPLOYMENT_COMMAND_EXPIRES_S
 
     _health(dgx, "health_v100_sxm2_8x_ecc_uncorrectable.csv")
     assert drain_sick_gpus(dgx.name) == ["chat: move"]
     assert drain_sick_gpus(dgx.name) == ["chat: already decided"]
-    long_ago = timezone.now() - dt.timedelta(seconds=DEPLOYMENT_COMMAND_EXPIRES_S + 1)
+    long_ago = timezone.now() - dt.timedelta(seconds=COMMAND_EXPIRES_S + 1)
     DeploymentEvent.objects.filter(step="gpu-health").update(at=long_ago)
     dgx.gpus.filter(index=3).update(health_since=long_ago - dt.timedelta(seconds=1))
     assert drain_sick_gpus(dgx.name) == ["chat: move"]

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from django.db import connection
 
-from inference import supervisor
+from inference import server_log, supervisor
 from portal.deployments.agent.start import deployment_start
 from portal.deployments.agent.stop import deployment_stop
 from portal.deployments.agent.supervise import deployment_supervise
@@ -90,7 +90,7 @@ def _wait_for(deployment_id: int, predicate, *, timeout_s: float, what: str) -> 
     events = "\n".join(f"{e.step} {e.status} {e.message}" for e in deployment.events.all())
     raise AssertionError(
         f"not {what} after {timeout_s:.0f} s: {deployment.state} {deployment.state_reason}\n{events}\n"
-        f"{supervisor.log_tail(deployment.log_path, lines=30)}"
+        f"{server_log.log_tail(deployment.log_path, lines=30)}"
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-from inference import supervisor
+from inference import server_log, supervisor
 
 # Writes a numbered line every 5 ms to stdout (the log file, through the descriptor `launch` opened).
 CHATTY = (
@@ -28,14 +28,14 @@ def test_it_rotates_a_log_the_server_keeps_writing_without_holes(tmp_path):
     launched = supervisor.launch([sys.executable, "-c", CHATTY], log_path=log, cuda_visible_devices="")
     try:
         _wait_size(log, 2000)
-        assert supervisor.rotate_log(log, max_bytes=1000, keep=2)
+        assert server_log.rotate_log(log, max_bytes=1000, keep=2)
         first_copy = (tmp_path / "server.log.1").read_text()
         assert first_copy.startswith("line 000000\n")
         assert log.stat().st_size < len(first_copy)
         _wait_size(log, 2000)
-        assert supervisor.rotate_log(log, max_bytes=1000, keep=2)
+        assert server_log.rotate_log(log, max_bytes=1000, keep=2)
         _wait_size(log, 2000)
-        assert supervisor.rotate_log(log, max_bytes=1000, keep=2)
+        assert server_log.rotate_log(log, max_bytes=1000, keep=2)
     finally:
         supervisor.stop_group(launched.pgid, grace_s=5)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["server.log", "server.log.1", "server.log.2"]
@@ -51,15 +51,15 @@ def test_it_rotates_a_log_the_server_keeps_writing_without_holes(tmp_path):
 def test_it_leaves_a_log_under_the_limit_alone(tmp_path):
     log = tmp_path / "server.log"
     log.write_text("short\n")
-    assert not supervisor.rotate_log(log, max_bytes=1000, keep=2)
-    assert not supervisor.rotate_log(tmp_path / "missing.log", max_bytes=1000, keep=2)
+    assert not server_log.rotate_log(log, max_bytes=1000, keep=2)
+    assert not server_log.rotate_log(tmp_path / "missing.log", max_bytes=1000, keep=2)
     assert log.read_text() == "short\n"
 
 
 def test_it_only_truncates_when_no_copy_is_kept(tmp_path):
     log = tmp_path / "server.log"
     log.write_text("x" * 2000)
-    assert supervisor.rotate_log(log, max_bytes=1000, keep=0)
+    assert server_log.rotate_log(log, max_bytes=1000, keep=0)
     assert log.read_text() == "" and list(tmp_path.iterdir()) == [log]
 
 
@@ -67,7 +67,7 @@ def test_it_retires_the_previous_runs_log_keeping_n(tmp_path):
     log = tmp_path / "server.log"
     for run in range(4):
         log.write_text(f"run {run}\n")
-        supervisor.retire_log(log, keep=2)
+        server_log.retire_log(log, keep=2)
     assert not log.exists()
     assert (tmp_path / "server.log.1").read_text() == "run 3\n"
     assert (tmp_path / "server.log.2").read_text() == "run 2\n"

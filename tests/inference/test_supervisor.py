@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from inference import supervisor
+from inference import server_log, supervisor
 from inference.env_probe import build_advice, missing_kernels, sm_name
-from inference.supervisor import RestartPolicy, planned_restart_reason, restart_backoff_s
 
 # A parent that forks a child into its process group and ignores SIGTERM, like an engine that will not stop.
 STUBBORN = (
@@ -119,8 +118,8 @@ def test_it_tells_a_taken_port_from_a_free_one():
 def test_it_reads_only_the_end_of_a_long_log(tmp_path):
     log = tmp_path / "l"
     log.write_text("".join(f"line {i}\n" for i in range(1000)))
-    assert supervisor.log_tail(log, lines=2) == "line 998\nline 999"
-    assert supervisor.log_tail(tmp_path / "missing") == ""
+    assert server_log.log_tail(log, lines=2) == "line 998\nline 999"
+    assert server_log.log_tail(tmp_path / "missing") == ""
 
 
 def test_it_stops_waiting_as_soon_as_the_server_exits():
@@ -209,42 +208,6 @@ def test_it_scrapes_vllm_gauges(server):
     assert (metrics.running, metrics.waiting) == (2, 1)
     assert supervisor.check_health(server["url"])
     assert not supervisor.check_health("http://127.0.0.1:9", timeout_s=0.5)
-
-
-@pytest.mark.parametrize(
-    ("policy", "facts", "expected"),
-    [
-        (RestartPolicy(), {"uptime_s": 1e9}, ""),
-        (
-            RestartPolicy(max_uptime_hours=48),
-            {"uptime_s": 49 * 3600},
-            "up 49.0 h (policy: restart after 48 h)",
-        ),
-        (RestartPolicy(max_uptime_hours=48), {"uptime_s": 47 * 3600}, ""),
-        (RestartPolicy(max_preemptions=100), {"preemptions_since_start": 150}, "150 preemptions since start"),
-        (
-            RestartPolicy(max_memory_growth=0.2),
-            {"memory_mb": 1300, "baseline_memory_mb": 1000},
-            "memory grew 30%",
-        ),
-        (RestartPolicy(max_memory_growth=0.2), {"memory_mb": 1100, "baseline_memory_mb": 1000}, ""),
-    ],
-)
-def test_it_plans_restarts_by_uptime_preemptions_and_memory_creep(policy, facts, expected):
-    args = {
-        "uptime_s": 0,
-        "preemptions_since_start": None,
-        "memory_mb": None,
-        "baseline_memory_mb": None,
-        **facts,
-    }
-    reason = planned_restart_reason(policy, **args)
-    assert reason.startswith(expected) if expected else reason == ""
-
-
-def test_it_backs_off_exponentially_up_to_a_cap():
-    assert [restart_backoff_s(n, base_s=10) for n in (1, 2, 3, 4)] == [10, 20, 40, 80]
-    assert restart_backoff_s(20, base_s=10, cap_s=600) == 600
 
 
 def test_it_names_the_missing_kernels_and_the_build_to_install():

@@ -1,4 +1,5 @@
-"""send_to_node: by name, to the node's queue, after commit, with the one expiry policy.
+"""send_to_node: by name, to the node's queue, after commit, with the expiry its sender gives
+(deployments' own in portal/deployments/dispatch.py).
 
 The messages are read back from the real broker (Redis), as an agent would receive them.
 """
@@ -11,7 +12,9 @@ import pytest
 from django.db import transaction
 
 from portal.celery import app
-from portal.inventory.dispatch import DEPLOYMENT_COMMAND_EXPIRES_S, send_to_node
+from portal.deployments import dispatch as deployments_dispatch
+from portal.deployments.dispatch import COMMAND_EXPIRES_S
+from portal.inventory.dispatch import send_to_node
 from portal.inventory.services import node_create
 
 pytestmark = pytest.mark.django_db
@@ -60,9 +63,10 @@ def test_supervision_expires_after_two_intervals_and_commands_after_their_countd
 ):
     settings.DEPLOYMENT_SUPERVISE_INTERVAL_S = 15
     before = dt.datetime.now(dt.UTC)
+    send = deployments_dispatch.send_to_node
     with django_capture_on_commit_callbacks(execute=True):
-        send_to_node(node, "deployments.supervise_node", args=[node.name])
-        send_to_node(node, "deployments.start", args=[1], kwargs={"reason": "test"}, countdown=40)
+        send(node, "deployments.supervise_node", args=[node.name])
+        send(node, "deployments.start", args=[1], kwargs={"reason": "test"}, countdown=40)
     supervise, start = received(node.queue)
     after = dt.datetime.now(dt.UTC)
 
@@ -73,7 +77,7 @@ def test_supervision_expires_after_two_intervals_and_commands_after_their_countd
     low, high = seconds(supervise["expires"])
     assert low <= 30 <= high
     low, high = seconds(start["expires"])
-    assert low <= 40 + DEPLOYMENT_COMMAND_EXPIRES_S <= high
+    assert low <= 40 + COMMAND_EXPIRES_S <= high
     assert start["eta"] is not None
 
 
@@ -88,3 +92,24 @@ def test_in_eager_mode_it_runs_the_task_inline_after_commit(
         send_to_node(node, "deployments.supervise_node", args=[node.name])
     assert received(node.queue) == []  # nothing went to the broker: it ran here
     assert not Deployment.objects.filter(node=node).exists()  # (and found nothing to supervise)
+
+
+def test_a_sick_gpu_is_announced_and_deployments_sends_its_drain(node, django_capture_on_commit_callbacks):
+    """inventory names no deployments task: its `gpus_sick` signal is answered by deployments, which
+    sends the drain to `control` (a one-shot: it never expires)."""
+    from portal.celery import CONTROL_QUEUE
+    from portal.inventory.models import Node
+    from portal.inventory.signals import gpus_sick
+
+    with app.connection_for_read() as connection:
+        connection.SimpleQueue(CONTROL_QUEUE).clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        gpus_sick.send(sender=Node, node=node)
+    [headers] = received(CONTROL_QUEUE)
+    assert headers["task"] == "deployments.drain_sick_gpus" and headers["expires"] is None
+    assert headers["argsrepr"] == repr([node.name])
+
+
+def test_deployments_sends_only_its_own_tasks_with_its_expiry():
+    with pytest.raises(ValueError):
+        deployments_dispatch.expires_s("inventory.discover_gpus")

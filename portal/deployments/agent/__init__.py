@@ -1,6 +1,6 @@
 """What runs on a GPU node: the agent's half of a deployment, one module per job.
 
-The tasks in `portal/deployments/tasks.py` are sent to `node.<name>` (`portal.inventory.dispatch`)
+The tasks in `portal/deployments/tasks.py` are sent to `node.<name>` (`portal/deployments/dispatch.py`)
 and call these, because they start and signal local processes. Every action first takes the
 deployment's lease (docs/concurrency.md): a second task for the same deployment, run twice or
 concurrently, finds the lease taken and does nothing, and an agent that lost its lease (it

@@ -1,15 +1,18 @@
 """Automatic restarts: after a crash or a hang (with a backoff, up to a limit in a row), and the
-planned ones a deployment's policy asks for (uptime, preemptions, memory growth)."""
+planned ones a deployment's policy asks for (uptime, preemptions, memory growth).
+
+The decisions are inference/restart_policy.py's; this half reads the settings and the deployment's
+row, records the outcome and sends the start or restart."""
 
 from __future__ import annotations
 
 from django.conf import settings
 from django.utils import timezone
 
-from inference import supervisor
+from inference import restart_policy, supervisor
 from inference.vllm_metrics import VllmMetrics
-from portal.inventory.dispatch import send_to_node
 
+from ..dispatch import send_to_node
 from ..models import Deployment, DeploymentState, EventStatus
 from .lease import NO_PROCESS, Lease, process_identity
 from .steps import event
@@ -20,9 +23,13 @@ def restart_schedule(lease: Lease, deployment: Deployment, why: str) -> str:
     did = deployment.pk
     if supervisor.group_alive(deployment.pgid, process_identity(deployment)):
         supervisor.stop_group(deployment.pgid, grace_s=5, identity=process_identity(deployment))
-    attempt = deployment.restart_count + 1
-    limit = settings.DEPLOYMENT_RESTART_LIMIT
-    if attempt > limit:
+    decision = restart_policy.crash_restart(
+        deployment.restart_count,
+        limit=settings.DEPLOYMENT_RESTART_LIMIT,
+        base_s=settings.DEPLOYMENT_RESTART_BACKOFF_S,
+    )
+    attempt, limit, delay = decision.attempt, decision.limit, decision.delay_s
+    if delay is None:
         message = f"{why}; restarted {limit} times in a row already, so not again"
         lease.write(
             state=DeploymentState.FAILED,
@@ -32,7 +39,6 @@ def restart_schedule(lease: Lease, deployment: Deployment, why: str) -> str:
         )
         event(did, "failed", EventStatus.FAILED, message)
         return "failed"
-    delay = supervisor.restart_backoff_s(attempt, base_s=settings.DEPLOYMENT_RESTART_BACKOFF_S)
     message = f"{why}; restart {attempt} of {limit} in {delay:.0f} s"
     lease.write(
         state=DeploymentState.PENDING,
@@ -60,11 +66,8 @@ def start_enqueue(deployment: Deployment, *, reason: str, countdown: float = 0) 
 def pending_rescue_s() -> float:
     """How long a wanted start may stay pending before supervision sends it again: longer than the
     longest backoff, so a scheduled restart is never doubled."""
-    return (
-        supervisor.restart_backoff_s(
-            settings.DEPLOYMENT_RESTART_LIMIT, base_s=settings.DEPLOYMENT_RESTART_BACKOFF_S
-        )
-        + 120
+    return restart_policy.pending_rescue_s(
+        limit=settings.DEPLOYMENT_RESTART_LIMIT, base_s=settings.DEPLOYMENT_RESTART_BACKOFF_S
     )
 
 
@@ -79,18 +82,16 @@ def planned_restart(
 ) -> str | None:
     """The reason the deployment's restart policy asks for a restart now (and the restart sent),
     or None."""
-    policy = supervisor.RestartPolicy(
+    policy = restart_policy.RestartPolicy(
         max_uptime_hours=deployment.restart_after_hours,
         max_preemptions=deployment.restart_max_preemptions,
         max_memory_growth=deployment.restart_max_memory_growth,
     )
-    reason = supervisor.planned_restart_reason(
+    reason = restart_policy.planned_restart_reason(
         policy,
         uptime_s=uptime_s,
-        preemptions_since_start=(
-            metrics.preemptions - baseline_preemptions
-            if metrics is not None and metrics.preemptions is not None and baseline_preemptions is not None
-            else None
+        preemptions_since_start=restart_policy.preemptions_since_start(
+            metrics.preemptions if metrics is not None else None, baseline_preemptions
         ),
         memory_mb=memory_mb,
         baseline_memory_mb=baseline_memory_mb,

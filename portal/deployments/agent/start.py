@@ -12,7 +12,7 @@ from pathlib import Path
 from django.conf import settings
 from django.utils import timezone
 
-from inference import supervisor
+from inference import server_log, supervisor
 from inference.errors import InputError
 from inference.startup_errors import classify_startup_log, last_error_line
 from inference.vllm_args import ServerArgs, command_line, sim_command, vllm_args, vllm_command
@@ -180,7 +180,7 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
 
     log_path = run_dir / LOG_NAME
     # The previous run's log becomes server.log.1 (for a post-mortem); older ones shift up.
-    supervisor.retire_log(log_path, keep=settings.ENGINE_LOG_KEEP)
+    server_log.retire_log(log_path, keep=settings.ENGINE_LOG_KEEP)
     api_key = _api_key(lease, deployment)
     with step(did, "launch") as result:
         try:
@@ -325,7 +325,7 @@ def _serving(lease: Lease, deployment: Deployment, base_url: str, launch: _Launc
         endpoint_url=base_url,
         serving_since=now,
         health_failures=0,
-        log_tail=supervisor.log_tail(launch.launched.log_path),
+        log_tail=server_log.log_tail(launch.launched.log_path),
     )
     message = f"serving at {base_url}"
     requested = Deployment.objects.values_list("start_requested_at", flat=True).get(pk=deployment.pk)
@@ -348,7 +348,7 @@ def _fail(lease: Lease, deployment: Deployment, failure: StepFailed, launch: _La
                 grace_s=settings.DEPLOYMENT_STOP_GRACE_S,
                 identity=launch.launched.identity,
             )
-        tail = supervisor.log_tail(launch.launched.log_path)
+        tail = server_log.log_tail(launch.launched.log_path)
     lease.write(
         state=DeploymentState.FAILED,
         state_reason=failure.message,

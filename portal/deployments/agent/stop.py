@@ -7,7 +7,7 @@ import time
 
 from django.conf import settings
 
-from inference import supervisor
+from inference import server_log, supervisor
 
 from ..models import Deployment, DeploymentState, DesiredState, EventStatus
 from .environment import local_url, server_hosts
@@ -79,7 +79,7 @@ def stop_under_lease(lease: Lease, deployment: Deployment, *, drain: bool, reaso
         state=DeploymentState.STOPPED,
         state_reason=reason if port_free else f"{reason}; port {deployment.port} is held by another process",
         **NO_PROCESS,
-        log_tail=supervisor.log_tail(deployment.log_path),
+        log_tail=server_log.log_tail(deployment.log_path),
     )
     return "stopped"
 

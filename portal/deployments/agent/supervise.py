@@ -9,7 +9,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from inference import supervisor
+from inference import server_log, supervisor
 
 from ..models import Deployment, DeploymentState, DesiredState, EventStatus, MetricsSample
 from .environment import local_url
@@ -71,7 +71,7 @@ def _supervise(lease: Lease, deployment: Deployment) -> str:
 def _check_serving(lease: Lease, deployment: Deployment) -> str:
     did = deployment.pk
     if not supervisor.process_alive(deployment.pid, process_identity(deployment)):
-        tail = supervisor.log_tail(deployment.log_path, lines=40)
+        tail = server_log.log_tail(deployment.log_path, lines=40)
         lease.write(log_tail=tail)
         return restart_schedule(lease, deployment, f"the server process {deployment.pid} is gone")
     base = local_url(deployment)
@@ -79,7 +79,7 @@ def _check_serving(lease: Lease, deployment: Deployment) -> str:
     healthy = supervisor.check_health(base, timeout_s=5, api_key=key)
     metrics = supervisor.scrape_metrics(base, timeout_s=5, api_key=key) if healthy else None
     memory = supervisor.group_rss_mb(deployment.pgid, process_identity(deployment))
-    if supervisor.rotate_log(
+    if server_log.rotate_log(
         deployment.log_path, max_bytes=settings.ENGINE_LOG_MAX_BYTES, keep=settings.ENGINE_LOG_KEEP
     ):
         event(did, "log", EventStatus.INFO, f"{LOG_NAME} rotated at {settings.ENGINE_LOG_MAX_BYTES} bytes")
@@ -100,7 +100,7 @@ def _check_serving(lease: Lease, deployment: Deployment) -> str:
     updates = {
         "health_failures": 0,
         "last_checked_at": now,
-        "log_tail": supervisor.log_tail(deployment.log_path),
+        "log_tail": server_log.log_tail(deployment.log_path),
     }
     if deployment.baseline_memory_mb is None and memory is not None:
         updates["baseline_memory_mb"] = memory
