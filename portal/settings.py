@@ -410,7 +410,7 @@ PREDICT_MAX_CONCURRENCY = env_number("PREDICT_MAX_CONCURRENCY", default=1024, mi
 # Sync views share one thread per ASGI web process: a prediction holds every page of it that long.
 PREDICT_TIME_BUDGET_S = env_number("PREDICT_TIME_BUDGET_S", default=10.0, minimum=0.01, maximum=600.0)
 
-# --- Node acceptance (portal/benchmarks/acceptance.py) -------------------------------
+# --- Node acceptance (portal/benchmarks/acceptance/) ---------------------------------
 # Measured output tok/s below, or mean TPOT above, the simulator's prediction by more than this
 # fraction at any level marks an acceptance `slow` (docs/decisions.md).
 ACCEPTANCE_SLOW_MARGIN = env_number("ACCEPTANCE_SLOW_MARGIN", default=0.25, minimum=0.0, maximum=1.0)

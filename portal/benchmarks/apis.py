@@ -124,7 +124,8 @@ class BenchmarkRunViewSet(viewsets.ReadOnlyModelViewSet):
             deployment = deployments_visible_to(request.user).filter(name=deployment_name).first()
             if deployment is None:
                 raise NotFound(f"no deployment {deployment_name!r}")
-        run = services.benchmark_run_create(user=request.user, deployment=deployment, **values)
+        run_request = services.BenchmarkRunRequest(deployment=deployment, **values)
+        run = services.benchmark_run_create(user=request.user, run_request=run_request)
         data = RunListSerializer(run, context={"request": request}).data
         return Response(data, status=status.HTTP_201_CREATED)
 

@@ -1,6 +1,6 @@
 """A node's page: its GPUs and who holds them, its `nvidia-smi topo -m` matrix, its latest
-acceptance with plots and, for staff, *Accept this node*. It reads deployments (who holds each
-GPU) and acceptances (a benchmark of the node), so it lives here, above both."""
+acceptance with plots and, for staff, *Accept this node* (posted to acceptance/views.py). It reads
+deployments (who holds each GPU) and acceptances (a benchmark of the node), so it lives here, above both."""
 
 from __future__ import annotations
 
@@ -17,15 +17,14 @@ from django.views.decorators.http import require_POST
 
 from inference.env_probe import build_advice, missing_kernels
 from portal.core.charts import Line, time_series_svg
-from portal.core.errors import ApplicationError
 from portal.core.plots import safe_svg
 from portal.deployments.selectors import gpus_held_on_node
-from portal.inventory.selectors import gpu_samples_since, node_latest_acceptance, node_list
+from portal.inventory.selectors import gpu_samples_since, node_list
 from portal.inventory.services import gpu_mark_healthy
 
-from .acceptance import node_acceptance_request
-from .forms import AcceptanceForm
-from .plots import acceptance_plots
+from .acceptance.forms import AcceptanceForm
+from .acceptance.plots import acceptance_plots
+from .acceptance.selectors import node_latest_acceptance
 
 
 @login_required
@@ -114,35 +113,3 @@ def _acceptance_context(node) -> dict:
     acceptance = node_latest_acceptance(node)
     plots = [safe_svg(svg) for svg in acceptance_plots(acceptance.levels)] if acceptance else []
     return {"acceptance": acceptance, "acceptance_plots": plots}
-
-
-@login_required
-@require_POST
-def node_accept(request, name: str):
-    """Staff: ask the node's agent to accept the node (portal/benchmarks/acceptance.py)."""
-    if not request.user.is_staff:
-        raise PermissionDenied
-    node = get_object_or_404(node_list(), name=name)
-    form = AcceptanceForm(request.POST, node=node)
-    if form.is_valid():
-        values = form.cleaned_data
-        try:
-            acceptance = node_acceptance_request(
-                node=node,
-                user=request.user,
-                shape=values["shape"],
-                layers=values["layers"],
-                concurrency=values["concurrency"],
-                mix=values["mix"],
-                requests_per_level=values["requests_per_level"],
-                enforce_eager=values["enforce_eager"],
-                predict_gpu=values["predict_gpu"],
-            )
-        except ApplicationError as error:
-            form.add_error(error.field if error.field in form.fields else None, error.message)
-        else:
-            messages.success(
-                request, f"acceptance {acceptance.pk} requested: the agent on {node.name} is on it"
-            )
-            return redirect(node)
-    return node_detail(request, name, accept_form=form, status=400)

@@ -20,13 +20,13 @@ def run_benchmark(run_id: int) -> None:
 
 @shared_task(name="benchmarks.accept_node")
 def accept_node(acceptance_id: int) -> str:
-    """Run a node acceptance (portal/benchmarks/acceptance.py); returns its state.
+    """Run a node acceptance (portal/benchmarks/acceptance/run.py); returns its state.
 
     Runs on the node itself (sent with `send_to_node`). Not acks_late: a redelivered half-done
     acceptance would start a second reference server; a lost one is marked abandoned after
     ACCEPTANCE_STALE_S and can be requested again.
     """
-    from .acceptance import node_acceptance_run
+    from .acceptance.run import node_acceptance_run
 
     return node_acceptance_run(acceptance_id=acceptance_id).state
 
@@ -34,6 +34,6 @@ def accept_node(acceptance_id: int) -> str:
 @shared_task(name="benchmarks.expire_acceptances")
 def expire_acceptances() -> list[int]:
     """Beat: mark acceptances whose agent went silent abandoned, and stop their reference servers."""
-    from .acceptance import node_acceptances_expire
+    from .acceptance.request import node_acceptances_expire
 
     return node_acceptances_expire()

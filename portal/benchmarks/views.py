@@ -73,8 +73,7 @@ def run_new(request):
         if form.is_valid():
             data = form.cleaned_data
             try:
-                run = services.benchmark_run_create(
-                    user=request.user,
+                run_request = services.BenchmarkRunRequest(
                     deployment=deployment_get_for_user(request.user, data["deployment"])
                     if data["deployment"]
                     else None,
@@ -89,6 +88,7 @@ def run_new(request):
                     level_timeout_s=data["level_timeout_s"],
                     title=data["title"],
                 )
+                run = services.benchmark_run_create(user=request.user, run_request=run_request)
             except ApplicationError as error:
                 form.add_error(error.field if error.field in form.fields else None, error.message)
             else:

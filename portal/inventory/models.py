@@ -176,7 +176,7 @@ class Gpu(models.Model):
         )
 
 
-# What a node acceptance leaves behind (portal/benchmarks/acceptance.py): a model version whose
+# What a node acceptance leaves behind (portal/benchmarks/acceptance/): a model version whose
 # source starts with ACCEPTANCE_SOURCE_PREFIX, a profile of it, and a stopped deployment of the
 # ACCEPTANCE_TEAM_SLUG team. The main lists and the planner's defaults leave them out; each list
 # links to them (`?acceptance=show`).
@@ -234,7 +234,7 @@ class AcceptanceState(models.TextChoices):
 
 class NodeAcceptance(models.Model):
     """One acceptance ("burn-in") of a node: a reference model started, benchmarked and compared
-    with the simulator's prediction for the same profile and workload (portal/benchmarks/acceptance.py)."""
+    with the simulator's prediction for the same profile and workload (portal/benchmarks/acceptance/)."""
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="acceptances")
     requested_by = models.CharField(max_length=150, blank=True, help_text="Username, or `system`.")

@@ -14,13 +14,11 @@ def node_list() -> QuerySet[Node]:
     return Node.objects.annotate(gpu_count=Count("gpus")).prefetch_related("gpus")
 
 
-def node_latest_acceptance(node: Node):
-    """The node's most recent acceptance (running or finished), or None."""
-    return node.acceptances.order_by("-started_at", "-id").first()
-
-
 def node_latest_calibration(node: Node) -> dict | None:
     """The simulator calibration of the node's latest finished acceptance that fitted one, or None.
+
+    Here with the record, not in portal/benchmarks/acceptance/: the simulator (`simulate --node`,
+    portal/deployments/predict.py) reads it, and deployments sit below benchmarks.
 
     The constants belong to the node and its vLLM version (docs/decisions.md): once the node's
     probed vLLM differs from the one the acceptance ran, the calibration no longer applies.

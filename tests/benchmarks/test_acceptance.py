@@ -22,14 +22,11 @@ from safetensors import safe_open
 from inference import supervisor
 from inference.tiny_model import resolve_shape, shape_from_config, write_tiny_model
 from portal.audit.models import AuditEvent
-from portal.benchmarks import acceptance as acceptance_module
-from portal.benchmarks.acceptance import (
-    compare,
-    judge,
-    node_acceptance_request,
-    node_acceptance_run,
-    parse_levels,
-)
+from portal.benchmarks.acceptance import steps as acceptance_module
+from portal.benchmarks.acceptance.judging import compare, judge
+from portal.benchmarks.acceptance.options import parse_levels
+from portal.benchmarks.acceptance.request import node_acceptance_request
+from portal.benchmarks.acceptance.run import node_acceptance_run
 from portal.core.errors import ApplicationError
 from portal.inventory.models import AcceptanceState, Node, NodeAcceptance
 from portal.inventory.selectors import node_latest_calibration
@@ -492,10 +489,10 @@ def test_it_never_puts_a_reference_server_in_a_team_of_users_with_the_slug(sim_n
     from portal.deployments.models import Deployment
     from portal.teams.models import Team
 
-    def refuse(options, out):
+    def refuse(config, hooks=None):
         raise InputError("mix", "the load generator refused")
 
-    monkeypatch.setattr(acceptance_module.bench_cli, "run", refuse)
+    monkeypatch.setattr(acceptance_module, "run_sweep", refuse)
     # Made before the slug was reserved (the migration leaves a team with members to the people in it).
     theirs = Team.objects.create(slug="acceptance", name="Acceptance testing", gpu_quota=8)
     theirs.members.add(bob)
@@ -513,10 +510,10 @@ def test_a_failed_step_still_stops_the_reference_server(sim_node, monkeypatch):
     from inference.errors import InputError
     from portal.deployments.models import Deployment
 
-    def refuse(options, out):
+    def refuse(config, hooks=None):
         raise InputError("mix", "the load generator refused")
 
-    monkeypatch.setattr(acceptance_module.bench_cli, "run", refuse)
+    monkeypatch.setattr(acceptance_module, "run_sweep", refuse)
     acceptance = node_acceptance_request(node=sim_node, send=False, **SMALL)
     acceptance = node_acceptance_run(acceptance_id=acceptance.pk)
 
@@ -686,9 +683,9 @@ def test_it_records_healthy_readings_and_goes_on(sim_node, tmp_path, monkeypatch
     smi.show("health_v100_sxm2_8x_healthy.csv")
     monkeypatch.setenv("PATH", smi.path)
     def stop_here(run, node):
-        raise acceptance_module.StepFailed("stop here")
+        raise acceptance_module.AcceptanceStepFailed("stop here")
 
-    monkeypatch.setattr(acceptance_module, "_probe", stop_here)
+    monkeypatch.setattr(acceptance_module, "probe_software", stop_here)
     acceptance = node_acceptance_request(node=sim_node, send=False, **SMALL)
     acceptance = node_acceptance_run(acceptance_id=acceptance.pk)
 

@@ -44,7 +44,7 @@ def test_a_cpu_node_accepts_the_forms_defaults(client, alice, cpu_node):
 
 
 def test_the_command_and_the_service_default_a_cpu_only_node_to_the_tiny_shape(cpu_node, dgx):
-    from portal.benchmarks.acceptance import node_acceptance_request
+    from portal.benchmarks.acceptance.request import node_acceptance_request
 
     assert node_acceptance_request(node=cpu_node, send=False).shape == "tiny"
     assert node_acceptance_request(node=dgx, send=False).shape == "llama-2-7b-chat-hf"

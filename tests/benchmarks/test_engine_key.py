@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from portal.benchmarks.models import RunState
-from portal.benchmarks.services import benchmark_run_create, benchmark_run_execute
+from portal.benchmarks.services import BenchmarkRunRequest, benchmark_run_create, benchmark_run_execute
 
 from .conftest import make_serving_deployment
 
@@ -26,7 +26,10 @@ def keyed_deployment(team, llama7b, profile_tp8, dgx, fake_server_factory):
 
 def test_it_benchmarks_a_keyed_deployment_with_its_key(alice, keyed_deployment):
     run = benchmark_run_create(
-        user=alice, deployment=keyed_deployment, mix="fixed:16:8", concurrencies=[2], requests_per_level=4
+        user=alice,
+        run_request=BenchmarkRunRequest(
+            deployment=keyed_deployment, mix="fixed:16:8", concurrencies=[2], requests_per_level=4
+        ),
     )
     benchmark_run_execute(run_id=run.pk)
     run.refresh_from_db()
@@ -41,11 +44,13 @@ def test_it_benchmarks_a_keyed_server_given_by_url_with_the_key_of_the_deploymen
 ):
     run = benchmark_run_create(
         user=alice,
-        endpoint_url=f"{keyed_deployment.endpoint_url}/v1",
-        model_name="llama-2-7b-chat-hf",
-        mix="fixed:16:8",
-        concurrencies=[1],
-        requests_per_level=2,
+        run_request=BenchmarkRunRequest(
+            endpoint_url=f"{keyed_deployment.endpoint_url}/v1",
+            model_name="llama-2-7b-chat-hf",
+            mix="fixed:16:8",
+            concurrencies=[1],
+            requests_per_level=2,
+        ),
     )
     benchmark_run_execute(run_id=run.pk)
     run.refresh_from_db()
@@ -59,7 +64,10 @@ def test_it_refuses_a_queued_run_whose_deployment_was_deleted_even_if_another_se
     from portal.teams.models import Team
 
     run = benchmark_run_create(
-        user=bob, deployment=keyed_deployment, mix="fixed:16:8", concurrencies=[1], requests_per_level=2
+        user=bob,
+        run_request=BenchmarkRunRequest(
+            deployment=keyed_deployment, mix="fixed:16:8", concurrencies=[1], requests_per_level=2
+        ),
     )
     url = keyed_deployment.endpoint_url
     Deployment.objects.filter(pk=keyed_deployment.pk).delete()
@@ -82,7 +90,10 @@ def test_it_refuses_a_queued_run_whose_deployment_no_longer_serves(bob, keyed_de
     from portal.deployments.models import Deployment
 
     run = benchmark_run_create(
-        user=bob, deployment=keyed_deployment, mix="fixed:16:8", concurrencies=[1], requests_per_level=2
+        user=bob,
+        run_request=BenchmarkRunRequest(
+            deployment=keyed_deployment, mix="fixed:16:8", concurrencies=[1], requests_per_level=2
+        ),
     )
     Deployment.objects.filter(pk=keyed_deployment.pk).update(state="stopped")
     benchmark_run_execute(run_id=run.pk)

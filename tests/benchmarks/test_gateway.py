@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from portal.benchmarks.models import RunState
-from portal.benchmarks.services import benchmark_run_create, benchmark_run_execute
+from portal.benchmarks.services import BenchmarkRunRequest, benchmark_run_create, benchmark_run_execute
 from portal.teams.models import ApiKey, Usage
 from portal.teams.selectors import api_keys_of
 from portal.teams.services import api_key_matches, usage_flush
@@ -57,16 +57,16 @@ def test_it_sends_a_members_run_through_the_gateway_under_the_teams_quotas_and_a
     gateway, gw_redis, settings, client, bob, team, cpu_node, fresh_model, fake_server_factory,
     monkeypatch,
 ):  # fmt: skip
-    from portal.benchmarks import services
+    from portal.benchmarks.services import execution
 
     issued: list[str] = []  # every secret the key was given, as the job received it
-    new_secret = services.api_key_new_secret
+    new_secret = execution.api_key_new_secret
 
     def recording_new_secret(**changes) -> str:
         issued.append(new_secret(**changes))
         return issued[-1]
 
-    monkeypatch.setattr(services, "api_key_new_secret", recording_new_secret)
+    monkeypatch.setattr(execution, "api_key_new_secret", recording_new_secret)
     settings.BENCHMARK_GATEWAY_URL = gateway.url
     team.tokens_per_day, team.max_tokens_clamp = 100, 16
     team.save(update_fields=["tokens_per_day", "max_tokens_clamp"])
@@ -77,7 +77,10 @@ def test_it_sends_a_members_run_through_the_gateway_under_the_teams_quotas_and_a
     deployment = serving_deployment(team=team, node=cpu_node, version=fresh_model, url=measured.url)
 
     run = benchmark_run_create(
-        user=bob, deployment=deployment, mix="fixed:16:1000", concurrencies=[1], requests_per_level=16
+        user=bob,
+        run_request=BenchmarkRunRequest(
+            deployment=deployment, mix="fixed:16:1000", concurrencies=[1], requests_per_level=16
+        ),
     )
     benchmark_run_execute(run_id=run.pk)
     run.refresh_from_db()
@@ -121,7 +124,10 @@ def test_it_runs_staff_benchmarks_straight_to_the_engine(
     server = fake_server_factory(model=fresh_model.name)
     deployment = serving_deployment(team=team, node=cpu_node, version=fresh_model, url=server.url)
     run = benchmark_run_create(
-        user=alice, deployment=deployment, mix="fixed:16:32", concurrencies=[1], requests_per_level=4
+        user=alice,
+        run_request=BenchmarkRunRequest(
+            deployment=deployment, mix="fixed:16:32", concurrencies=[1], requests_per_level=4
+        ),
     )
     benchmark_run_execute(run_id=run.pk)
     run.refresh_from_db()

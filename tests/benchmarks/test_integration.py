@@ -59,7 +59,7 @@ def benchmarks_worker(transactional_db):
 def test_it_runs_a_two_level_sweep_as_a_celery_job_and_shows_it(
     vllm_server, benchmarks_worker, client, alice, bob, team, cpu_node
 ):
-    from portal.benchmarks.services import benchmark_run_create
+    from portal.benchmarks.services import BenchmarkRunRequest, benchmark_run_create
     from portal.deployments.models import Deployment, DeploymentProfile
     from portal.deployments.services import deployment_create
     from portal.registry.services import model_version_create
@@ -80,7 +80,10 @@ def test_it_runs_a_two_level_sweep_as_a_celery_job_and_shows_it(
 
     # Staff: straight to the engine (a member's run goes through the gateway: test_gateway.py).
     run = benchmark_run_create(
-        user=alice, deployment=deployment, mix="fixed:128:32", concurrencies=[2, 4], requests_per_level=16
+        user=alice,
+        run_request=BenchmarkRunRequest(
+            deployment=deployment, mix="fixed:128:32", concurrencies=[2, 4], requests_per_level=16
+        ),
     )
 
     deadline = time.monotonic() + 480

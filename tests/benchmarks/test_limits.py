@@ -11,9 +11,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from portal.benchmarks import services
 from portal.benchmarks.models import BenchmarkRun, RunState
-from portal.benchmarks.services import benchmark_run_cancel, benchmark_run_create
+from portal.benchmarks.services import BenchmarkRunRequest, benchmark_run_cancel, benchmark_run_create, runs
 from portal.core.errors import ApplicationError
 from portal.deployments.models import Deployment
 from tests.conftest import api_client
@@ -78,9 +77,14 @@ def test_it_lets_staff_ask_past_the_member_bounds(alice, deployment):
 
 def test_it_ends_every_level_of_a_members_run(bob, alice, deployment, settings):
     settings.BENCHMARK_MEMBER_MAX_LEVEL_S = 300.0
-    member_run = benchmark_run_create(user=bob, deployment=deployment, mix="fixed:16:8", concurrencies=[2])
+    member_run = benchmark_run_create(
+        user=bob, run_request=BenchmarkRunRequest(deployment=deployment, mix="fixed:16:8", concurrencies=[2])
+    )
     assert member_run.config["level_timeout_s"] == 300.0  # none asked: the longest a member's level runs
-    staff_run = benchmark_run_create(user=alice, deployment=deployment, mix="fixed:16:8", concurrencies=[2])
+    staff_run = benchmark_run_create(
+        user=alice,
+        run_request=BenchmarkRunRequest(deployment=deployment, mix="fixed:16:8", concurrencies=[2]),
+    )
     assert staff_run.config["level_timeout_s"] is None
 
 
@@ -136,7 +140,7 @@ def _waiting_on_a_lock() -> bool:
 def test_it_starts_only_one_of_two_simultaneous_requests(bob, deployment, monkeypatch):
     """The first request holds its transaction open until the second has checked too or waits on
     the lock: without the lock both would find no active run and both would start."""
-    real = services._active_run
+    real = runs._active_run
     checked: list[str] = []
     guard = threading.Lock()
     second_checked = threading.Event()
@@ -155,13 +159,14 @@ def test_it_starts_only_one_of_two_simultaneous_requests(bob, deployment, monkey
             time.sleep(0.01)
         return found
 
-    monkeypatch.setattr(services, "_active_run", spy)
+    monkeypatch.setattr(runs, "_active_run", spy)
     outcomes: dict[str, object] = {}
 
     def request(name: str) -> None:
         try:
             outcomes[name] = benchmark_run_create(
-                user=bob, deployment=deployment, mix="fixed:16:8", concurrencies=[2]
+                user=bob,
+                run_request=BenchmarkRunRequest(deployment=deployment, mix="fixed:16:8", concurrencies=[2]),
             )
         except ApplicationError as error:
             outcomes[name] = error

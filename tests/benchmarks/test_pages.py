@@ -8,7 +8,12 @@ import io
 import pytest
 
 from portal.benchmarks.models import BenchmarkLevel, BenchmarkRun, RunState
-from portal.benchmarks.services import FIELD_GUIDE_7B_TABLE, benchmark_import_table, benchmark_run_create
+from portal.benchmarks.services import (
+    FIELD_GUIDE_7B_TABLE,
+    BenchmarkRunRequest,
+    benchmark_import_table,
+    benchmark_run_create,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -40,7 +45,10 @@ def level(concurrency: int, throughput: float, p95_ttft_ms: float, p95_tpot_ms: 
 @pytest.fixture
 def finished_run(bob, deployment):
     run = benchmark_run_create(
-        user=bob, deployment=deployment, mix="fixed:16:8", concurrencies=[16, 32], requests_per_level=8
+        user=bob,
+        run_request=BenchmarkRunRequest(
+            deployment=deployment, mix="fixed:16:8", concurrencies=[16, 32], requests_per_level=8
+        ),
     )
     BenchmarkLevel.objects.create(
         run=run,
@@ -77,13 +85,17 @@ def test_it_shows_a_run_with_its_plots_and_sla_point(client, bob, finished_run):
 
 
 def test_it_refreshes_the_page_of_a_running_run(client, bob, deployment):
-    run = benchmark_run_create(user=bob, deployment=deployment, concurrencies=[4])
+    run = benchmark_run_create(
+        user=bob, run_request=BenchmarkRunRequest(deployment=deployment, concurrencies=[4])
+    )
     client.force_login(bob)
     assert 'http-equiv="refresh"' in client.get(run.get_absolute_url()).content.decode()
 
 
 def test_a_running_run_says_not_decided_yet_without_the_red_no_operating_point(client, bob, deployment):
-    run = benchmark_run_create(user=bob, deployment=deployment, concurrencies=[4, 8])
+    run = benchmark_run_create(
+        user=bob, run_request=BenchmarkRunRequest(deployment=deployment, concurrencies=[4, 8])
+    )
     BenchmarkLevel.objects.create(run=run, index=0, concurrency=4, results=level(4, 100, 80, 20))
     BenchmarkRun.objects.filter(pk=run.pk).update(state=RunState.RUNNING)
     client.force_login(bob)
@@ -98,7 +110,9 @@ def test_a_running_run_says_not_decided_yet_without_the_red_no_operating_point(c
 
 
 def test_its_plots_are_scaled_to_the_data_not_to_a_far_sla(client, bob, deployment):
-    run = benchmark_run_create(user=bob, deployment=deployment, concurrencies=[1])
+    run = benchmark_run_create(
+        user=bob, run_request=BenchmarkRunRequest(deployment=deployment, concurrencies=[1])
+    )
     BenchmarkLevel.objects.create(
         run=run, index=0, concurrency=1, results=level(1, 100, 40, 8),
         samples={"ttft_ms": [10 + i for i in range(30)], "tpot_ms": [4 + i / 10 for i in range(30)]},
@@ -145,7 +159,10 @@ def test_it_exports_csv(client, bob, finished_run):
 
 def test_it_compares_two_runs_and_marks_the_deltas(client, bob, deployment, finished_run):
     other = benchmark_run_create(
-        user=bob, deployment=deployment, mix="fixed:16:8", concurrencies=[16], requests_per_level=8
+        user=bob,
+        run_request=BenchmarkRunRequest(
+            deployment=deployment, mix="fixed:16:8", concurrencies=[16], requests_per_level=8
+        ),
     )
     BenchmarkLevel.objects.create(run=other, index=0, concurrency=16, results=level(16, 1200, 700, 60))
     client.force_login(bob)
@@ -171,7 +188,10 @@ def test_it_asks_for_two_runs_instead_of_a_404_when_nothing_is_picked(client, bo
 
 def test_it_warns_and_marks_nothing_when_the_workloads_differ(client, bob, deployment, finished_run):
     other = benchmark_run_create(
-        user=bob, deployment=deployment, mix="short-qa", concurrencies=[16], requests_per_level=8
+        user=bob,
+        run_request=BenchmarkRunRequest(
+            deployment=deployment, mix="short-qa", concurrencies=[16], requests_per_level=8
+        ),
     )
     BenchmarkLevel.objects.create(run=other, index=0, concurrency=16, results=level(16, 1700, 300, 20))
     client.force_login(bob)
@@ -182,7 +202,10 @@ def test_it_warns_and_marks_nothing_when_the_workloads_differ(client, bob, deplo
 
 def test_it_shows_what_changed_between_runs(client, alice, bob, deployment, finished_run):
     other = benchmark_run_create(
-        user=bob, deployment=deployment, mix="short-qa", concurrencies=[16], requests_per_level=8
+        user=bob,
+        run_request=BenchmarkRunRequest(
+            deployment=deployment, mix="short-qa", concurrencies=[16], requests_per_level=8
+        ),
     )
     BenchmarkRun.objects.filter(pk=other.pk).update(
         snapshot={**other.snapshot, "profile": {**other.snapshot["profile"], "max_num_seqs": 64}}
@@ -210,7 +233,9 @@ def test_it_applies_the_cap_in_one_staff_click(client, alice, bob, finished_run)
 
 
 def test_it_cancels_from_the_page(client, bob, deployment):
-    run = benchmark_run_create(user=bob, deployment=deployment, concurrencies=[4])
+    run = benchmark_run_create(
+        user=bob, run_request=BenchmarkRunRequest(deployment=deployment, concurrencies=[4])
+    )
     client.force_login(bob)
     client.post(f"/benchmarks/{run.pk}/cancel/")
     run.refresh_from_db()
@@ -277,7 +302,10 @@ def test_it_keeps_where_engines_live_to_staff_in_every_text_of_a_run(client, ali
 
     Node.objects.filter(pk=deployment.node_id).update(hostname="gpu-rack7")
     run = benchmark_run_create(
-        user=alice, deployment=deployment, mix="fixed:16:8", concurrencies=[16], requests_per_level=8
+        user=alice,
+        run_request=BenchmarkRunRequest(
+            deployment=deployment, mix="fixed:16:8", concurrencies=[16], requests_per_level=8
+        ),
     )
     config = {**run.config, "tokenizer": "/srv/models/llama-2-7b/tokenizer.json"}
     BenchmarkRun.objects.filter(pk=run.pk).update(

@@ -15,6 +15,7 @@ from django.utils import timezone
 from portal.benchmarks.models import BenchmarkLevel, BenchmarkRun, RunState
 from portal.benchmarks.services import (
     FIELD_GUIDE_7B_TABLE,
+    BenchmarkRunRequest,
     benchmark_import_table,
     benchmark_run_apply_sla_cap,
     benchmark_run_cancel,
@@ -30,7 +31,9 @@ pytestmark = pytest.mark.django_db
 
 def create(user, deployment, **options):
     defaults = {"mix": "fixed:16:8", "concurrencies": [2, 4], "requests_per_level": 8}
-    return benchmark_run_create(user=user, deployment=deployment, **(defaults | options))
+    return benchmark_run_create(
+        user=user, run_request=BenchmarkRunRequest(deployment=deployment, **(defaults | options))
+    )
 
 
 def test_it_snapshots_what_is_measured(bob, deployment):
@@ -55,10 +58,12 @@ def test_it_snapshots_what_is_measured(bob, deployment):
 def test_it_queues_the_job_on_the_benchmarks_queue_after_commit(
     bob, deployment, django_capture_on_commit_callbacks, monkeypatch
 ):
-    from portal.benchmarks import tasks
-
     sent = []
-    monkeypatch.setattr(tasks.run_benchmark, "apply_async", lambda args, queue: sent.append((args, queue)))
+    # Sent by name (no service imports a tasks module); another task name records nothing.
+    monkeypatch.setattr(
+        "portal.celery.app.send_task",
+        lambda name, args, queue: sent.append((args, queue)) if name == "benchmarks.run" else None,
+    )
     with django_capture_on_commit_callbacks(execute=True):
         run = create(bob, deployment)
     assert sent == [([run.pk], "benchmarks")]
@@ -110,8 +115,14 @@ def test_it_runs_an_inline_json_mix_from_its_frozen_definition(alice, deployment
 
 def test_it_lets_only_staff_benchmark_a_bare_endpoint(bob, alice, fake_server):
     with pytest.raises(ApplicationError):
-        benchmark_run_create(user=bob, endpoint_url=fake_server.url, model_name="x", concurrencies=[1])
-    run = benchmark_run_create(user=alice, endpoint_url=fake_server.url, model_name="x", concurrencies=[1])
+        benchmark_run_create(
+            user=bob,
+            run_request=BenchmarkRunRequest(endpoint_url=fake_server.url, model_name="x", concurrencies=[1]),
+        )
+    run = benchmark_run_create(
+        user=alice,
+        run_request=BenchmarkRunRequest(endpoint_url=fake_server.url, model_name="x", concurrencies=[1]),
+    )
     assert run.deployment is None
 
 
@@ -315,18 +326,44 @@ def test_it_imports_the_field_notes_table_and_shows_why_littles_law_fails(alice)
     assert all(level.results["little_law"]["ok"] is False for level in run.levels.all())
 
 
+def test_it_imports_a_quoted_thousands_figure_of_a_csv_table_as_a_number(alice):
+    text = 'concurrency,output tok/s,mean TPOT s\n16,"1,380",0.042\n32,"2,350",0.058\n'
+    run = benchmark_import_table(user=alice, title="csv", text=text)
+    first = run.levels.get(index=0).results
+    assert first["concurrency"] == 16 and first["output_throughput"] == 1380
+    assert first["mean_tpot_ms"] == pytest.approx(42.0)
+    assert run.levels.get(index=1).results["output_throughput"] == 2350
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "| concurrency | output tok/s |\n|---|---|\n| 16 | 1,380 |",  # Markdown: a comma is the cell's
+        "concurrency\toutput tok/s\n16\t1,380",  # a spreadsheet's tabs
+        'concurrency, output tok/s\n16, "1,380"',  # CSV with a space after each comma
+    ],
+)
+def test_it_reads_thousands_separators_in_each_dialect(text):
+    assert parse_table(text) == [{"failed": None, "concurrency": 16, "output_throughput": 1380.0}]
+
+
+def test_it_still_refuses_a_row_whose_cells_do_not_match_the_header():
+    with pytest.raises(ApplicationError, match="row 2 has 3 cells, the header 2"):
+        parse_table("concurrency,output tok/s\n16,1,380")
+
+
 def test_it_refuses_a_table_without_concurrency(alice):
     with pytest.raises(ApplicationError, match="concurrency column"):
         benchmark_import_table(user=alice, title="x", text="| tok/s |\n|---|\n| 5 |")
 
 
 def test_it_records_a_crash_of_the_job_instead_of_leaving_the_run_running(alice, deployment, monkeypatch):
-    from portal.benchmarks import services
+    from portal.benchmarks.services import execution
 
     def explode(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(services, "_save_level", explode)
+    monkeypatch.setattr(execution, "_save_level", explode)
     run = create(alice, deployment, concurrencies=[1], requests_per_level=2)
     with pytest.raises(RuntimeError):
         benchmark_run_execute(run_id=run.pk)

@@ -12,10 +12,13 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 def measured_run(user, deployment):
     from portal.benchmarks.models import BenchmarkLevel, BenchmarkRun, RunState
-    from portal.benchmarks.services import benchmark_run_create
+    from portal.benchmarks.services import BenchmarkRunRequest, benchmark_run_create
 
     run = benchmark_run_create(
-        user=user, deployment=deployment, mix="short-qa", concurrencies=[16, 32, 64], requests_per_level=64
+        user=user,
+        run_request=BenchmarkRunRequest(
+            deployment=deployment, mix="short-qa", concurrencies=[16, 32, 64], requests_per_level=64
+        ),
     )
     for index, (concurrency, throughput, ttft, tpot) in enumerate(
         [(16, 900, 700, 45), (32, 1500, 1500, 70), (64, 2000, 3400, 120)]

@@ -13,13 +13,9 @@ import time
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from inference.tiny_model import TINY_SHAPE, shape_names
-from portal.benchmarks.acceptance import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_MIX,
-    DEFAULT_SHAPE,
-    node_acceptance_request,
-    node_acceptance_run,
-)
+from portal.benchmarks.acceptance.options import DEFAULT_CONCURRENCY, DEFAULT_MIX, DEFAULT_SHAPE
+from portal.benchmarks.acceptance.request import node_acceptance_request
+from portal.benchmarks.acceptance.run import node_acceptance_run
 from portal.core.errors import ApplicationError
 from portal.inventory.models import AcceptanceState, Node, NodeAcceptance
 

@@ -8,7 +8,7 @@ from portal.core.plots import line_chart
 
 def acceptance_plots(levels: list[dict]) -> list[str]:
     """A node acceptance: measured vs the simulator's prediction (and its calibrated fit) per level,
-    for output tok/s and mean TPOT (`portal.benchmarks.acceptance.compare` rows)."""
+    for output tok/s and mean TPOT (`portal.benchmarks.acceptance.judging.compare` rows)."""
     if not levels:
         return []
     x = [str(row["concurrency"]) for row in levels]

@@ -1,0 +1,61 @@
+"""What a node acceptance may be asked (shape, levels, requests per level), its defaults, and the
+names it gives what it makes (the reference model and deployment)."""
+
+from __future__ import annotations
+
+from inference.tiny_model import TINY_SHAPE
+from portal.core.errors import ApplicationError
+from portal.inventory.models import Node, NodeAcceptance
+
+DEFAULT_SHAPE = "llama-2-7b-chat-hf"
+DEFAULT_MIX = "short-qa"
+DEFAULT_CONCURRENCY = (1, 16, 64)
+MIN_LEVELS, MAX_LEVELS = 2, 4
+MAX_CONCURRENCY = 1024
+MAX_REQUESTS_PER_LEVEL = 100_000
+QUEUED = "queued"  # the step of a requested acceptance no runner has claimed yet
+SEED = 0
+
+
+def requests_per_level_default(concurrency: int) -> int:
+    """Four requests per user, at least eight: 1 user × 8 requests of a 7B in eager mode is
+    about a minute on an H200, and 64 users × 4 fill the batch long enough to be steady."""
+    return max(8, 4 * concurrency)
+
+
+def parse_levels(value: str | list[int] | tuple[int, ...]) -> list[int]:
+    """2–4 distinct concurrency levels, each 1…1024, ascending; else ApplicationError on `concurrency`."""
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.split(",") if p.strip()]
+        if not all(p.isdigit() for p in parts):
+            raise ApplicationError(
+                f"write the levels as whole numbers separated by commas, got {value!r}", field="concurrency"
+            )
+        levels = [int(p) for p in parts]
+    else:
+        levels = list(value)
+    if not MIN_LEVELS <= len(set(levels)) <= MAX_LEVELS:
+        raise ApplicationError(
+            f"give {MIN_LEVELS} to {MAX_LEVELS} different levels (two to calibrate from), got {levels}",
+            field="concurrency",
+        )
+    if any(isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= MAX_CONCURRENCY for c in levels):
+        raise ApplicationError(f"each level must be between 1 and {MAX_CONCURRENCY}", field="concurrency")
+    return sorted(set(levels))
+
+
+def default_shape_for(node: Node) -> str:
+    """The reference shape a node is accepted with unless one is chosen: tiny on a CPU-only node,
+    where a 7B shape would be 27 GB of float32 weights in its RAM; a 7B on a GPU node."""
+    return TINY_SHAPE if node.is_cpu_only else DEFAULT_SHAPE
+
+
+def model_name_for(acceptance: NodeAcceptance) -> str:
+    """The reference model's name: its shape, layer count and dtype (same name, same bytes)."""
+    layers = f"-l{acceptance.layers}" if acceptance.layers else ""
+    return f"accept-{acceptance.shape}{layers}-{'fp16' if acceptance.dtype == 'float16' else 'fp32'}"
+
+
+def reference_deployment_name(acceptance: NodeAcceptance) -> str:
+    """The deployment that serves the reference model during this acceptance."""
+    return acceptance.deployment_name or f"accept-{acceptance.node.name}-{acceptance.pk}"
