@@ -8,6 +8,13 @@ uncalibrated and calibrated, and prints the errors as a markdown table (and `--j
 
     .venv/bin/python perf/sim_twin_errors.py [--fit-model llama-2-7b-chat-hf] [--fit-levels 1,16]
         [--data tests/sim/data/h200] [--json out.json]
+    .venv/bin/python perf/sim_twin_errors.py --decode-steps   # the eager host evidence, in seconds
+
+`--decode-steps` fits nothing: for every recorded level up to 64 users it sets the median
+inter-token gap (a decode step's length) beside the simulated GPU part of a decode-only step at
+that level, and reads off the host time per layer the step implies, with the host overlapping the
+GPU's work (as the simulator models it) and in series with it (docs/simulator.md, "Why the held-out
+eager levels miss").
 
 The profile of each report is read from its `engine.argv` (the vLLM command line it was served
 with); the GPU is an H200 unless `--gpu` says otherwise.
@@ -31,7 +38,12 @@ from inference.hf_config import resolve_model_config  # noqa: E402
 from inference.loadgen.workloads import fit_to_context, load_mix  # noqa: E402
 from inference.planner import ProfileSettings  # noqa: E402
 from inference.sim.calibration import fit_host_costs, measured_levels  # noqa: E402
-from inference.sim.costs import DEFAULT_HOST_COSTS, describe_calibration  # noqa: E402
+from inference.sim.costs import (  # noqa: E402
+    DEFAULT_HOST_COSTS,
+    ScheduledChunk,
+    StepCostModel,
+    describe_calibration,
+)
 from inference.sim.engine import EngineConfig, SimEngine  # noqa: E402
 from inference.sim.virtual import run_level  # noqa: E402
 
@@ -86,6 +98,68 @@ def simulate(config: EngineConfig, mix, level) -> dict:
     return run_level(config, specs, concurrency=level.concurrency, warmup=warmup).level
 
 
+# Above this many users a level's median inter-token gap is no decode step: prefill-heavy steps are
+# most of the steps and the API server's delivery jitter moves the median (the 14B's eager median
+# at 128 users, 27 ms, is below its 8-user one).
+DECODE_STEP_MAX_USERS = 64
+# The per-step scheduling taken off a decode step before it is shared out per layer: what the
+# CUDA-graph 1-user levels leave once the GPU's part is taken off (0.9-1.1 ms); ±0.5 ms moves a
+# 32-layer figure by 16 µs.
+DECODE_STEP_SCHEDULING_S = 1e-3
+
+
+def mean_decode_context(mix) -> int:
+    """A request's context at the middle of its decode: the mean prompt plus half the mean output."""
+    total = sum(bucket.share for bucket in mix.buckets) or 1.0
+    prompt = sum(bucket.share * sum(bucket.prompt_range) / 2 for bucket in mix.buckets) / total
+    output = sum(bucket.share * sum(bucket.output_range) / 2 for bucket in mix.buckets) / total
+    return round(prompt + output / 2)
+
+
+def decode_step_evidence(item: dict, gpu) -> list[dict]:
+    """Per recorded level (≤ DECODE_STEP_MAX_USERS users): the measured decode step and the host
+    time per layer it implies, overlapped with the GPU's work and in series with it."""
+    model = resolve_model_config(item["shape"])
+    mix = load_mix(item["report"]["mix"])
+    costs = StepCostModel(model, item["profile"], gpu)
+    context = mean_decode_context(mix)
+    rows = []
+    for level in sorted(item["report"]["levels"], key=lambda lv: lv.get("concurrency") or 0):
+        users, step_ms = level.get("concurrency"), level.get("median_itl_ms")
+        if not users or users > DECODE_STEP_MAX_USERS or not step_ms:
+            continue
+        step = costs.step_time([ScheduledChunk(context, 1, True)] * users)
+        gpu_ms = (step.gpu_s + step.launch_gap_s) * 1e3
+        host_ms = step_ms - DECODE_STEP_SCHEDULING_S * 1e3
+        rows.append({
+            "file": item["path"].name,
+            "model": item["shape"],
+            "mode": item["mode"],
+            "users": users,
+            "layers": model.num_layers,
+            "step_ms": step_ms,
+            "gpu_ms": gpu_ms,
+            "overlapped_us_per_layer": host_ms / model.num_layers * 1e3,
+            "serial_us_per_layer": (host_ms - gpu_ms) / model.num_layers * 1e3,
+        })
+    return rows
+
+
+def print_decode_steps(reports: list[dict], gpu) -> None:
+    print("| run | mode | users | layers | decode step ms (median ITL) | simulated GPU part ms "
+          "| host µs/layer, overlapped | host µs/layer, in series |")
+    print("|---|---|---|---|---|---|---|---|")
+    for item in reports:
+        for row in decode_step_evidence(item, gpu):
+            print(f"| {short_name(row['file'])} | {row['mode']} | {row['users']} | {row['layers']} "
+                  f"| {row['step_ms']:.1f} | {row['gpu_ms']:.1f} | {row['overlapped_us_per_layer']:.0f} "
+                  f"| {row['serial_us_per_layer']:.0f} |")
+
+
+def short_name(file: str) -> str:
+    return file.removesuffix(".json").replace("-chat-hf", "").replace("-instruct-v0.3", "")
+
+
 def error(predicted: float | None, measured: float) -> float | None:
     return None if not predicted else (predicted / measured - 1) * 100
 
@@ -99,11 +173,15 @@ def main() -> int:
     parser.add_argument("--gpu", default="h200-sxm-141gb")
     parser.add_argument("--mode", choices=("eager", "graphs"), default=None, help="only this mode's reports")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--decode-steps", action="store_true", help="the decode-step evidence table only")
     options = parser.parse_args()
     gpu = get_gpu(options.gpu)
     fit_levels = [int(x) for x in options.fit_levels.split(",")]
     reports = [load_report(path) for path in sorted(Path(options.data).glob("*.json"))]
     reports = [item for item in reports if options.mode in (None, item["mode"])]
+    if options.decode_steps:
+        print_decode_steps(reports, gpu)
+        return 0
 
     calibrations = {}
     for item in reports:
@@ -152,8 +230,7 @@ def main() -> int:
           "| TTFT ms meas. | uncal. | cal. |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
-        cells = [row["file"].removesuffix(".json").replace("-chat-hf", "").replace("-instruct-v0.3", ""),
-                 row["mode"], str(row["users"])]
+        cells = [short_name(row["file"]), row["mode"], str(row["users"])]
         for key, digits in (("tok_s", 0), ("tpot_ms", 1), ("ttft_ms", 0)):
             measured = row["measured"][key]
             cells.append(f"{measured:.{digits}f}")
