@@ -44,6 +44,7 @@ from .models import (
     UsageHourly,
     UsageStatus,
 )
+from .usage_record import UnreadableUsageRecord, UsageRecord
 
 KEY_SCHEME = "sk-"
 log = logging.getLogger("portal.teams")
@@ -301,34 +302,26 @@ def _storable(text: object, limit: int) -> str:
     return text.encode("utf-8", "replace").decode()[:limit]
 
 
-def _priority_class(value: object) -> str:
-    return value if value in PriorityClass.values else PriorityClass.INTERACTIVE
-
-
-def _usage_from_json(raw: bytes) -> Usage | None:
-    try:
-        data = json.loads(raw)
-        return Usage(
-            request_id=uuid.UUID(data["request_id"]),
-            created_at=dt.datetime.fromtimestamp(data["created_at"], tz=dt.UTC),
-            team_id=int(data["team_id"]),
-            api_key_id=data.get("api_key_id"),
-            model=_storable(data.get("model"), 100),
-            deployment_id=data.get("deployment_id"),
-            endpoint=_storable(data.get("endpoint"), 30),
-            # Records queued before the gateway knew classes carry none: they were interactive.
-            priority_class=_priority_class(data.get("priority_class")),
-            stream=bool(data.get("stream")),
-            status=data["status"],
-            http_status=data["http_status"],
-            error_code=_storable(data.get("error_code"), 50),
-            prompt_tokens=max(0, int(data.get("prompt_tokens") or 0)),
-            completion_tokens=max(0, int(data.get("completion_tokens") or 0)),
-            ttft_ms=data.get("ttft_ms"),
-            duration_ms=data.get("duration_ms") or 0.0,
-        )
-    except (KeyError, TypeError, ValueError, OverflowError, OSError):
-        return None
+def _usage_row(record: UsageRecord) -> Usage:
+    """The row of a record, its text cut to what the columns hold."""
+    return Usage(
+        request_id=record.request_id,
+        created_at=record.created_at,
+        team_id=record.team_id,
+        api_key_id=record.api_key_id,
+        model=_storable(record.model, 100),
+        deployment_id=record.deployment_id,
+        endpoint=_storable(record.endpoint, 30),
+        priority_class=record.priority_class,
+        stream=record.stream,
+        status=record.status,
+        http_status=record.http_status,
+        error_code=_storable(record.error_code, 50),
+        prompt_tokens=record.prompt_tokens,
+        completion_tokens=record.completion_tokens,
+        ttft_ms=record.ttft_ms,
+        duration_ms=record.duration_ms,
+    )
 
 
 def usage_flush(*, batch: int = 1000) -> int:
@@ -403,11 +396,10 @@ def _usage_store(raws: list[bytes]) -> tuple[int, list[tuple[bytes, str]], set[i
     dead: list[tuple[bytes, str]] = []
     parsed: list[tuple[bytes, Usage]] = []
     for raw in raws:
-        row = _usage_from_json(raw)
-        if row is None:
+        try:
+            parsed.append((raw, _usage_row(UsageRecord.from_json(raw))))
+        except UnreadableUsageRecord:
             dead.append((raw, UNREADABLE))
-        else:
-            parsed.append((raw, row))
     teams = set(Team.objects.filter(pk__in={r.team_id for _, r in parsed}).values_list("pk", flat=True))
     keys = {
         pk: (team_id, created_at)
