@@ -184,7 +184,7 @@ def test_two_flushers_holding_a_batch_at_the_same_moment_hold_different_records(
     push(gw, *records)
     both_hold_one = threading.Barrier(2, timeout=10)
     first_batches: dict[int, set[str]] = {}
-    from portal.teams import services
+    from portal.teams.services import usage_queue as services
 
     insert = services.usage_insert
 
@@ -215,7 +215,7 @@ def test_two_flushers_holding_a_batch_at_the_same_moment_hold_different_records(
 
 
 def test_it_puts_back_the_batch_of_a_flusher_that_died_holding_it(team, key, gw, monkeypatch):
-    from portal.teams import services
+    from portal.teams.services import usage_queue as services
 
     records = [record(team, key) for _ in range(3)]
     push(gw, *records)
@@ -237,7 +237,7 @@ def test_it_puts_back_the_batch_of_a_flusher_that_died_holding_it(team, key, gw,
 def test_a_batch_the_database_could_not_take_goes_back_on_the_queue(team, key, gw, monkeypatch):
     from django.db import OperationalError
 
-    from portal.teams import services
+    from portal.teams.services import usage_queue as services
 
     push(gw, record(team, key), record(team, key))
 

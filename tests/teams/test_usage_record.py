@@ -111,3 +111,17 @@ def test_the_flush_stores_what_the_gateway_writes_and_dead_letters_an_unknown_st
         PriorityClass.BATCH,
     )
     assert [json.loads(e)["reason"] for e in gw.lrange(redis_keys().usage_dead, 0, -1)] == ["unreadable"]
+
+
+@pytest.mark.django_db
+def test_a_record_of_a_deployment_deleted_since_is_stored_unlinked(team, key, gw):
+    from portal.core.redis_client import redis_keys
+    from portal.teams.models import Usage
+    from portal.teams.services import usage_flush
+
+    gone = a_record(
+        team_id=team.pk, api_key_id=key.pk, deployment_id=10**9, created_at=dt.datetime.now(dt.UTC)
+    )
+    gw.rpush(redis_keys().usage, gone.to_json())
+    assert usage_flush() == 1
+    assert Usage.objects.get().deployment_id is None
