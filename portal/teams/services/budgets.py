@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import F, OuterRef, QuerySet, Subquery, Sum
 from django.utils import timezone
 
 from ..models import ApiKey, Team, UsageDaily
@@ -15,32 +15,49 @@ from .blocks import gateway_block
 def budgets_enforce(*, day: dt.date) -> list[str]:
     """Disable, until the next UTC midnight, every team and key whose tokens on `day` reached
     its daily budget (a backstop: the admission script already refuses requests over it).
-    Returns what was disabled, e.g. ["team search", "key sk-ab12…"]."""
+    Returns what was disabled, e.g. ["team search", "key sk-ab12…"].
+
+    Set-based: one query finds the teams over budget and one the keys, each disabled in one
+    update, whatever the number of teams and keys."""
     until = dt.datetime.combine(day + dt.timedelta(days=1), dt.time.min, tzinfo=dt.UTC)
-    if until <= timezone.now():
+    now = timezone.now()
+    if until <= now:
         return []
-    done = []
-    totals = UsageDaily.objects.filter(day=day)
-    per_team = totals.values("team_id").annotate(t=Sum("prompt_tokens") + Sum("completion_tokens"))
-    per_key = (
-        totals.exclude(api_key=None)
-        .values("api_key_id")
-        .annotate(t=Sum("prompt_tokens") + Sum("completion_tokens"))
+    teams = list(_over_budget(Team.objects.only("pk", "slug", "tokens_per_day"), "team", day, now))
+    keys = list(_over_budget(ApiKey.objects.only("pk", "prefix", "tokens_per_day"), "api_key", day, now))
+    _disable(Team, "team", teams, until=until, day=day)
+    _disable(ApiKey, "key", keys, until=until, day=day)
+    return [f"team {team.slug}" for team in teams] + [f"key {key}" for key in keys]
+
+
+def _disable(
+    model: type[Team] | type[ApiKey], kind: str, rows: list, *, until: dt.datetime, day: dt.date
+) -> None:
+    for row in rows:
+        row.disabled_until = until
+        row.disabled_reason = f"daily budget of {row.tokens_per_day} tokens spent on {day}"
+    model.objects.bulk_update(rows, ["disabled_until", "disabled_reason"])
+    # Refused by the gateway from now on, in every web process (once the update is committed).
+    for row in rows:
+        transaction.on_commit(
+            lambda pk=row.pk, reason=row.disabled_reason: gateway_block(kind, pk, reason=reason, until=until)
+        )
+
+
+def _over_budget(rows: QuerySet, usage_field: str, day: dt.date, now: dt.datetime) -> QuerySet:
+    """The teams (or keys) of `rows` with a daily budget, not disabled now, whose tokens on `day`
+    (their daily rows summed; `usage_field` names them on `UsageDaily`) reached it."""
+    spent = (
+        UsageDaily.objects.filter(day=day, **{usage_field: OuterRef("pk")})
+        .order_by()
+        .values(usage_field)
+        .annotate(tokens=Sum("prompt_tokens") + Sum("completion_tokens"))
+        .values("tokens")
     )
-    for row in per_team:
-        team = Team.objects.get(pk=row["team_id"])
-        if team.tokens_per_day and row["t"] >= team.tokens_per_day and not team.is_disabled():
-            reason = f"daily budget of {team.tokens_per_day} tokens spent on {day}"
-            Team.objects.filter(pk=team.pk).update(disabled_until=until, disabled_reason=reason)
-            transaction.on_commit(
-                lambda pk=team.pk, r=reason: gateway_block("team", pk, reason=r, until=until)
-            )
-            done.append(f"team {team.slug}")
-    for row in per_key:
-        key = ApiKey.objects.get(pk=row["api_key_id"])
-        if key.tokens_per_day and row["t"] >= key.tokens_per_day and not key.is_disabled():
-            reason = f"daily budget of {key.tokens_per_day} tokens spent on {day}"
-            ApiKey.objects.filter(pk=key.pk).update(disabled_until=until, disabled_reason=reason)
-            transaction.on_commit(lambda pk=key.pk, r=reason: gateway_block("key", pk, reason=r, until=until))
-            done.append(f"key {key}")
-    return done
+    return (
+        rows.filter(tokens_per_day__gt=0)
+        .exclude(disabled_until__gt=now)
+        .annotate(spent=Subquery(spent))
+        .filter(spent__gte=F("tokens_per_day"))
+        .order_by("pk")
+    )
