@@ -124,7 +124,13 @@ DAY_CLOSED = "day_closed"
 # loads (`DeploymentsConfig.ready`). Until then every id counts as gone: a row is stored unlinked,
 # never linked to a deployment nobody checked.
 DeploymentIdsExisting = Callable[[set[int]], set[int]]
-_deployment_ids_existing: DeploymentIdsExisting = lambda ids: set()  # noqa: E731
+
+
+def _none_known(ids: set[int]) -> set[int]:
+    return set()
+
+
+_deployment_ids_existing: DeploymentIdsExisting = _none_known
 
 
 def usage_deployment_check_set(check: DeploymentIdsExisting) -> None:
