@@ -129,9 +129,10 @@ def _records(team_id: int, key_id: int, n: int, at: dt.datetime) -> list[dict]:
 
 
 def _rows(records: list[dict]):
-    from portal.teams.services import _usage_from_json
+    from portal.teams.services.usage_queue import _usage_row
+    from portal.teams.usage_record import UsageRecord
 
-    return [_usage_from_json(json.dumps(r).encode()) for r in records]
+    return [_usage_row(UsageRecord.from_json(json.dumps(r).encode())) for r in records]
 
 
 def _timed_batches(rows: list, size: int, insert: Callable[[list], None]) -> float:
@@ -149,7 +150,7 @@ def _copy_plain(rows: list) -> None:
     from django.db import connection
 
     from portal.teams.models import Usage
-    from portal.teams.services import _usage_columns
+    from portal.teams.services.usage_queue import _usage_columns
 
     fields = _usage_columns()
     columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
@@ -166,7 +167,7 @@ def run(args) -> list[list[str]]:
     from portal.core.redis.client import gateway_redis, redis_keys
     from portal.teams import services
     from portal.teams.models import Team, Usage, UsageHourly
-    from portal.teams.services import api_key_create, team_create, usage_flush, usage_insert
+    from portal.teams.services import api_key_create, team_create, usage_flush, usage_insert, usage_queue
 
     team = team_create(slug="bench")
     key, _ = api_key_create(team=team)
@@ -182,14 +183,14 @@ def run(args) -> list[list[str]]:
             records = rows_records
             for i in range(0, len(records), 1000):
                 client.rpush(redis_keys().usage, *[json.dumps(r) for r in records[i : i + 1000]])
-            real = services.usage_insert
-            services.usage_insert = insert
+            real = usage_queue.usage_insert
+            usage_queue.usage_insert = insert
             try:
                 started = time.perf_counter()
                 stored = usage_flush(batch=FLUSH_BATCH)
                 elapsed = time.perf_counter() - started
             finally:
-                services.usage_insert = real
+                usage_queue.usage_insert = real
             assert stored == len(records), (stored, len(records))
             return elapsed
 

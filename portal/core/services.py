@@ -1,5 +1,5 @@
 """The one batched deletion path (docs/decisions.md, "Retention"); what it deletes is decided
-above core: portal/dashboard/services.py (the daily prune) and portal/teams/services.py (usage)."""
+above core: portal/dashboard/services.py (the daily prune) and portal/teams/services/retention.py (usage)."""
 
 from __future__ import annotations
 

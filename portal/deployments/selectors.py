@@ -226,3 +226,9 @@ def _duration(seconds: float | None) -> str:
     if seconds < 172800:
         return f"{seconds // 3600} h"
     return f"{seconds // 86400} days"
+
+
+def deployment_ids_existing(ids: set[int]) -> set[int]:
+    """Which of these deployment ids still exist: the usage flush's check before it links a record
+    to its deployment (teams, below deployments, is given this at start-up: `apps.py`)."""
+    return set(Deployment.objects.filter(pk__in=ids).values_list("pk", flat=True)) if ids else set()

@@ -6,6 +6,8 @@ import json
 
 from django.http import HttpResponse
 
+from portal.teams.models import UsageStatus
+
 TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -31,7 +33,7 @@ class GatewayError(Exception):
         *,
         code: str,
         retry_after: float | None = None,
-        usage_status: str = "rejected",
+        usage_status: UsageStatus = UsageStatus.REJECTED,
         param: str | None = None,
     ) -> None:
         super().__init__(message)

@@ -15,6 +15,8 @@ import logging
 import httpx
 from django.http import StreamingHttpResponse
 
+from portal.teams.models import UsageStatus
+
 from .errors import GatewayError, error_event
 from .upstream import UPSTREAM_ERRORS
 
@@ -132,7 +134,7 @@ class RelayStream:
                     try:
                         chunk = await self._chunks.__anext__()
                     except StopAsyncIteration:
-                        await self._end("completed", 200)
+                        await self._end(UsageStatus.COMPLETED, 200)
                         tail = self.relay.tail()
                         if tail:
                             return tail
@@ -143,20 +145,20 @@ class RelayStream:
         except StopAsyncIteration:
             raise
         except asyncio.CancelledError:
-            await self._end("client_cancelled", 499, "client_disconnected")
+            await self._end(UsageStatus.CLIENT_CANCELLED, 499, "client_disconnected")
             raise
         except (httpx.ReadTimeout, TimeoutError):
             error = GatewayError(504, "Upstream stopped sending tokens.", code="upstream_timeout")
-            await self._end("timeout", 504, error.code)
+            await self._end(UsageStatus.TIMEOUT, 504, error.code)
             return error_event(error)
         except Exception as exc:
             if not isinstance(exc, UPSTREAM_ERRORS):
                 log.exception("stream of request %s failed", self.exchange.request_id)
             error = GatewayError(502, "Upstream failed mid-stream.", code="upstream_error")
-            await self._end("upstream_error", 502, error.code)
+            await self._end(UsageStatus.UPSTREAM_ERROR, 502, error.code)
             return error_event(error)
 
-    async def _end(self, status: str, http_status: int, code: str = "") -> None:
+    async def _end(self, status: UsageStatus, http_status: int, code: str = "") -> None:
         if self._done:
             return
         self._done = True
@@ -168,7 +170,7 @@ class RelayStream:
         await ex.finish(status, http_status, code)  # shielded itself: a cancellation cannot cut it
 
     async def aclose(self) -> None:
-        await self._end("client_cancelled", 499, "client_disconnected")
+        await self._end(UsageStatus.CLIENT_CANCELLED, 499, "client_disconnected")
 
     def __del__(self) -> None:
         if not self._done and not self._loop.is_closed():

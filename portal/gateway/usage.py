@@ -1,16 +1,19 @@
 """Step 6: account. Every request that got past authentication ends here exactly once.
 
 `Exchange.finish` leaves the request's slots, corrects its token reservation and
-queues its usage record in one Redis script (no database write on the request
-path); `portal.teams.tasks.usage_flush` moves records into the database in batches.
+queues its usage record (`portal/teams/usage_record.py`, the one shape both ends share) in one
+Redis script (no database write on the request path); `portal.teams.tasks.usage_flush` moves
+records into the database in batches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 
 from asgiref.sync import sync_to_async
@@ -20,6 +23,8 @@ from django.db import close_old_connections
 from portal.core.redis.ratelimit import Admission, LeaseKeeper, RateLimiter, Scope
 from portal.observability import prometheus
 from portal.teams import selectors
+from portal.teams.models import PriorityClass, UsageStatus
+from portal.teams.usage_record import UsageRecord
 
 from .auth import Caller
 from .errors import database_unavailable
@@ -95,7 +100,7 @@ class Exchange:
     def mark_first_byte(self) -> None:
         self.ttft_ms = (time.perf_counter() - self.started_mono) * 1000
 
-    async def finish(self, status: str, http_status: int, error_code: str = "") -> None:
+    async def finish(self, status: UsageStatus, http_status: int, error_code: str = "") -> None:
         """Close upstream, leave the slots, correct tokens, queue the record: once, and whole.
 
         Shielded: a cancellation arriving meanwhile (the client left at the last moment) is
@@ -105,7 +110,7 @@ class Exchange:
         self.finished = True
         await asyncio.shield(self._finish(status, http_status, error_code))
 
-    async def _finish(self, status: str, http_status: int, error_code: str) -> None:
+    async def _finish(self, status: UsageStatus, http_status: int, error_code: str) -> None:
         prometheus.exchange_ended(self, status, http_status, error_code)  # in memory; flushed later
         for zsets, member in self.leases:
             self.keeper.drop(zsets, member)
@@ -116,25 +121,25 @@ class Exchange:
                 await self.upstream.aclose()
         if self.caller is None:
             return
-        record = {
-            "request_id": self.request_id,
-            "created_at": self.started,
-            "team_id": self.caller.team_id,
-            "api_key_id": self.caller.key_id,
-            "model": self.model,
-            "deployment_id": self.tried_deployment_id,  # deployment_id, or the last replica it left
-            "endpoint": self.endpoint,
-            "priority_class": self.caller.priority_class,
-            "stream": self.stream,
-            "status": status,
-            "http_status": http_status,
-            "error_code": error_code,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "ttft_ms": self.ttft_ms,
-            "duration_ms": (time.perf_counter() - self.started_mono) * 1000,
-        }
-        billed = self.placed and status != "rejected"
+        record = UsageRecord(
+            request_id=uuid.UUID(self.request_id),
+            created_at=dt.datetime.fromtimestamp(self.started, tz=dt.UTC),
+            team_id=self.caller.team_id,
+            api_key_id=self.caller.key_id,
+            model=self.model,
+            deployment_id=self.tried_deployment_id,  # deployment_id, or the last replica it left
+            endpoint=self.endpoint,
+            priority_class=PriorityClass(self.caller.priority_class),
+            stream=self.stream,
+            status=status,
+            http_status=http_status,
+            error_code=error_code,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            ttft_ms=self.ttft_ms,
+            duration_ms=(time.perf_counter() - self.started_mono) * 1000,
+        )
+        billed = self.placed and status != UsageStatus.REJECTED
         used = self.prompt_tokens + self.completion_tokens if billed else 0
         try:
             await self.limiter.finish(
@@ -144,7 +149,7 @@ class Exchange:
                 admission=self.admission,
                 used_tokens=used,
                 deployment_id=self.deployment_id,
-                usage=record,
+                usage=record.to_dict(),  # the limiter (inference/, no portal types) takes JSON-ready data
                 replica_slots=self.replica_slots,
             )
         except Exception:

@@ -26,6 +26,7 @@ from portal.core.jsonbody import TOO_DEEP
 from portal.core.redis.client import async_gateway_redis, redis_keys
 from portal.core.redis.ratelimit import LeaseKeeper, RateLimiter, Scope, slot_members
 from portal.observability import prometheus
+from portal.teams.models import UsageStatus
 
 from .admission import (
     admit_and_place,
@@ -161,7 +162,7 @@ async def _run(request, ex: Exchange, *, chat: bool) -> HttpResponse:
         return error_response(error, request_id=ex.request_id)
     except asyncio.CancelledError:
         # The client went away while queued or waiting for upstream: nothing reaches (or stays on) vLLM.
-        await ex.finish("client_cancelled", 499, "client_disconnected")
+        await ex.finish(UsageStatus.CLIENT_CANCELLED, 499, "client_disconnected")
         raise
     except RecursionError:
         # A body nested deeper than a later step (counting, re-encoding) can follow: the client's
@@ -177,7 +178,7 @@ async def _run(request, ex: Exchange, *, chat: bool) -> HttpResponse:
         return error_response(refusal, request_id=ex.request_id)
     except Exception:
         log.exception("gateway request %s failed", ex.request_id)
-        await ex.finish("upstream_error", 500, "internal_error")
+        await ex.finish(UsageStatus.UPSTREAM_ERROR, 500, "internal_error")
         return error_response(
             GatewayError(500, "Internal gateway error.", code="internal_error"), request_id=ex.request_id
         )
@@ -308,7 +309,10 @@ async def _serve(request, ex: Exchange, *, chat: bool):
                 await _leave(ex, replica.id)
                 continue
             raise GatewayError(
-                504, "Upstream sent no first token in time.", code="upstream_timeout", usage_status="timeout"
+                504,
+                "Upstream sent no first token in time.",
+                code="upstream_timeout",
+                usage_status=UsageStatus.TIMEOUT,
             ) from None
         except UPSTREAM_ERRORS:
             # Retry on another replica only before the first byte.
@@ -328,7 +332,7 @@ async def _serve(request, ex: Exchange, *, chat: bool):
                 502,
                 f"Upstream answered {response.status_code}.",
                 code="upstream_error",
-                usage_status="upstream_error",
+                usage_status=UsageStatus.UPSTREAM_ERROR,
             )
             await _leave(ex, replica.id)
             continue
@@ -340,7 +344,7 @@ async def _serve(request, ex: Exchange, *, chat: bool):
         if response.status_code != 200:
             # Upstream refused the request itself (e.g. prompt over the context): its OpenAI error, as is.
             content = await _read(response)
-            await ex.finish("rejected", response.status_code, f"upstream_{response.status_code}")
+            await ex.finish(UsageStatus.REJECTED, response.status_code, f"upstream_{response.status_code}")
             return _passthrough(response, content, ex.request_id)
 
         if not parsed.stream:
@@ -352,7 +356,7 @@ async def _serve(request, ex: Exchange, *, chat: bool):
                 await _leave(ex, replica.id)
                 continue
             _account_json(ex, content)
-            await ex.finish("completed", 200)
+            await ex.finish(UsageStatus.COMPLETED, 200)
             return _passthrough(response, content, ex.request_id)
 
         ex.mark_first_byte()
@@ -369,7 +373,7 @@ async def _serve(request, ex: Exchange, *, chat: bool):
         out["X-Request-Id"] = ex.request_id
         return out
     raise failure or GatewayError(
-        502, "No replica answered.", code="upstream_error", usage_status="upstream_error"
+        502, "No replica answered.", code="upstream_error", usage_status=UsageStatus.UPSTREAM_ERROR
     )
 
 
@@ -388,11 +392,14 @@ async def _read(response: httpx.Response) -> bytes:
         return await response.aread()
     except httpx.ReadTimeout:
         raise GatewayError(
-            504, "Upstream did not finish in time.", code="upstream_timeout", usage_status="timeout"
+            504, "Upstream did not finish in time.", code="upstream_timeout", usage_status=UsageStatus.TIMEOUT
         ) from None
     except UPSTREAM_ERRORS:
         raise GatewayError(
-            502, "Upstream failed while answering.", code="upstream_error", usage_status="upstream_error"
+            502,
+            "Upstream failed while answering.",
+            code="upstream_error",
+            usage_status=UsageStatus.UPSTREAM_ERROR,
         ) from None
 
 
@@ -430,7 +437,10 @@ def _passthrough(response: httpx.Response, content: bytes, request_id: str) -> H
 
 def _closed_empty() -> GatewayError:
     return GatewayError(
-        502, "Upstream closed without an answer.", code="upstream_error", usage_status="upstream_error"
+        502,
+        "Upstream closed without an answer.",
+        code="upstream_error",
+        usage_status=UsageStatus.UPSTREAM_ERROR,
     )
 
 
@@ -439,5 +449,5 @@ def _unreachable(model: str) -> GatewayError:
         502,
         f"Could not reach a replica of `{model}`.",
         code="upstream_unreachable",
-        usage_status="upstream_error",
+        usage_status=UsageStatus.UPSTREAM_ERROR,
     )

@@ -28,6 +28,7 @@ from django.conf import settings
 from portal.core.redis.client import gateway_redis, redis_keys
 from portal.core.redis.keys import RedisKeys
 from portal.core.redis.scripts import MINUTE_MAX, MinuteMaxCall
+from portal.teams.models import UsageStatus
 
 log = logging.getLogger("portal.metrics")
 
@@ -48,7 +49,7 @@ CELERY = "celery"  # (task, outcome)
 
 # Codes whose `model` is whatever the client typed: labelled "" so a client cannot mint series.
 UNROUTED_CODES = frozenset({"model_not_found", "model_not_allowed"})
-UPSTREAM_STATUSES = frozenset({"upstream_error", "timeout"})
+UPSTREAM_STATUSES = frozenset({UsageStatus.UPSTREAM_ERROR, UsageStatus.TIMEOUT})
 
 
 def client() -> redis.Redis:
@@ -172,7 +173,7 @@ def gateway_request_ended(
         counters[TOKENS, model, "prompt"] = prompt_tokens
     if completion_tokens:
         counters[TOKENS, model, "completion"] = completion_tokens
-    if status == "rejected":
+    if status == UsageStatus.REJECTED:
         counters[REJECTIONS, error_code or str(http_status)] = 1
     elif status in UPSTREAM_STATUSES and error_code != "internal_error":
         counters[UPSTREAM_ERRORS, model, error_code or str(http_status)] = 1
@@ -187,13 +188,13 @@ def gateway_request_ended(
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "errors": 1 if status in UPSTREAM_STATUSES else 0,
-            "rejected": 1 if status == "rejected" else 0,
+            "rejected": 1 if status == UsageStatus.REJECTED else 0,
         },
         at=time.time() if at is None else at,
     )
 
 
-def exchange_ended(exchange, status: str, http_status: int, error_code: str) -> None:
+def exchange_ended(exchange, status: UsageStatus, http_status: int, error_code: str) -> None:
     """`gateway_request_ended` for a gateway Exchange (portal/gateway/usage.py). Never raises: the
     exchange's own finish (slots, usage record) must run whatever happens here."""
     try:
@@ -205,7 +206,7 @@ def exchange_ended(exchange, status: str, http_status: int, error_code: str) -> 
             error_code=error_code,
             duration_s=time.perf_counter() - exchange.started_mono,
             ttft_s=exchange.ttft_ms / 1000 if exchange.ttft_ms is not None else None,
-            prompt_tokens=exchange.prompt_tokens if status != "rejected" else 0,
+            prompt_tokens=exchange.prompt_tokens if status != UsageStatus.REJECTED else 0,
             completion_tokens=exchange.completion_tokens,
         )
     except Exception:
@@ -216,7 +217,11 @@ def unauthenticated(endpoint: str, error) -> None:
     """A request refused before it had a caller (401 bad or missing key): no usage record exists."""
     try:
         gateway_request_ended(
-            endpoint=endpoint, model="", status="rejected", http_status=error.status, error_code=error.code
+            endpoint=endpoint,
+            model="",
+            status=UsageStatus.REJECTED,
+            http_status=error.status,
+            error_code=error.code,
         )
     except Exception:
         log.exception("gateway request not counted")

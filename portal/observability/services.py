@@ -14,6 +14,7 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from portal.deployments.models import Deployment
+from portal.teams.models import Usage, UsageStatus
 
 from . import prometheus
 from .collector import live_gauges
@@ -38,7 +39,7 @@ SLA_BREACH_MINUTES = 5
 # Minutes the periodic rollup recomputes: a request's record is stamped with its arrival and
 # stored when it ends, so a minute keeps filling for as long as its longest request runs.
 LATENCY_ROLLUP_LOOKBACK_MINUTES = 30
-ERROR_STATUSES = ("upstream_error", "timeout")
+ERROR_STATUSES = (UsageStatus.UPSTREAM_ERROR, UsageStatus.TIMEOUT)
 
 
 def _minute_floor(at: dt.datetime) -> dt.datetime:
@@ -68,9 +69,9 @@ SELECT deployment_id, date_trunc('minute', created_at) AS minute, count(*),
 FROM (
     SELECT deployment_id, created_at, status,
            CASE WHEN stream THEN ttft_ms END AS ttft_ms,
-           CASE WHEN stream AND status = 'completed' AND ttft_ms IS NOT NULL AND completion_tokens > 1
+           CASE WHEN stream AND status = %(completed)s AND ttft_ms IS NOT NULL AND completion_tokens > 1
                 THEN GREATEST(duration_ms - ttft_ms, 0) / (completion_tokens - 1) END AS tpot_ms,
-           CASE WHEN status = 'completed' THEN duration_ms END AS e2e_ms
+           CASE WHEN status = %(completed)s THEN duration_ms END AS e2e_ms
     FROM {table}
     WHERE deployment_id IS NOT NULL AND created_at >= %(since)s AND created_at < %(until)s
 ) AS u
@@ -79,20 +80,21 @@ GROUP BY 1, 2
 
 
 def _rollup_rows_postgres(since: dt.datetime, until: dt.datetime) -> list[tuple]:
-    from portal.teams.models import Usage
-
     with connection.cursor() as cursor:
         cursor.execute(
             _ROLLUP_SQL.format(table=connection.ops.quote_name(Usage._meta.db_table)),
-            {"errors": list(ERROR_STATUSES), "since": since, "until": until},
+            {
+                "errors": [s.value for s in ERROR_STATUSES],
+                "completed": UsageStatus.COMPLETED.value,
+                "since": since,
+                "until": until,
+            },
         )
         return cursor.fetchall()
 
 
 def _rollup_rows_python(since: dt.datetime, until: dt.datetime) -> list[tuple]:
     """The same rows as the SQL, for SQLite (no percentile_cont there)."""
-    from portal.teams.models import Usage, UsageStatus
-
     groups: dict[tuple[int, dt.datetime], dict[str, list]] = defaultdict(
         lambda: {"n": [0, 0], "ttft": [], "tpot": [], "e2e": []}
     )
@@ -149,7 +151,16 @@ def latency_rollup(*, since: dt.datetime, until: dt.datetime) -> int:
             p95_e2e_ms=p95_e2e,
         )
         for (
-            deployment_id, minute, requests, errors, p50_ttft, p95_ttft, p50_tpot, p95_tpot, p50_e2e, p95_e2e
+            deployment_id,
+            minute,
+            requests,
+            errors,
+            p50_ttft,
+            p95_ttft,
+            p50_tpot,
+            p95_tpot,
+            p50_e2e,
+            p95_e2e,
         ) in compute(since, until)
     ]
     # A deployment deleted since its records were read has no row to point at.

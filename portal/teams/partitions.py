@@ -7,7 +7,7 @@ fails for want of a partition. The daily maintenance creates the days ahead and 
 stray rows out of the DEFAULT partition into their day's own. On SQLite the table is plain and
 every function here is a no-op: callers check `usage_is_partitioned()`.
 
-Low-level DDL only (no rollups, no policy): `portal/teams/services.py` decides what to create
+Low-level DDL only (no rollups, no policy): `portal/teams/services/retention.py` decides what to create
 and drop and when.
 """
 

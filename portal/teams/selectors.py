@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from collections import Counter
 
+import redis
 from django.db.models import Count, F, Q, QuerySet, Sum
 from django.db.models.functions import TruncHour
 from django.shortcuts import get_object_or_404
@@ -248,3 +250,13 @@ def usage_dead_letters(*, newest: int = 10) -> tuple[int, Counter, list[dict]]:
     dead = redis_keys().usage_dead
     entries = [json.loads(raw) for raw in client.lrange(dead, 0, -1)]
     return len(entries), Counter(e["reason"] for e in entries), entries[::-1][:newest]
+
+
+def team_in_flight(team: Team) -> int | None:
+    """Requests of the team in flight now, from the gateway's concurrency set (None if Redis is
+    down or hung: the client's timeout bounds the wait)."""
+    try:
+        now_ms = int(time.time() * 1000)
+        return gateway_redis().zcount(redis_keys().concurrency("team", team.pk), now_ms, "+inf")
+    except redis.RedisError:
+        return None

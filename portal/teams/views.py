@@ -19,6 +19,7 @@ from .selectors import (
     api_keys_of,
     model_names_for_team,
     team_get_for_user,
+    team_in_flight,
     usage_by_priority_class,
     usage_daily_series,
     usage_hourly_series,
@@ -26,7 +27,7 @@ from .selectors import (
     usage_today_by_key,
     usage_today_by_version,
 )
-from .services import api_key_create, api_key_revoke, team_in_flight
+from .services import api_key_create, api_key_revoke
 
 
 @never_cache  # the page that shows a new key must not be cached anywhere

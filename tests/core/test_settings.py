@@ -194,7 +194,8 @@ def test_it_starts_on_sqlite_without_the_postgresql_driver(tmp_path):
     code = (
         "import sys; sys.modules['psycopg'] = None;"  # `import psycopg` raises ImportError from here on
         "import django; django.setup();"
-        "import portal.urls, portal.teams.services as s; print(sorted(e.__name__ for e in s._REFUSED_ERRORS))"
+        "import portal.urls, portal.teams.services.usage_queue as s;"
+        "print(sorted(e.__name__ for e in s._REFUSED_ERRORS))"
     )
     clean = {k: v for k, v in os.environ.items() if k not in PRODUCTION and not k.startswith("SECURE_")}
     result = subprocess.run(

@@ -12,6 +12,7 @@ import pytest
 from django.utils import timezone
 
 from portal.core.redis.client import redis_keys
+from portal.core.redis.scripts import USAGE_TAKE
 from portal.teams.models import ApiKey, Team, Usage, UsageDaily
 from portal.teams.services import api_key_create, budgets_enforce, usage_flush, usage_rollup
 
@@ -184,7 +185,7 @@ def test_two_flushers_holding_a_batch_at_the_same_moment_hold_different_records(
     push(gw, *records)
     both_hold_one = threading.Barrier(2, timeout=10)
     first_batches: dict[int, set[str]] = {}
-    from portal.teams import services
+    from portal.teams.services import usage_queue as services
 
     insert = services.usage_insert
 
@@ -215,13 +216,12 @@ def test_two_flushers_holding_a_batch_at_the_same_moment_hold_different_records(
 
 
 def test_it_puts_back_the_batch_of_a_flusher_that_died_holding_it(team, key, gw, monkeypatch):
-    from portal.teams import services
 
     records = [record(team, key) for _ in range(3)]
     push(gw, *records)
     # A flusher takes the batch and dies before storing it (its lease: 1 ms).
     keys = redis_keys()
-    take = gw.register_script(services._USAGE_TAKE)
+    take = gw.register_script(USAGE_TAKE)
     taken = take(keys=[keys.usage, keys.usage_flushers, keys.usage_taken("dead")], args=[10, 1, "dead"])
     assert len(taken) == 3
     assert gw.llen(keys.usage) == 0
@@ -237,7 +237,7 @@ def test_it_puts_back_the_batch_of_a_flusher_that_died_holding_it(team, key, gw,
 def test_a_batch_the_database_could_not_take_goes_back_on_the_queue(team, key, gw, monkeypatch):
     from django.db import OperationalError
 
-    from portal.teams import services
+    from portal.teams.services import usage_queue as services
 
     push(gw, record(team, key), record(team, key))
 
