@@ -9,6 +9,8 @@ from django import forms
 from portal.deployments.models import Deployment
 from portal.registry.models import ServedModel
 
+from .placement import GpuChoice
+
 STEP_TEXT = re.compile(r"^\s*(\d{1,3})\s*%?\s*[x×]\s*(\d{1,4})\s*(?:min)?\s*$")
 
 
@@ -29,6 +31,17 @@ class RolloutStartForm(forms.Form):
         initial="5x10, 25x10, 50x10, 100x10",
         max_length=400,
         help_text="share % × minutes, comma separated; the last one 100 %.",
+    )
+
+    gpu_choice = forms.ChoiceField(
+        choices=[
+            ("", "only free GPUs"),
+            (GpuChoice.TAKE_REPLICA.value, "take one replica of the old version out of the pool"),
+            (GpuChoice.IN_PLACE.value, "swap in place (downtime)"),
+        ],
+        required=False,
+        label="Where the new deployment's GPUs are held by the old version",
+        help_text="Offered with what each means (and the downtime) when no GPUs are free.",
     )
 
     def clean_steps(self) -> list[list[int]]:

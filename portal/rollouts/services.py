@@ -29,6 +29,7 @@ from portal.registry.models import ServedModel
 from portal.registry.services import served_model_set_shares
 
 from .models import ACTIVE_ROLLOUT_STATES, Rollout, RolloutEvent, RolloutState
+from .placement import GpuChoice, check_gpus, check_plan, check_release
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +85,14 @@ def rollout_start(
     to_deployment: Deployment,
     steps: list | None = None,
     from_deployment: Deployment | None = None,
+    gpu_choice: str = "",
     actor=None,
 ) -> Rollout:
     """Roll `served_model` over to `to_deployment`'s version in `steps` (default 5/25/50/100 %, ten
     minutes each). The old version is `from_deployment`'s, else the one version that has a share now.
-    The new deployment is asked to start if it is not running; it gets no traffic until it serves."""
+    The new version must have release hashes and pass the planner on its GPUs; it is asked to start
+    if it is not running, and gets no traffic until it serves. Where its GPUs are held by the old
+    version, the error offers the ways to free them and `gpu_choice` picks one (placement.GpuChoice)."""
     try:
         parsed = parse_steps([list(s) for s in DEFAULT_STEPS] if steps is None else steps)
     except InputError as error:
@@ -119,6 +123,10 @@ def rollout_start(
         raise ApplicationError(
             "An adopted server cannot be started or stopped by a rollout.", field="to_deployment"
         )
+    check_release(to_version)
+    check_plan(to_deployment)
+    freeing = check_gpus(deployment=to_deployment, from_version=from_version, choice=gpu_choice)
+    freed = Deployment.objects.get(name=freeing.deployment) if freeing is not None else None
     with transaction.atomic():
         try:
             with transaction.atomic():
@@ -128,7 +136,9 @@ def rollout_start(
                     to_version=to_version,
                     from_deployment=from_deployment,
                     to_deployment=to_deployment,
-                    steps=[{"share_percent": s.share_percent, "minutes": s.minutes} for s in parsed],
+                    steps=[s.as_dict() for s in parsed],
+                    freed_deployment=freed,
+                    downtime_s=freeing.downtime_s if freeing is not None else None,
                     created_by=actor,
                 )
         except IntegrityError:
@@ -142,6 +152,14 @@ def rollout_start(
             actor=actor,
             reason="rollout start",
         )
+        if freeing is not None:
+            # Its GPUs go to the new version: stopped now (the agent drains it first), started again
+            # on a roll-back.
+            deployment_request_stop(deployment=freed, user=actor)
+            swap = (
+                "swap in place" if freeing.choice == GpuChoice.IN_PLACE else "replica taken out of the pool"
+            )
+            _event(rollout, "free_gpus", f"{swap}: {freeing.message}", actor=actor, data=freeing.as_dict())
         if to_deployment.desired_state != DesiredState.RUNNING:
             deployment_request_start(deployment=to_deployment, user=actor)  # refuses when no GPU is free
         _event(
@@ -149,7 +167,7 @@ def rollout_start(
             "start",
             f"rollout of {served_model.name} from {from_version.name} to {to_version.name} "
             f"on {to_deployment.name}: steps "
-            + ", ".join(f"{s.share_percent} % × {s.minutes} min" for s in parsed),
+            + ", ".join(f"{s.share_percent} % × {s.describe()}" for s in parsed),
             actor=actor,
         )
     return rollout
@@ -211,7 +229,7 @@ def _enter_step(
             rollout,
             "step",
             f"step {index + 1} of {len(rollout.steps)}: {rollout.to_version.name} takes "
-            f"{step.share_percent} % for {step.minutes} min",
+            f"{step.share_percent} % for {step.describe()}",
             actor=actor,
             data={"step": index, "share_percent": step.share_percent},
         )
@@ -231,7 +249,9 @@ def rollouts_stop_due(*, now: dt.datetime | None = None) -> list[int]:
     each claimed once by clearing `stop_due_at`. Returns the rollouts handled."""
     now = now or timezone.now()
     done = []
-    for rollout in Rollout.objects.filter(stop_due_at__lte=now).select_related("stop_deployment"):
+    for rollout in Rollout.objects.filter(stop_due_at__lte=now).select_related(
+        "stop_deployment", "freed_deployment"
+    ):
         with transaction.atomic():
             if Rollout.objects.filter(pk=rollout.pk, stop_due_at__isnull=False).update(stop_due_at=None) != 1:
                 continue
@@ -239,8 +259,23 @@ def rollouts_stop_due(*, now: dt.datetime | None = None) -> list[int]:
             if deployment is not None and deployment.desired_state != DesiredState.STOPPED:
                 deployment_request_stop(deployment=deployment)
                 _event(rollout, "stop", f"{deployment.name} asked to stop: it takes no traffic any more")
+            _restart_freed(rollout)
             done.append(rollout.pk)
     return done
+
+
+def _restart_freed(rollout: Rollout) -> None:
+    """After a roll-back or a failure, start again what was stopped to free the new version's GPUs
+    (the new deployment has let them go by now: it is no longer wanted running)."""
+    freed = rollout.freed_deployment
+    if rollout.state not in (RolloutState.ROLLED_BACK, RolloutState.FAILED) or freed is None:
+        return
+    if freed.desired_state == DesiredState.RUNNING:
+        return
+    deployment_request_start(deployment=freed)
+    _event(
+        rollout, "restart", f"{freed.name} asked to start again: it gave its GPUs to the rolled-back version"
+    )
 
 
 def _roll_back(rollout: Rollout, *, reason: str, data: dict, from_states, from_step, actor=None) -> bool:
@@ -292,6 +327,8 @@ def _fail(rollout: Rollout, reason: str) -> bool:
             state=RolloutState.FAILED,
             reason=reason,
             finished_at=timezone.now(),
+            # A failed start that took GPUs from the old version gives them back.
+            **(_stop_later(rollout.to_deployment) if rollout.freed_deployment_id else {}),
         ):
             return False
         _set_new_share(rollout, 0, reason=f"rollout {rollout.pk} failed")

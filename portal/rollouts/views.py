@@ -38,15 +38,17 @@ def rollout_new(request):
     if not request.user.is_staff:
         raise PermissionDenied
     form = RolloutStartForm(request.POST or None)
+    gpu_choices = []  # the ways to free held GPUs, offered when none are free
     if request.method == "POST" and form.is_valid():
         try:
             rollout = services.rollout_start(**form.cleaned_data, actor=request.user)
         except ApplicationError as error:
             form.add_error(error.field if error.field in form.fields else None, error.message)
+            gpu_choices = error.extra.get("choices", [])
         else:
             messages.success(request, "Rollout started: the new version gets traffic once it serves")
             return redirect(reverse("rollouts:rollout-detail", args=[rollout.pk]))
-    return render(request, "rollouts/rollout_new.html", {"form": form})
+    return render(request, "rollouts/rollout_new.html", {"form": form, "gpu_choices": gpu_choices})
 
 
 @login_required
@@ -61,7 +63,7 @@ def rollout_detail(request, pk: int):
         new, old = services.step_windows(rollout, now=timezone.now())
         windows = {"new": new, "old": old}
     steps = [
-        {"index": i, "share_percent": s.share_percent, "minutes": s.minutes,
+        {"index": i, "share_percent": s.share_percent, "length": s.describe(),
          "current": i == rollout.current_step and rollout.is_active,
          "done": rollout.current_step is not None and i < rollout.current_step}
         for i, s in enumerate(rollout.step_list())

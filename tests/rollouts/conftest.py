@@ -17,20 +17,33 @@ class Pair:
     new: object  # the new version's deployment
 
 
-def deployment_of(*, team, node, name: str, state: str = "serving"):
+def released(version):
+    """Give a version release hashes, as `hash_model` would have recorded (a rollout needs them)."""
+    from portal.registry.models import ModelVersion
+
+    ModelVersion.objects.filter(pk=version.pk).update(weights_sha256="a" * 64, tokenizer_sha256="b" * 64)
+    version.refresh_from_db()
+    return version
+
+
+def deployment_of(
+    *, team, node, name: str, state: str = "serving", config: str = "llama-2-7b-chat-hf",
+    gpu_indices: list[int] | None = None, desired_state: str = "running", profile=None,
+):  # fmt: skip
     from portal.deployments.models import Deployment, DeploymentProfile
     from portal.registry.services import model_version_create
     from tests.conftest import bundled_config
 
-    version = model_version_create(name=name, config=bundled_config("llama-2-7b-chat-hf"))
-    profile = DeploymentProfile.objects.create(name=f"p-{name}", model_version=version)
+    version = released(model_version_create(name=name, config=bundled_config(config)))
+    profile = profile or DeploymentProfile.objects.create(name=f"p-{name}", model_version=version)
     return Deployment.objects.create(
         name=f"d-{name}",
         team=team,
         model_version=version,
         profile=profile,
         node=node,
-        desired_state="running",
+        gpu_indices=gpu_indices or [],
+        desired_state=desired_state,
         state=state,
         endpoint_url="http://127.0.0.1:9" if state == "serving" else "",
     )
