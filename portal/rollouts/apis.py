@@ -50,6 +50,8 @@ class RolloutSerializer(serializers.ModelSerializer):
             "measurements",
             "freed_deployment",
             "downtime_s",
+            "interval_s",
+            "min_requests",
             "shares_percent",
             "created_at",
             "step_started_at",
@@ -70,7 +72,15 @@ class RolloutStartSerializer(serializers.Serializer):
         slug_field="name", queryset=Deployment.objects.all(), required=False, allow_null=True
     )
     steps = serializers.JSONField(
-        required=False, help_text="[[5, 10], [25, 10], [50, 10], [100, 10]]: (share %, minutes) each."
+        required=False,
+        help_text="[[5, 10], [25, 10], [50, 10], [100, 10]]: (share %, minutes) each; "
+        '{"share_percent": 5, "seconds": 30} for a step in seconds.',
+    )
+    interval_s = serializers.IntegerField(
+        required=False, help_text="Seconds between two measurements of a step (default ROLLOUT_TICK_S)."
+    )
+    min_requests = serializers.IntegerField(
+        required=False, help_text="Requests a step needs before it may pass (default ROLLOUT_MIN_REQUESTS)."
     )
     gpu_choice = serializers.ChoiceField(
         choices=[c.value for c in GpuChoice],

@@ -62,6 +62,13 @@ class Rollout(models.Model):
     downtime_s = models.PositiveIntegerField(
         null=True, blank=True, help_text="An in-place swap's downtime as stated at the start."
     )
+    # The rollout's own pace (from ROLLOUT_TICK_S and ROLLOUT_MIN_REQUESTS at its start): how often
+    # a step is judged, and the requests a step needs before it may pass.
+    interval_s = models.PositiveIntegerField(default=15, help_text="Seconds between two measurements.")
+    min_requests = models.PositiveIntegerField(default=20)
+    evaluated_at = models.DateTimeField(
+        null=True, blank=True, help_text="The current step's last measurement."
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
