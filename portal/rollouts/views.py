@@ -16,7 +16,7 @@ from portal.core.errors import ApplicationError
 from . import services
 from .forms import RolloutStartForm
 from .models import RolloutState
-from .selectors import rollouts_visible_to
+from .selectors import active_rollout_of, rollouts_visible_to, served_model_lines, served_models_visible_to
 
 ACTIONS = {
     "pause": services.rollout_pause,
@@ -98,3 +98,31 @@ def rollout_action(request, pk: int, action: str):
     else:
         messages.success(request, f"{action}: done")
     return redirect(reverse("rollouts:rollout-detail", args=[rollout.pk]))
+
+
+@login_required
+def served_model_list(request):
+    served = list(served_models_visible_to(request.user)[:500])
+    active = {
+        r.served_model_id: r
+        for r in rollouts_visible_to(request.user).filter(state__in=["warming", "stepping", "paused"])
+    }
+    rows = [(s, active.get(s.pk)) for s in served]
+    return render(request, "rollouts/served_model_list.html", {"rows": rows})
+
+
+@login_required
+def served_model_detail(request, name: str):
+    served = get_object_or_404(served_models_visible_to(request.user), name=name)
+    rollout = active_rollout_of(served)
+    return render(
+        request,
+        "rollouts/served_model_detail.html",
+        {
+            "served": served,
+            "lines": served_model_lines(served),
+            "rollout": rollout,
+            "rollouts": served.rollouts.select_related("from_version", "to_version")[:50],
+            "refresh_s": 15 if rollout is not None else 300,
+        },
+    )
