@@ -290,7 +290,11 @@ def _restart_freed(rollout: Rollout) -> None:
         return
     if freed.desired_state == DesiredState.RUNNING:
         return
-    deployment_request_start(deployment=freed)
+    try:
+        deployment_request_start(deployment=freed)
+    except ApplicationError as error:  # e.g. its GPUs taken meanwhile: say so, ops start it elsewhere
+        _event(rollout, "restart", f"{freed.name} could not be started again: {error.message}")
+        return
     _event(
         rollout, "restart", f"{freed.name} asked to start again: it gave its GPUs to the rolled-back version"
     )

@@ -148,3 +148,25 @@ def test_with_several_replicas_it_offers_to_take_one_out_of_the_pool(on_dgx, tea
     old.refresh_from_db()
     assert rollout.freed_deployment == old and rollout.downtime_s is None
     assert old.desired_state == "stopped"
+
+
+def test_a_freed_deployment_whose_gpus_were_taken_meanwhile_is_reported_not_restarted(
+    on_dgx, team, dgx, alice
+):
+    from django.utils import timezone
+
+    from portal.rollouts.services import rollout_rollback, rollouts_stop_due
+
+    old, new, served = on_dgx
+    rollout = _start(served, new, old, gpu_choice="in_place")
+    rollout_rollback(rollout=rollout, actor=alice)
+    # Between the roll-back and the stop, ops gave GPU 0 to something else.
+    new.refresh_from_db()
+    other = deployment_of(team=team, node=dgx, name=f"other-{uuid.uuid4().hex[:6]}", gpu_indices=[0])
+    assert other.desired_state == "running"
+    later = timezone.now() + timezone.timedelta(seconds=120)
+    assert rollouts_stop_due(now=later) == [rollout.pk]  # handled once, not retried forever
+    old.refresh_from_db()
+    assert old.desired_state == "stopped"
+    restart = rollout.events.get(kind="restart")
+    assert "could not be started again" in restart.message and other.name in restart.message
