@@ -14,38 +14,67 @@ from .errors import InputError
 
 MAX_STEPS = 20
 MAX_STEP_MINUTES = 24 * 60
+MIN_STEP_SECONDS = 5  # steps in seconds are for tests and benchmarks; ops think in minutes
 DEFAULT_STEPS: tuple[tuple[int, int], ...] = ((5, 10), (25, 10), (50, 10), (100, 10))
 
 
 @dataclass(frozen=True)
 class Step:
     share_percent: int  # the new version's share of the pair's traffic during the step
-    minutes: int  # how long the step must hold before the next one
+    minutes: int = 0  # how long the step must hold before the next one
+    seconds: int = 0  # instead of minutes (short steps: tests, benchmarks)
+
+    @property
+    def duration_s(self) -> int:
+        return self.seconds or self.minutes * 60
+
+    def as_dict(self) -> dict:
+        length = {"seconds": self.seconds} if self.seconds else {"minutes": self.minutes}
+        return {"share_percent": self.share_percent, **length}
+
+    def describe(self) -> str:
+        return f"{self.seconds} s" if self.seconds else f"{self.minutes} min"
+
+
+def _step_seconds(item: dict) -> Step:
+    share, seconds = item.get("share_percent"), item.get("seconds")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (share, seconds)):
+        raise InputError("steps", "a step's share and seconds are whole numbers")
+    if not MIN_STEP_SECONDS <= seconds <= MAX_STEP_MINUTES * 60:
+        raise InputError(
+            "steps", f"a step lasts {MIN_STEP_SECONDS} to {MAX_STEP_MINUTES * 60} seconds, not {seconds}"
+        )
+    return Step(share, seconds=seconds)
+
+
+def _step_minutes(item: object) -> Step:
+    if isinstance(item, dict):
+        share, minutes = item.get("share_percent"), item.get("minutes")
+    elif isinstance(item, list | tuple) and len(item) == 2:
+        share, minutes = item
+    else:
+        raise InputError("steps", "each step is (share %, minutes)")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (share, minutes)):
+        raise InputError("steps", "a step's share and minutes are whole numbers")
+    if not 1 <= minutes <= MAX_STEP_MINUTES:
+        raise InputError("steps", f"a step lasts 1 to {MAX_STEP_MINUTES} minutes, not {minutes}")
+    return Step(share, minutes)
 
 
 def parse_steps(raw: object) -> tuple[Step, ...]:
     """[[5, 10], [25, 10], ...] or [{"share_percent": 5, "minutes": 10}, ...] → steps, checked:
     1..MAX_STEPS steps, shares rising strictly from 1 to 100 %, the last one 100 %, each step
-    1..MAX_STEP_MINUTES minutes."""
+    1..MAX_STEP_MINUTES minutes ({"share_percent": 5, "seconds": 20}: MIN_STEP_SECONDS and up)."""
     if not isinstance(raw, list | tuple) or not 1 <= len(raw) <= MAX_STEPS:
         raise InputError("steps", f"give 1 to {MAX_STEPS} steps of (share %, minutes)")
-    steps = []
+    steps: list[Step] = []
     for item in raw:
-        if isinstance(item, dict):
-            share, minutes = item.get("share_percent"), item.get("minutes")
-        elif isinstance(item, list | tuple) and len(item) == 2:
-            share, minutes = item
-        else:
-            raise InputError("steps", "each step is (share %, minutes)")
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (share, minutes)):
-            raise InputError("steps", "a step's share and minutes are whole numbers")
-        if not 1 <= share <= 100:
-            raise InputError("steps", f"a step's share is 1 to 100 %, not {share}")
-        if not 1 <= minutes <= MAX_STEP_MINUTES:
-            raise InputError("steps", f"a step lasts 1 to {MAX_STEP_MINUTES} minutes, not {minutes}")
-        if steps and share <= steps[-1].share_percent:
+        step = _step_seconds(item) if isinstance(item, dict) and "seconds" in item else _step_minutes(item)
+        if not 1 <= step.share_percent <= 100:
+            raise InputError("steps", f"a step's share is 1 to 100 %, not {step.share_percent}")
+        if steps and step.share_percent <= steps[-1].share_percent:
             raise InputError("steps", "each step's share must be larger than the one before")
-        steps.append(Step(share, minutes))
+        steps.append(step)
     if steps[-1].share_percent != 100:
         raise InputError("steps", "the last step must send 100 % (the promotion)")
     return tuple(steps)
@@ -128,7 +157,7 @@ def judge(*, new: Window, old: Window, policy: Policy, step: Step, elapsed_s: fl
     reasons = breaches(new, old, policy)
     if reasons:
         return Verdict(Decision.ROLL_BACK, tuple(reasons))
-    if elapsed_s >= step.minutes * 60 and new.requests >= policy.min_requests:
+    if elapsed_s >= step.duration_s and new.requests >= policy.min_requests:
         return Verdict(Decision.ADVANCE)
     return Verdict(Decision.HOLD)
 

@@ -8,11 +8,13 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from portal.core.errors import ApplicationError
 from portal.deployments.models import Deployment
 from portal.registry.models import ServedModel
 
 from . import services
 from .models import Rollout, RolloutEvent
+from .placement import GpuChoice
 from .selectors import rollouts_visible_to
 
 
@@ -28,6 +30,7 @@ class RolloutSerializer(serializers.ModelSerializer):
     to_version = serializers.SlugRelatedField(slug_field="name", read_only=True)
     from_deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
     to_deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    freed_deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
     shares_percent = serializers.SerializerMethodField(help_text="The served name's live shares, by version.")
     events = RolloutEventSerializer(many=True, read_only=True)
 
@@ -45,6 +48,10 @@ class RolloutSerializer(serializers.ModelSerializer):
             "state",
             "reason",
             "measurements",
+            "freed_deployment",
+            "downtime_s",
+            "interval_s",
+            "min_requests",
             "shares_percent",
             "created_at",
             "step_started_at",
@@ -65,7 +72,21 @@ class RolloutStartSerializer(serializers.Serializer):
         slug_field="name", queryset=Deployment.objects.all(), required=False, allow_null=True
     )
     steps = serializers.JSONField(
-        required=False, help_text="[[5, 10], [25, 10], [50, 10], [100, 10]]: (share %, minutes) each."
+        required=False,
+        help_text="[[5, 10], [25, 10], [50, 10], [100, 10]]: (share %, minutes) each; "
+        '{"share_percent": 5, "seconds": 30} for a step in seconds.',
+    )
+    interval_s = serializers.IntegerField(
+        required=False, help_text="Seconds between two measurements of a step (default ROLLOUT_TICK_S)."
+    )
+    min_requests = serializers.IntegerField(
+        required=False, help_text="Requests a step needs before it may pass (default ROLLOUT_MIN_REQUESTS)."
+    )
+    gpu_choice = serializers.ChoiceField(
+        choices=[c.value for c in GpuChoice],
+        required=False,
+        help_text="Where the old version holds the new deployment's GPUs: take one of its replicas out "
+        "of the pool, or swap in place (the error without it lists what each would do, with the downtime).",
     )
 
 
@@ -89,7 +110,14 @@ class RolloutViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     def create(self, request):
         data = RolloutStartSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        rollout = services.rollout_start(**data.validated_data, actor=request.user)
+        try:
+            rollout = services.rollout_start(**data.validated_data, actor=request.user)
+        except ApplicationError as error:
+            if not error.extra.get("no_free_gpus"):
+                raise
+            # The ways to free the GPUs keep their types (the usual handler would stringify them).
+            body = {error.field: [error.message], **error.extra}
+            return Response(body, status=status.HTTP_400_BAD_REQUEST)
         return Response(RolloutSerializer(rollout).data, status=status.HTTP_201_CREATED)
 
     def _done(self, rollout: Rollout) -> Response:

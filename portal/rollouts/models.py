@@ -53,6 +53,22 @@ class Rollout(models.Model):
         "deployments.Deployment", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
     stop_due_at = models.DateTimeField(null=True, blank=True)
+    # Where the new version's GPUs were held by the old one: the deployment stopped at the start to
+    # free them (a replica taken out of the pool, or the old one in an in-place swap), started
+    # again if the rollout rolls back or fails.
+    freed_deployment = models.ForeignKey(
+        "deployments.Deployment", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    downtime_s = models.PositiveIntegerField(
+        null=True, blank=True, help_text="An in-place swap's downtime as stated at the start."
+    )
+    # The rollout's own pace (from ROLLOUT_TICK_S and ROLLOUT_MIN_REQUESTS at its start): how often
+    # a step is judged, and the requests a step needs before it may pass.
+    interval_s = models.PositiveIntegerField(default=15, help_text="Seconds between two measurements.")
+    min_requests = models.PositiveIntegerField(default=20)
+    evaluated_at = models.DateTimeField(
+        null=True, blank=True, help_text="The current step's last measurement."
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
@@ -80,7 +96,7 @@ class Rollout(models.Model):
         return self.state in ACTIVE_ROLLOUT_STATES
 
     def step_list(self) -> list[Step]:
-        return [Step(s["share_percent"], s["minutes"]) for s in self.steps]
+        return [Step(s["share_percent"], s.get("minutes", 0), s.get("seconds", 0)) for s in self.steps]
 
 
 class RolloutEvent(models.Model):

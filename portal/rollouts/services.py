@@ -25,12 +25,16 @@ from portal.core.errors import ApplicationError
 from portal.deployments.models import Deployment, DeploymentState, DesiredState
 from portal.deployments.services import deployment_request_start, deployment_request_stop
 from portal.observability.models import LatencyMinute
+from portal.observability.services import latency_rollup
 from portal.registry.models import ServedModel
 from portal.registry.services import served_model_set_shares
+from portal.teams.services import usage_flush
 
 from .models import ACTIVE_ROLLOUT_STATES, Rollout, RolloutEvent, RolloutState
+from .placement import GpuChoice, check_gpus, check_plan, check_release
 
 log = logging.getLogger(__name__)
+MAX_INTERVAL_S = 3600
 
 
 def _actor_repr(actor) -> str:
@@ -84,11 +88,18 @@ def rollout_start(
     to_deployment: Deployment,
     steps: list | None = None,
     from_deployment: Deployment | None = None,
+    gpu_choice: str = "",
+    interval_s: int | None = None,
+    min_requests: int | None = None,
     actor=None,
 ) -> Rollout:
     """Roll `served_model` over to `to_deployment`'s version in `steps` (default 5/25/50/100 %, ten
     minutes each). The old version is `from_deployment`'s, else the one version that has a share now.
-    The new deployment is asked to start if it is not running; it gets no traffic until it serves."""
+    The new version must have release hashes and pass the planner on its GPUs; it is asked to start
+    if it is not running, and gets no traffic until it serves. Where its GPUs are held by the old
+    version, the error offers the ways to free them and `gpu_choice` picks one (placement.GpuChoice).
+    `interval_s` and `min_requests` set the rollout's own pace (default ROLLOUT_TICK_S and
+    ROLLOUT_MIN_REQUESTS)."""
     try:
         parsed = parse_steps([list(s) for s in DEFAULT_STEPS] if steps is None else steps)
     except InputError as error:
@@ -119,6 +130,18 @@ def rollout_start(
         raise ApplicationError(
             "An adopted server cannot be started or stopped by a rollout.", field="to_deployment"
         )
+    interval_s = settings.ROLLOUT_TICK_S if interval_s is None else interval_s
+    min_requests = settings.ROLLOUT_MIN_REQUESTS if min_requests is None else min_requests
+    if not 1 <= interval_s <= MAX_INTERVAL_S:
+        raise ApplicationError(f"measure every 1 to {MAX_INTERVAL_S} s, not {interval_s}", field="interval_s")
+    if not 1 <= min_requests <= 1_000_000:
+        raise ApplicationError(
+            f"a step needs 1 to 1000000 requests, not {min_requests}", field="min_requests"
+        )
+    check_release(to_version)
+    check_plan(to_deployment)
+    freeing = check_gpus(deployment=to_deployment, from_version=from_version, choice=gpu_choice)
+    freed = Deployment.objects.get(name=freeing.deployment) if freeing is not None else None
     with transaction.atomic():
         try:
             with transaction.atomic():
@@ -128,7 +151,11 @@ def rollout_start(
                     to_version=to_version,
                     from_deployment=from_deployment,
                     to_deployment=to_deployment,
-                    steps=[{"share_percent": s.share_percent, "minutes": s.minutes} for s in parsed],
+                    steps=[s.as_dict() for s in parsed],
+                    freed_deployment=freed,
+                    interval_s=interval_s,
+                    min_requests=min_requests,
+                    downtime_s=freeing.downtime_s if freeing is not None else None,
                     created_by=actor,
                 )
         except IntegrityError:
@@ -142,6 +169,14 @@ def rollout_start(
             actor=actor,
             reason="rollout start",
         )
+        if freeing is not None:
+            # Its GPUs go to the new version: stopped now (the agent drains it first), started again
+            # on a roll-back.
+            deployment_request_stop(deployment=freed, user=actor)
+            swap = (
+                "swap in place" if freeing.choice == GpuChoice.IN_PLACE else "replica taken out of the pool"
+            )
+            _event(rollout, "free_gpus", f"{swap}: {freeing.message}", actor=actor, data=freeing.as_dict())
         if to_deployment.desired_state != DesiredState.RUNNING:
             deployment_request_start(deployment=to_deployment, user=actor)  # refuses when no GPU is free
         _event(
@@ -149,7 +184,7 @@ def rollout_start(
             "start",
             f"rollout of {served_model.name} from {from_version.name} to {to_version.name} "
             f"on {to_deployment.name}: steps "
-            + ", ".join(f"{s.share_percent} % × {s.minutes} min" for s in parsed),
+            + ", ".join(f"{s.share_percent} % × {s.describe()}" for s in parsed),
             actor=actor,
         )
     return rollout
@@ -163,7 +198,7 @@ def _policy(rollout: Rollout) -> Policy:
     return Policy(
         sla_p95_ttft_ms=deployment.sla_p95_ttft_s * 1000,
         sla_p95_tpot_ms=deployment.sla_p95_tpot_s * 1000,
-        min_requests=settings.ROLLOUT_MIN_REQUESTS,
+        min_requests=rollout.min_requests,
         max_error_rate_increase=settings.ROLLOUT_MAX_ERROR_RATE_INCREASE,
         max_latency_ratio=settings.ROLLOUT_MAX_LATENCY_RATIO,
     )
@@ -202,6 +237,7 @@ def _enter_step(
             state=RolloutState.STEPPING,
             current_step=index,
             step_started_at=now,
+            evaluated_at=None,
         ):
             return False
         _set_new_share(
@@ -211,7 +247,7 @@ def _enter_step(
             rollout,
             "step",
             f"step {index + 1} of {len(rollout.steps)}: {rollout.to_version.name} takes "
-            f"{step.share_percent} % for {step.minutes} min",
+            f"{step.share_percent} % for {step.describe()}",
             actor=actor,
             data={"step": index, "share_percent": step.share_percent},
         )
@@ -231,7 +267,9 @@ def rollouts_stop_due(*, now: dt.datetime | None = None) -> list[int]:
     each claimed once by clearing `stop_due_at`. Returns the rollouts handled."""
     now = now or timezone.now()
     done = []
-    for rollout in Rollout.objects.filter(stop_due_at__lte=now).select_related("stop_deployment"):
+    for rollout in Rollout.objects.filter(stop_due_at__lte=now).select_related(
+        "stop_deployment", "freed_deployment"
+    ):
         with transaction.atomic():
             if Rollout.objects.filter(pk=rollout.pk, stop_due_at__isnull=False).update(stop_due_at=None) != 1:
                 continue
@@ -239,8 +277,27 @@ def rollouts_stop_due(*, now: dt.datetime | None = None) -> list[int]:
             if deployment is not None and deployment.desired_state != DesiredState.STOPPED:
                 deployment_request_stop(deployment=deployment)
                 _event(rollout, "stop", f"{deployment.name} asked to stop: it takes no traffic any more")
+            _restart_freed(rollout)
             done.append(rollout.pk)
     return done
+
+
+def _restart_freed(rollout: Rollout) -> None:
+    """After a roll-back or a failure, start again what was stopped to free the new version's GPUs
+    (the new deployment has let them go by now: it is no longer wanted running)."""
+    freed = rollout.freed_deployment
+    if rollout.state not in (RolloutState.ROLLED_BACK, RolloutState.FAILED) or freed is None:
+        return
+    if freed.desired_state == DesiredState.RUNNING:
+        return
+    try:
+        deployment_request_start(deployment=freed)
+    except ApplicationError as error:  # e.g. its GPUs taken meanwhile: say so, ops start it elsewhere
+        _event(rollout, "restart", f"{freed.name} could not be started again: {error.message}")
+        return
+    _event(
+        rollout, "restart", f"{freed.name} asked to start again: it gave its GPUs to the rolled-back version"
+    )
 
 
 def _roll_back(rollout: Rollout, *, reason: str, data: dict, from_states, from_step, actor=None) -> bool:
@@ -292,6 +349,8 @@ def _fail(rollout: Rollout, reason: str) -> bool:
             state=RolloutState.FAILED,
             reason=reason,
             finished_at=timezone.now(),
+            # A failed start that took GPUs from the old version gives them back.
+            **(_stop_later(rollout.to_deployment) if rollout.freed_deployment_id else {}),
         ):
             return False
         _set_new_share(rollout, 0, reason=f"rollout {rollout.pk} failed")
@@ -352,20 +411,49 @@ def rollout_evaluate(*, rollout: Rollout, now: dt.datetime | None = None) -> str
         return "advanced" if advanced else "-"
     # Hold: keep the latest numbers for the page (the same row, the same step: harmless if two write).
     Rollout.objects.filter(pk=rollout.pk, state=RolloutState.STEPPING, current_step=index).update(
-        measurements=data
+        measurements=data, evaluated_at=now
     )
     return "hold"
 
 
+def _due(rollout: Rollout, now: dt.datetime) -> bool:
+    """A step is measured every `interval_s` (a warm-up is checked at every tick). Half a second of
+    slack: beat's ticks drift a little, and a tick just short of the interval would skip a whole one."""
+    if rollout.state != RolloutState.STEPPING or rollout.evaluated_at is None:
+        return True
+    return (now - rollout.evaluated_at).total_seconds() >= rollout.interval_s - 0.5
+
+
+def measurements_refresh(*, now: dt.datetime, lookback_s: int) -> None:
+    """Bring the gateway's measurements up to now: store the usage records still queued in Redis and
+    recompute the per-minute latency rows of the last `lookback_s` (idempotent), so a step is
+    judged on what the gateway saw up to this tick, not on the minute rollup's last run."""
+    try:
+        usage_flush()
+    except Exception:  # Redis down: judge on what is stored; the next tick flushes
+        log.exception("rollouts: flushing the usage records failed")
+    latency_rollup(since=now - dt.timedelta(seconds=lookback_s), until=now + dt.timedelta(minutes=1))
+
+
 def rollouts_advance_all(*, now: dt.datetime | None = None) -> dict[int, str]:
-    """Evaluate every active rollout once (the beat task); one failing rollout does not stop the rest."""
+    """Evaluate every active rollout that is due (the beat task); one failing rollout does not stop
+    the rest."""
+    now = now or timezone.now()
     done = {}
     try:
         for pk in rollouts_stop_due(now=now):
             done[pk] = "stop"
     except Exception:
         log.exception("rollouts: asking deployments to stop failed; the next tick tries again")
-    for rollout in Rollout.objects.filter(state__in=[RolloutState.WARMING, RolloutState.STEPPING]):
+    active = Rollout.objects.filter(state__in=[RolloutState.WARMING, RolloutState.STEPPING])
+    due = [rollout for rollout in active if _due(rollout, now)]
+    stepping = [r.interval_s for r in due if r.state == RolloutState.STEPPING]
+    if stepping:
+        try:
+            measurements_refresh(now=now, lookback_s=max(stepping) + 120)
+        except Exception:
+            log.exception("rollouts: refreshing the measurements failed; judging on the stored ones")
+    for rollout in due:
         try:
             done[rollout.pk] = rollout_evaluate(rollout=rollout, now=now)
         except Exception:

@@ -16,7 +16,7 @@ from portal.core.errors import ApplicationError
 from . import services
 from .forms import RolloutStartForm
 from .models import RolloutState
-from .selectors import rollouts_visible_to
+from .selectors import active_rollout_of, rollouts_visible_to, served_model_lines, served_models_visible_to
 
 ACTIONS = {
     "pause": services.rollout_pause,
@@ -38,15 +38,17 @@ def rollout_new(request):
     if not request.user.is_staff:
         raise PermissionDenied
     form = RolloutStartForm(request.POST or None)
+    gpu_choices = []  # the ways to free held GPUs, offered when none are free
     if request.method == "POST" and form.is_valid():
         try:
             rollout = services.rollout_start(**form.cleaned_data, actor=request.user)
         except ApplicationError as error:
             form.add_error(error.field if error.field in form.fields else None, error.message)
+            gpu_choices = error.extra.get("choices", [])
         else:
             messages.success(request, "Rollout started: the new version gets traffic once it serves")
             return redirect(reverse("rollouts:rollout-detail", args=[rollout.pk]))
-    return render(request, "rollouts/rollout_new.html", {"form": form})
+    return render(request, "rollouts/rollout_new.html", {"form": form, "gpu_choices": gpu_choices})
 
 
 @login_required
@@ -61,7 +63,7 @@ def rollout_detail(request, pk: int):
         new, old = services.step_windows(rollout, now=timezone.now())
         windows = {"new": new, "old": old}
     steps = [
-        {"index": i, "share_percent": s.share_percent, "minutes": s.minutes,
+        {"index": i, "share_percent": s.share_percent, "length": s.describe(),
          "current": i == rollout.current_step and rollout.is_active,
          "done": rollout.current_step is not None and i < rollout.current_step}
         for i, s in enumerate(rollout.step_list())
@@ -96,3 +98,31 @@ def rollout_action(request, pk: int, action: str):
     else:
         messages.success(request, f"{action}: done")
     return redirect(reverse("rollouts:rollout-detail", args=[rollout.pk]))
+
+
+@login_required
+def served_model_list(request):
+    served = list(served_models_visible_to(request.user)[:500])
+    active = {
+        r.served_model_id: r
+        for r in rollouts_visible_to(request.user).filter(state__in=["warming", "stepping", "paused"])
+    }
+    rows = [(s, active.get(s.pk)) for s in served]
+    return render(request, "rollouts/served_model_list.html", {"rows": rows})
+
+
+@login_required
+def served_model_detail(request, name: str):
+    served = get_object_or_404(served_models_visible_to(request.user), name=name)
+    rollout = active_rollout_of(served)
+    return render(
+        request,
+        "rollouts/served_model_detail.html",
+        {
+            "served": served,
+            "lines": served_model_lines(served),
+            "rollout": rollout,
+            "rollouts": served.rollouts.select_related("from_version", "to_version")[:50],
+            "refresh_s": 15 if rollout is not None else 300,
+        },
+    )

@@ -166,6 +166,9 @@ def test_a_failing_new_version_is_rolled_back_from_its_gateway_errors(
     try:
         old = make_setup(team=team, node=cpu_node, upstream=fake_upstream)
         new = _second_version(old, broken_url)
+        version = new.deployment.model_version  # a rollout moves traffic only to one with release hashes
+        type(version).objects.filter(pk=version.pk).update(weights_sha256="a" * 64, tokenizer_sha256="b" * 64)
+        version.refresh_from_db()
         name = f"chat-{uuid.uuid4().hex[:8]}"
         served = served_model_create(name=name, shares={old.model: 10_000})
         _, token = api_key_create(team=team, name="rollout", allowed_models=[name])

@@ -108,3 +108,29 @@ def test_members_cannot_open_the_start_form(bob, client):
     client.force_login(bob)
     assert client.get("/rollouts/new/").status_code == 403
     assert client.get("/rollouts/").status_code == 200
+
+
+def test_the_served_model_pages_list_names_versions_live_shares_and_the_rollout(pair, alice, bob, client):
+    from portal.rollouts.services import rollout_start, rollouts_advance_all
+
+    rollout = rollout_start(
+        served_model=pair.served, to_deployment=pair.new, from_deployment=pair.old, steps=[[10, 5], [100, 5]]
+    )
+    rollouts_advance_all()  # the new deployment serves: 10 % to it
+    client.force_login(alice)
+    listing = client.get("/rollouts/served-models/").content.decode()
+    assert pair.served.name in listing and "10.00 %" in listing and "90.00 %" in listing
+    assert f"/rollouts/{rollout.pk}/" in listing and "step 1 of 2" in listing
+    page = client.get(f"/rollouts/served-models/{pair.served.name}/").content.decode()
+    assert "Rollout in progress" in page and f"/rollouts/{rollout.pk}/" in page
+    for deployment in (pair.old, pair.new):
+        assert deployment.model_version.name in page and deployment.name in page  # each version's replica
+    assert "10.00 %" in page and "90.00 %" in page
+
+    # A member whose team may not call the name sees neither page of it.
+    from portal.teams.models import Team
+
+    Team.objects.filter(members=bob).update(allowed_models=["something-else"])
+    client.force_login(bob)
+    assert pair.served.name not in client.get("/rollouts/served-models/").content.decode()
+    assert client.get(f"/rollouts/served-models/{pair.served.name}/").status_code == 404

@@ -271,3 +271,18 @@ def test_rollout_settings_are_bounded(name, value, monkeypatch):
     )
     assert done.returncode != 0
     assert name in done.stderr
+
+
+def test_a_stepping_rollout_is_measured_at_its_own_interval(pair):
+    from portal.rollouts.services import rollout_start, rollouts_advance_all
+
+    rollout = rollout_start(
+        served_model=pair.served, to_deployment=pair.new, from_deployment=pair.old,
+        steps=[{"share_percent": 50, "seconds": 30}, [100, 1]], interval_s=20, min_requests=3,
+    )  # fmt: skip
+    assert (rollout.interval_s, rollout.min_requests) == (20, 3)
+    t0 = timezone.now()
+    assert rollouts_advance_all(now=t0) == {rollout.pk: "serving"}
+    assert rollouts_advance_all(now=t0 + dt.timedelta(seconds=1)) == {rollout.pk: "hold"}  # first measurement
+    assert rollouts_advance_all(now=t0 + dt.timedelta(seconds=10)) == {}  # not due: 9 s of its 20
+    assert rollouts_advance_all(now=t0 + dt.timedelta(seconds=21)) == {rollout.pk: "hold"}

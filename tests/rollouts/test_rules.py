@@ -62,3 +62,22 @@ def test_a_share_splits_the_pairs_total():
     assert split_share(10_000, 5) == (500, 9_500)
     assert split_share(6_000, 25) == (1_500, 4_500)  # another version keeps its 40 %
     assert split_share(10_000, 100) == (10_000, 0)
+
+
+def test_a_step_may_last_seconds_for_tests_and_benchmarks():
+    steps = parse_steps([{"share_percent": 50, "seconds": 20}, [100, 1]])
+    assert steps == (Step(50, seconds=20), Step(100, 1))
+    assert [s.duration_s for s in steps] == [20, 60]
+    assert [s.as_dict() for s in steps] == [
+        {"share_percent": 50, "seconds": 20},
+        {"share_percent": 100, "minutes": 1},
+    ]
+    with pytest.raises(InputError, match="5 to 86400 seconds"):
+        parse_steps([{"share_percent": 100, "seconds": 2}])
+    policy = Policy(1000, 100, min_requests=5, max_error_rate_increase=0.01, max_latency_ratio=1.5)
+    good = Window(requests=5, p95_ttft_ms=100, p95_tpot_ms=10)
+    held = judge(new=good, old=Window(), policy=policy, step=steps[0], elapsed_s=19)
+    assert held.decision == Decision.HOLD
+    assert (
+        judge(new=good, old=Window(), policy=policy, step=steps[0], elapsed_s=20).decision == Decision.ADVANCE
+    )

@@ -1,0 +1,166 @@
+"""What a rollout checks before it starts the new version: the version is registered with release
+hashes, the planner accepts it on the GPUs it will run on, and those GPUs are free. Where they are
+not, the ways to free them are offered (docs/decisions.md, "Rollouts: what a start checks")."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass
+
+from django.conf import settings
+
+from portal.core.errors import ApplicationError
+from portal.deployments.models import Deployment, DeploymentEvent, DeploymentState, DesiredState, EventStatus
+from portal.deployments.placement import gpu_health_problems, team_quota_problems
+from portal.deployments.selectors import gpus_held_on_node
+from portal.deployments.services import deployment_check
+from portal.registry.models import ModelVersion
+
+
+class GpuChoice(enum.StrEnum):
+    TAKE_REPLICA = "take_replica"  # stop one replica of several of the old version; no downtime
+    IN_PLACE = "in_place"  # stop the old version's only replica and start the new one on its GPUs
+
+
+@dataclass(frozen=True)
+class FreeingOption:
+    """One way to free the GPUs the new deployment needs, offered to the operator."""
+
+    choice: GpuChoice
+    deployment: str  # the deployment that would be stopped to free them
+    message: str
+    downtime_s: int | None = None  # only for an in-place swap: how long the name serves nothing
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "choice": str(self.choice)}
+
+
+def check_release(version: ModelVersion) -> None:
+    """A rollout only moves traffic to a version whose files are pinned by release hashes: the
+    agent checks the files against them before it starts the server."""
+    if version.external:
+        raise ApplicationError(
+            f"`{version.name}` was recorded from a running server: register it with its files and "
+            "release hashes to roll it out.",
+            field="to_deployment",
+        )
+    if not (version.weights_sha256 and version.tokenizer_sha256):
+        raise ApplicationError(
+            f"`{version.name}` has no release hashes: hash its weights and tokenizer first "
+            "(its page's Hash files, or `manage.py hash_model`), so the start can verify them.",
+            field="to_deployment",
+        )
+
+
+def check_plan(deployment: Deployment) -> None:
+    """The planner on the GPUs the new deployment will run on (a CPU node has none to plan)."""
+    if deployment.node is None or deployment.profile is None:
+        raise ApplicationError(
+            f"{deployment.name} names no node or profile to start on.", field="to_deployment"
+        )
+    deployment_check(
+        team=deployment.team,
+        model_version=deployment.model_version,
+        profile=deployment.profile,
+        node=deployment.node,
+        gpu_indices=list(deployment.gpu_indices or []),
+        desired_state=DesiredState.STOPPED,  # the planner only: whether the GPUs are free is ours
+    )
+
+
+def _last_start_s(deployment: Deployment) -> float | None:
+    """How long the last measured start (request → serving) of this deployment, else of any of its
+    version's deployments, took."""
+    events = DeploymentEvent.objects.filter(step="serving", status=EventStatus.OK, seconds__isnull=False)
+    for scope in (
+        events.filter(deployment=deployment),
+        events.filter(deployment__model_version_id=deployment.model_version_id),
+    ):
+        last = scope.order_by("-at").values_list("seconds", flat=True).first()
+        if last is not None:
+            return last
+    return None
+
+
+def in_place_downtime_s(deployment: Deployment) -> int | None:
+    """Draining the old server (at most DEPLOYMENT_DRAIN_TIMEOUT_S) plus the new one's start."""
+    start = _last_start_s(deployment)
+    return None if start is None else round(settings.DEPLOYMENT_DRAIN_TIMEOUT_S + start)
+
+
+def freeing_options(*, deployment: Deployment, from_version: ModelVersion) -> list[FreeingOption]:
+    """The ways to free the GPUs `deployment` needs, when the old version holds them."""
+    needed = set(deployment.gpu_indices or [])
+    held = gpus_held_on_node(deployment.node, exclude_deployment_id=deployment.pk)
+    holders = {held[i] for i in needed if i in held}
+    if len(holders) != 1:
+        return []  # several deployments (or none) hold them: no single stop frees them
+    holder = Deployment.objects.get(name=holders.pop())
+    if holder.model_version_id != from_version.pk or holder.adopted:
+        return []  # another version's GPUs are not the rollout's to take
+    replicas = Deployment.objects.filter(
+        model_version_id=from_version.pk, desired_state=DesiredState.RUNNING, state=DeploymentState.SERVING
+    ).count()
+    if replicas > 1:
+        return [
+            FreeingOption(
+                GpuChoice.TAKE_REPLICA,
+                holder.name,
+                f"take {holder.name} out of the pool: {from_version.name} keeps {replicas - 1} of its "
+                f"{replicas} replicas while the new version takes its GPUs; started again on a roll-back",
+            )
+        ]
+    downtime = in_place_downtime_s(deployment)
+    said = (
+        f"about {downtime} s (draining {holder.name}, at most {settings.DEPLOYMENT_DRAIN_TIMEOUT_S} s, "
+        f"then starting {deployment.name} as long as its last start took)"
+        if downtime is not None
+        else "for as long as the new deployment takes to start (never measured yet)"
+    )
+    return [
+        FreeingOption(
+            GpuChoice.IN_PLACE,
+            holder.name,
+            f"swap in place: stop {holder.name} and start {deployment.name} on its GPUs; the name serves "
+            f"nothing {said}; a roll-back starts {holder.name} again",
+            downtime_s=downtime,
+        )
+    ]
+
+
+def check_gpus(
+    *, deployment: Deployment, from_version: ModelVersion, choice: str = ""
+) -> FreeingOption | None:
+    """Refuse a start on GPUs that are not free, offering the ways to free them; with one of them
+    chosen, return it (the caller stops its deployment before starting the new one)."""
+    if deployment.desired_state == DesiredState.RUNNING or deployment.node is None:
+        return None  # it holds its GPUs already
+    gpu_indices = list(deployment.gpu_indices or [])
+    for problems in (
+        gpu_health_problems(node=deployment.node, gpu_indices=gpu_indices),
+        team_quota_problems(
+            team=deployment.team, gpu_count=len(gpu_indices), exclude_deployment_id=deployment.pk
+        ),
+    ):
+        if problems:
+            raise ApplicationError(problems[0].message, field="to_deployment")
+    held = gpus_held_on_node(deployment.node, exclude_deployment_id=deployment.pk)
+    taken = {i: held[i] for i in gpu_indices if i in held}
+    if not taken:
+        return None
+    options = freeing_options(deployment=deployment, from_version=from_version)
+    chosen = next((o for o in options if o.choice == choice), None)
+    if chosen is not None:
+        return chosen
+    listing = ", ".join(f"GPU {i} ({name})" for i, name in sorted(taken.items()))
+    message = f"No free GPUs for {deployment.name} on {deployment.node.name}: {listing} held."
+    message += (
+        " Choose: " + " Or: ".join(o.message + "." for o in options)
+        if options
+        else " Free them, or choose a deployment on free GPUs."
+    )
+    raise ApplicationError(
+        message,
+        field="gpu_choice" if options else "to_deployment",
+        extra={"no_free_gpus": True, "choices": [o.as_dict() for o in options]},
+    )
