@@ -156,7 +156,7 @@ def control(transactional_db, tmp_path):
     import redis
     from django.db import connection
 
-    from portal.core.redis_client import redis_keys
+    from portal.core.redis.client import redis_keys
     from tests.gateway.conftest import REDIS_URL, stop
     from tests.stack import stack_env
 
