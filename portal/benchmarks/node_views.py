@@ -16,8 +16,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from inference.env_probe import build_advice, missing_kernels
-from portal.core.charts import Line, time_series_svg
-from portal.core.plots import safe_svg
+from portal.core.charts import Line, safe_svg, time_series_svg
 from portal.deployments.selectors import gpus_held_on_node
 from portal.inventory.selectors import gpu_samples_since, node_list
 from portal.inventory.services import gpu_mark_healthy

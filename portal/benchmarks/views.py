@@ -14,8 +14,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from inference.loadgen.workloads import PRESETS
+from portal.core.charts import histogram, run_plots, safe_svg
 from portal.core.errors import ApplicationError
-from portal.core.plots import histogram, run_plots, safe_svg
 from portal.deployments.models import DeploymentProfile
 from portal.deployments.selectors import deployment_get_for_user, deployments_visible_to
 

@@ -6,13 +6,13 @@ from django.contrib.auth.decorators import login_required
 from django.db.models import Q
 from django.shortcuts import render
 
+from portal.core.charts import bar_chart_svg
 from portal.core.heartbeat import live_namespaces
 from portal.deployments.models import DeploymentProfile, DeploymentState, DesiredState
 from portal.deployments.selectors import acceptance_deployment_q, acceptance_profile_q, deployments_visible_to
 from portal.observability.selectors import sla_breaches, traffic_last_hour
 from portal.registry.models import ModelVersion
 from portal.registry.selectors import acceptance_model_q
-from portal.teams.charts import bar_chart_svg
 
 from .selectors import (
     deployment_health,

@@ -27,8 +27,8 @@ from inference.sim.calibration import fit_host_costs, measured_levels
 from inference.sim.costs import HostCosts
 from inference.sim.engine import EngineConfig, EngineRefused
 from inference.sim.virtual import OutOfTime, sweep
+from portal.core.charts import run_plots, safe_svg
 from portal.core.errors import ApplicationError
-from portal.core.plots import run_plots, safe_svg
 
 from .forms import PlannerForm
 from .services import resolve_model, settings_from, target_placement

@@ -16,11 +16,10 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from portal.core.charts import Line, time_series_svg
+from portal.core.charts import Line, rates, sparkline, time_series_svg
 from portal.deployments import services as deployment_services
 from portal.deployments.models import DeploymentState
 from portal.deployments.selectors import deployment_get_for_user, deployment_text_for, pending_unclaimed_note
-from portal.deployments.sparklines import rates, sparkline
 from portal.deployments.views import plan_or_error
 
 from .collector import exposition

@@ -5,9 +5,9 @@ from django.contrib import admin, messages
 from django.contrib.admin.widgets import FilteredSelectMultiple
 from django.utils import timezone
 
+from portal.core.charts import bar_chart_svg
 from portal.registry.models import ModelVersion, ServedModel
 
-from .charts import bar_chart_svg
 from .models import ApiKey, Team, Usage, UsageDaily, UsageHourly
 from .selectors import usage_daily_all_teams
 from .services import api_key_revoke

@@ -10,9 +10,9 @@ from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 
+from portal.core.charts import bar_chart_svg
 from portal.core.errors import ApplicationError
 
-from .charts import bar_chart_svg
 from .forms import ApiKeyCreateForm
 from .selectors import (
     api_key_get_for_team,

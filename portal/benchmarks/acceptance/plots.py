@@ -1,9 +1,9 @@
-"""A node acceptance's plots: measured vs the simulator's prediction (the generic SVG plots are
-portal/core/plots.py, shared with the run page and the planner's predict page)."""
+"""A node acceptance's plots: measured vs the simulator's prediction (the SVG itself is drawn by
+portal/core/charts/, shared with the run page and the planner's predict page)."""
 
 from __future__ import annotations
 
-from portal.core.plots import line_chart
+from portal.core.charts import line_chart
 
 
 def acceptance_plots(levels: list[dict]) -> list[str]:

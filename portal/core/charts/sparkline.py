@@ -1,11 +1,12 @@
-"""Inline SVG sparklines for the deployment page (no chart library, no network)."""
+"""Sparklines as inline SVG for the deployment page's recent engine samples (no chart library, no network)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from django.utils.html import format_html
 from django.utils.safestring import SafeString
+
+from .format import escape, safe_svg
 
 
 def sparkline(
@@ -14,7 +15,7 @@ def sparkline(
     """A polyline of the values, scaled to the box; gaps (None) break the line."""
     points = [(i, v) for i, v in enumerate(values) if v is not None]
     if len(points) < 2:
-        return format_html('<span class="muted">not enough samples</span>')
+        return safe_svg('<span class="muted">not enough samples</span>')
     top = max(v for _, v in points)
     bottom = min(0.0, min(v for _, v in points))
     span = (top - bottom) or 1.0
@@ -31,14 +32,9 @@ def sparkline(
     if current:
         segments.append(current)
     lines = "".join(f'<polyline points="{" ".join(segment)}"/>' for segment in segments)
-    return format_html(
-        '<svg class="spark" width="{}" height="{}" viewBox="0 0 {} {}" role="img" aria-label="{}">{}</svg>',
-        width,
-        height,
-        width,
-        height,
-        label,
-        SafeString(lines),
+    return safe_svg(
+        f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{escape(label)}">{lines}</svg>'
     )
 
 

@@ -1,64 +1,27 @@
-"""Plots of benchmark levels as inline SVG, built by hand: no JavaScript, no network asset, no
-plotting library. Here in core because measured runs (benchmarks) and simulated sweeps (the
-planner's predict page, in deployments) draw the same plots.
+"""Plots of benchmark levels as inline SVG: measured runs (benchmarks), simulated sweeps (the
+planner's predict page, in deployments) and a node acceptance draw the same plots.
 
 Levels sit at evenly spaced x positions (16, 32, 64, … read better that way than
 on a linear axis); SLA limits are dashed horizontal lines. The axes are scaled to
 the data: a limit far above it (a 3 s SLA over 20 ms TTFTs) would flatten every
 point onto zero, so it is drawn as an arrow at the plot's edge, labelled with its
-value, instead of stretching the axis. Every label is escaped, so the result can
-be marked safe in a template.
+value, instead of stretching the axis. Every label is escaped (`format.escape`).
 """
 
 from __future__ import annotations
 
-import math
-from html import escape
+from django.utils.safestring import SafeString
 
-from django.utils.safestring import SafeString, mark_safe
+from .format import escape, safe_svg, short_number, within_scale, y_ticks
 
 WIDTH, HEIGHT = 560, 300
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 34, 46
 COLORS = ("#2456a6", "#d2691e", "#1b7f3b", "#8a2be2")
 SLA_COLOR = "#b3261e"
-# A limit up to this many times the data's largest value still joins the scale (the data keeps at
-# least 1/OFF_SCALE_RATIO of the height); one further out is marked off scale at the edge.
-OFF_SCALE_RATIO = 4.0
-
-
-def _limit_on_scale(limit: float, data_max: float) -> bool:
-    return data_max <= 0 or limit <= data_max * OFF_SCALE_RATIO
-
-
-# The y axis gets about this many intervals, each a round step (1, 2, 2.5 or 5 × 10^n).
-Y_INTERVALS = 4
-
-
-def y_ticks(value: float, *, whole: bool = False) -> list[float]:
-    """Round ticks from 0 to at least `value`: about Y_INTERVALS steps of 1, 2, 2.5 or 5 × 10^n
-    (0, 500, 1000, … rather than 0, 625, 1250, …); `whole`: counts, so whole-number steps."""
-    if whole:
-        value = max(value, Y_INTERVALS)
-    if value <= 0:
-        return [0.0, 0.25, 0.5, 0.75, 1.0]
-    raw = value / Y_INTERVALS
-    exponent = 10 ** math.floor(math.log10(raw))
-    steps = (1, 2, 5, 10) if whole and exponent >= 1 else (1, 2, 2.5, 5, 10)
-    step = next(s * exponent for s in steps if raw <= s * exponent * (1 + 1e-9))
-    count = math.ceil(value / step - 1e-9)
-    return [round(step * i, 12) for i in range(count + 1)]
 
 
 def _nice_max(value: float, *, whole: bool = False) -> float:
     return y_ticks(value, whole=whole)[-1]
-
-
-def _num(value: float) -> str:
-    if value >= 100:
-        return f"{value:.0f}"
-    if value >= 1:
-        return f"{value:.3g}"
-    return f"{value:.2g}"
 
 
 def _frame(
@@ -77,7 +40,7 @@ def _frame(
         parts.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e3e7ee"/>')
         parts.append(
             f'<text x="{LEFT - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end" fill="#5b6577">'
-            f"{_num(value)}</text>"
+            f"{short_number(value)}</text>"
         )
     for i, label in enumerate(x_labels):
         x = _x(i, len(x_labels))
@@ -121,14 +84,14 @@ def line_chart(
     x_title: str = "concurrency",
     limits: list[tuple[str, float]] | None = None,
     dashed: set[str] | None = None,
-) -> str:
+) -> SafeString:
     """Lines over levels; None values leave a gap. `limits` are labelled dashed lines (SLA), or an
     arrow at the top edge when they lie far above the data (see the module's docstring)."""
     limits = limits or []
     data = [v for _, ys in series for v in ys if v is not None]
     data_max = max(data, default=0.0)
-    on_scale = [(label, v) for label, v in limits if _limit_on_scale(v, data_max)]
-    off_scale = [(label, v) for label, v in limits if not _limit_on_scale(v, data_max)]
+    on_scale = [(label, v) for label, v in limits if within_scale(v, data_max)]
+    off_scale = [(label, v) for label, v in limits if not within_scale(v, data_max)]
     y_max = _nice_max(max([*data, *(v for _, v in on_scale)], default=1.0) * 1.08)
     parts = _frame(title, y_label, y_max, x_labels, x_title)
     for label, value in on_scale:
@@ -163,17 +126,17 @@ def line_chart(
             f'<text x="{legend_x + 14}" y="{TOP + 11}" font-size="11" fill="#1d2430">{escape(label)}</text>'
         )
     parts.append("</svg>")
-    return "".join(parts)
+    return safe_svg("".join(parts))
 
 
 def histogram(
     *, title: str, values: list[float], x_title: str, bins: int = 24, limit: tuple[str, float] | None = None
-) -> str:
+) -> SafeString:
     """A histogram of per-request values (the latency distribution of one level)."""
     if not values:
-        return ""
+        return SafeString("")
     low, high = min(values), max(values)
-    off_scale = bool(limit) and limit[1] > high and not _limit_on_scale(limit[1], high)
+    off_scale = bool(limit) and limit[1] > high and not within_scale(limit[1], high)
     if limit and not off_scale:
         high = max(high, limit[1])
     if high <= low:
@@ -184,7 +147,7 @@ def histogram(
         counts[min(bins - 1, int((value - low) / width))] += 1
     y_max = _nice_max(max(counts) * 1.08, whole=True)
     edges = [low + width * i for i in range(bins + 1)]
-    labels = [_num(edges[i]) if i % 4 == 0 else "" for i in range(bins)]
+    labels = [short_number(edges[i]) if i % 4 == 0 else "" for i in range(bins)]
     parts = _frame(title, "requests", y_max, labels, x_title, whole=True)
     plot_w = WIDTH - LEFT - RIGHT
     bar_w = (plot_w - 48) / bins
@@ -196,7 +159,8 @@ def histogram(
         parts.append(
             f'<rect class="bar" x="{x:.1f}" y="{y:.1f}" width="{bar_w - 1:.1f}" '
             f'height="{_y(0, y_max) - y:.1f}" '
-            f'fill="#2456a6"><title>{_num(edges[i])}–{_num(edges[i + 1])}: {count}</title></rect>'
+            f'fill="#2456a6"><title>{short_number(edges[i])}–{short_number(edges[i + 1])}: {count}'
+            "</title></rect>"
         )
     if limit and off_scale:
         label, value = limit
@@ -216,10 +180,10 @@ def histogram(
             f'fill="#b3261e">{escape(label)}</text>'
         )
     parts.append("</svg>")
-    return "".join(parts)
+    return safe_svg("".join(parts))
 
 
-def run_plots(levels: list[dict], *, sla_ttft_s: float, sla_tpot_s: float) -> list[str]:
+def run_plots(levels: list[dict], *, sla_ttft_s: float, sla_tpot_s: float) -> list[SafeString]:
     """Throughput vs concurrency; P50/P95 TTFT and TPOT vs concurrency with the SLA lines."""
     closed = [lv for lv in levels if lv.get("concurrency") is not None]
     if not closed:
@@ -271,7 +235,3 @@ def run_plots(levels: list[dict], *, sla_ttft_s: float, sla_tpot_s: float) -> li
         )
     return plots
 
-
-def safe_svg(svg: str) -> SafeString:
-    """For templates: every label in these SVGs went through `escape`, and numbers are formatted here."""
-    return mark_safe(svg)  # noqa: S308 (built and escaped in this module)

@@ -7,19 +7,15 @@ import datetime as dt
 import math
 from dataclasses import dataclass
 
-from django.utils.html import escape
-from django.utils.safestring import SafeString, mark_safe
+from django.utils.safestring import SafeString
 
-from portal.core.plots import y_ticks
+from .format import escape, safe_svg, short_number, within_scale, y_ticks
 
 # Two clearly different colours: P95 (the SLA's percentile) orange and heavier, P50 blue.
 DEFAULT_COLORS = ("#d9480f", "#1f6feb")
 SERIES_WIDTHS = ("2", "1.6")
 SLA_STYLE = 'stroke="#cf222e" stroke-width="1.4" stroke-dasharray="6 4"'
 BENCH_STYLE = 'stroke="#1a7f37" stroke-width="1.4" stroke-dasharray="2 3"'
-# A reference line up to this many times the data's peak joins the scale; further out, it is
-# drawn at the top edge and says so.
-OFF_SCALE_RATIO = 4.0
 # Tick spacings for the time axis, shortest first; the first giving at most MAX_X_TICKS is used.
 X_STEPS = [dt.timedelta(minutes=m) for m in (5, 10, 15, 30, 60, 120, 180, 360, 720, 1440, 2880)]
 MAX_X_TICKS = 8
@@ -32,10 +28,6 @@ class Line:
     value: float
     label: str
     kind: str
-
-
-def _number(value: float) -> str:
-    return f"{value:.3g}"
 
 
 def time_ticks(start: dt.datetime, end: dt.datetime) -> list[tuple[dt.datetime, str]]:
@@ -78,8 +70,9 @@ def time_series_svg(
     plot_w, plot_h = width - left - right, height - top - bottom
     values = [v for vs in series.values() for v in vs if v is not None]
     data_peak = max([*values, 0.0])
-    on_scale = [ln for ln in lines if data_peak <= 0 or ln.value <= data_peak * OFF_SCALE_RATIO]
-    ticks = y_ticks(max([data_peak, *(ln.value for ln in on_scale)]) * 1.05)
+    # A line far above the data is drawn at the top edge and says so, rather than flattening the data.
+    on_axis = [ln for ln in lines if within_scale(ln.value, data_peak)]
+    ticks = y_ticks(max([data_peak, *(ln.value for ln in on_axis)]) * 1.05)
     peak = ticks[-1]
     span = (end - start).total_seconds() or 1.0
 
@@ -99,7 +92,7 @@ def time_series_svg(
             f'<line x1="{left}" y1="{y(value):.1f}" x2="{width - right}" y2="{y(value):.1f}" '
             f'class="{"chart-axis" if i == 0 else "chart-grid"}"/>'
             f'<text x="{left - 4}" y="{y(value) + 4:.1f}" text-anchor="end" class="chart-label y-tick">'
-            f"{_number(value)}{' ' + escape(unit) if unit and i == len(ticks) - 1 else ''}</text>"
+            f"{short_number(value)}{' ' + escape(unit) if unit and i == len(ticks) - 1 else ''}</text>"
         )
     for at, label in time_ticks(start, end):
         parts.append(
@@ -136,7 +129,7 @@ def time_series_svg(
         legend_x += 110
     for line in lines:
         style = SLA_STYLE if line.kind == "sla" else BENCH_STYLE
-        above = line not in on_scale
+        above = line not in on_axis
         label = f"↑ {line.label}: above this scale" if above else line.label
         parts.append(
             f'<line class="ref-line {escape(line.kind)}-line{" off-scale" if above else ""}" '
@@ -147,4 +140,4 @@ def time_series_svg(
             f'class="chart-label">{escape(label)}</text>'
         )
     parts.append("</svg>")
-    return mark_safe("".join(parts))  # noqa: S308 (every interpolated text is escaped above)
+    return safe_svg("".join(parts))

@@ -1,21 +1,11 @@
-"""Small bar charts as inline SVG (no JavaScript, no network assets)."""
+"""Bar charts as inline SVG (no JavaScript, no network assets): a team's usage against its quota,
+the dashboard's traffic per minute."""
 
 from __future__ import annotations
 
-from django.utils.html import escape
-from django.utils.safestring import SafeString, mark_safe
+from django.utils.safestring import SafeString
 
-
-def _short(value: float) -> str:
-    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if value >= size:
-            return f"{value / size:.1f}{unit}"
-    return f"{value:g}"
-
-
-def _exact(value: float) -> str:
-    """A bar's value in full, with thousands separators (293,822; 0.25)."""
-    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
+from .format import escape, exact_number, safe_svg, short_number
 
 
 def bar_chart_svg(
@@ -39,7 +29,8 @@ def bar_chart_svg(
         f'<text x="{left}" y="14" class="chart-title">{escape(title)}</text>',
         f'<line x1="{left}" y1="{top + plot_h}" x2="{width - right}" y2="{top + plot_h}" '
         'class="chart-axis"/>',
-        f'<text x="{left - 4}" y="{top + 4}" text-anchor="end" class="chart-label">{_short(peak)}</text>',
+        f'<text x="{left - 4}" y="{top + 4}" text-anchor="end" class="chart-label">'
+        f"{short_number(peak)}</text>",
         f'<text x="{left - 4}" y="{top + plot_h}" text-anchor="end" class="chart-label">0</text>',
     ]
     for i, (label, value) in enumerate(points):
@@ -47,7 +38,7 @@ def bar_chart_svg(
         x = left + i * step
         parts.append(
             f'<rect x="{x + step * 0.1:.1f}" y="{top + plot_h - h:.1f}" width="{step * 0.8:.1f}" '
-            f'height="{h:.1f}" class="chart-bar"><title>{escape(label)}: {_exact(value)}</title></rect>'
+            f'height="{h:.1f}" class="chart-bar"><title>{escape(label)}: {exact_number(value)}</title></rect>'
         )
         if i % label_every == 0:
             parts.append(
@@ -59,7 +50,7 @@ def bar_chart_svg(
         parts.append(
             f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" class="chart-limit"/>'
             f'<text x="{width - right}" y="{y - 3:.1f}" text-anchor="end" class="chart-label">'
-            f"{escape(limit_label)} {_short(limit)}</text>"
+            f"{escape(limit_label)} {short_number(limit)}</text>"
         )
     parts.append("</svg>")
-    return mark_safe("".join(parts))  # noqa: S308 (every interpolated text is escaped above)
+    return safe_svg("".join(parts))
