@@ -18,18 +18,29 @@ import asyncio
 import contextlib
 
 from django.core.exceptions import DisallowedHost, RequestAborted
-from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.asgi import ASGIHandler, ASGIRequest
 from django.core.handlers.exception import convert_exception_to_response
 from django.urls import set_script_prefix
 
-from .errors import GatewayError
+from .errors import GatewayError, body_too_large
 from .errors import error_response as gateway_error_response
 
 
-def body_too_large(limit: int) -> tuple[str, bytes]:
-    """The 413 that portal.core.bodylimit sends for a gateway request over GATEWAY_MAX_BODY_BYTES."""
-    error = GatewayError(413, f"Request body is over {limit} bytes.", code="request_too_large")
-    return "application/json", error.payload()
+def body_refusal(limit: int) -> tuple[str, bytes]:
+    """What portal.core.bodylimit sends for a gateway request over GATEWAY_MAX_BODY_BYTES: the one 413."""
+    return "application/json", body_too_large(limit).payload()
+
+
+class GatewayRequest(ASGIRequest):
+    """A gateway request, whose body the edge (portal.core.bodylimit) has bounded by
+    GATEWAY_MAX_BODY_BYTES while it arrived: read whole, with no second size check (Django's
+    DATA_UPLOAD_MAX_MEMORY_SIZE is the pages' limit)."""
+
+    @property
+    def body(self) -> bytes:
+        if not hasattr(self, "_body"):
+            self._body = self._stream.read()
+        return self._body
 
 
 # How long a cancelled view may run on before it is cancelled again.
@@ -50,6 +61,8 @@ async def cancel_until_done(task: asyncio.Task) -> None:
 
 
 class GatewayHandler(ASGIHandler):
+    request_class = GatewayRequest
+
     def load_middleware(self, is_async: bool = False) -> None:
         self._view_middleware = []
         self._template_response_middleware = []

@@ -28,7 +28,6 @@ from portal.core.clientaddr import client_address
 from portal.teams.models import ApiKey, PriorityClass
 from portal.teams.services import api_key_matches, api_key_prefix
 
-from .admission import limiter_unavailable
 from .cache import TtlCache
 from .errors import GatewayError, database_unavailable
 
@@ -187,13 +186,11 @@ def ensure_usable(caller: Caller) -> None:
 async def ensure_not_blocked(caller: Caller, limiter: RateLimiter) -> None:
     """Refuse a key or team blocked in Redis (revoked, or its budget spent) at once, as the admission
     script does for completions: the cached row may not know yet. For requests that take no quota
-    (`/v1/models`). Without Redis, no answer: a revoked key must not read on while it is down."""
-    try:
-        team_block, key_block = await limiter.redis.mget(
-            limiter.blocked_key("team", caller.team_id), limiter.blocked_key("key", caller.key_id)
-        )
-    except RedisError:
-        raise limiter_unavailable() from None
+    (`/v1/models`). Without Redis, no answer (the caller's `redis_required` makes it the 503): a revoked
+    key must not read on while it is down."""
+    team_block, key_block = await limiter.redis.mget(
+        limiter.blocked_key("team", caller.team_id), limiter.blocked_key("key", caller.key_id)
+    )
     if key_block is not None or team_block is not None:
         status = 401 if key_block is not None else 403
         raise GatewayError(status, "This API key or its team is disabled.", code="key_disabled")
