@@ -17,6 +17,7 @@ django_application = get_asgi_application()
 from django.conf import settings  # noqa: E402
 
 from portal.core.bodylimit import BodyLimit  # noqa: E402
+from portal.gateway import timing  # noqa: E402
 from portal.gateway.asgi import GatewayHandler, body_refusal  # noqa: E402  (needs the apps loaded)
 
 # Neither stack reads a body past its limit (portal.core.bodylimit): the gateway's answer is OpenAI-shaped.
@@ -44,5 +45,7 @@ namespace_heartbeat_start("web")
 
 async def application(scope, receive, send):
     if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if timing.ON:  # perf/gateway_overhead.py's per-step table
+            timing.begin()
         return await gateway_application(scope, receive, send)
     return await django_application(scope, receive, send)

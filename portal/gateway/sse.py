@@ -15,6 +15,7 @@ import logging
 import httpx
 from django.http import StreamingHttpResponse
 
+from . import timing
 from .errors import GatewayError, error_event
 from .upstream import UPSTREAM_ERRORS
 
@@ -124,10 +125,14 @@ class RelayStream:
     async def __anext__(self) -> bytes:
         if self._done:
             raise StopAsyncIteration
+        if timing.ON:
+            timing.relay_asked()
         try:
             while True:
                 if self._pending is not None:
                     chunk, self._pending = self._pending, None
+                    if timing.ON:
+                        timing.lap("response start")
                 else:
                     try:
                         chunk = await self._chunks.__anext__()
@@ -137,8 +142,12 @@ class RelayStream:
                         if tail:
                             return tail
                         raise
+                if timing.ON:
+                    timing.chunk_arrived()
                 out = self.relay.feed(chunk)
                 if out:
+                    if timing.ON:
+                        timing.chunk_relayed()
                     return out
         except StopAsyncIteration:
             raise
@@ -165,7 +174,12 @@ class RelayStream:
         if usage.get("prompt_tokens"):
             ex.prompt_tokens = int(usage["prompt_tokens"])
         ex.completion_tokens = self.relay.completion_tokens()
+        if timing.ON:
+            timing.skip()
         await ex.finish(status, http_status, code)  # shielded itself: a cancellation cannot cut it
+        if timing.ON:
+            timing.lap("accounting")
+            timing.done()
 
     async def aclose(self) -> None:
         await self._end("client_cancelled", 499, "client_disconnected")

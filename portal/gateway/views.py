@@ -29,6 +29,7 @@ from portal.core.jsonbody import TOO_DEEP
 from portal.core.redis_client import async_gateway_redis, redis_keys
 from portal.observability import prometheus
 
+from . import timing
 from .admission import (
     admit_and_place,
     check_admission,
@@ -120,6 +121,8 @@ async def completions(request):
 
 
 async def _proxy(request, *, chat: bool):
+    if timing.ON:
+        timing.lap("ASGI entry")
     if request.method != "POST":
         return _method_not_allowed("POST")
     limiter, keeper = _limiter()
@@ -130,6 +133,8 @@ async def _proxy(request, *, chat: bool):
     except GatewayError as error:
         prometheus.unauthenticated(ex.endpoint, error)
         return error_response(error, request_id=ex.request_id)
+    if timing.ON:
+        timing.lap("authentication")
     return await _run(request, ex, chat=chat)
 
 
@@ -189,7 +194,11 @@ async def _serve(request, ex: Exchange, *, chat: bool) -> HttpResponse:
     raw = request.body
     parsed = parse(raw, chat=chat, caller=ex.caller)
     ex.model, ex.stream = parsed.model, parsed.stream
+    if timing.ON:
+        timing.lap("parsing")
     route, replicas = await _route(parsed, ex.caller)
+    if timing.ON:
+        timing.lap("route")
     placement, long_prompt = await _admit(ex, parsed, route, replicas, body_bytes=len(raw))
     return await _relay(ex, parsed, route, replicas, placement, long_prompt=long_prompt)
 
@@ -241,6 +250,8 @@ async def _admit(
             parsed.body, chat=parsed.chat, tokenizer_path=route.tokenizer_path
         )
     ex.prompt_tokens = count.total
+    if timing.ON:
+        timing.lap("counting")
     parsed.bound_by_context(context_len=smallest_context(replicas), longest_prompt=count.longest)
     long_prompt = ex.prompt_tokens > settings.GATEWAY_LONG_PROMPT_TOKENS
     ex.admission, placement = await admit_and_place(
@@ -257,6 +268,8 @@ async def _admit(
         batch=caller.is_batch,
     )
     check_admission(ex.admission)
+    if timing.ON:
+        timing.lap("admission")
     return placement, long_prompt
 
 
@@ -277,6 +290,8 @@ async def _relay(
         settings.GATEWAY_FIRST_TOKEN_TIMEOUT_LONG_S if long_prompt else settings.GATEWAY_FIRST_TOKEN_TIMEOUT_S
     )
     body = parsed.encode()
+    if timing.ON:
+        timing.lap("request encoding")
     remaining = list(replicas)
     failure: GatewayError | None = None
     while remaining:
@@ -380,12 +395,16 @@ async def _open(
     async with asyncio.timeout(first_token_timeout if stream else None):
         url = replica.chat_url if chat else replica.completions_url
         ex.upstream = response = await open_stream(url, body, ex.request_id, replica.api_key)
+        if timing.ON:
+            timing.lap("upstream connect")
         if not stream or response.status_code != 200:
             return response, None, b""
         # The transport's byte stream itself: httpx's aiter_raw() adds a chunker and a context
         # manager per chunk, which this pass-through does not need.
         chunks = aiter(response.stream)
         first = await _first_chunk(chunks)
+        if timing.ON:
+            timing.lap("first byte (upstream's own time included)")
         return response, chunks, first
 
 
