@@ -89,6 +89,7 @@ def summarize(rounds: list[dict], chunks: int) -> dict[str, float]:
         "direct_req_s": med(lambda d, g: d["req_s"]),
         "gateway_req_s": med(lambda d, g: g["req_s"]),
         "gateway_cpu": med(lambda d, g: g["server_cpu"]),
+        "gateway_cpu_ms_per_request": med(lambda d, g: g["server_cpu"] / g["req_s"] * 1000),
         "upstream_cpu_direct": med(lambda d, g: d["upstream_cpu"]),
         "upstream_cpu_gateway": med(lambda d, g: g["upstream_cpu"]),
         "redis_cpu": med(lambda d, g: g["redis_cpu"]),
@@ -150,6 +151,7 @@ def print_tables(summary: dict[int, dict], steps: dict[str, dict], args) -> None
         row("requests/s direct", "direct_req_s", ".1f"),
         row("requests/s through the gateway", "gateway_req_s", ".1f"),
         row("CPU, cores: gateway process", "gateway_cpu", ".2f"),
+        row("gateway CPU per request, ms", "gateway_cpu_ms_per_request", ".2f"),
         row("CPU, cores: upstream (direct)", "upstream_cpu_direct", ".2f"),
         row("CPU, cores: upstream (via gateway)", "upstream_cpu_gateway", ".2f"),
         row("CPU, cores: Redis", "redis_cpu", ".2f"),
@@ -160,11 +162,19 @@ def print_tables(summary: dict[int, dict], steps: dict[str, dict], args) -> None
     print()
     print("One request's path, a gateway process with step timing on, one stream: median µs per step")
     step_rows = [
-        [name, f"{steps[name]['median_us']:.0f}", str(steps[name]["samples"])]
+        [
+            name,
+            f"{steps[name]['median_us']:.0f}",
+            f"{steps[name]['median_cpu_us']:.0f}",
+            str(steps[name]["samples"]),
+        ]
         for name in STEPS
         if name in steps
     ]
-    print(table(["step", "µs", "requests"], step_rows))
+    print(table(["step", "wall µs", "CPU µs", "requests"], step_rows))
+    print(
+        "(CPU: the event loop thread's; wall includes waiting on Redis and upstream, and being descheduled)"
+    )
 
 
 def main() -> None:

@@ -2,7 +2,9 @@
 
 Off unless PORTAL_GATEWAY_STEP_TIMING names a file: then every gateway request records
 the time of each step of its path (ASGI entry, authentication, parsing, route, counting,
-admission, upstream connect, first byte, per-chunk relay, accounting) and the process
+admission, upstream connect, first byte, per-chunk relay, accounting), as wall-clock time
+and as the CPU time of the event loop's thread (which leaves out waiting on Redis or
+upstream, and time the process was not scheduled on a busy machine), and the process
 writes the medians, in microseconds, to that file about once a second and at exit.
 Off, each step costs one module-attribute check (`if timing.ON:`), nothing else.
 
@@ -28,24 +30,24 @@ MAX_SAMPLES = 100_000  # per step, per process: a long run keeps its first sampl
 WRITE_EVERY_S = 1.0
 
 _now = time.perf_counter_ns
+_cpu = time.thread_time_ns
 
 
 class Steps:
     """One request's laps (ns), and its relay's per-chunk times."""
 
-    __slots__ = ("chunk_in", "chunk_out", "chunks", "laps", "last", "relay_ns")
+    __slots__ = ("chunk_in", "chunk_out", "chunks", "laps", "last", "last_cpu", "relay_cpu", "relay_ns")
 
     def __init__(self) -> None:
-        self.last = _now()
-        self.laps: dict[str, int] = {}
-        self.chunk_in = 0
-        self.chunk_out = 0
-        self.relay_ns = 0
+        self.last, self.last_cpu = _now(), _cpu()
+        self.laps: dict[str, list[int]] = {}  # step → [wall ns, CPU ns]
+        self.chunk_in = self.chunk_out = 0  # wall ns
+        self.relay_ns = self.relay_cpu = 0
         self.chunks = 0
 
 
 _current: ContextVar[Steps | None] = ContextVar("gateway_steps", default=None)
-_samples: dict[str, list[float]] = {}
+_samples: dict[str, list[tuple[float, float]]] = {}
 _written = 0.0
 
 
@@ -58,16 +60,18 @@ def lap(step: str) -> None:
     """The time since the previous lap belongs to `step`."""
     steps = _current.get()
     if steps is not None:
-        now = _now()
-        steps.laps[step] = steps.laps.get(step, 0) + now - steps.last
-        steps.last = now
+        now, cpu = _now(), _cpu()
+        spent = steps.laps.setdefault(step, [0, 0])
+        spent[0] += now - steps.last
+        spent[1] += cpu - steps.last_cpu
+        steps.last, steps.last_cpu = now, cpu
 
 
 def skip() -> None:
     """Start the next lap now (what passed since the last one belongs to no step)."""
     steps = _current.get()
     if steps is not None:
-        steps.last = _now()
+        steps.last, steps.last_cpu = _now(), _cpu()
 
 
 def relay_asked() -> None:
@@ -75,20 +79,23 @@ def relay_asked() -> None:
     steps = _current.get()
     if steps is not None and steps.chunk_out:
         steps.relay_ns += _now() - steps.chunk_out
+        steps.relay_cpu += _cpu() - steps.last_cpu
         steps.chunk_out = 0
 
 
 def chunk_arrived() -> None:
     steps = _current.get()
     if steps is not None:
-        steps.chunk_in = _now()
+        steps.chunk_in, steps.last_cpu = _now(), _cpu()
 
 
 def chunk_relayed() -> None:
     steps = _current.get()
     if steps is not None and steps.chunk_in:
-        steps.chunk_out = _now()
+        steps.chunk_out, cpu = _now(), _cpu()
         steps.relay_ns += steps.chunk_out - steps.chunk_in
+        steps.relay_cpu += cpu - steps.last_cpu
+        steps.last_cpu = cpu  # the CPU until the relay is asked again is the send's
         steps.chunk_in = 0
         steps.chunks += 1
 
@@ -99,26 +106,30 @@ def done() -> None:
     if steps is None:
         return
     _current.set(None)
-    for step, ns in steps.laps.items():
-        _keep(step, ns / 1000)
+    for step, (wall, cpu) in steps.laps.items():
+        _keep(step, wall / 1000, cpu / 1000)
     if steps.chunks:
-        _keep("per-chunk relay", steps.relay_ns / steps.chunks / 1000)
+        _keep("per-chunk relay", steps.relay_ns / steps.chunks / 1000, steps.relay_cpu / steps.chunks / 1000)
     global _written
     if time.monotonic() - _written >= WRITE_EVERY_S:
         _written = time.monotonic()
         write()
 
 
-def _keep(step: str, us: float) -> None:
+def _keep(step: str, wall_us: float, cpu_us: float) -> None:
     samples = _samples.setdefault(step, [])
     if len(samples) < MAX_SAMPLES:
-        samples.append(us)
+        samples.append((wall_us, cpu_us))
 
 
 def write() -> None:
-    """{step: {"median_us", "samples"}} to the file, replaced whole."""
+    """{step: {"median_us", "median_cpu_us", "samples"}} to the file, replaced whole."""
     summary = {
-        step: {"median_us": statistics.median(samples), "samples": len(samples)}
+        step: {
+            "median_us": statistics.median(wall for wall, _ in samples),
+            "median_cpu_us": statistics.median(cpu for _, cpu in samples),
+            "samples": len(samples),
+        }
         for step, samples in _samples.items()
         if samples
     }
