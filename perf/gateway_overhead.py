@@ -165,7 +165,7 @@ def print_tables(summary: dict[int, dict], steps: dict[str, dict], args) -> None
         [
             name,
             f"{steps[name]['median_us']:.0f}",
-            f"{steps[name]['median_cpu_us']:.0f}",
+            _us(steps[name]["median_cpu_us"]),
             str(steps[name]["samples"]),
         ]
         for name in STEPS
@@ -175,6 +175,10 @@ def print_tables(summary: dict[int, dict], steps: dict[str, dict], args) -> None
     print(
         "(CPU: the event loop thread's; wall includes waiting on Redis and upstream, and being descheduled)"
     )
+
+
+def _us(value: float | None) -> str:
+    return "" if value is None else f"{value:.0f}"
 
 
 def main() -> None:

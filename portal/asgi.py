@@ -19,10 +19,11 @@ from django.conf import settings  # noqa: E402
 from portal.core.bodylimit import BodyLimit  # noqa: E402
 from portal.gateway import timing  # noqa: E402
 from portal.gateway.asgi import GatewayHandler, body_refusal  # noqa: E402  (needs the apps loaded)
+from portal.gateway.config import gateway_settings  # noqa: E402
 
 # Neither stack reads a body past its limit (portal.core.bodylimit): the gateway's answer is OpenAI-shaped.
 gateway_application = BodyLimit(
-    GatewayHandler(), limit=lambda: settings.GATEWAY_MAX_BODY_BYTES, refusal=body_refusal
+    GatewayHandler(), limit=lambda: gateway_settings().max_body_bytes, refusal=body_refusal
 )
 django_application = BodyLimit(
     django_application,

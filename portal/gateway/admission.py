@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 
 from inference.ratelimit import Admission, RateLimiter, Scope, SlotGrant, prompt_limit
 
+from .config import gateway_settings
 from .errors import GatewayError, invalid_request, redis_required
 
 log = logging.getLogger("portal.gateway")
@@ -36,7 +37,7 @@ RETRY_MESSAGES = {
 def check_prompts_fit(prompts: int, caps: list[int | None], *, model: str, batch: bool) -> None:
     """Every prompt takes a replica slot, batch or interactive: a request with more prompts than
     any replica of the model can take at once for its class is a 400 (it could never be placed)."""
-    limit = prompt_limit(caps, settings.GATEWAY_BATCH_SHARE if batch else None)
+    limit = prompt_limit(caps, gateway_settings().batch_share if batch else None)
     if limit is None or prompts <= limit:
         return
     share = " (the batch share of its concurrency cap: this key is in the batch class)" if batch else ""
@@ -126,15 +127,10 @@ def _in_background(work: Callable[[], Awaitable[object]], what: str) -> None:
 
 
 def _queue_limits(batch: bool) -> dict:
-    """The per-deployment limits every placement applies (read per call: tests override settings);
-    a batch request's share of the cap and its own queue deadline."""
-    return {
-        "long_cap": settings.GATEWAY_LONG_PROMPT_MAX_INFLIGHT,
-        "queue_max": settings.GATEWAY_QUEUE_MAX,
-        "timeout_s": settings.GATEWAY_BATCH_QUEUE_TIMEOUT_S if batch else settings.GATEWAY_QUEUE_TIMEOUT_S,
-        "batch_share": settings.GATEWAY_BATCH_SHARE if batch else None,
-        "interactive_timeout_s": settings.GATEWAY_QUEUE_TIMEOUT_S,
-    }
+    """The per-deployment limits every placement applies; a batch request's share of the cap and its
+    own queue deadline."""
+    config = gateway_settings()
+    return config.batch_queue if batch else config.interactive_queue
 
 
 def check_admission(admission: Admission) -> None:

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import httpx
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.db import Error as DatabaseError
 from django.db import close_old_connections
 
@@ -34,6 +33,7 @@ from portal.deployments.selectors import served_replicas, serving_deployments_fo
 from portal.registry.models import ModelVersion, ServedModel, ServedModelVersion
 
 from .cache import TtlCache
+from .config import gateway_settings
 from .errors import database_unavailable
 
 
@@ -93,8 +93,8 @@ def smallest_context(replicas: tuple[Replica, ...]) -> int | None:
     return min((r.context_len for r in replicas if r.context_len), default=None)
 
 
-_routes = TtlCache(lambda: settings.GATEWAY_CACHE_S, is_miss=lambda route: not route.registered)
-_served = TtlCache(lambda: settings.GATEWAY_CACHE_S)
+_routes = TtlCache(lambda: gateway_settings().cache_s, is_miss=lambda route: not route.registered)
+_served = TtlCache(lambda: gateway_settings().cache_s)
 
 
 def _load_route(model: str) -> Route:

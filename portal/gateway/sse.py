@@ -17,7 +17,7 @@ from django.http import StreamingHttpResponse
 
 from . import timing
 from .errors import GatewayError, error_event
-from .upstream import UPSTREAM_ERRORS
+from .upstream import UPSTREAM_ERRORS, Read
 
 log = logging.getLogger("portal.gateway")
 
@@ -111,10 +111,10 @@ class RelayStream:
     first send) still finishes, from `__del__`.
     """
 
-    def __init__(self, exchange, chunks, first: bytes, *, strip_usage: bool) -> None:
+    def __init__(self, exchange, read: Read, first: bytes, *, strip_usage: bool) -> None:
         self.exchange = exchange
         self.relay = SseRelay(strip_usage=strip_usage)
-        self._chunks = chunks  # the upstream response's raw iterator, already past `first`
+        self._read = read  # the upstream body's next bytes (b"" at its end), already past `first`
         self._pending: bytes | None = first
         self._done = False
         self._loop = asyncio.get_running_loop()
@@ -134,14 +134,13 @@ class RelayStream:
                     if timing.ON:
                         timing.lap("response start")
                 else:
-                    try:
-                        chunk = await self._chunks.__anext__()
-                    except StopAsyncIteration:
+                    chunk = await self._read()
+                    if not chunk:
                         await self._end("completed", 200)
                         tail = self.relay.tail()
                         if tail:
                             return tail
-                        raise
+                        raise StopAsyncIteration
                 if timing.ON:
                     timing.chunk_arrived()
                 out = self.relay.feed(chunk)
@@ -195,7 +194,7 @@ class RelayResponse(StreamingHttpResponse):
 
     def __init__(self, stream: RelayStream, **kwargs) -> None:
         super().__init__(stream, **kwargs)
-        self._relay = stream
+        self.relay = stream
 
     def __aiter__(self):
-        return self._relay
+        return self.relay

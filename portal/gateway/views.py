@@ -16,7 +16,6 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
 
 import httpx
 from django.conf import settings
@@ -40,12 +39,13 @@ from .admission import (
     without_rpm,
 )
 from .auth import Caller, authenticate, ensure_not_blocked, ensure_usable
+from .config import gateway_settings
 from .errors import GatewayError, body_too_large, error_response, redis_required
 from .parsing import ParsedRequest, parse
 from .routing import Replica, Route, route_for, served_models, smallest_context
 from .sse import RelayResponse, RelayStream
 from .tokens import prompt_count, prompt_count_off_loop
-from .upstream import UPSTREAM_ERRORS, open_stream
+from .upstream import UPSTREAM_ERRORS, Read, body_reader, open_stream
 from .usage import Exchange, tokens_billed_on_day
 
 log = logging.getLogger("portal.gateway")
@@ -154,9 +154,10 @@ async def proxy_as(caller: Caller, body: bytes, *, chat: bool = True) -> HttpRes
     limiter, keeper = _limiter()
     ex = Exchange(f"{random.getrandbits(128):032x}", "chat" if chat else "completions", limiter, keeper)
     ex.caller = caller
-    if len(body) > settings.GATEWAY_MAX_BODY_BYTES:
+    limit = gateway_settings().max_body_bytes
+    if len(body) > limit:
         # Built by the portal, so the gateway's edge never saw it: the same 413, recorded as a refusal.
-        error = body_too_large(settings.GATEWAY_MAX_BODY_BYTES)
+        error = body_too_large(limit)
         await ex.finish(error.usage_status, error.status, error.code)
         return error_response(error, request_id=ex.request_id)
     return await _run(_Body(body), ex, chat=chat)
@@ -253,7 +254,7 @@ async def _admit(
     if timing.ON:
         timing.lap("counting")
     parsed.bound_by_context(context_len=smallest_context(replicas), longest_prompt=count.longest)
-    long_prompt = ex.prompt_tokens > settings.GATEWAY_LONG_PROMPT_TOKENS
+    long_prompt = ex.prompt_tokens > gateway_settings().long_prompt_tokens
     ex.admission, placement = await admit_and_place(
         ex.limiter,
         request_id=ex.request_id,
@@ -286,9 +287,8 @@ async def _relay(
     byte; then pass the answer on (streamed through `RelayStream`, or whole)."""
     batch = ex.caller.is_batch
     # Tiered first-token timeout (docs/v100-field-guide.md#gateway-rules: short 30 s, long 60 s).
-    first_token_timeout = (
-        settings.GATEWAY_FIRST_TOKEN_TIMEOUT_LONG_S if long_prompt else settings.GATEWAY_FIRST_TOKEN_TIMEOUT_S
-    )
+    config = gateway_settings()
+    first_token_timeout = config.first_token_timeout_long_s if long_prompt else config.first_token_timeout_s
     body = parsed.encode()
     if timing.ON:
         timing.lap("request encoding")
@@ -309,7 +309,7 @@ async def _relay(
         _occupy(ex, replica, placement)
         placement = None
         try:
-            response, chunks, first = await _open(
+            response, read, first = await _open(
                 ex,
                 replica,
                 body,
@@ -371,7 +371,7 @@ async def _relay(
             _account_json(ex, content)
             await ex.finish("completed", 200)
             return _passthrough(response, content, ex.request_id)
-        return await _stream_response(ex, parsed, replica, response, chunks, first, long_prompt=long_prompt)
+        return await _stream_response(ex, parsed, replica, response, read, first, long_prompt=long_prompt)
     raise failure or GatewayError(
         502, "No replica answered.", code="upstream_error", usage_status="upstream_error"
     )
@@ -388,8 +388,8 @@ def _occupy(ex: Exchange, replica: Replica, placement: SlotGrant) -> None:
 
 async def _open(
     ex: Exchange, replica: Replica, body: bytes, *, chat: bool, stream: bool, first_token_timeout: float
-) -> tuple[httpx.Response, AsyncIterator[bytes] | None, bytes]:
-    """The one upstream call: (the response, its raw chunks past the first, the first non-empty chunk).
+) -> tuple[httpx.Response, Read | None, bytes]:
+    """The one upstream call: (the response, the reader of its body past the first chunk, the first chunk).
     A stream's status and first chunk must come within the first-token timeout; a whole answer's
     status within the client's timeouts (upstream.py)."""
     async with asyncio.timeout(first_token_timeout if stream else None):
@@ -399,13 +399,11 @@ async def _open(
             timing.lap("upstream connect")
         if not stream or response.status_code != 200:
             return response, None, b""
-        # The transport's byte stream itself: httpx's aiter_raw() adds a chunker and a context
-        # manager per chunk, which this pass-through does not need.
-        chunks = aiter(response.stream)
-        first = await _first_chunk(chunks)
+        read = body_reader(response)
+        first = await read()
         if timing.ON:
             timing.lap("first byte (upstream's own time included)")
-        return response, chunks, first
+        return response, read, first
 
 
 async def _stream_response(
@@ -413,7 +411,7 @@ async def _stream_response(
     parsed: ParsedRequest,
     replica: Replica,
     response: httpx.Response,
-    chunks: AsyncIterator[bytes],
+    read: Read,
     first: bytes,
     *,
     long_prompt: bool,
@@ -425,22 +423,12 @@ async def _stream_response(
         # their whole stream: the first byte means the first token, so prefill is over.
         await ex.let_go([ex.limiter.long_key(replica.id)])
         await ex.limiter.release_long(request_id=ex.request_id, deployment_id=replica.id)
-    stream = RelayStream(ex, chunks, first, strip_usage=not parsed.client_wants_usage)
+    stream = RelayStream(ex, read, first, strip_usage=not parsed.client_wants_usage)
     out = RelayResponse(stream, content_type=response.headers.get("content-type", "text/event-stream"))
     out["Cache-Control"] = "no-cache"
     out["X-Accel-Buffering"] = "no"
     out["X-Request-Id"] = ex.request_id
     return out
-
-
-async def _first_chunk(chunks) -> bytes:
-    while True:
-        try:
-            chunk = await anext(chunks)
-        except StopAsyncIteration:
-            return b""
-        if chunk:
-            return chunk
 
 
 async def _read(response: httpx.Response) -> bytes:

@@ -35,7 +35,7 @@ def test_a_tiny_gateway_overhead_run_prints_the_comparison_and_the_steps(tmp_pat
     for step in ("ASGI entry", "authentication", "parsing", "route", "counting", "admission",
                  "upstream connect", "per-chunk relay", "accounting"):  # fmt: skip
         assert steps[step]["samples"] >= 10 and steps[step]["median_us"] > 0, step
-        assert re.search(rf"\| {re.escape(step)} +\| +\d+ \| +\d+ \|", run.stdout), step
+        assert re.search(rf"\| {re.escape(step)} +\| +\d+ \| +\d* \|", run.stdout), step
     setup_line = next(line for line in run.stdout.splitlines() if "setting up in" in line)
     assert not Path(setup_line.rsplit(" ", 1)[1]).exists()
 
