@@ -334,47 +334,61 @@ async def _relay(
             await _leave(ex, replica.id)
             continue
 
-        status = response.status_code
-        if status >= 500 or status in MISCONFIGURED:
-            if status in MISCONFIGURED:
-                # The gateway sends a served model name and the replica's own key: this replica is
-                # misconfigured (wrong key or model), not the request. Another replica may serve it.
-                log.warning(
-                    "gateway request %s: replica %s answered %s; trying another",
-                    ex.request_id,
-                    replica.name,
-                    status,
-                )
-            failure = GatewayError(
-                502, f"Upstream answered {status}.", code="upstream_error", usage_status="upstream_error"
-            )
+        answer = await _answer(ex, parsed, replica, response, read, first, long_prompt=long_prompt)
+        if isinstance(answer, GatewayError):  # this replica failed before any byte reached the client
+            failure = answer
             await _leave(ex, replica.id)
             continue
-        if status == 200 and parsed.stream and not first:
-            # Closed before a single byte: nothing reached the client, so another replica may try.
-            failure = _closed_empty()
-            await _leave(ex, replica.id)
-            continue
-        if status != 200:
-            # Upstream refused the request itself (e.g. prompt over the context): its OpenAI error, as is.
-            content = await _read(response)
-            await ex.finish("rejected", status, f"upstream_{status}")
-            return _passthrough(response, content, ex.request_id)
-        if not parsed.stream:
-            # No time to first token: the whole answer arrives at once, so such a request counts
-            # toward end-to-end latency only, never toward TTFT and TPOT (docs/decisions.md).
-            content = await _read(response)
-            if not content:
-                failure = _closed_empty()
-                await _leave(ex, replica.id)
-                continue
-            _account_json(ex, content)
-            await ex.finish("completed", 200)
-            return _passthrough(response, content, ex.request_id)
-        return await _stream_response(ex, parsed, replica, response, read, first, long_prompt=long_prompt)
+        return answer
     raise failure or GatewayError(
         502, "No replica answered.", code="upstream_error", usage_status="upstream_error"
     )
+
+
+async def _answer(
+    ex: Exchange,
+    parsed: ParsedRequest,
+    replica: Replica,
+    response: httpx.Response,
+    read: Read | None,
+    first: bytes,
+    *,
+    long_prompt: bool,
+) -> HttpResponse | GatewayError:
+    """The client's response to upstream's answer, or the error of a replica that failed before
+    its first byte (another replica may then be tried)."""
+    status = response.status_code
+    if status >= 500 or status in MISCONFIGURED:
+        if status in MISCONFIGURED:
+            # The gateway sends a served model name and the replica's own key: this replica is
+            # misconfigured (wrong key or model), not the request. Another replica may serve it.
+            log.warning(
+                "gateway request %s: replica %s answered %s; trying another",
+                ex.request_id,
+                replica.name,
+                status,
+            )
+        return GatewayError(
+            502, f"Upstream answered {status}.", code="upstream_error", usage_status="upstream_error"
+        )
+    if status == 200 and parsed.stream and not first:
+        # Closed before a single byte: nothing reached the client, so another replica may try.
+        return _closed_empty()
+    if status != 200:
+        # Upstream refused the request itself (e.g. prompt over the context): its OpenAI error, as is.
+        content = await _read(response)
+        await ex.finish("rejected", status, f"upstream_{status}")
+        return _passthrough(response, content, ex.request_id)
+    if not parsed.stream:
+        # No time to first token: the whole answer arrives at once, so such a request counts
+        # toward end-to-end latency only, never toward TTFT and TPOT (docs/decisions.md).
+        content = await _read(response)
+        if not content:
+            return _closed_empty()
+        _account_json(ex, content)
+        await ex.finish("completed", 200)
+        return _passthrough(response, content, ex.request_id)
+    return await _stream_response(ex, parsed, replica, response, read, first, long_prompt=long_prompt)
 
 
 def _occupy(ex: Exchange, replica: Replica, placement: SlotGrant) -> None:
