@@ -53,6 +53,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 class World:
     processes: list[subprocess.Popen] = field(default_factory=list)
     upstream: str = ""
+    upstream_pid: int = 0
     redis_port: int = 0
     token: str = ""
     # uvicorn --workers N → (its URL, its process)
@@ -72,21 +73,12 @@ def build_world(world: World, directory: Path, args) -> None:
         stdout=log_file(directory, "upstream"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     world.processes.append(upstream)
-    world.upstream = f"http://127.0.0.1:{upstream_port}"
+    world.upstream, world.upstream_pid = f"http://127.0.0.1:{upstream_port}", upstream.pid
     wait_up(f"{world.upstream}/health", upstream)
     world.token = setup_portal(world.upstream)
 
     for workers in args.workers:
-        port = free_port()
-        name = f"gateway-{workers}"
-        gateway = start(
-            ["-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-             "--workers", str(workers), "--loop", "uvloop", "--http", "httptools", "--no-access-log",
-             "--log-level", "info", "--timeout-graceful-shutdown", "3"],
-            stdout=log_file(directory, name), stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        world.processes.append(gateway)
-        world.gateways[workers] = (f"http://127.0.0.1:{port}", gateway)
+        world.gateways[workers] = start_gateway(world, directory, workers, f"gateway-{workers}")
     world.processes.append(
         start(["-m", "perf.proxy_bench", "--flusher"], stdout=log_file(directory, "flusher"),
               stderr=subprocess.STDOUT)
@@ -94,6 +86,26 @@ def build_world(world: World, directory: Path, args) -> None:
     for workers, (url, process) in world.gateways.items():
         _wait_workers(directory / f"gateway-{workers}.log", process, workers)
         wait_up(f"{url}/v1/models", process)
+
+
+def start_gateway(
+    world: World, directory: Path, workers: int, name: str, env: dict[str, str] | None = None
+) -> tuple[str, subprocess.Popen]:
+    """`uvicorn --workers N` as in production, on a free port, logging to `<name>.log`: (URL, process)."""
+    port = free_port()
+    gateway = start(
+        ["-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+         "--workers", str(workers), "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+         "--log-level", "info", "--timeout-graceful-shutdown", "3"],
+        stdout=log_file(directory, name), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    world.processes.append(gateway)
+    return f"http://127.0.0.1:{port}", gateway
+
+
+def wait_gateway(directory: Path, name: str, url: str, process: subprocess.Popen, workers: int = 1) -> None:
+    _wait_workers(directory / f"{name}.log", process, workers)
+    wait_up(f"{url}/v1/models", process)
 
 
 def _wait_workers(log_path: Path, process: subprocess.Popen, workers: int, timeout: float = 120) -> None:
@@ -211,11 +223,13 @@ async def closed_loop(url: str, headers: dict, *, concurrency: int, duration: fl
         client_cpu = (time.process_time() - cpu_started) / elapsed
     ok = [r for r in records if r.ok]
     ttfts = [r.ttft for r in ok]
+    lasts = [r.e2el for r in ok]
     return {
         "req_s": len(ok) / elapsed,
         "chunks_s": sum(len(r.token_times) for r in ok) / elapsed,
         "ttft_p50_ms": percentile(ttfts, 50) * 1000 if ttfts else float("nan"),
         "ttft_p99_ms": percentile(ttfts, 99) * 1000 if ttfts else float("nan"),
+        "last_chunk_p50_ms": percentile(lasts, 50) * 1000 if lasts else float("nan"),
         "errors": len(records) - len(ok),
         "requests": len(ok),
         "elapsed_s": elapsed,
@@ -234,6 +248,7 @@ def measure(world: World, target: str, level: int, args) -> dict:
     redis_pgid = world.processes[0].pid  # redis-server, first started, in a process group of its own
     cpu_before = group_cpu_s(pgid) if pgid else 0.0
     redis_cpu_before = group_cpu_s(redis_pgid)
+    upstream_cpu_before = group_cpu_s(world.upstream_pid)
     redis_reset(world.redis_port)
     spread: list[int] = []
     if pgid:  # sampled halfway through the run
@@ -245,6 +260,8 @@ def measure(world: World, target: str, level: int, args) -> dict:
     )
     calls = redis_calls(world.redis_port)
     redis_cpu = group_cpu_s(redis_pgid) - redis_cpu_before
+    result["upstream_cpu"] = (group_cpu_s(world.upstream_pid) - upstream_cpu_before) / result["elapsed_s"]
+    result["redis_cpu"] = redis_cpu / result["elapsed_s"]
     result["connections_per_process"] = spread
     result["server_cpu"] = (group_cpu_s(pgid) - cpu_before) / result["elapsed_s"] if pgid else float("nan")
     if pgid and result["requests"]:

@@ -2,7 +2,8 @@
 
 `/v1/` (the OpenAI-compatible gateway) goes to a lean Django handler without the
 page middleware (portal.gateway.asgi explains why); everything else to Django's.
-Both refuse a body over their limit with a 413 before reading it whole.
+Both refuse a body over their limit with a 413 before reading it whole, here at the edge
+and nowhere else on the request's path.
 """
 
 import gc
@@ -16,11 +17,13 @@ django_application = get_asgi_application()
 from django.conf import settings  # noqa: E402
 
 from portal.core.bodylimit import BodyLimit  # noqa: E402
-from portal.gateway.asgi import GatewayHandler, body_too_large  # noqa: E402  (needs the apps loaded)
+from portal.gateway import timing  # noqa: E402
+from portal.gateway.asgi import GatewayHandler, body_refusal  # noqa: E402  (needs the apps loaded)
+from portal.gateway.config import gateway_settings  # noqa: E402
 
 # Neither stack reads a body past its limit (portal.core.bodylimit): the gateway's answer is OpenAI-shaped.
 gateway_application = BodyLimit(
-    GatewayHandler(), limit=lambda: settings.GATEWAY_MAX_BODY_BYTES, refusal=body_too_large
+    GatewayHandler(), limit=lambda: gateway_settings().max_body_bytes, refusal=body_refusal
 )
 django_application = BodyLimit(
     django_application,
@@ -43,5 +46,7 @@ namespace_heartbeat_start("web")
 
 async def application(scope, receive, send):
     if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if timing.ON:  # perf/gateway_overhead.py's per-step table
+            timing.begin()
         return await gateway_application(scope, receive, send)
     return await django_application(scope, receive, send)

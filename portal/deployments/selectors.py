@@ -49,6 +49,11 @@ def deployment_get_for_user(user, name: str) -> Deployment:
     return get_object_or_404(deployments_visible_to(user), name=name)
 
 
+def team_reaches(team_id: int, *, owner_team_id: int, shared: bool) -> bool:
+    """The one rule of reach: a team's keys use its own serving replicas and the shared ones."""
+    return shared or owner_team_id == team_id
+
+
 @dataclass(frozen=True)
 class ServedReplica:
     """A serving replica as the gateway routes to it: a team reaches its own and shared ones."""
@@ -110,7 +115,9 @@ def models_callable_by(team: Team, replicas: list[ServedReplica]) -> list[Callab
     allowed = set(team.allowed_models)
     found: dict[str, list[ServedReplica]] = defaultdict(list)
     for replica in replicas:
-        if (replica.shared or replica.team_id == team.pk) and (not allowed or replica.model in allowed):
+        if team_reaches(team.pk, owner_team_id=replica.team_id, shared=replica.shared) and (
+            not allowed or replica.model in allowed
+        ):
             found[replica.model].append(replica)
     return [
         CallableModel(

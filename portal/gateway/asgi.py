@@ -16,20 +16,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 
 from django.core.exceptions import DisallowedHost, RequestAborted
-from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.asgi import ASGIHandler, ASGIRequest
 from django.core.handlers.exception import convert_exception_to_response
 from django.urls import set_script_prefix
 
-from .errors import GatewayError
+from .errors import GatewayError, body_too_large
 from .errors import error_response as gateway_error_response
+from .sse import RelayResponse
 
 
-def body_too_large(limit: int) -> tuple[str, bytes]:
-    """The 413 that portal.core.bodylimit sends for a gateway request over GATEWAY_MAX_BODY_BYTES."""
-    error = GatewayError(413, f"Request body is over {limit} bytes.", code="request_too_large")
-    return "application/json", error.payload()
+def body_refusal(limit: int) -> tuple[str, bytes]:
+    """What portal.core.bodylimit sends for a gateway request over GATEWAY_MAX_BODY_BYTES: the one 413."""
+    return "application/json", body_too_large(limit).payload()
+
+
+class GatewayRequest(ASGIRequest):
+    """A gateway request, whose body the edge (portal.core.bodylimit) has bounded by
+    GATEWAY_MAX_BODY_BYTES while it arrived: read whole, with no second size check (Django's
+    DATA_UPLOAD_MAX_MEMORY_SIZE is the pages' limit)."""
+
+    @property
+    def body(self) -> bytes:
+        if not hasattr(self, "_body"):
+            self._body = self._stream.read()
+        return self._body
 
 
 # How long a cancelled view may run on before it is cancelled again.
@@ -50,11 +63,40 @@ async def cancel_until_done(task: asyncio.Task) -> None:
 
 
 class GatewayHandler(ASGIHandler):
+    request_class = GatewayRequest
+
     def load_middleware(self, is_async: bool = False) -> None:
         self._view_middleware = []
         self._template_response_middleware = []
         self._exception_middleware = []
         self._middleware_chain = convert_exception_to_response(self._get_response_async)
+
+    async def read_body(self, receive) -> io.BytesIO:
+        """The body in memory: the edge (portal.core.bodylimit) bounded it by GATEWAY_MAX_BODY_BYTES,
+        so Django's spooled temporary file (made for the pages' uploads) is not needed."""
+        parts = []
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise RequestAborted()
+            parts.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                return io.BytesIO(b"".join(parts))
+
+    async def send_response(self, response, send) -> None:
+        """A relayed stream's parts go to the server as they are: one message each, without
+        Django's per-part re-chunking generator (they are small SSE events)."""
+        if not isinstance(response, RelayResponse):
+            return await super().send_response(response, send)
+        headers = [(name.encode("ascii"), value.encode("latin1")) for name, value in response.items()]
+        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        relay = response.relay
+        try:
+            async for part in relay:
+                await send({"type": "http.response.body", "body": part, "more_body": True})
+        finally:
+            await relay.aclose()  # as Django's aclosing(): a stream cut short still finishes its exchange
+        await send({"type": "http.response.body"})
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":

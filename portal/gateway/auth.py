@@ -28,8 +28,8 @@ from portal.core.redis.ratelimit import Limits, RateLimiter
 from portal.teams.models import ApiKey, PriorityClass
 from portal.teams.services import api_key_matches, api_key_prefix
 
-from .admission import limiter_unavailable
 from .cache import TtlCache
+from .config import gateway_settings
 from .errors import GatewayError, database_unavailable
 
 
@@ -57,7 +57,7 @@ class Caller:
 
 log = logging.getLogger("portal.gateway")
 
-_cache = TtlCache(lambda: settings.GATEWAY_CACHE_S)
+_cache = TtlCache(lambda: gateway_settings().cache_s)
 AUTH_FAILURE_WINDOW_S = 60.0
 
 
@@ -150,20 +150,21 @@ async def authenticate(request, limiter: RateLimiter) -> Caller:
             401, "Missing API key: send `Authorization: Bearer <key>`.", code="missing_api_key"
         )
     token = token.strip()
-    address = _address(request)
     prefix = api_key_prefix(token)
     if prefix is None:
-        raise await _failed(limiter, address)
+        raise await _failed(limiter, _address(request))
     known = _cache.peek(prefix)
-    if known is None or not api_key_matches(token, known.digest):
+    good = known is not None and api_key_matches(token, known.digest)
+    if not good:
         # Only a key not known good here can cost a database read: a flooding address waits.
-        await _refuse_if_throttled(limiter, address)
+        await _refuse_if_throttled(limiter, _address(request))
     try:
         caller = await _load(prefix)
     except DatabaseError:  # not cached here and PostgreSQL is down: a clear 503, not an HTML 500
         raise database_unavailable() from None
-    if caller is None or not api_key_matches(token, caller.digest):
-        raise await _failed(limiter, address)
+    # The digest is checked once per request: again only if the row is not the one checked above.
+    if caller is None or not ((good and caller is known) or api_key_matches(token, caller.digest)):
+        raise await _failed(limiter, _address(request))
     return caller
 
 
@@ -187,13 +188,11 @@ def ensure_usable(caller: Caller) -> None:
 async def ensure_not_blocked(caller: Caller, limiter: RateLimiter) -> None:
     """Refuse a key or team blocked in Redis (revoked, or its budget spent) at once, as the admission
     script does for completions: the cached row may not know yet. For requests that take no quota
-    (`/v1/models`). Without Redis, no answer: a revoked key must not read on while it is down."""
-    try:
-        team_block, key_block = await limiter.redis.mget(
-            limiter.blocked_key("team", caller.team_id), limiter.blocked_key("key", caller.key_id)
-        )
-    except RedisError:
-        raise limiter_unavailable() from None
+    (`/v1/models`). Without Redis, no answer (the caller's `redis_required` makes it the 503): a revoked
+    key must not read on while it is down."""
+    team_block, key_block = await limiter.redis.mget(
+        limiter.blocked_key("team", caller.team_id), limiter.blocked_key("key", caller.key_id)
+    )
     if key_block is not None or team_block is not None:
         status = 401 if key_block is not None else 403
         raise GatewayError(status, "This API key or its team is disabled.", code="key_disabled")

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from django.http import HttpResponse
+from redis.exceptions import RedisError
+
+log = logging.getLogger("portal.gateway")
 
 from portal.teams.models import UsageStatus
 
@@ -49,6 +55,37 @@ class GatewayError(Exception):
         if self.param:
             error["param"] = self.param
         return json.dumps({"error": error}).encode()
+
+
+def invalid_request(message: str, param: str, code: str = "invalid_value") -> GatewayError:
+    """A 400 that names the request field at fault."""
+    return GatewayError(400, message, code=code, param=param)
+
+
+def body_too_large(limit: int) -> GatewayError:
+    """The one 413: a body over GATEWAY_MAX_BODY_BYTES (sent by the edge, portal.core.bodylimit)."""
+    return GatewayError(413, f"Request body is over {limit} bytes.", code="request_too_large")
+
+
+def limiter_unavailable() -> GatewayError:
+    """Without Redis no quota or slot can be checked: refuse (never admit unlimited), retry soon."""
+    return GatewayError(
+        503,
+        "The rate limiter is unavailable; retry shortly.",
+        code="rate_limiter_unavailable",
+        retry_after=2,
+    )
+
+
+@contextmanager
+def redis_required(request_id: str = "") -> Iterator[None]:
+    """The one translation of a Redis failure on a request's path: the 503 of `limiter_unavailable`.
+    Wraps each entry point (a view's whole pipeline); the steps inside let RedisError rise."""
+    try:
+        yield
+    except RedisError as error:
+        log.warning("gateway request %s: Redis unavailable: %r", request_id or "-", error)
+        raise limiter_unavailable() from None
 
 
 def database_unavailable() -> GatewayError:

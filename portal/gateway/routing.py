@@ -26,15 +26,14 @@ from pathlib import Path
 
 import httpx
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.db import Error as DatabaseError
 from django.db import close_old_connections
 
-from portal.deployments.models import Deployment
-from portal.deployments.selectors import serving_deployments_for_model
+from portal.deployments.selectors import served_replicas, serving_deployments_for_model, team_reaches
 from portal.registry.models import ModelVersion, ServedModel, ServedModelVersion
 
 from .cache import TtlCache
+from .config import gateway_settings
 from .errors import database_unavailable
 
 
@@ -69,7 +68,7 @@ class Route:
         found = self._by_team.get(team_id)
         if found is None:
             found = self._by_team[team_id] = tuple(
-                r for r in self.replicas if r.shared or r.team_id == team_id
+                r for r in self.replicas if team_reaches(team_id, owner_team_id=r.team_id, shared=r.shared)
             )
         return found
 
@@ -94,8 +93,8 @@ def smallest_context(replicas: tuple[Replica, ...]) -> int | None:
     return min((r.context_len for r in replicas if r.context_len), default=None)
 
 
-_routes = TtlCache(lambda: settings.GATEWAY_CACHE_S, is_miss=lambda route: not route.registered)
-_served = TtlCache(lambda: settings.GATEWAY_CACHE_S)
+_routes = TtlCache(lambda: gateway_settings().cache_s, is_miss=lambda route: not route.registered)
+_served = TtlCache(lambda: gateway_settings().cache_s)
 
 
 def _load_route(model: str) -> Route:
@@ -151,8 +150,7 @@ async def route_for(model: str) -> Route:
 
 def _load_served() -> list[tuple[str, int, bool]]:
     close_old_connections()
-    serving = Deployment.objects.filter(state="serving").exclude(endpoint_url="")
-    reachable = set(serving.values_list("model_version__name", "team_id", "shared"))
+    reachable = {(replica.model, replica.team_id, replica.shared) for replica in served_replicas()}
     # A served name is reachable where one of its versions with a share is.
     by_version: dict[str, list[str]] = {}
     for served, version in ServedModelVersion.objects.filter(share_bp__gt=0).values_list(
@@ -172,4 +170,6 @@ async def served_models(team_id: int) -> list[str]:
         rows = await _served.get("all", sync_to_async(_load_served))
     except DatabaseError:
         raise database_unavailable() from None
-    return sorted({model for model, team, shared in rows if shared or team == team_id})
+    return sorted(
+        {model for model, team, shared in rows if team_reaches(team_id, owner_team_id=team, shared=shared)}
+    )

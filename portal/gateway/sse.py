@@ -17,8 +17,9 @@ from django.http import StreamingHttpResponse
 
 from portal.teams.models import UsageStatus
 
+from . import timing
 from .errors import GatewayError, error_event
-from .upstream import UPSTREAM_ERRORS
+from .upstream import UPSTREAM_ERRORS, Read
 
 log = logging.getLogger("portal.gateway")
 
@@ -112,10 +113,10 @@ class RelayStream:
     first send) still finishes, from `__del__`.
     """
 
-    def __init__(self, exchange, chunks, first: bytes, *, strip_usage: bool) -> None:
+    def __init__(self, exchange, read: Read, first: bytes, *, strip_usage: bool) -> None:
         self.exchange = exchange
         self.relay = SseRelay(strip_usage=strip_usage)
-        self._chunks = chunks  # the upstream response's raw iterator, already past `first`
+        self._read = read  # the upstream body's next bytes (b"" at its end), already past `first`
         self._pending: bytes | None = first
         self._done = False
         self._loop = asyncio.get_running_loop()
@@ -126,21 +127,28 @@ class RelayStream:
     async def __anext__(self) -> bytes:
         if self._done:
             raise StopAsyncIteration
+        if timing.ON:
+            timing.relay_asked()
         try:
             while True:
                 if self._pending is not None:
                     chunk, self._pending = self._pending, None
+                    if timing.ON:
+                        timing.lap("response start")
                 else:
-                    try:
-                        chunk = await self._chunks.__anext__()
-                    except StopAsyncIteration:
+                    chunk = await self._read()
+                    if not chunk:
                         await self._end(UsageStatus.COMPLETED, 200)
                         tail = self.relay.tail()
                         if tail:
                             return tail
-                        raise
+                        raise StopAsyncIteration
+                if timing.ON:
+                    timing.chunk_arrived()
                 out = self.relay.feed(chunk)
                 if out:
+                    if timing.ON:
+                        timing.chunk_relayed()
                     return out
         except StopAsyncIteration:
             raise
@@ -167,7 +175,12 @@ class RelayStream:
         if usage.get("prompt_tokens"):
             ex.prompt_tokens = int(usage["prompt_tokens"])
         ex.completion_tokens = self.relay.completion_tokens()
+        if timing.ON:
+            timing.skip()
         await ex.finish(status, http_status, code)  # shielded itself: a cancellation cannot cut it
+        if timing.ON:
+            timing.lap("accounting")
+            timing.done()
 
     async def aclose(self) -> None:
         await self._end(UsageStatus.CLIENT_CANCELLED, 499, "client_disconnected")
@@ -183,7 +196,7 @@ class RelayResponse(StreamingHttpResponse):
 
     def __init__(self, stream: RelayStream, **kwargs) -> None:
         super().__init__(stream, **kwargs)
-        self._relay = stream
+        self.relay = stream
 
     def __aiter__(self):
-        return self._relay
+        return self.relay

@@ -15,6 +15,7 @@ transport API (`handle_async_request`): the client's per-request machinery
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import httpx
@@ -63,6 +64,30 @@ async def open_stream(
         headers["authorization"] = f"Bearer {api_key}"
     request = httpx.Request("POST", url, content=body, headers=headers, extensions={"timeout": timeout})
     return await transport.handle_async_request(request)
+
+
+Read = Callable[[], Awaitable[bytes]]
+
+
+def body_reader(response: httpx.Response) -> Read:
+    """A function that returns the response body's next bytes as they arrive, and b"" at its end.
+
+    Straight from aiohttp's stream: httpx_aiohttp's iterator puts an async generator and a
+    re-chunking read in front of every chunk, which a pass-through does not need. Its errors are
+    aiohttp's own (in UPSTREAM_ERRORS; a read timeout is also a TimeoutError). Another transport
+    is read through httpx's byte stream."""
+    raw = getattr(response.stream, "_aiohttp_response", None)
+    if raw is not None:
+        return raw.content.readany
+    chunks = aiter(response.stream)
+
+    async def read() -> bytes:
+        async for chunk in chunks:
+            if chunk:
+                return chunk
+        return b""
+
+    return read
 
 
 # Errors that mean "this replica failed us": connection refused/reset, protocol errors.

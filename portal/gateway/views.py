@@ -1,8 +1,10 @@
 """The OpenAI-compatible proxy: `/v1/models`, `/v1/chat/completions`, `/v1/completions`.
 
 One pipeline per request, each step in its own module:
-authenticate (auth) → parse (admission) → route (routing) → admit quotas and
-place on a replica (admission) → relay (upstream, sse) → account (usage).
+the edge refuses a body over its limit (portal.core.bodylimit) → authenticate (auth)
+→ parse (parsing) → route (routing) → admit quotas and place on a replica
+(admission) → relay (upstream, sse) → account (usage). A Redis failure anywhere on
+the way is one 503 (errors.redis_required).
 Errors at any step are OpenAI-shaped (errors); every request that got past
 authentication finishes its Exchange exactly once, which releases its slots.
 """
@@ -19,32 +21,32 @@ import httpx
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from redis.exceptions import RedisError
 
 from portal.core.errors import did_you_mean
 from portal.core.jsonbody import TOO_DEEP
 from portal.core.redis.client import async_gateway_redis, redis_keys
-from portal.core.redis.ratelimit import LeaseKeeper, RateLimiter, Scope, slot_members
+from portal.core.redis.ratelimit import LeaseKeeper, RateLimiter, Scope, SlotGrant, slot_members
 from portal.observability import prometheus
 from portal.teams.models import UsageStatus
 
+from . import timing
 from .admission import (
     admit_and_place,
     check_admission,
     check_prompts_fit,
     check_slot_grant,
     gate,
-    limiter_unavailable,
-    parse,
     place,
     without_rpm,
 )
 from .auth import Caller, authenticate, ensure_not_blocked, ensure_usable
-from .errors import GatewayError, error_response
-from .routing import route_for, served_models, smallest_context
+from .config import gateway_settings
+from .errors import GatewayError, body_too_large, error_response, redis_required
+from .parsing import ParsedRequest, parse
+from .routing import Replica, Route, route_for, served_models, smallest_context
 from .sse import RelayResponse, RelayStream
 from .tokens import prompt_count, prompt_count_off_loop
-from .upstream import UPSTREAM_ERRORS, open_stream
+from .upstream import UPSTREAM_ERRORS, Read, body_reader, open_stream
 from .usage import Exchange, tokens_billed_on_day
 
 log = logging.getLogger("portal.gateway")
@@ -64,13 +66,10 @@ def _limiter() -> tuple[RateLimiter, LeaseKeeper]:
     loop = asyncio.get_running_loop()
     found = _state.get(id(loop))
     if found is None:
-        # Fail fast when Redis is down or hung: a 503 within a fraction of a second (refused) or
-        # one timeout (hung), not redis-py's ten retries nor a wait without end. Only refused or
-        # broken connections are retried: a timed-out admission script may have run already.
-        # The pool reconnects by itself once Redis is back (after a Sentinel failover, to the new primary).
-        redis = async_gateway_redis()
+        # The portal's one client factory: it fails fast when Redis is down or hung (a 503 within
+        # one timeout), retries only refused or broken connections, and reconnects once Redis is back.
         limiter = RateLimiter(
-            redis,
+            async_gateway_redis(),
             keys=redis_keys(),
             lease_ms=int(settings.GATEWAY_SLOT_LEASE_S * 1000),
             daily_used=tokens_billed_on_day,
@@ -90,10 +89,13 @@ async def models(request):
     if request.method != "GET":
         return _method_not_allowed("GET")
     try:
-        limiter = _limiter()[0]
-        caller = await authenticate(request, limiter)
-        ensure_usable(caller)
-        await ensure_not_blocked(caller, limiter)  # revoked a moment ago: refused now, not in GATEWAY_CACHE_S
+        with redis_required():
+            limiter = _limiter()[0]
+            caller = await authenticate(request, limiter)
+            ensure_usable(caller)
+            await ensure_not_blocked(
+                caller, limiter
+            )  # revoked a moment ago: refused now, not in GATEWAY_CACHE_S
         if caller.models is None:
             names = await served_models(caller.team_id)
         else:  # a scoped key: its models that have a replica it may use (each route cached on its own)
@@ -120,6 +122,8 @@ async def completions(request):
 
 
 async def _proxy(request, *, chat: bool):
+    if timing.ON:
+        timing.lap("ASGI entry")
     if request.method != "POST":
         return _method_not_allowed("POST")
     limiter, keeper = _limiter()
@@ -130,6 +134,8 @@ async def _proxy(request, *, chat: bool):
     except GatewayError as error:
         prometheus.unauthenticated(ex.endpoint, error)
         return error_response(error, request_id=ex.request_id)
+    if timing.ON:
+        timing.lap("authentication")
     return await _run(request, ex, chat=chat)
 
 
@@ -140,7 +146,6 @@ class _Body:
 
     def __init__(self, body: bytes) -> None:
         self.body = body
-        self.META = {"CONTENT_LENGTH": str(len(body))}
 
 
 async def proxy_as(caller: Caller, body: bytes, *, chat: bool = True) -> HttpResponse:
@@ -150,13 +155,20 @@ async def proxy_as(caller: Caller, body: bytes, *, chat: bool = True) -> HttpRes
     limiter, keeper = _limiter()
     ex = Exchange(f"{random.getrandbits(128):032x}", "chat" if chat else "completions", limiter, keeper)
     ex.caller = caller
+    limit = gateway_settings().max_body_bytes
+    if len(body) > limit:
+        # Built by the portal, so the gateway's edge never saw it: the same 413, recorded as a refusal.
+        error = body_too_large(limit)
+        await ex.finish(error.usage_status, error.status, error.code)
+        return error_response(error, request_id=ex.request_id)
     return await _run(_Body(body), ex, chat=chat)
 
 
 async def _run(request, ex: Exchange, *, chat: bool) -> HttpResponse:
     """Serve an authenticated request; whatever happens, its exchange finishes once."""
     try:
-        return await _serve(request, ex, chat=chat)
+        with redis_required(ex.request_id):  # no quota can be checked without Redis: no request
+            return await _serve(request, ex, chat=chat)
     except GatewayError as error:
         await ex.finish(error.usage_status, error.status, error.code)
         return error_response(error, request_id=ex.request_id)
@@ -170,12 +182,6 @@ async def _run(request, ex: Exchange, *, chat: bool) -> HttpResponse:
         error = GatewayError(400, TOO_DEEP, code="invalid_json")
         await ex.finish(error.usage_status, error.status, error.code)
         return error_response(error, request_id=ex.request_id)
-    except RedisError as error:
-        # Redis failed after admission (leaving a failed replica): no quota can be checked, so no request.
-        log.warning("gateway request %s: Redis unavailable: %r", ex.request_id, error)
-        refusal = limiter_unavailable()
-        await ex.finish(refusal.usage_status, refusal.status, refusal.code)
-        return error_response(refusal, request_id=ex.request_id)
     except Exception:
         log.exception("gateway request %s failed", ex.request_id)
         await ex.finish(UsageStatus.UPSTREAM_ERROR, 500, "internal_error")
@@ -184,25 +190,24 @@ async def _run(request, ex: Exchange, *, chat: bool) -> HttpResponse:
         )
 
 
-async def _serve(request, ex: Exchange, *, chat: bool):
-    caller = ex.caller
-    ensure_usable(caller)
-    limiter = ex.limiter
-    try:
-        declared = int(request.META.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        declared = 0
-    if declared > settings.GATEWAY_MAX_BODY_BYTES:
-        raise GatewayError(
-            413, f"Request body is over {settings.GATEWAY_MAX_BODY_BYTES} bytes.", code="request_too_large"
-        )
-    try:
-        raw = request.body
-    except Exception:  # RequestDataTooBig and friends
-        raise GatewayError(413, "Request body is too large.", code="request_too_large") from None
-    parsed = parse(raw, chat=chat, caller=caller)
+async def _serve(request, ex: Exchange, *, chat: bool) -> HttpResponse:
+    """One request, top to bottom: parse, route, admit, relay (the edge checked its size)."""
+    ensure_usable(ex.caller)
+    raw = request.body
+    parsed = parse(raw, chat=chat, caller=ex.caller)
     ex.model, ex.stream = parsed.model, parsed.stream
+    if timing.ON:
+        timing.lap("parsing")
+    route, replicas = await _route(parsed, ex.caller)
+    if timing.ON:
+        timing.lap("route")
+    placement, long_prompt = await _admit(ex, parsed, route, replicas, body_bytes=len(raw))
+    return await _relay(ex, parsed, route, replicas, placement, long_prompt=long_prompt)
 
+
+async def _route(parsed: ParsedRequest, caller: Caller) -> tuple[Route, tuple[Replica, ...]]:
+    """The route of the request's model (a served name's drawn version) and the replicas this caller
+    may use; a 404 for an unknown model, a 503 when none is serving for it."""
     route = await route_for(parsed.model)
     if not route.registered:
         # Suggest among what this key can reach only: other teams' models stay unnamed.
@@ -225,166 +230,220 @@ async def _serve(request, ex: Exchange, *, chat: bool):
         raise GatewayError(
             503, f"No replica of `{parsed.model}` is serving.", code="no_replica", retry_after=5
         )
-
     check_prompts_fit(parsed.prompts, [r.cap for r in replicas], model=parsed.model, batch=caller.is_batch)
+    return route, replicas
 
+
+async def _admit(
+    ex: Exchange, parsed: ParsedRequest, route: Route, replicas: tuple[Replica, ...], *, body_bytes: int
+) -> tuple[SlotGrant | None, bool]:
+    """Count the prompt, take the quotas and (when there is room at once) a replica slot.
+    Returns the placement (None: to be placed) and whether the prompt is long."""
+    caller = ex.caller
     ex.team = Scope("team", caller.team_id, caller.team_limits)
     ex.key = Scope("key", caller.key_id, caller.key_limits)
-    if len(raw) <= COUNT_INLINE_BYTES:
-        count = prompt_count(parsed.body, chat=chat, tokenizer_path=route.tokenizer_path)
+    if body_bytes <= COUNT_INLINE_BYTES:
+        count = prompt_count(parsed.body, chat=parsed.chat, tokenizer_path=route.tokenizer_path)
     else:
         # Blocks and requests per minute first (taking the minute's slot), then the count, off the loop.
-        check_admission(await gate(limiter, request_id=ex.request_id, team=ex.team, key=ex.key))
+        check_admission(await gate(ex.limiter, request_id=ex.request_id, team=ex.team, key=ex.key))
         ex.team, ex.key = without_rpm(ex.team), without_rpm(ex.key)
-        count = await prompt_count_off_loop(parsed.body, chat=chat, tokenizer_path=route.tokenizer_path)
+        count = await prompt_count_off_loop(
+            parsed.body, chat=parsed.chat, tokenizer_path=route.tokenizer_path
+        )
     ex.prompt_tokens = count.total
+    if timing.ON:
+        timing.lap("counting")
     parsed.bound_by_context(context_len=smallest_context(replicas), longest_prompt=count.longest)
-    long_prompt = ex.prompt_tokens > settings.GATEWAY_LONG_PROMPT_TOKENS
-    remaining = list(replicas)
+    long_prompt = ex.prompt_tokens > gateway_settings().long_prompt_tokens
     ex.admission, placement = await admit_and_place(
-        limiter,
+        ex.limiter,
         request_id=ex.request_id,
         team=ex.team,
         key=ex.key,
         tokens=ex.prompt_tokens + parsed.reserved_output_tokens,
         model=route.model,
-        candidates=[(r.id, r.cap) for r in remaining],
+        candidates=[(r.id, r.cap) for r in replicas],
         long_prompt=long_prompt,
         on_admitted=ex.admitted,
         slots=parsed.prompts,
         batch=caller.is_batch,
     )
     check_admission(ex.admission)
+    if timing.ON:
+        timing.lap("admission")
+    return placement, long_prompt
 
-    first_token_timeout = (
-        settings.GATEWAY_FIRST_TOKEN_TIMEOUT_LONG_S if long_prompt else settings.GATEWAY_FIRST_TOKEN_TIMEOUT_S
-    )
+
+async def _relay(
+    ex: Exchange,
+    parsed: ParsedRequest,
+    route: Route,
+    replicas: tuple[Replica, ...],
+    placement: SlotGrant | None,
+    *,
+    long_prompt: bool,
+) -> HttpResponse:
+    """Send the request to its replica, and to another one while a replica fails before its first
+    byte; then pass the answer on (streamed through `RelayStream`, or whole)."""
+    batch = ex.caller.is_batch
+    # Tiered first-token timeout (docs/v100-field-guide.md#gateway-rules: short 30 s, long 60 s).
+    config = gateway_settings()
+    first_token_timeout = config.first_token_timeout_long_s if long_prompt else config.first_token_timeout_s
     body = parsed.encode()
+    if timing.ON:
+        timing.lap("request encoding")
+    remaining = list(replicas)
     failure: GatewayError | None = None
     while remaining:
         if placement is None:  # a retry after a replica failed before its first byte
             placement = await place(
-                limiter,
+                ex.limiter,
                 request_id=ex.request_id,
                 model=route.model,
                 candidates=[(r.id, r.cap) for r in remaining],
                 long_prompt=long_prompt,
                 slots=parsed.prompts,
-                batch=caller.is_batch,
+                batch=batch,
             )
-        replica = remaining.pop(check_slot_grant(placement, parsed.model, batch=caller.is_batch))
-        ex.placed = True
-        ex.deployment_id, ex.replica_slots = replica.id, placement.slots
-        ex.tried_deployment_id = replica.id
+        replica = remaining.pop(check_slot_grant(placement, parsed.model, batch=batch))
+        _occupy(ex, replica, placement)
         placement = None
-        ex.hold([limiter.inflight_key(replica.id)], slot_members(ex.request_id, ex.replica_slots))
-        ex.hold([limiter.long_key(replica.id)])
-        first = b""
-        chunks = None
         try:
-            if parsed.stream:
-                # Tiered first-token timeout (docs/v100-field-guide.md#gateway-rules: short 30 s, long 60 s).
-                async with asyncio.timeout(first_token_timeout):
-                    ex.upstream = response = await open_stream(
-                        replica.chat_url if chat else replica.completions_url,
-                        body,
-                        ex.request_id,
-                        replica.api_key,
-                    )
-                    if response.status_code == 200:
-                        # The transport's byte stream itself: httpx's aiter_raw() adds a chunker
-                        # and a context manager per chunk, which this pass-through does not need.
-                        chunks = aiter(response.stream)
-                        first = await _first_chunk(chunks)
-            else:
-                ex.upstream = response = await open_stream(
-                    replica.chat_url if chat else replica.completions_url,
-                    body,
-                    ex.request_id,
-                    replica.api_key,
-                )
+            response, read, first = await _open(
+                ex,
+                replica,
+                body,
+                chat=parsed.chat,
+                stream=parsed.stream,
+                first_token_timeout=first_token_timeout,
+            )
         except (TimeoutError, httpx.TimeoutException) as exc:
-            if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
-                failure = _unreachable(parsed.model)
-                await _leave(ex, replica.id)
-                continue
-            raise GatewayError(
-                504,
-                "Upstream sent no first token in time.",
-                code="upstream_timeout",
-                usage_status=UsageStatus.TIMEOUT,
-            ) from None
+            if not isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+                raise GatewayError(
+                    504,
+                    "Upstream sent no first token in time.",
+                    code="upstream_timeout",
+                    usage_status=UsageStatus.TIMEOUT,
+                ) from None
+            failure = _unreachable(parsed.model)
+            await _leave(ex, replica.id)
+            continue
         except UPSTREAM_ERRORS:
             # Retry on another replica only before the first byte.
             failure = _unreachable(parsed.model)
             await _leave(ex, replica.id)
             continue
 
-        if response.status_code >= 500 or response.status_code in MISCONFIGURED:
-            if response.status_code in MISCONFIGURED:
-                # The gateway sends a served model name and the replica's own key: this replica is
-                # misconfigured (wrong key or model), not the request. Another replica may serve it.
-                log.warning(
-                    "gateway request %s: replica %s answered %s; trying another",
-                    ex.request_id, replica.name, response.status_code,
-                )  # fmt: skip
-            failure = GatewayError(
-                502,
-                f"Upstream answered {response.status_code}.",
-                code="upstream_error",
-                usage_status=UsageStatus.UPSTREAM_ERROR,
-            )
+        answer = await _answer(ex, parsed, replica, response, read, first, long_prompt=long_prompt)
+        if isinstance(answer, GatewayError):  # this replica failed before any byte reached the client
+            failure = answer
             await _leave(ex, replica.id)
             continue
-        if response.status_code == 200 and parsed.stream and not first:
-            # Closed before a single byte: nothing reached the client, so another replica may try.
-            failure = _closed_empty()
-            await _leave(ex, replica.id)
-            continue
-        if response.status_code != 200:
-            # Upstream refused the request itself (e.g. prompt over the context): its OpenAI error, as is.
-            content = await _read(response)
-            await ex.finish(UsageStatus.REJECTED, response.status_code, f"upstream_{response.status_code}")
-            return _passthrough(response, content, ex.request_id)
-
-        if not parsed.stream:
-            # No time to first token: the whole answer arrives at once, so such a request counts
-            # toward end-to-end latency only, never toward TTFT and TPOT (docs/decisions.md).
-            content = await _read(response)
-            if not content:
-                failure = _closed_empty()
-                await _leave(ex, replica.id)
-                continue
-            _account_json(ex, content)
-            await ex.finish(UsageStatus.COMPLETED, 200)
-            return _passthrough(response, content, ex.request_id)
-
-        ex.mark_first_byte()
-        if long_prompt:
-            # The limiter bounds long prompts in prefill (docs/v100-field-guide.md#gateway-rules), not for
-            # their whole
-            # stream: the first byte means the first token, so prefill is over.
-            await ex.let_go([limiter.long_key(replica.id)])
-            await limiter.release_long(request_id=ex.request_id, deployment_id=replica.id)
-        stream = RelayStream(ex, chunks, first, strip_usage=not parsed.client_wants_usage)
-        out = RelayResponse(stream, content_type=response.headers.get("content-type", "text/event-stream"))
-        out["Cache-Control"] = "no-cache"
-        out["X-Accel-Buffering"] = "no"
-        out["X-Request-Id"] = ex.request_id
-        return out
+        return answer
     raise failure or GatewayError(
         502, "No replica answered.", code="upstream_error", usage_status=UsageStatus.UPSTREAM_ERROR
     )
 
 
-async def _first_chunk(chunks) -> bytes:
-    while True:
-        try:
-            chunk = await anext(chunks)
-        except StopAsyncIteration:
-            return b""
-        if chunk:
-            return chunk
+async def _answer(
+    ex: Exchange,
+    parsed: ParsedRequest,
+    replica: Replica,
+    response: httpx.Response,
+    read: Read | None,
+    first: bytes,
+    *,
+    long_prompt: bool,
+) -> HttpResponse | GatewayError:
+    """The client's response to upstream's answer, or the error of a replica that failed before
+    its first byte (another replica may then be tried)."""
+    status = response.status_code
+    if status >= 500 or status in MISCONFIGURED:
+        if status in MISCONFIGURED:
+            # The gateway sends a served model name and the replica's own key: this replica is
+            # misconfigured (wrong key or model), not the request. Another replica may serve it.
+            log.warning(
+                "gateway request %s: replica %s answered %s; trying another",
+                ex.request_id,
+                replica.name,
+                status,
+            )
+        return GatewayError(
+            502, f"Upstream answered {status}.", code="upstream_error", usage_status=UsageStatus.UPSTREAM_ERROR
+        )
+    if status == 200 and parsed.stream and not first:
+        # Closed before a single byte: nothing reached the client, so another replica may try.
+        return _closed_empty()
+    if status != 200:
+        # Upstream refused the request itself (e.g. prompt over the context): its OpenAI error, as is.
+        content = await _read(response)
+        await ex.finish(UsageStatus.REJECTED, status, f"upstream_{status}")
+        return _passthrough(response, content, ex.request_id)
+    if not parsed.stream:
+        # No time to first token: the whole answer arrives at once, so such a request counts
+        # toward end-to-end latency only, never toward TTFT and TPOT (docs/decisions.md).
+        content = await _read(response)
+        if not content:
+            return _closed_empty()
+        _account_json(ex, content)
+        await ex.finish(UsageStatus.COMPLETED, 200)
+        return _passthrough(response, content, ex.request_id)
+    return await _stream_response(ex, parsed, replica, response, read, first, long_prompt=long_prompt)
+
+
+def _occupy(ex: Exchange, replica: Replica, placement: SlotGrant) -> None:
+    """The request now holds `placement`'s slots on `replica`: renewed until it leaves or finishes."""
+    ex.placed = True
+    ex.deployment_id, ex.replica_slots = replica.id, placement.slots
+    ex.tried_deployment_id = replica.id
+    ex.hold([ex.limiter.inflight_key(replica.id)], slot_members(ex.request_id, ex.replica_slots))
+    ex.hold([ex.limiter.long_key(replica.id)])
+
+
+async def _open(
+    ex: Exchange, replica: Replica, body: bytes, *, chat: bool, stream: bool, first_token_timeout: float
+) -> tuple[httpx.Response, Read | None, bytes]:
+    """The one upstream call: (the response, the reader of its body past the first chunk, the first chunk).
+    A stream's status and first chunk must come within the first-token timeout; a whole answer's
+    status within the client's timeouts (upstream.py)."""
+    async with asyncio.timeout(first_token_timeout if stream else None):
+        url = replica.chat_url if chat else replica.completions_url
+        ex.upstream = response = await open_stream(url, body, ex.request_id, replica.api_key)
+        if timing.ON:
+            timing.lap("upstream connect")
+        if not stream or response.status_code != 200:
+            return response, None, b""
+        read = body_reader(response)
+        first = await read()
+        if timing.ON:
+            timing.lap("first byte (upstream's own time included)")
+        return response, read, first
+
+
+async def _stream_response(
+    ex: Exchange,
+    parsed: ParsedRequest,
+    replica: Replica,
+    response: httpx.Response,
+    read: Read,
+    first: bytes,
+    *,
+    long_prompt: bool,
+) -> HttpResponse:
+    """The streamed answer, from its first chunk on; the exchange finishes when the stream ends."""
+    ex.mark_first_byte()
+    if long_prompt:
+        # The limiter bounds long prompts in prefill (docs/v100-field-guide.md#gateway-rules), not for
+        # their whole stream: the first byte means the first token, so prefill is over.
+        await ex.let_go([ex.limiter.long_key(replica.id)])
+        await ex.limiter.release_long(request_id=ex.request_id, deployment_id=replica.id)
+    stream = RelayStream(ex, read, first, strip_usage=not parsed.client_wants_usage)
+    out = RelayResponse(stream, content_type=response.headers.get("content-type", "text/event-stream"))
+    out["Cache-Control"] = "no-cache"
+    out["X-Accel-Buffering"] = "no"
+    out["X-Request-Id"] = ex.request_id
+    return out
 
 
 async def _read(response: httpx.Response) -> bytes:
@@ -396,10 +455,7 @@ async def _read(response: httpx.Response) -> bytes:
         ) from None
     except UPSTREAM_ERRORS:
         raise GatewayError(
-            502,
-            "Upstream failed while answering.",
-            code="upstream_error",
-            usage_status=UsageStatus.UPSTREAM_ERROR,
+            502, "Upstream failed while answering.", code="upstream_error", usage_status=UsageStatus.UPSTREAM_ERROR
         ) from None
 
 
@@ -437,10 +493,7 @@ def _passthrough(response: httpx.Response, content: bytes, request_id: str) -> H
 
 def _closed_empty() -> GatewayError:
     return GatewayError(
-        502,
-        "Upstream closed without an answer.",
-        code="upstream_error",
-        usage_status=UsageStatus.UPSTREAM_ERROR,
+        502, "Upstream closed without an answer.", code="upstream_error", usage_status=UsageStatus.UPSTREAM_ERROR
     )
 
 

@@ -1,0 +1,237 @@
+"""The gateway's own cost: what one gateway process adds to a streamed request, and where the time goes.
+
+    .venv/bin/python -m perf.gateway_overhead [--levels 1,8,64] [--rounds 5] [--duration 3]
+        [--chunks 32] [--interval-ms 5] [--step-requests 300] [--json out.json]
+
+The world of perf/proxy_bench.py (a private Redis and SQLite database, the fake upstream
+streaming `--chunks` chunks `--interval-ms` apart, a key with every quota on but too high
+to bind, the usage flusher) and one gateway process (`uvicorn --workers 1`, uvloop and
+httptools, as in production). Each round runs the same closed-loop load at each level of
+concurrent streams directly against the upstream and through the gateway (the order
+alternates), with the one client of proxy_bench; it prints, as medians over the rounds of
+each round's gateway-minus-direct difference:
+
+- the added P50 time to the first chunk and to the last chunk;
+- the added time per relayed chunk: (added to last − added to first) ÷ (chunks − 1);
+- throughput (requests/s) through the gateway ÷ direct;
+- the CPU (cores busy) of the gateway, the upstream, Redis and the client.
+
+Then a second gateway process with the step timing on (portal/gateway/timing.py,
+PORTAL_GATEWAY_STEP_TIMING) serves `--step-requests` streamed requests one at a time,
+and the median time of each step of one request's path is printed in microseconds.
+The measured gateway runs without that timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from perf._common import stop, table
+from perf.proxy_bench import World, build_world, closed_loop, measure, start_gateway, wait_gateway
+
+STEPS = (
+    "ASGI entry", "authentication", "parsing", "route", "counting", "admission", "request encoding",
+    "upstream connect", "first byte (upstream's own time included)", "response start", "per-chunk relay",
+    "accounting",
+)  # fmt: skip
+
+
+def run_rounds(world: World, args) -> dict[int, list[dict]]:
+    """Per level, one {"direct": result, "gateway": result} per round."""
+    rounds: dict[int, list[dict]] = {level: [] for level in args.levels}
+    for target in ("direct", "gateway-1"):  # warm: connections, the key row and routes cached
+        measure(world, target, 8, argparse.Namespace(**{**vars(args), "duration": 1.0}))
+    for number in range(args.rounds):
+        for level in args.levels:
+            order = ("direct", "gateway-1") if (number + level) % 2 == 0 else ("gateway-1", "direct")
+            pair = {target: measure(world, target, level, args) for target in order}
+            rounds[level].append({"direct": pair["direct"], "gateway": pair["gateway-1"]})
+            direct, gateway = pair["direct"], pair["gateway-1"]
+            print(
+                f"  round {number + 1} {level:>3} streams: first chunk {direct['ttft_p50_ms']:.2f} → "
+                f"{gateway['ttft_p50_ms']:.2f} ms, last {direct['last_chunk_p50_ms']:.2f} → "
+                f"{gateway['last_chunk_p50_ms']:.2f} ms, "
+                f"{direct['req_s']:.0f} → {gateway['req_s']:.0f} req/s, "
+                f"errors {direct['errors']}/{gateway['errors']}",
+                flush=True,
+            )
+    return rounds
+
+
+def summarize(rounds: list[dict], chunks: int) -> dict[str, float]:
+    """Medians over rounds of each round's gateway − direct (or ÷ direct), and of the CPU figures."""
+
+    def med(value) -> float:
+        return statistics.median(value(r["direct"], r["gateway"]) for r in rounds)
+
+    first = med(lambda d, g: g["ttft_p50_ms"] - d["ttft_p50_ms"])
+    last = med(lambda d, g: g["last_chunk_p50_ms"] - d["last_chunk_p50_ms"])
+    return {
+        "added_first_ms": first,
+        "added_last_ms": last,
+        "added_per_chunk_ms": med(
+            lambda d, g: (
+                ((g["last_chunk_p50_ms"] - d["last_chunk_p50_ms"]) - (g["ttft_p50_ms"] - d["ttft_p50_ms"]))
+                / (chunks - 1)
+            )
+        ),
+        "throughput_ratio": med(lambda d, g: g["req_s"] / d["req_s"]),
+        "direct_first_ms": med(lambda d, g: d["ttft_p50_ms"]),
+        "direct_last_ms": med(lambda d, g: d["last_chunk_p50_ms"]),
+        "direct_req_s": med(lambda d, g: d["req_s"]),
+        "gateway_req_s": med(lambda d, g: g["req_s"]),
+        "gateway_cpu": med(lambda d, g: g["server_cpu"]),
+        "gateway_cpu_ms_per_request": med(lambda d, g: g["server_cpu"] / g["req_s"] * 1000),
+        "upstream_cpu_direct": med(lambda d, g: d["upstream_cpu"]),
+        "upstream_cpu_gateway": med(lambda d, g: g["upstream_cpu"]),
+        "redis_cpu": med(lambda d, g: g["redis_cpu"]),
+        "client_cpu_direct": med(lambda d, g: d["client_cpu"]),
+        "client_cpu_gateway": med(lambda d, g: g["client_cpu"]),
+        "errors": sum(r["direct"]["errors"] + r["gateway"]["errors"] for r in rounds),
+    }
+
+
+def step_profile(world: World, directory: Path, args) -> dict[str, dict]:
+    """The median of each step over `--step-requests` streamed requests, one at a time, through a
+    gateway process of its own with the step timing on."""
+    out = directory / "steps.json"
+    url, process = start_gateway(
+        world, directory, 1, "gateway-steps", {"PORTAL_GATEWAY_STEP_TIMING": str(out)}
+    )
+    try:
+        wait_gateway(directory, "gateway-steps", url, process)
+        headers = {"Authorization": f"Bearer {world.token}"}
+        target = f"{url}/v1/chat/completions"
+        for _ in range(2):  # warm, then measured: the samples of the warm-up are few and early
+            asyncio.run(_sequential(target, headers, requests=max(5, args.step_requests // 10), args=args))
+        asyncio.run(_sequential(target, headers, requests=args.step_requests, args=args))
+    finally:
+        stop(process)  # graceful: the process writes its medians as it exits
+    return json.loads(out.read_text()) if out.exists() else {}
+
+
+async def _sequential(url: str, headers: dict, *, requests: int, args) -> None:
+    """`requests` streamed requests, one after the other (closed loop of one stream)."""
+    done = 0
+    while done < requests:
+        result = await closed_loop(url, headers, concurrency=1, duration=0.2, chunks=args.chunks)
+        done += result["requests"]
+
+
+def print_tables(summary: dict[int, dict], steps: dict[str, dict], args) -> None:
+    levels = args.levels
+
+    def row(label: str, key: str, spec: str, sign: bool = False) -> list[str]:
+        return [label, *(f"{summary[lv][key]:{'+' if sign else ''}{spec}}" for lv in levels)]
+
+    print()
+    print(
+        f"Gateway overhead: one gateway process (auth, quotas, admission, usage on) against a fake upstream "
+        f"streaming {args.chunks} chunks {args.interval_ms:g} ms apart; closed loop, {args.duration:g} s per "
+        f"run, medians of {args.rounds} rounds"
+    )
+    header = ["", *(f"{lv} stream{'s' if lv > 1 else ''}" for lv in levels)]
+    rows = [
+        row("added P50 time to first chunk, ms", "added_first_ms", ".2f", sign=True),
+        row("added P50 time to last chunk, ms", "added_last_ms", ".2f", sign=True),
+        row("added time per relayed chunk, ms", "added_per_chunk_ms", ".3f", sign=True),
+        row("throughput ÷ direct", "throughput_ratio", ".3f"),
+        [
+            "direct P50 first / last chunk, ms",
+            *(f"{summary[lv]['direct_first_ms']:.2f} / {summary[lv]['direct_last_ms']:.2f}" for lv in levels),
+        ],
+        row("requests/s direct", "direct_req_s", ".1f"),
+        row("requests/s through the gateway", "gateway_req_s", ".1f"),
+        row("CPU, cores: gateway process", "gateway_cpu", ".2f"),
+        row("gateway CPU per request, ms", "gateway_cpu_ms_per_request", ".2f"),
+        row("CPU, cores: upstream (direct)", "upstream_cpu_direct", ".2f"),
+        row("CPU, cores: upstream (via gateway)", "upstream_cpu_gateway", ".2f"),
+        row("CPU, cores: Redis", "redis_cpu", ".2f"),
+        row("CPU, cores: client (direct)", "client_cpu_direct", ".2f"),
+        row("CPU, cores: client (via gateway)", "client_cpu_gateway", ".2f"),
+    ]
+    print(table(header, rows))
+    print()
+    print("One request's path, a gateway process with step timing on, one stream: median µs per step")
+    step_rows = [
+        [
+            name,
+            f"{steps[name]['median_us']:.0f}",
+            _us(steps[name]["median_cpu_us"]),
+            str(steps[name]["samples"]),
+        ]
+        for name in STEPS
+        if name in steps
+    ]
+    print(table(["step", "wall µs", "CPU µs", "requests"], step_rows))
+    print(
+        "(CPU: the event loop thread's; wall includes waiting on Redis and upstream, and being descheduled)"
+    )
+
+
+def _us(value: float | None) -> str:
+    return "" if value is None else f"{value:.0f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--levels", default="1,8,64", help="concurrent streams, comma-separated")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per run")
+    parser.add_argument("--chunks", type=int, default=32)
+    parser.add_argument("--interval-ms", type=float, default=5)
+    parser.add_argument("--step-requests", type=int, default=300)
+    parser.add_argument("--json", help="write every run, the medians and the steps here")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, database)")
+    args = parser.parse_args()
+    try:
+        args.levels = [int(x) for x in args.levels.split(",")]
+    except ValueError:
+        parser.error("--levels: comma-separated integers, e.g. 1,8,64")
+    if not args.levels or any(not 1 <= lv <= 4096 for lv in args.levels):
+        parser.error("--levels: each between 1 and 4096")
+    if args.rounds < 1 or args.chunks < 2 or args.step_requests < 1:
+        parser.error("--rounds and --step-requests at least 1, --chunks at least 2")
+    args.workers = [1]
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    directory = Path(tempfile.mkdtemp(prefix="gateway-overhead-"))
+    world = World()
+    try:
+        print(f"gateway overhead: setting up in {directory}", flush=True)
+        started = time.monotonic()
+        build_world(world, directory, args)
+        rounds = run_rounds(world, args)
+        summary = {level: summarize(rounds[level], args.chunks) for level in args.levels}
+        steps = step_profile(world, directory, args)
+        print_tables(summary, steps, args)
+        print(f"({time.monotonic() - started:.0f} s)")
+        if args.json:
+            config = {k: v for k, v in vars(args).items() if k != "json"}
+            Path(args.json).write_text(
+                json.dumps({"config": config, "rounds": rounds, "summary": summary, "steps": steps}, indent=2)
+                + "\n"
+            )
+    finally:
+        for process in reversed(world.processes):
+            stop(process)
+        if args.keep:
+            print(f"gateway overhead: kept {directory}", file=sys.stderr)
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
