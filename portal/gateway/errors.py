@@ -10,9 +10,9 @@ from contextlib import contextmanager
 from django.http import HttpResponse
 from redis.exceptions import RedisError
 
-log = logging.getLogger("portal.gateway")
-
 from portal.teams.models import UsageStatus
+
+log = logging.getLogger("portal.gateway")
 
 TYPES = {
     400: "invalid_request_error",

@@ -370,7 +370,10 @@ async def _answer(
                 status,
             )
         return GatewayError(
-            502, f"Upstream answered {status}.", code="upstream_error", usage_status=UsageStatus.UPSTREAM_ERROR
+            502,
+            f"Upstream answered {status}.",
+            code="upstream_error",
+            usage_status=UsageStatus.UPSTREAM_ERROR,
         )
     if status == 200 and parsed.stream and not first:
         # Closed before a single byte: nothing reached the client, so another replica may try.
@@ -455,7 +458,10 @@ async def _read(response: httpx.Response) -> bytes:
         ) from None
     except UPSTREAM_ERRORS:
         raise GatewayError(
-            502, "Upstream failed while answering.", code="upstream_error", usage_status=UsageStatus.UPSTREAM_ERROR
+            502,
+            "Upstream failed while answering.",
+            code="upstream_error",
+            usage_status=UsageStatus.UPSTREAM_ERROR,
         ) from None
 
 
@@ -493,7 +499,10 @@ def _passthrough(response: httpx.Response, content: bytes, request_id: str) -> H
 
 def _closed_empty() -> GatewayError:
     return GatewayError(
-        502, "Upstream closed without an answer.", code="upstream_error", usage_status=UsageStatus.UPSTREAM_ERROR
+        502,
+        "Upstream closed without an answer.",
+        code="upstream_error",
+        usage_status=UsageStatus.UPSTREAM_ERROR,
     )
 
 
