@@ -7,6 +7,7 @@ real GPU where one is present (marker `gpu`, skipped elsewhere).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -629,15 +630,21 @@ def test_staff_choose_a_profile_on_the_node_page(client, alice, dgx, monkeypatch
 def test_it_launches_the_reference_with_the_profiles_flags_and_probes_what_they_turn_on(
     sim_a100_node, tmp_path
 ):
+    from django.core.management.base import CommandError
+
     from portal.deployments.models import Deployment
 
     _launch_profile("a100-chunked-cached")
     out = io.StringIO()
-    call_command(
-        "accept_node", sim_a100_node.name, "--profile", "a100-chunked-cached", "--shape", "tiny",
-        "--concurrency", "1,2", "--mix", "fixed:32:16", "--requests-per-level", "4",
-        "--json", str(tmp_path / "a.json"), stdout=out,
-    )  # fmt: skip
+    try:
+        call_command(
+            "accept_node", sim_a100_node.name, "--profile", "a100-chunked-cached", "--shape", "tiny",
+            "--concurrency", "1,2", "--mix", "fixed:32:16", "--requests-per-level", "4",
+            "--json", str(tmp_path / "a.json"), stdout=out,
+        )  # fmt: skip
+    except CommandError as error:
+        # A busy test machine can make the simulated node slower than predicted: exit 2, a verdict.
+        assert error.returncode == 2, f"{error}\n{out.getvalue()}"
     acceptance = NodeAcceptance.objects.get(node=sim_a100_node)
     assert acceptance.state in (AcceptanceState.PASSED, AcceptanceState.SLOW), acceptance.error
     used = {
@@ -770,6 +777,41 @@ def test_staff_accept_a_real_vllm_cpu_node_from_its_page(cpu_agent, client, alic
 
 
 # --- A real GPU, where there is one ---------------------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.vllm
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(900)
+def test_a_real_vllm_cpu_node_passes_the_feature_probe_with_a_profiles_flags(cpu_agent):
+    from django.core.management.base import CommandError
+
+    from portal.deployments.models import Deployment
+
+    # README's cpu-tiny-llama settings, with both features on and a budget a prompt can exceed.
+    _launch_profile(
+        "cpu-chunked-cached",
+        max_model_len=512,
+        max_num_batched_tokens=256,
+        max_num_seqs=8,
+        gpu_memory_utilization=0.2,
+        swap_space_gb=4.0,  # vLLM's default, not emitted: vLLM ≥ 0.11 has no --swap-space
+    )
+    out = io.StringIO()
+    with contextlib.suppress(CommandError):  # the state, asserted below, says why
+        call_command(
+            "accept_node", cpu_agent.name, "--agent", "--profile", "cpu-chunked-cached", "--shape", "tiny",
+            "--concurrency", "1,2", "--mix", "fixed:32:8", "--requests-per-level", "4", stdout=out,
+        )  # fmt: skip
+    acceptance = NodeAcceptance.objects.get(node=cpu_agent)
+    assert acceptance.state == AcceptanceState.PASSED, f"{acceptance.error}\n{out.getvalue()}"
+    assert acceptance.profile_flags["max_num_batched_tokens"] == 256 and acceptance.dtype == "float32"
+    probe = next(e for e in acceptance.progress if e["step"] == "feature_probe" and e["status"] == "ok")
+    assert "a 384-token prompt over the 256-token budget answered 4 tokens" in probe["message"]
+    assert "a 256-token prompt twice answered 4 and 4 tokens" in probe["message"]
+    deployment = Deployment.objects.get(name=acceptance.deployment_name)
+    assert deployment.state == "stopped" and deployment.engine_used == "vllm"
+    assert deployment.profile.enable_prefix_caching and deployment.profile.max_num_batched_tokens == 256
 
 
 @pytest.mark.gpu
