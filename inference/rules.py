@@ -66,10 +66,11 @@ VOLTA_UNSUPPORTED_SOURCE = (
     "through the current docs)"
 )
 VOLTA_CHECK = (
-    "To check a node's vLLM version: start the profile on one V100 node and send one prompt longer "
-    "than max_num_batched_tokens and the same prompt twice; the engine dies on the first cached-KV "
-    "prefill if the table holds (node acceptance cannot start its reference model with a profile's "
-    "flags yet)."
+    "To check a node's vLLM build: `manage.py accept_node <node> --agent --profile <profile>` (or the "
+    "node page's Accept this node with the profile chosen) starts the reference model with this "
+    "profile's flags and, before the bench, sends one prompt longer than max_num_batched_tokens and "
+    "the same prompt twice; its feature_probe step fails, naming the feature, if the engine dies as "
+    "the table says."
 )
 
 # Candidate TPs for suggestions: vLLM deployments use powers of two.

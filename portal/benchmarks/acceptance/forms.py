@@ -6,6 +6,7 @@ from django import forms
 
 from inference.hardware import GPU_CATALOG
 from inference.tiny_model import shape_names
+from portal.deployments.models import DeploymentProfile
 
 from .options import (
     DEFAULT_CONCURRENCY,
@@ -44,6 +45,14 @@ class AcceptanceForm(forms.Form):
         required=False,
         label="eager (no CUDA graphs)",
         help_text="What Volta deployments run with; a CPU node is always eager",
+    )
+    profile = forms.ModelChoiceField(
+        queryset=DeploymentProfile.objects.order_by("name"),
+        to_field_name="name",
+        required=False,
+        empty_label="none: vLLM's defaults",
+        help_text="Launch with this deployment profile's vLLM flags (its eager setting replaces the box "
+        "above); chunked prefill or prefix caching on: probed first (marked unsupported on Volta)",
     )
     predict_gpu = forms.ChoiceField(
         choices=[("", "the node's GPU"), *((key, key) for key in sorted(GPU_CATALOG))],

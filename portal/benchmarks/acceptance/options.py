@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from inference.tiny_model import TINY_SHAPE
 from portal.core.errors import ApplicationError
+from portal.deployments.models import DeploymentProfile
 from portal.inventory.models import Node, NodeAcceptance
 
 DEFAULT_SHAPE = "llama-2-7b-chat-hf"
@@ -15,6 +16,23 @@ MAX_CONCURRENCY = 1024
 MAX_REQUESTS_PER_LEVEL = 100_000
 QUEUED = "queued"  # the step of a requested acceptance no runner has claimed yet
 SEED = 0
+
+# What a deployment profile brings to the reference server's launch (`--profile`). Not its dtype
+# (the acceptance's: fp16 on a GPU, fp32 on a CPU), tensor parallelism (one GPU), quantization
+# (random unquantized weights), extra_args or engine (the node's): the reference model stays the
+# acceptance's own shape; these are the flags that change how vLLM schedules and caches it.
+LAUNCH_FLAGS = (
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "max_num_batched_tokens",
+    "max_model_len",  # capped by the reference model's positions when it starts
+    "block_size",
+    "enforce_eager",
+    "max_num_seqs",
+    "gpu_memory_utilization",
+    "kv_cache_dtype",
+    "swap_space_gb",
+)
 
 
 def requests_per_level_default(concurrency: int) -> int:
@@ -59,3 +77,24 @@ def model_name_for(acceptance: NodeAcceptance) -> str:
 def reference_deployment_name(acceptance: NodeAcceptance) -> str:
     """The deployment that serves the reference model during this acceptance."""
     return acceptance.deployment_name or f"accept-{acceptance.node.name}-{acceptance.pk}"
+
+
+def profile_by_name(name: str) -> DeploymentProfile:
+    """The profile an acceptance runs with; ApplicationError on `profile` when there is none."""
+    profile = DeploymentProfile.objects.filter(name=name).first()
+    if profile is None:
+        known = ", ".join(DeploymentProfile.objects.order_by("name").values_list("name", flat=True)[:10])
+        raise ApplicationError(
+            f"no deployment profile named {name!r} (profiles: {known or 'none yet'})", field="profile"
+        )
+    return profile
+
+
+def profile_launch_flags(profile: DeploymentProfile) -> dict:
+    """The profile's vLLM launch flags the reference server takes (LAUNCH_FLAGS)."""
+    return {flag: getattr(profile, flag) for flag in LAUNCH_FLAGS}
+
+
+def probed_features(flags: dict | None) -> list[str]:
+    """The features vLLM marks unsupported on Volta that these flags turn on (feature_probe tries them)."""
+    return [flag for flag in ("enable_chunked_prefill", "enable_prefix_caching") if (flags or {}).get(flag)]

@@ -29,6 +29,8 @@ from .options import (
     QUEUED,
     default_shape_for,
     parse_levels,
+    profile_by_name,
+    profile_launch_flags,
     reference_deployment_name,
 )
 
@@ -83,10 +85,18 @@ def node_acceptance_request(
     requests_per_level: int | None = None,
     gpu_index: int | None = None,
     predict_gpu: str = "",
+    profile: str | None = None,
     send: bool = True,
 ) -> NodeAcceptance:
     """Check the options, claim the node (one running acceptance per node), record who asked,
-    and with `send` queue the run on the node's agent once the claim is committed."""
+    and with `send` queue the run on the node's agent once the claim is committed.
+
+    With `profile` (a deployment profile's name) the reference server launches with that profile's
+    vLLM flags (options.LAUNCH_FLAGS; its enforce_eager replaces `enforce_eager`), copied onto the
+    record now: the run uses what was asked even if the profile changes meanwhile."""
+    flags = profile_launch_flags(profile_by_name(profile)) if profile else None
+    if flags is not None:
+        enforce_eager = flags["enforce_eager"]
     try:
         shape, _ = resolve_shape(shape or default_shape_for(node), layers=layers)
         load_mix(mix)
@@ -131,6 +141,8 @@ def node_acceptance_request(
                 requests_per_level=requests_per_level,
                 gpu_indices=gpu_indices,
                 predict_gpu=predict_gpu,
+                profile_name=profile or "",
+                profile_flags=flags,
                 margin=settings.ACCEPTANCE_SLOW_MARGIN,
                 step=QUEUED,
             )
@@ -144,7 +156,13 @@ def node_acceptance_request(
         action="node.accept",
         target=node,
         actor=user,
-        changes={"acceptance": acceptance.pk, "shape": shape, "concurrency": levels, "eager": enforce_eager},
+        changes={
+            "acceptance": acceptance.pk,
+            "shape": shape,
+            "concurrency": levels,
+            "eager": enforce_eager,
+            "profile": profile or "",
+        },
     )
     if send:
         send_to_node(node, ACCEPT_TASK, args=[acceptance.pk])

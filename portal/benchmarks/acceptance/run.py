@@ -9,8 +9,12 @@ The steps (`steps.py`), each written to the record as it happens so the node pag
 2. write a reference model with random weights in the chosen shape (`inference.tiny_model`),
    into `ACCEPTANCE_MODEL_DIR` (same seed, same bytes: registered once, hashed like any release);
 3. start it through the deployments' own lifecycle (`deployment_start`: planner, hashes, launch,
-   health, warm-up, smoke test), on a deployment of the `acceptance` team;
-4. benchmark the levels with the load generator (`inference.loadgen`), one level at a time, then
+   health, warm-up, smoke test), on a deployment of the `acceptance` team, with vLLM's defaults
+   or a deployment profile's launch flags (`options.LAUNCH_FLAGS`);
+4. with a deployment profile that turns on chunked prefill or prefix caching (`--profile`), probe
+   them (`feature_probe.py`: a prompt over the token budget, a prompt twice, then /health), as
+   vLLM marks both unsupported on Volta (vllm#2729, vllm#3687); then
+   benchmark the levels with the load generator (`inference.loadgen`), one level at a time, then
    read the GPUs' health again (after the load);
 5. predict the same profile and workload with the simulator, and fit the node's calibration;
 6. stop the deployment (always, also after a failure), then judge: `slow` when any level is
@@ -32,8 +36,9 @@ from django.utils import timezone
 from portal.inventory.models import AcceptanceState, NodeAcceptance
 
 from . import steps
+from .feature_probe import feature_label
 from .judging import judge
-from .options import QUEUED
+from .options import QUEUED, probed_features
 from .record import AcceptanceAbandoned, AcceptanceContext, AcceptanceStepFailed, RunningAcceptance
 
 logger = logging.getLogger(__name__)
@@ -99,6 +104,11 @@ def _run_steps(run: RunningAcceptance, context: AcceptanceContext) -> None:
     run.step(
         "start", "starting it through the deployment lifecycle", lambda: steps.start_reference(run, context)
     )
+    # Only with a profile that turns them on: a deployment's smoke test never reaches them.
+    features = probed_features(acceptance.profile_flags)
+    if features:
+        names = " and ".join(feature_label(flag) for flag in features)
+        run.step("feature_probe", f"probing {names}", lambda: steps.feature_probe(run, context))
     run.step(
         "bench", f"benchmarking {acceptance.concurrency} users", lambda: steps.bench_levels(run, context)
     )

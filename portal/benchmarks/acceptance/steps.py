@@ -32,8 +32,16 @@ from portal.registry.models import ModelVersion
 from portal.registry.services import model_version_create, model_version_hash_files
 from portal.teams.models import Team
 
+from .feature_probe import ProbeTarget, probe_features
 from .judging import compare
-from .options import SEED, model_name_for, reference_deployment_name, requests_per_level_default
+from .options import (
+    LAUNCH_FLAGS,
+    SEED,
+    model_name_for,
+    probed_features,
+    reference_deployment_name,
+    requests_per_level_default,
+)
 from .record import AcceptanceContext, AcceptanceStepFailed, RunningAcceptance
 
 REQUEST_TIMEOUT_S = 600.0  # one request of a 7B on a slow node: what `manage.py bench` allows
@@ -170,7 +178,21 @@ def write_model(run: RunningAcceptance, context: AcceptanceContext) -> str:
 
 
 def _profile_values(acceptance: NodeAcceptance, version: ModelVersion) -> dict:
-    """The reference profile: vLLM's defaults on a GPU; README's `cpu-tiny-llama` settings on a CPU."""
+    """The reference profile: vLLM's defaults on a GPU; README's `cpu-tiny-llama` settings on a CPU;
+    with a deployment profile (`--profile`), its launch flags over those, its max_model_len capped
+    by the reference model's positions. The dtype stays the acceptance's; a CPU is always eager."""
+    values = _default_profile_values(acceptance, version)
+    if acceptance.profile_flags:
+        values |= {
+            flag: acceptance.profile_flags[flag] for flag in LAUNCH_FLAGS if flag in acceptance.profile_flags
+        }
+        positions = version.max_position_embeddings
+        values["max_model_len"] = min(values["max_model_len"] or positions, positions)
+        values["enforce_eager"] = values["enforce_eager"] or not acceptance.gpu_indices
+    return values
+
+
+def _default_profile_values(acceptance: NodeAcceptance, version: ModelVersion) -> dict:
     most = max(acceptance.concurrency)
     if not acceptance.gpu_indices:
         return {
@@ -213,13 +235,18 @@ def start_reference(run: RunningAcceptance, context: AcceptanceContext) -> str:
     team = _reference_team()
     name = reference_deployment_name(acceptance)
     gpus = list(node.gpus.filter(index__in=acceptance.gpu_indices))
+    values = _profile_values(acceptance, version)
     profile = DeploymentProfile(
         name=name,
-        description=f"node acceptance {acceptance.pk} of {node.name}",
+        description=f"node acceptance {acceptance.pk} of {node.name}"
+        + (f" with the flags of {acceptance.profile_name}" if acceptance.profile_name else ""),
         model_version=version,
         target_gpu=gpus[0].catalog_key if gpus else "",
-        **_profile_values(acceptance, version),
+        **values,
     )
+    if acceptance.profile_name:
+        # The flags as launched (max_model_len capped, eager on a CPU), not only as asked.
+        run.write(profile_flags={flag: values[flag] for flag in LAUNCH_FLAGS})
     try:
         clean_or_raise(profile)
         profile.save()
@@ -268,6 +295,29 @@ def start_reference(run: RunningAcceptance, context: AcceptanceContext) -> str:
     context.profile = profile
     started = f"{engine_start_s:.1f} s" if engine_start_s is not None else "unknown"
     return f"{name} serving at {deployment.endpoint_url}; engine start {started}"
+
+
+def feature_probe(run: RunningAcceptance, context: AcceptanceContext) -> str:
+    """Ask the serving reference engine for what its profile turns on and vLLM marks unsupported on
+    Volta (feature_probe.py): a prompt over the token budget, a prompt twice; then its /health."""
+    profile, version = context.profile, context.version
+    profile_settings, arch = profile.settings(), version.arch()
+    target = ProbeTarget(
+        base_url=context.local_url,
+        model=version.name,
+        api_key=context.api_key,
+        max_num_batched_tokens=profile_settings.resolved_batched_tokens(arch),
+        max_model_len=profile_settings.resolved_max_model_len(arch),
+        block_size=profile.block_size,
+        vocab_size=version.vocab_size,
+        timeout_s=REQUEST_TIMEOUT_S,
+    )
+    outcome = probe_features(target, probed_features(run.acceptance.profile_flags))
+    for line in outcome.lines:
+        run.note("feature_probe", "info", line)
+    if outcome.failure:
+        raise AcceptanceStepFailed(outcome.failure)
+    return "; ".join(outcome.lines)
 
 
 def _bench_level(acceptance: NodeAcceptance, context: AcceptanceContext, concurrency: int, sla: Sla) -> dict:

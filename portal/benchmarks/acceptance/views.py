@@ -38,6 +38,7 @@ def node_accept(request, name: str):
                 requests_per_level=values["requests_per_level"],
                 enforce_eager=values["enforce_eager"],
                 predict_gpu=values["predict_gpu"],
+                profile=values["profile"].name if values.get("profile") else None,
             )
         except ApplicationError as error:
             form.add_error(error.field if error.field in form.fields else None, error.message)

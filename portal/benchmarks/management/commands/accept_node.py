@@ -50,6 +50,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--predict-gpu", default="", help="GPU catalog key to predict for (default: the node's GPU)"
         )
+        parser.add_argument(
+            "--profile",
+            default=None,
+            help="a deployment profile: launch the reference model with its vLLM flags (chunked prefill, "
+            "prefix caching, token budget, max_model_len, block size, eager, …) and, when it turns on "
+            "chunked prefill or prefix caching, probe them (vllm#2729, vllm#3687 on Volta)",
+        )
         parser.add_argument("--agent", action="store_true", help="run it on the node's agent and follow it")
         parser.add_argument("--json", dest="json_path", default=None, help="write the record here")
 
@@ -68,11 +75,15 @@ class Command(BaseCommand):
                 requests_per_level=options["requests_per_level"],
                 gpu_index=options["gpu_index"],
                 predict_gpu=options["predict_gpu"],
+                profile=options["profile"],
                 send=options["agent"],
             )
         except ApplicationError as error:
             raise CommandError(f"{error.field}: {error.message}" if error.field else error.message) from error
-        self.stdout.write(f"acceptance {acceptance.pk} of {node.name}: {acceptance.shape}, {acceptance.mix}")
+        with_profile = f", the flags of profile {acceptance.profile_name}" if acceptance.profile_name else ""
+        self.stdout.write(
+            f"acceptance {acceptance.pk} of {node.name}: {acceptance.shape}, {acceptance.mix}{with_profile}"
+        )
         if options["agent"]:
             acceptance = self._follow(acceptance)
         else:
@@ -138,7 +149,8 @@ def record_dict(acceptance: NodeAcceptance) -> dict:
     """The record as JSON (docs/gpu-runs.md keeps these)."""
     fields = [
         "state", "shape", "layers", "dtype", "enforce_eager", "mix", "concurrency", "requests_per_level",
-        "gpu_indices", "predict_gpu", "margin", "deployment_name", "model_name", "levels", "measured",
+        "gpu_indices", "predict_gpu", "profile_name", "profile_flags", "margin", "deployment_name",
+        "model_name", "levels", "measured",
         "engine_start_s", "calibration", "versions", "verdict", "error", "progress",
     ]  # fmt: skip
     data = {name: getattr(acceptance, name) for name in fields}
