@@ -14,7 +14,8 @@ from portal.benchmarks.models import BenchmarkRun
 from portal.deployments.models import Deployment
 from portal.teams.models import ApiKey, Team
 from portal.teams.services import api_key_create
-from tests.conftest import api_client, bundled_config, nvidia_smi_sample
+from tests.helpers.clients import api_client
+from tests.helpers.samples import bundled_config, nvidia_smi_sample
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("gateway_redis_db")]
 

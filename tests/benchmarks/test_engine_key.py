@@ -6,8 +6,7 @@ import pytest
 
 from portal.benchmarks.models import RunState
 from portal.benchmarks.services import benchmark_run_create, benchmark_run_execute
-
-from .conftest import make_serving_deployment
+from tests.helpers.builders import make_serving_deployment
 
 pytestmark = pytest.mark.django_db
 

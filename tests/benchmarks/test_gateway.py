@@ -15,7 +15,7 @@ from portal.teams.models import ApiKey, Usage
 from portal.teams.selectors import api_keys_of
 from portal.teams.services import api_key_matches, usage_flush
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def serving_deployment(*, team, node, version, url: str):
@@ -47,7 +47,7 @@ def flushed_usage(team, *, at_least: int, deadline_s: float = 15) -> list[Usage]
 @pytest.fixture
 def fresh_model(db):
     from portal.registry.services import model_version_create
-    from tests.conftest import bundled_config
+    from tests.helpers.samples import bundled_config
 
     # A name the gateway process has never cached a route for.
     return model_version_create(name=f"m-{uuid.uuid4().hex[:8]}", config=bundled_config("llama-2-7b-chat-hf"))

@@ -53,7 +53,6 @@ def benchmarks_worker(transactional_db):
         worker.wait(timeout=10)
 
 
-@pytest.mark.integration
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
 def test_it_runs_a_two_level_sweep_as_a_celery_job_and_shows_it(

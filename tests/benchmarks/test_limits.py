@@ -16,7 +16,7 @@ from portal.benchmarks.models import BenchmarkRun, RunState
 from portal.benchmarks.services import benchmark_run_cancel, benchmark_run_create
 from portal.core.errors import ApplicationError
 from portal.deployments.models import Deployment
-from tests.conftest import api_client
+from tests.helpers.clients import api_client
 
 pytestmark = pytest.mark.django_db
 

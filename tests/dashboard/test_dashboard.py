@@ -19,7 +19,7 @@ from portal.observability.services import queue_depth_sample
 from portal.registry.services import model_version_create
 from portal.teams.models import Team, Usage
 from portal.teams.services import api_key_create
-from tests.conftest import bundled_config
+from tests.helpers.samples import bundled_config
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("metrics_redis")]
 

@@ -17,7 +17,7 @@ from portal.dashboard.services import retention_prune
 from portal.deployments.models import Deployment, DeploymentEvent, MetricsSample
 from portal.teams.models import Usage, UsageDaily
 from portal.teams.services import usage_rollup
-from tests.core.test_settings import PRODUCTION, _manage
+from tests.helpers.manage import PRODUCTION, manage
 
 pytestmark = pytest.mark.django_db
 
@@ -149,6 +149,6 @@ def test_the_beat_task_prunes_with_the_settings(retention, team):
 
 
 def test_it_refuses_a_usage_retention_shorter_than_the_rollup_window():
-    result = _manage("check", env={**PRODUCTION, "RETENTION_USAGE_DAYS": "1"})
+    result = manage("check", env={**PRODUCTION, "RETENTION_USAGE_DAYS": "1"})
     assert result.returncode != 0
     assert "RETENTION_USAGE_DAYS=1 must be 0 (keep forever) or at least 2" in result.stderr

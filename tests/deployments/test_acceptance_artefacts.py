@@ -8,7 +8,7 @@ import pytest
 from portal.deployments.models import Deployment, DeploymentProfile
 from portal.registry.services import model_version_create
 from portal.teams.models import Team
-from tests.conftest import bundled_config
+from tests.helpers.samples import bundled_config
 
 pytestmark = pytest.mark.django_db
 

@@ -5,7 +5,7 @@ import pytest
 from portal.core.errors import ApplicationError
 from portal.deployments.models import Deployment, DeploymentProfile, DesiredState
 from portal.deployments.services import deployment_create, deployment_plan, profile_plan
-from tests.conftest import api_client
+from tests.helpers.clients import api_client
 
 pytestmark = pytest.mark.django_db
 

@@ -22,9 +22,8 @@ from portal.deployments.agent.adopted import adopted_check
 from portal.deployments.agent.start import deployment_start
 from portal.deployments.agent.steps import event
 from portal.deployments.models import Deployment
-from tests.conftest import api_client
-
-from .conftest import make_deployment
+from tests.helpers.builders import make_deployment
+from tests.helpers.clients import api_client
 
 pytestmark = pytest.mark.django_db
 
@@ -149,7 +148,7 @@ def test_it_health_checks_an_adopted_server_with_its_key(
 ):
     import sys
 
-    from tests.deployments.conftest import FAKE_ENGINE
+    from tests.helpers.deployments import FAKE_ENGINE
 
     port = supervisor.find_free_port()
     launched = supervisor.launch(

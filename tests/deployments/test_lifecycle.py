@@ -27,8 +27,8 @@ from portal.deployments.agent.stop import deployment_stop
 from portal.deployments.agent.supervise import deployment_supervise
 from portal.deployments.models import Deployment, DeploymentProfile, DesiredState
 from portal.registry.services import model_version_create
-from tests.conftest import bundled_config
-from tests.deployments.conftest import cpu_node_with, make_deployment
+from tests.helpers.builders import cpu_node_with, make_deployment
+from tests.helpers.samples import bundled_config
 
 pytestmark = pytest.mark.django_db
 
@@ -327,9 +327,8 @@ def test_it_recovers_a_start_whose_agent_died(deployment, django_capture_on_comm
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres(reason="concurrent connections")
 def test_it_stops_a_start_when_the_deployment_is_stopped_meanwhile(deployment, monkeypatch):
-    if connection.vendor != "postgresql":
-        pytest.skip("needs concurrent connections")
     monkeypatch.setenv("FAKE_VLLM_STARTUP_S", "15")
 
     def stop_it():
@@ -372,11 +371,10 @@ def test_it_launches_the_simulator_with_the_same_flags_and_the_hardware(
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres(reason="concurrent connections")
 def test_it_runs_exactly_one_server_when_the_start_runs_twice_at_once(
     team, tiny_version, tiny_profile, fake_node, reap_servers, monkeypatch
 ):
-    if connection.vendor != "postgresql":
-        pytest.skip("needs concurrent connections")
     monkeypatch.setenv("FAKE_VLLM_STARTUP_S", "1")
     deployment = make_deployment(team, tiny_version, tiny_profile, fake_node)
     results = []

@@ -15,8 +15,8 @@ from portal.deployments.agent.supervise import deployment_supervise
 from portal.deployments.models import Deployment, DeploymentEvent, MetricsSample
 from portal.deployments.services import endpoint_url_from
 from portal.teams.models import Team
-from tests.conftest import api_client
-from tests.deployments.conftest import make_deployment
+from tests.helpers.builders import make_deployment
+from tests.helpers.clients import api_client
 
 pytestmark = pytest.mark.django_db
 

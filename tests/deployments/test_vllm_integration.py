@@ -20,7 +20,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from django.db import connection
 
 from inference import supervisor
 from portal.deployments.agent.start import deployment_start
@@ -31,20 +30,22 @@ from portal.deployments.tasks import start_deployment, supervise_node
 from portal.inventory.models import Node
 from portal.registry.services import model_version_create, model_version_hash_files
 from portal.teams.models import Team
-from tests.agents import node_agent
-from tests.conftest import api_client
-from tests.engines import require_vllm
+from tests.helpers.agents import node_agent
+from tests.helpers.clients import api_client
+from tests.helpers.engines import require_vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE = "ci-deploy"
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration, pytest.mark.vllm]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.vllm,
+    pytest.mark.postgres(reason="an agent process shares the test database"),
+]
 
 
 @pytest.fixture
 def vllm_env():
-    if connection.vendor != "postgresql":
-        pytest.skip("the agent process needs a database it can share (PostgreSQL)")
     return str(require_vllm())
 
 

@@ -10,18 +10,11 @@ import time
 import pytest
 
 from portal.core.redis_client import redis_keys
+from tests.helpers.gateway import chat_body, slots_in_use, upstream_reset, upstream_stats, wait_for_slots_free
+from tests.helpers.processes import run_async
+from tests.helpers.waiting import wait_until
 
-from .conftest import (
-    chat_body,
-    run_async,
-    slots_in_use,
-    upstream_reset,
-    upstream_stats,
-    wait_for_slots_free,
-    wait_until,
-)
-
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def raw_request(gateway_url: str, setup, body: dict) -> socket.socket:

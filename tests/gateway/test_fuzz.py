@@ -16,11 +16,10 @@ import httpx
 import pytest
 import schemathesis
 
-from tests.fuzz import CHECKS, fuzz_schema
+from tests.helpers.fuzz import CHECKS, fuzz_schema
+from tests.helpers.gateway import Setup, chat_body, upstream_stats, wait_for_slots_free
 
-from .conftest import Setup, chat_body, upstream_stats, wait_for_slots_free
-
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 SCHEMA = Path(__file__).resolve().parents[2] / "portal" / "gateway" / "openapi.json"
 EXAMPLES = 40
@@ -38,7 +37,7 @@ def _fixed_setup(team, node, upstream: str, name: str) -> Setup:
     from portal.deployments.models import Deployment, DeploymentProfile
     from portal.registry.services import model_version_create
     from portal.teams.services import api_key_create
-    from tests.conftest import bundled_config
+    from tests.helpers.samples import bundled_config
 
     version = model_version_create(name=name, config=bundled_config("llama-2-7b-chat-hf"))
     profile = DeploymentProfile.objects.create(name=f"p-{name}", model_version=version)

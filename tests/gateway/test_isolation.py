@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from portal.core.redis_client import redis_keys
+from tests.helpers.gateway import chat_body, make_setup, spawn_fake_upstream, upstream_reset, upstream_stats
+from tests.helpers.processes import stop
 
-from .conftest import chat_body, make_setup, spawn_fake_upstream, stop, upstream_reset, upstream_stats
-
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def _listed(gateway, token: str) -> list[str]:
 def test_a_key_cannot_use_a_model_only_another_team_serves(gateway, serving, other_team, gw_redis):
     from portal.registry.services import model_version_create
     from portal.teams.services import api_key_create
-    from tests.conftest import bundled_config
+    from tests.helpers.samples import bundled_config
 
     theirs = make_setup(team=other_team, node=serving.deployment.node, upstream=serving.upstream)
     _key, ours = api_key_create(team=serving.team)  # any model

@@ -15,8 +15,8 @@ from inference.ratelimit import Limits, RateLimiter, Scope
 from inference.redis_keys import RedisKeys
 from portal.gateway import admission
 from portal.gateway.errors import GatewayError
-
-from .conftest import REDIS_URL, run_async
+from tests.helpers.gateway import REDIS_URL
+from tests.helpers.processes import run_async
 
 TEAM = Scope("team", 1, Limits(tpm=1000, tokens_per_day=1000, max_concurrent=1))
 KEY = Scope("key", 2, Limits(rpm=1, max_concurrent=1))

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration, pytest.mark.vllm]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.vllm]
 
 
 @pytest.fixture

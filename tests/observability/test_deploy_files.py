@@ -12,8 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from portal.deployments.models import Deployment
 from portal.observability.models import SlaBreach
-
-from .conftest import TOKEN
+from tests.helpers.metrics import TOKEN
 
 pytestmark = pytest.mark.django_db
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -66,7 +65,7 @@ def test_every_metric_the_deploy_files_name_is_one_the_portal_exports(client, sc
 
 
 def test_the_breaching_gauge_is_one_for_a_deployment_with_an_open_breach_only(client, scrape_world):
-    from .conftest import scrape, value
+    from tests.helpers.metrics import scrape, value
 
     Deployment.objects.create(
         name="calm", team=Deployment.objects.get().team, model_version=Deployment.objects.get().model_version

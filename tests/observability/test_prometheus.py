@@ -15,8 +15,7 @@ import pytest
 from portal.deployments.models import Deployment
 from portal.observability import prometheus
 from portal.observability.collector import read_counters
-
-from .conftest import TOKEN, scrape, value
+from tests.helpers.metrics import TOKEN, scrape, value
 
 pytestmark = pytest.mark.django_db
 REPO = Path(__file__).resolve().parents[2]
@@ -155,7 +154,6 @@ def worker(settings):
         process.wait(timeout=10)
 
 
-@pytest.mark.integration
 @pytest.mark.timeout(180)
 def test_it_counts_celery_task_outcomes_from_a_real_worker(client, metrics_redis, worker):
     from portal.celery import app

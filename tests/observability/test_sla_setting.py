@@ -6,7 +6,7 @@ import pytest
 
 from portal.audit.models import AuditEvent
 from portal.deployments.models import Deployment
-from tests.conftest import api_client
+from tests.helpers.clients import api_client
 
 pytestmark = pytest.mark.django_db
 

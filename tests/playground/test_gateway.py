@@ -14,9 +14,9 @@ from django.test import Client
 
 from portal.teams.models import ApiKey, Usage
 from portal.teams.services import usage_flush
-from tests.gateway.conftest import NO_FIRST_TOKEN_IN_TIME, upstream_stats
+from tests.helpers.gateway import NO_FIRST_TOKEN_IN_TIME, upstream_stats
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def member_session(gateway, user) -> httpx.Client:
@@ -101,7 +101,7 @@ def test_it_answers_a_quota_refusal_with_the_gateways_message(gateway, serving, 
 
 def test_it_answers_a_model_without_a_replica_with_the_gateways_503(gateway, serving, bob):
     from portal.registry.services import model_version_create
-    from tests.conftest import bundled_config
+    from tests.helpers.samples import bundled_config
 
     name = f"idle-{uuid.uuid4().hex[:8]}"
     idle = model_version_create(name=name, config=bundled_config("llama-2-7b-chat-hf"))

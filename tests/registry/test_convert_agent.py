@@ -26,14 +26,14 @@ from portal.core.redis_client import redis_keys
 from portal.inventory.services import node_create
 from portal.registry.models import ConversionJob, ConversionState, ModelVersion
 from portal.registry.services import conversion_job_start, model_version_create
-from tests.conftest import bundled_config
-from tests.inference.test_convert import fp16_bits_of, write_safetensors
+from tests.helpers.safetensors import fp16_bits_of, write_safetensors
+from tests.helpers.samples import bundled_config
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE = "ci-convert"
 LEASE_S = 2
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def start_agent() -> subprocess.Popen:
@@ -79,8 +79,6 @@ def stop(process: subprocess.Popen, sig=signal.SIGTERM) -> None:
 
 @pytest.fixture
 def agents():
-    if connection.vendor != "postgresql":
-        pytest.skip("the agent process needs a database it can share (PostgreSQL)")
     started: list[subprocess.Popen] = []
     yield lambda: started.append(start_agent()) or started[-1]
     for process in started:
@@ -120,6 +118,7 @@ def job_state(pk: int) -> ConversionJob:
     return ConversionJob.objects.get(pk=pk)
 
 
+@pytest.mark.postgres(reason="an agent process shares the test database")
 def test_it_converts_on_the_nodes_own_queue_bit_for_bit(agents, tmp_path):
     agents()
     node = node_create(name=NODE)
@@ -136,6 +135,7 @@ def test_it_converts_on_the_nodes_own_queue_bit_for_bit(agents, tmp_path):
 
 
 @pytest.mark.slow  # out of make test-fast: seconds of work on 2 cores
+@pytest.mark.postgres(reason="an agent process shares the test database")
 def test_a_killed_agent_leaves_nothing_and_a_rerun_starts_clean(agents, tmp_path):
     agent = agents()
     node = node_create(name=NODE)

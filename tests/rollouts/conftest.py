@@ -20,7 +20,7 @@ class Pair:
 def deployment_of(*, team, node, name: str, state: str = "serving"):
     from portal.deployments.models import Deployment, DeploymentProfile
     from portal.registry.services import model_version_create
-    from tests.conftest import bundled_config
+    from tests.helpers.samples import bundled_config
 
     version = model_version_create(name=name, config=bundled_config("llama-2-7b-chat-hf"))
     profile = DeploymentProfile.objects.create(name=f"p-{name}", model_version=version)

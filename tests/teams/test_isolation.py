@@ -14,7 +14,7 @@ from portal.benchmarks.models import BenchmarkRun
 from portal.deployments.models import Deployment
 from portal.teams.models import ApiKey, Team, Usage
 from portal.teams.services import api_key_create
-from tests.conftest import api_client
+from tests.helpers.clients import api_client
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("gateway_redis_db")]
 
