@@ -12,7 +12,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from portal.deployments.models import Deployment, DeploymentProfile, DesiredStat
 from portal.registry.services import model_version_create
 from tests.helpers.builders import cpu_node_with, make_deployment
 from tests.helpers.samples import bundled_config
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -45,10 +45,12 @@ def _steps(deployment) -> list[tuple[str, str]]:
 
 def _wait_dead(pid: int, timeout_s: float = 30) -> None:
     """Until a killed process is gone (SIGKILL is not instant on a loaded machine)."""
-    deadline = time.monotonic() + timeout_s
-    while supervisor.process_alive(pid):
-        assert time.monotonic() < deadline, f"process {pid} still alive {timeout_s:.0f} s after SIGKILL"
-        time.sleep(0.02)
+    wait_until(
+        lambda: not supervisor.process_alive(pid),
+        timeout_s=timeout_s,
+        what=f"process {pid} gone",
+        interval_s=0.02,
+    )
 
 
 @pytest.fixture

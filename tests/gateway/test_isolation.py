@@ -14,6 +14,7 @@ import pytest
 from portal.core.redis_client import redis_keys
 from tests.helpers.gateway import chat_body, make_setup, spawn_fake_upstream, upstream_reset, upstream_stats
 from tests.helpers.processes import stop
+from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -126,11 +127,7 @@ def test_usage_is_billed_to_the_callers_team_only(gateway, serving, other_team, 
     assert _call(gateway, theirs.token, serving.model).status_code == 403  # their key is scoped
     assert _call(gateway, theirs.token, theirs.model).status_code == 200
     # Usage records are queued by the gateway after the response: wait for them.
-    import time
-
-    deadline = time.monotonic() + 30
-    while gw_redis.llen(redis_keys().usage) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: gw_redis.llen(redis_keys().usage) >= 3, what="three usage records queued")
     usage_flush()
     ours = Usage.objects.filter(team=serving.team)
     assert {u.api_key_id for u in ours} == {serving.key.pk}

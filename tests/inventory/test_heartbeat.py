@@ -84,9 +84,7 @@ def test_a_real_agent_answers_on_start_and_to_each_beat(tmp_path, settings):
     node = node_create(name="hb-agent")
     with node_agent("hb-agent", tmp_path / "agent.log"):
         # The agent answers once as it starts, before any beat tick.
-        wait_until(
-            lambda: Node.objects.get(pk=node.pk).agent_seen_at is not None, timeout_s=60, what="start"
-        )
+        wait_until(lambda: Node.objects.get(pk=node.pk).agent_seen_at is not None, timeout_s=60, what="start")
         Node.objects.filter(pk=node.pk).update(agent_seen_at=None, agent_versions={})
         assert heartbeat_all() >= 1  # beat's fan-out, through the broker to the node's queue
         wait_until(

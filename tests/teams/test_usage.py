@@ -15,6 +15,7 @@ from portal.core.redis_client import redis_keys
 from portal.teams.models import ApiKey, Team, Usage, UsageDaily
 from portal.teams.services import api_key_create, budgets_enforce, usage_flush, usage_rollup
 from tests.helpers.usage import dead_letters, push, record
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -188,9 +189,8 @@ def test_it_puts_back_the_batch_of_a_flusher_that_died_holding_it(team, key, gw,
     taken = take(keys=[keys.usage, keys.usage_flushers, keys.usage_taken("dead")], args=[10, 1, "dead"])
     assert len(taken) == 3
     assert gw.llen(keys.usage) == 0
-    deadline = time.monotonic() + 5
-    while usage_flush() == 0 and time.monotonic() < deadline:  # the lease ends within a millisecond
-        time.sleep(0.01)
+    # The lease ends within a millisecond.
+    wait_until(usage_flush, timeout_s=5, interval_s=0.01, what="the dead flusher's records flushed")
     assert sorted(u.hex for u in Usage.objects.values_list("request_id", flat=True)) == sorted(
         r["request_id"] for r in records
     )
