@@ -32,6 +32,7 @@ from portal.benchmarks.acceptance import (
 from portal.core.errors import ApplicationError
 from portal.inventory.models import AcceptanceState, Node, NodeAcceptance
 from portal.inventory.selectors import node_latest_calibration
+from tests.helpers import builders
 from tests.helpers.agents import node_agent
 from tests.helpers.engines import require_gpu, require_vllm
 
@@ -487,14 +488,13 @@ def test_it_accepts_a_simulated_node_end_to_end_and_stops_the_reference_server(s
 def test_it_never_puts_a_reference_server_in_a_team_of_users_with_the_slug(sim_node, bob, monkeypatch):
     from inference.errors import InputError
     from portal.deployments.models import Deployment
-    from portal.teams.models import Team
 
     def refuse(options, out):
         raise InputError("mix", "the load generator refused")
 
     monkeypatch.setattr(acceptance_module.bench_cli, "run", refuse)
     # Made before the slug was reserved (the migration leaves a team with members to the people in it).
-    theirs = Team.objects.create(slug="acceptance", name="Acceptance testing", gpu_quota=8)
+    theirs = builders.team(slug="acceptance", name="Acceptance testing", gpu_quota=8)
     theirs.members.add(bob)
     acceptance = node_acceptance_request(node=sim_node, send=False, **SMALL)
     acceptance = node_acceptance_run(acceptance_id=acceptance.pk)

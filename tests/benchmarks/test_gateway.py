@@ -14,15 +14,16 @@ from portal.benchmarks.services import benchmark_run_create, benchmark_run_execu
 from portal.teams.models import ApiKey, Usage
 from portal.teams.selectors import api_keys_of
 from portal.teams.services import api_key_matches, usage_flush
+from tests.helpers import builders
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def serving_deployment(*, team, node, version, url: str):
-    from portal.deployments.models import Deployment, DeploymentProfile
+    from portal.deployments.models import DeploymentProfile
 
     profile = DeploymentProfile.objects.get_or_create(name=f"p-{version.name}", model_version=version)[0]
-    return Deployment.objects.create(
+    return builders.deployment(
         name=f"d-{uuid.uuid4().hex[:8]}",
         team=team,
         model_version=version,

@@ -9,6 +9,7 @@ import schemathesis
 
 from portal.benchmarks.models import BenchmarkRun
 from portal.deployments.models import Deployment, MetricsSample
+from tests.helpers import builders
 from tests.helpers.clients import api_client, basic_auth
 
 pytestmark = pytest.mark.django_db
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def schema(wsgi_app, alice, team, dgx, llama7b, profile_tp8):
-    deployment = Deployment.objects.create(
+    deployment = builders.deployment(
         name="search-llama", team=team, model_version=llama7b, profile=profile_tp8, node=dgx,
         gpu_indices=list(range(8)), desired_state="stopped", state="stopped",  # endpoint_url blank
     )  # fmt: skip

@@ -14,7 +14,7 @@ import pytest
 import schemathesis
 
 from portal.benchmarks.models import BenchmarkRun
-from portal.deployments.models import Deployment
+from tests.helpers import builders
 from tests.helpers.clients import basic_auth
 from tests.helpers.fuzz import CHECKS, fuzz_schema
 
@@ -26,7 +26,7 @@ EXAMPLES = 8
 @pytest.fixture
 def objects(alice, bob, team, dgx, pcie_box, llama7b, qwen_bf16, profile_tp8):
     """Rows for the path parameters: {path prefix: values}."""
-    deployment = Deployment.objects.create(
+    deployment = builders.deployment(
         name="search-llama", team=team, model_version=llama7b, profile=profile_tp8, node=dgx,
         gpu_indices=list(range(8)), desired_state="stopped", state="stopped",
     )  # fmt: skip

@@ -13,9 +13,9 @@ from portal.audit.models import AuditEvent
 from portal.deployments.agent.move import deployment_move
 from portal.deployments.agent.start import deployment_start
 from portal.deployments.gpu_drain import move_target, node_drain_sick_gpus
-from portal.deployments.models import DeploymentProfile
 from portal.inventory.services import node_apply_nvidia_smi_text, node_create, node_record_gpu_health
 from portal.registry.services import model_version_create
+from tests.helpers import builders
 from tests.helpers.builders import make_deployment
 from tests.helpers.samples import bundled_config, nvidia_smi_sample
 
@@ -30,7 +30,7 @@ def _health(node, fixture: str) -> None:
 @pytest.fixture
 def sim_on_gpu3(team, dgx, run_dir, reap_servers):
     version = model_version_create(name="llama-2-7b-chat-hf", config=bundled_config("llama-2-7b-chat-hf"))
-    profile = DeploymentProfile.objects.create(
+    profile = builders.profile(
         name="sim-7b", engine="sim", max_model_len=4096, gpu_memory_utilization=0.93, enforce_eager=True
     )
     _health(dgx, "health_v100_sxm2_8x_healthy.csv")

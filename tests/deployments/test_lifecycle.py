@@ -24,8 +24,9 @@ from portal.deployments.agent.restart import deployment_restart
 from portal.deployments.agent.start import deployment_start
 from portal.deployments.agent.stop import deployment_stop
 from portal.deployments.agent.supervise import deployment_supervise
-from portal.deployments.models import Deployment, DeploymentProfile, DesiredState
+from portal.deployments.models import Deployment, DesiredState
 from portal.registry.services import model_version_create
+from tests.helpers import builders
 from tests.helpers.builders import cpu_node_with, make_deployment
 from tests.helpers.samples import bundled_config
 from tests.helpers.waiting import wait_until
@@ -348,7 +349,7 @@ def test_it_launches_the_simulator_with_the_same_flags_and_the_hardware(
 ):
     """Engine "sim": the portal's own Python runs inference.sim with vLLM's argv plus --hardware."""
     version = model_version_create(name="llama-2-7b-chat-hf", config=bundled_config("llama-2-7b-chat-hf"))
-    profile = DeploymentProfile.objects.create(
+    profile = builders.profile(
         name="sim-7b", engine="sim", max_model_len=4096, gpu_memory_utilization=0.93, enforce_eager=True
     )
     team.gpu_quota = 8

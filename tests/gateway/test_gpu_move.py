@@ -19,11 +19,12 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from portal.audit.models import AuditEvent
-from portal.deployments.models import Deployment, DeploymentProfile
+from portal.deployments.models import Deployment
 from portal.inventory.dispatch import send_to_node
 from portal.inventory.models import Gpu
 from portal.registry.services import model_version_create
 from portal.teams.services import api_key_create
+from tests.helpers import builders
 from tests.helpers.agents import FakeNvidiaSmi, node_agent
 from tests.helpers.gateway import chat_body
 from tests.helpers.samples import bundled_config
@@ -70,7 +71,7 @@ def test_a_deployment_on_a_gpu_turning_degraded_moves_under_traffic(
     # A model name of its own: the gateway process caches each model's routes across tests.
     name = f"sim-{uuid.uuid4().hex[:8]}"
     version = model_version_create(name=name, config=bundled_config("llama-2-7b-chat-hf"))
-    profile = DeploymentProfile.objects.create(
+    profile = builders.profile(
         name="sim-7b", engine="sim", max_model_len=4096, gpu_memory_utilization=0.93, enforce_eager=True
     )
     from portal.deployments.services import deployment_create

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from portal.core.redis_client import redis_keys
+from tests.helpers import builders
 from tests.helpers.gateway import chat_body, make_setup, spawn_fake_upstream, upstream_reset, upstream_stats
 from tests.helpers.processes import stop
 from tests.helpers.waiting import wait_until
@@ -29,9 +30,8 @@ def second_upstream():
 
 @pytest.fixture
 def other_team(db):
-    from portal.teams.models import Team
 
-    return Team.objects.create(name=f"Ads {uuid.uuid4().hex[:6]}", slug=f"ads-{uuid.uuid4().hex[:6]}")
+    return builders.team(name=f"Ads {uuid.uuid4().hex[:6]}", slug=f"ads-{uuid.uuid4().hex[:6]}")
 
 
 def _error(response: httpx.Response) -> dict:
@@ -98,9 +98,8 @@ def test_a_shared_deployment_serves_every_team(gateway, serving, other_team, gw_
 def test_a_key_never_reaches_another_teams_replica_of_its_model(
     gateway, serving, other_team, second_upstream, gw_redis
 ):
-    from portal.deployments.models import Deployment
 
-    Deployment.objects.create(
+    builders.deployment(
         name=f"theirs-{uuid.uuid4().hex[:8]}",
         team=other_team,
         model_version=serving.deployment.model_version,

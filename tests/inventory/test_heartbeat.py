@@ -8,10 +8,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from portal.deployments.models import Deployment, DeploymentEvent
+from portal.deployments.models import DeploymentEvent
 from portal.inventory.models import AgentState, Node
 from portal.inventory.services import node_create, node_record_heartbeat
 from portal.inventory.tasks import heartbeat_all
+from tests.helpers import builders
 from tests.helpers.agents import node_agent
 from tests.helpers.waiting import wait_until
 
@@ -51,15 +52,14 @@ def test_the_node_page_list_and_dashboard_say_when_no_agent_listens(client, alic
 
 @pytest.mark.django_db
 def test_a_pending_deployment_nobody_picked_up_says_so_on_its_timeline(client, alice, settings, team):
-    from portal.deployments.models import DeploymentProfile
     from portal.registry.services import model_version_create
     from tests.helpers.samples import bundled_config
 
     settings.DEPLOYMENT_PENDING_WARN_S = 60
     node = node_create(name="hb-node")
     version = model_version_create(name="tiny", config=bundled_config("llama-2-7b-chat-hf"))
-    profile = DeploymentProfile.objects.create(name="cpu", model_version=version, dtype="float32")
-    deployment = Deployment.objects.create(
+    profile = builders.profile(name="cpu", model_version=version, dtype="float32")
+    deployment = builders.deployment(
         name="waits", team=team, model_version=version, profile=profile, node=node,
         desired_state="running", state="pending",
     )  # fmt: skip

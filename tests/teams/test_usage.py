@@ -14,6 +14,7 @@ from django.utils import timezone
 from portal.core.redis_client import redis_keys
 from portal.teams.models import ApiKey, Team, Usage, UsageDaily
 from portal.teams.services import api_key_create, budgets_enforce, usage_flush, usage_rollup
+from tests.helpers import builders
 from tests.helpers.usage import dead_letters, push, record
 from tests.helpers.waiting import wait_until
 
@@ -41,7 +42,7 @@ def test_it_writes_a_record_pushed_twice_only_once(team, key, gw):
 
 
 def test_it_dead_letters_records_of_deleted_teams_and_garbage(team, key, gw):
-    gone = Team.objects.create(name="Gone", slug="gone")
+    gone = builders.team(name="Gone", slug="gone")
     gone_key, _ = api_key_create(team=gone)
     lost = record(gone, gone_key)
     push(gw, lost, record(team, key))
@@ -236,7 +237,7 @@ def test_a_record_postgresql_refuses_is_dead_lettered_counted_and_the_flush_goes
 
 def test_it_dead_letters_records_of_keys_this_database_does_not_know(team, key, gw):
     # Records queued by another portal on the same Redis: its team and key ids mean nothing here.
-    other = Team.objects.create(name="Other", slug="other")
+    other = builders.team(name="Other", slug="other")
     other_key, _ = api_key_create(team=other)
     stranger = {**record(team, key), "api_key_id": 10**9}
     wrong_team = {**record(team, key), "api_key_id": other_key.pk}  # a key id of another team
