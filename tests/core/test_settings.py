@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 
 from inference.redis_keys import namespace_for_database
-from tests.helpers.manage import PRODUCTION, manage
+from tests.helpers.manage import PRODUCTION, manage, settings_refusals
 
 ROOT = Path(__file__).resolve().parents[2]
+
 
 def test_it_passes_check_deploy_with_production_settings():
     result = manage("check", "--deploy", "--fail-level", "WARNING", env=PRODUCTION)
@@ -94,44 +95,40 @@ def test_it_refuses_gpu_health_settings_out_of_their_bounds():
         ("GPU_HEALTH_XID_WINDOW_MINUTES", "99999"),
         ("RETENTION_GPU_SAMPLES_DAYS", "-1"),
     ]
-    for name, value in bad:
-        result = manage("check", env={**PRODUCTION, name: value})
-        assert result.returncode != 0, (name, value)
-        assert name in result.stderr, result.stderr[-500:]
+    refusals = settings_refusals(*({name: value} for name, value in bad))
+    for (name, value), refusal in zip(bad, refusals, strict=True):
+        assert name in refusal, (name, value, refusal)
 
 
 def test_it_refuses_gateway_limits_out_of_their_bounds():
-    for name, value in [
+    bad = [
         ("GATEWAY_MAX_PROMPTS", "0"),
         ("GATEWAY_MAX_PROMPTS", "5000"),
         ("GATEWAY_AUTH_FAILURES_PER_MINUTE", "0"),
         ("GATEWAY_MAX_PROMPTS", "many"),
-    ]:
-        result = manage("check", env={**PRODUCTION, name: value})
-        assert result.returncode != 0, (name, value)
-        assert name in result.stderr or "invalid literal" in result.stderr, result.stderr[-500:]
+    ]
+    refusals = settings_refusals(*({name: value} for name, value in bad))
+    for (name, value), refusal in zip(bad, refusals, strict=True):
+        assert name in refusal or "invalid literal" in refusal, (name, value, refusal)
 
 
 def test_it_refuses_engine_log_limits_out_of_bounds():
     bad = [("ENGINE_LOG_MAX_BYTES", "100"), ("ENGINE_LOG_KEEP", "-1"), ("ENGINE_LOG_KEEP", "lots")]
-    for name, value in bad:
-        result = manage("check", env={**PRODUCTION, name: value})
-        assert result.returncode != 0, (name, value)
-        assert name in result.stderr or "invalid literal" in result.stderr
+    refusals = settings_refusals(*({name: value} for name, value in bad))
+    for (name, value), refusal in zip(bad, refusals, strict=True):
+        assert name in refusal or "invalid literal" in refusal, (name, value, refusal)
 
 
 def test_it_refuses_a_benchmark_gateway_url_that_is_not_an_http_url():
-    for value in ["127.0.0.1:8000", "ftp://gateway", "http://"]:
-        result = manage("check", env={**PRODUCTION, "BENCHMARK_GATEWAY_URL": value})
-        assert result.returncode != 0, value
-        assert "BENCHMARK_GATEWAY_URL" in result.stderr, result.stderr[-500:]
+    bad = ["127.0.0.1:8000", "ftp://gateway", "http://"]
+    refusals = settings_refusals(*({"BENCHMARK_GATEWAY_URL": value} for value in bad))
+    for value, refusal in zip(bad, refusals, strict=True):
+        assert "BENCHMARK_GATEWAY_URL" in refusal, (value, refusal)
 
 
 def test_it_refuses_a_trusted_proxy_count_out_of_bounds():
-    for count in ("-1", "6"):
-        result = manage("check", env={**PRODUCTION, "TRUSTED_PROXY_COUNT": count})
-        assert result.returncode != 0
-        assert "TRUSTED_PROXY_COUNT" in result.stderr
+    refusals = settings_refusals({"TRUSTED_PROXY_COUNT": "-1"}, {"TRUSTED_PROXY_COUNT": "6"})
+    assert all("TRUSTED_PROXY_COUNT" in refusal for refusal in refusals), refusals
 
 
 def test_check_deploy_fails_when_the_redis_namespace_is_derived():
@@ -147,6 +144,7 @@ def test_the_derived_namespace_does_not_depend_on_how_the_database_url_is_spelle
     namespaces = {_redis_settings(DATABASE_URL=url)["namespace"] for url in spellings}
     assert len(namespaces) == 1
     assert namespaces != {_redis_settings(DATABASE_URL="postgres://portal@db:5433/portal")["namespace"]}
+
 
 def test_it_gives_sqlite_wal_and_waiting_writers_for_several_processes(tmp_path):
     # A one-node installation (scripts/gpu_node.py, `make run`) writes one SQLite file from the web
