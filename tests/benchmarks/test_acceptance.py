@@ -439,6 +439,7 @@ def sim_node(dgx, tmp_path, settings, monkeypatch):
 SMALL = {"shape": "tiny", "concurrency": "1,2,4", "mix": "fixed:32:16", "requests_per_level": 8}
 
 
+@pytest.mark.slow  # out of make test-fast: a calibration fit, seconds of work on 2 cores
 @pytest.mark.django_db(transaction=True)
 def test_it_accepts_a_simulated_node_end_to_end_and_stops_the_reference_server(sim_node, monkeypatch):
     from portal.deployments import predict
