@@ -1,4 +1,4 @@
-"""Two whole user journeys in headless Chromium, against the running stack (tests/stack.py).
+"""Two whole user journeys in headless Chromium, against the running stack (tests/helpers/stack.py).
 
 Ops: log in → add a V100 node (pasted nvidia-smi) and the local CPU node → register
 the tiny Llama and a bf16 Qwen → a bf16 profile on a V100 is refused with the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,7 +30,11 @@ def _imported_modules(path: Path) -> list[tuple[int, str]]:
             found.append((node.lineno, module))
         elif isinstance(node, ast.Import):
             found.extend((node.lineno, alias.name) for alias in node.names)
-    return [(line, module) for line, module in found if module == "tests" or module.startswith("tests.")]
+    # Code run in a subprocess (`manage.py shell -c ...`) is a string: read its imports too.
+    for line, text in enumerate(path.read_text().splitlines(), start=1):
+        if match := re.match(r"\s*from (tests\.[\w.]+) import ", text):
+            found.append((line, match.group(1)))
+    return sorted({(line, module) for line, module in found if module.split(".")[0] == "tests"})
 
 
 def test_no_test_imports_from_another_test_module_or_another_packages_conftest():

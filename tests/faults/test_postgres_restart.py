@@ -43,7 +43,7 @@ from portal.inventory.services import node_create
 from portal.registry.services import model_version_create
 from portal.teams.models import Team
 from portal.teams.services import api_key_create
-from tests.conftest import bundled_config
+from tests.helpers.samples import bundled_config
 
 get_user_model().objects.create_user("alice", password="alice-password", is_staff=True)
 team = Team.objects.create(name="Search", slug="search", gpu_quota=8)
