@@ -11,8 +11,9 @@ which fills a `RequestRecord` for the load generator, the soak and the proxy ben
   out of TPOT; ITL = every gap between consecutive events, pooled over requests;
 - output tokens come from the server's `usage`;
 - throughput = tokens ÷ duration; goodput = requests meeting every SLO ÷ duration;
-- statistics: mean, median, std (population, numpy's default), and percentiles
-  by linear interpolation (numpy's default).
+- statistics: numpy's, as vLLM's: mean, median, std (population, numpy's
+  default) and `np.percentile` with its default "linear" method (interpolation
+  between closest ranks), named explicitly so a numpy default change cannot move them.
 
 Two deliberate differences, both about not hiding a problem: a statistic over an
 empty sample is None (vLLM prints 0), and `duration` is first request start →
@@ -26,13 +27,16 @@ Each level also checks itself against Little's law over its steady window (see
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 LITTLE_LAW_TOLERANCE = 0.10
 METRICS = ("ttft", "tpot", "itl", "e2el")
 PERCENTILES = (90, 95, 99)
+# vLLM's `benchmarks/serve.py` calls np.percentile with numpy's default, "linear".
+PERCENTILE_METHOD = "linear"
 
 
 @dataclass
@@ -83,31 +87,32 @@ class RequestRecord:
         return self.end
 
 
-def percentile(values: list[float], q: float) -> float:
-    """numpy.percentile's default (linear interpolation between closest ranks)."""
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile by linear interpolation between closest ranks (numpy's "linear").
+
+    An empty sample has none: callers report None (see `describe`), never 0.
+    """
+    if len(values) == 0:
+        raise ValueError("percentile of an empty sample")
+    return float(np.percentile(values, q, method=PERCENTILE_METHOD))
 
 
 def describe(values: list[float], name: str) -> dict[str, float | None]:
-    """mean/median/std/pXX of `values` (seconds) in ms, under vLLM's key names."""
+    """mean/median/std/pXX of `values` (seconds) in ms, under vLLM's key names; None when empty."""
     keys = [f"mean_{name}_ms", f"median_{name}_ms", f"std_{name}_ms"] + [
         f"p{p}_{name}_ms" for p in PERCENTILES
     ]
     if not values:
         return dict.fromkeys(keys)
-    mean = sum(values) / len(values)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    sample = np.asarray(values, dtype=float)
     out: dict[str, float | None] = {
-        f"mean_{name}_ms": mean * 1000,
-        f"median_{name}_ms": percentile(values, 50) * 1000,
-        f"std_{name}_ms": std * 1000,
+        f"mean_{name}_ms": float(sample.mean()) * 1000,
+        f"median_{name}_ms": float(np.median(sample)) * 1000,
+        f"std_{name}_ms": float(sample.std()) * 1000,
     }
-    for p in PERCENTILES:
-        out[f"p{p}_{name}_ms"] = percentile(values, p) * 1000
+    ranks = np.percentile(sample, PERCENTILES, method=PERCENTILE_METHOD)
+    for p, value in zip(PERCENTILES, ranks, strict=True):
+        out[f"p{p}_{name}_ms"] = float(value) * 1000
     return out
 
 
@@ -161,8 +166,8 @@ def little_law(
         result["note"] = "steady window too short (fewer than two requests per user); not checked"
         return result
     occupancy = float(concurrency) if concurrency else _mean_in_flight(records, low, high)
-    mean_out = sum(r.output_tokens for r in ok) / len(ok)
-    mean_e2el = sum(r.e2el for r in ok) / len(ok)
+    mean_out = float(np.mean([r.output_tokens for r in ok]))
+    mean_e2el = float(np.mean([r.e2el for r in ok]))
     streaming = ok + [r for r in warmup if r.ok]
     measured = _tokens_in_window(streaming, low, high) / (high - low)
     expected = occupancy * mean_out / mean_e2el if mean_e2el > 0 else None

@@ -14,7 +14,9 @@ from portal.benchmarks.models import BenchmarkRun
 from portal.deployments.models import Deployment
 from portal.teams.models import ApiKey, Team
 from portal.teams.services import api_key_create
-from tests.conftest import api_client, bundled_config, nvidia_smi_sample
+from tests.helpers import builders
+from tests.helpers.clients import api_client
+from tests.helpers.samples import bundled_config, nvidia_smi_sample
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("gateway_redis_db")]
 
@@ -27,7 +29,7 @@ def admin_user(django_user_model):
 
 @pytest.fixture
 def deployment(team, llama7b, profile_tp8, dgx):
-    return Deployment.objects.create(
+    return builders.deployment(
         name="search-llama", team=team, model_version=llama7b, profile=profile_tp8, node=dgx,
         gpu_indices=list(range(8)), desired_state="stopped", state="stopped",
     )  # fmt: skip

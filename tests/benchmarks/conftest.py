@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from inference.loadgen.fake_server import FakeServer
-from tests.gateway.conftest import gateway, gw_redis  # noqa: F401  (members' runs go through it)
+from tests.helpers.builders import make_serving_deployment
 
 MODEL = "llama-2-7b-chat-hf"
 
@@ -69,18 +69,6 @@ def fake_server_factory() -> Callable[..., RunningFakeServer]:
 @pytest.fixture
 def fake_server(fake_server_factory) -> RunningFakeServer:
     return fake_server_factory()
-
-
-def make_serving_deployment(*, team, model, profile, node, url: str, name: str = "search-7b"):
-    from portal.deployments.models import Deployment
-    from portal.deployments.services import deployment_create
-
-    deployment = deployment_create(
-        name=name, team=team, model_version=model, profile=profile, node=node, gpu_indices=list(range(8))
-    )
-    Deployment.objects.filter(pk=deployment.pk).update(state="serving", endpoint_url=url)
-    deployment.refresh_from_db()
-    return deployment
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
 from django.utils import timezone
 from safetensors import safe_open
 
@@ -31,8 +30,9 @@ from portal.benchmarks.acceptance.run import node_acceptance_run
 from portal.core.errors import ApplicationError
 from portal.inventory.models import AcceptanceState, Node, NodeAcceptance
 from portal.inventory.selectors import node_latest_calibration
-from tests.agents import node_agent
-from tests.engines import require_gpu, require_vllm
+from tests.helpers import builders
+from tests.helpers.agents import node_agent
+from tests.helpers.engines import require_gpu, require_vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -246,7 +246,7 @@ def test_a_second_runner_of_the_same_acceptance_does_nothing(dgx):
 
 
 def test_it_takes_the_first_gpu_no_running_deployment_holds(dgx, team, llama7b, profile_tp1):
-    from tests.deployments.conftest import make_deployment
+    from tests.helpers.builders import make_deployment
 
     make_deployment(team, llama7b, profile_tp1, dgx, name="busy", desired_state="running", gpus=[0])
     assert node_acceptance_request(node=dgx, shape="tiny", send=False).gpu_indices == [1]
@@ -437,7 +437,7 @@ def sim_node(dgx, tmp_path, settings, monkeypatch):
 SMALL = {"shape": "tiny", "concurrency": "1,2,4", "mix": "fixed:32:16", "requests_per_level": 8}
 
 
-@pytest.mark.integration
+@pytest.mark.slow  # out of make test-fast: a calibration fit, seconds of work on 2 cores
 @pytest.mark.django_db(transaction=True)
 def test_it_accepts_a_simulated_node_end_to_end_and_stops_the_reference_server(sim_node, monkeypatch):
     from portal.deployments import predict
@@ -483,19 +483,17 @@ def test_it_accepts_a_simulated_node_end_to_end_and_stops_the_reference_server(s
     assert deployment.team.slug == "acceptance" and deployment.model_version.name == "accept-tiny-fp16"
 
 
-@pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
 def test_it_never_puts_a_reference_server_in_a_team_of_users_with_the_slug(sim_node, bob, monkeypatch):
     from inference.errors import InputError
     from portal.deployments.models import Deployment
-    from portal.teams.models import Team
 
     def refuse(config, hooks=None):
         raise InputError("mix", "the load generator refused")
 
     monkeypatch.setattr(acceptance_module, "run_sweep", refuse)
     # Made before the slug was reserved (the migration leaves a team with members to the people in it).
-    theirs = Team.objects.create(slug="acceptance", name="Acceptance testing", gpu_quota=8)
+    theirs = builders.team(slug="acceptance", name="Acceptance testing", gpu_quota=8)
     theirs.members.add(bob)
     acceptance = node_acceptance_request(node=sim_node, send=False, **SMALL)
     acceptance = node_acceptance_run(acceptance_id=acceptance.pk)
@@ -505,7 +503,6 @@ def test_it_never_puts_a_reference_server_in_a_team_of_users_with_the_slug(sim_n
     assert not Deployment.objects.filter(team=theirs).exists()
 
 
-@pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
 def test_a_failed_step_still_stops_the_reference_server(sim_node, monkeypatch):
     from inference.errors import InputError
@@ -527,7 +524,6 @@ def test_a_failed_step_still_stops_the_reference_server(sim_node, monkeypatch):
     assert launched is not None  # it did start, and then was stopped
 
 
-@pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
 def test_a_failed_fit_keeps_the_verdict_and_says_why_there_is_no_calibration(sim_node, monkeypatch):
     from portal.deployments import predict
@@ -716,8 +712,6 @@ def test_an_engine_that_dies_under_the_probe_fails_the_node_naming_the_feature(s
 @pytest.fixture
 def cpu_agent(tmp_path, settings):
     """A real agent for the node `ci-accept` (as test_vllm_integration's, solo pool)."""
-    if connection.vendor != "postgresql":
-        pytest.skip("the agent process needs a database it can share (PostgreSQL)")
     python = str(require_vllm())
     settings.PORTAL_RUN_DIR = str(tmp_path / "run")
     node = Node.objects.create(name="ci-accept", hostname="127.0.0.1", vllm_python=python)
@@ -736,10 +730,10 @@ def _wait_finished(acceptance_id: int, *, timeout_s: float) -> NodeAcceptance:
     raise AssertionError(f"acceptance {acceptance_id} not finished after {timeout_s:.0f} s:\n{progress}")
 
 
-@pytest.mark.integration
 @pytest.mark.vllm
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(900)
+@pytest.mark.postgres(reason="an agent process shares the test database")
 def test_staff_accept_a_real_vllm_cpu_node_from_its_page(cpu_agent, client, alice):
     from portal.deployments.models import Deployment
 
@@ -848,7 +842,7 @@ def test_it_accepts_this_machines_gpu(tmp_path, settings, capsys):
 def test_it_fails_a_node_whose_gpu_is_degraded_at_the_start_and_keeps_the_readings(
     sim_node, tmp_path, monkeypatch, client, bob
 ):
-    from tests.agents import FakeNvidiaSmi
+    from tests.helpers.agents import FakeNvidiaSmi
 
     smi = FakeNvidiaSmi(tmp_path / "bin")
     smi.show("health_v100_sxm2_8x_ecc_uncorrectable.csv")
@@ -871,7 +865,7 @@ def test_it_fails_a_node_whose_gpu_is_degraded_at_the_start_and_keeps_the_readin
 
 
 def test_it_records_healthy_readings_and_goes_on(sim_node, tmp_path, monkeypatch):
-    from tests.agents import FakeNvidiaSmi
+    from tests.helpers.agents import FakeNvidiaSmi
 
     smi = FakeNvidiaSmi(tmp_path / "bin")
     smi.show("health_v100_sxm2_8x_healthy.csv")

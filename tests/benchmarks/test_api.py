@@ -6,7 +6,7 @@ import pytest
 
 from portal.benchmarks.models import BenchmarkRun, RunState
 from portal.benchmarks.services import benchmark_run_execute
-from tests.conftest import api_client
+from tests.helpers.clients import api_client
 
 pytestmark = pytest.mark.django_db
 

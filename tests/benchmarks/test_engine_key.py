@@ -6,8 +6,8 @@ import pytest
 
 from portal.benchmarks.models import RunState
 from portal.benchmarks.services import BenchmarkRunRequest, benchmark_run_create, benchmark_run_execute
-
-from .conftest import make_serving_deployment
+from tests.helpers import builders
+from tests.helpers.builders import make_serving_deployment
 
 pytestmark = pytest.mark.django_db
 
@@ -61,7 +61,6 @@ def test_it_refuses_a_queued_run_whose_deployment_was_deleted_even_if_another_se
     bob, charlie, keyed_deployment, llama7b, profile_tp8, dgx
 ):
     from portal.deployments.models import Deployment
-    from portal.teams.models import Team
 
     run = benchmark_run_create(
         user=bob,
@@ -72,7 +71,7 @@ def test_it_refuses_a_queued_run_whose_deployment_was_deleted_even_if_another_se
     url = keyed_deployment.endpoint_url
     Deployment.objects.filter(pk=keyed_deployment.pk).delete()
     # Another team's server later takes the same address (and the fake server its key).
-    other = Team.objects.create(name="Ads", slug="ads", gpu_quota=8)
+    other = builders.team(name="Ads", slug="ads", gpu_quota=8)
     other.members.add(charlie)
     theirs = make_serving_deployment(
         team=other, model=llama7b, profile=profile_tp8, node=dgx, url=url, name="ads-7b"

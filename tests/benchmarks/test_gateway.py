@@ -14,15 +14,16 @@ from portal.benchmarks.services import BenchmarkRunRequest, benchmark_run_create
 from portal.teams.models import ApiKey, Usage
 from portal.teams.selectors import api_keys_of
 from portal.teams.services import api_key_matches, usage_flush
+from tests.helpers import builders
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def serving_deployment(*, team, node, version, url: str):
-    from portal.deployments.models import Deployment, DeploymentProfile
+    from portal.deployments.models import DeploymentProfile
 
     profile = DeploymentProfile.objects.get_or_create(name=f"p-{version.name}", model_version=version)[0]
-    return Deployment.objects.create(
+    return builders.deployment(
         name=f"d-{uuid.uuid4().hex[:8]}",
         team=team,
         model_version=version,
@@ -47,7 +48,7 @@ def flushed_usage(team, *, at_least: int, deadline_s: float = 15) -> list[Usage]
 @pytest.fixture
 def fresh_model(db):
     from portal.registry.services import model_version_create
-    from tests.conftest import bundled_config
+    from tests.helpers.samples import bundled_config
 
     # A name the gateway process has never cached a route for.
     return model_version_create(name=f"m-{uuid.uuid4().hex[:8]}", config=bundled_config("llama-2-7b-chat-hf"))

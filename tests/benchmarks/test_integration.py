@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db import connection
 
 from portal.benchmarks.models import BenchmarkRun, RunState
+from tests.helpers import builders
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,14 +54,13 @@ def benchmarks_worker(transactional_db):
         worker.wait(timeout=10)
 
 
-@pytest.mark.integration
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
 def test_it_runs_a_two_level_sweep_as_a_celery_job_and_shows_it(
     vllm_server, benchmarks_worker, client, alice, bob, team, cpu_node
 ):
     from portal.benchmarks.services import BenchmarkRunRequest, benchmark_run_create
-    from portal.deployments.models import Deployment, DeploymentProfile
+    from portal.deployments.models import Deployment
     from portal.deployments.services import deployment_create
     from portal.registry.services import model_version_create
 
@@ -69,7 +69,7 @@ def test_it_runs_a_two_level_sweep_as_a_celery_job_and_shows_it(
         config=json.loads((vllm_server.model_dir / "config.json").read_text()),
         path=str(vllm_server.model_dir),
     )
-    profile = DeploymentProfile.objects.create(
+    profile = builders.profile(
         name="tiny-cpu", model_version=model, dtype="float32", max_model_len=4096
     )
     deployment = deployment_create(

@@ -15,7 +15,7 @@ from portal.benchmarks.models import BenchmarkRun, RunState
 from portal.benchmarks.services import BenchmarkRunRequest, benchmark_run_cancel, benchmark_run_create, runs
 from portal.core.errors import ApplicationError
 from portal.deployments.models import Deployment
-from tests.conftest import api_client
+from tests.helpers.clients import api_client
 
 pytestmark = pytest.mark.django_db
 

@@ -298,7 +298,7 @@ def test_it_links_benchmarks_from_the_deployment_page(client, bob, deployment):
 
 def test_it_keeps_where_engines_live_to_staff_in_every_text_of_a_run(client, alice, bob, deployment):
     from portal.inventory.models import Node
-    from tests.conftest import api_client
+    from tests.helpers.clients import api_client
 
     Node.objects.filter(pk=deployment.node_id).update(hostname="gpu-rack7")
     run = benchmark_run_create(

@@ -178,7 +178,7 @@ def test_it_computes_the_roofline_share_from_the_planners_bytes():
 def test_it_keeps_failures_with_reasons_and_refuses_the_level_for_the_sla(
     alice, team, llama7b, profile_tp8, dgx, fake_server_factory
 ):
-    from .conftest import make_serving_deployment
+    from tests.helpers.builders import make_serving_deployment
 
     flaky = fake_server_factory(fail_every=5)
     deployment = make_serving_deployment(
@@ -207,7 +207,7 @@ def test_it_fails_with_a_clear_message_when_the_endpoint_is_unreachable(alice, d
 def test_it_marks_a_level_cut_by_its_timeout_as_partial(
     alice, team, llama7b, profile_tp8, dgx, fake_server_factory
 ):
-    from .conftest import make_serving_deployment
+    from tests.helpers.builders import make_serving_deployment
 
     slow = fake_server_factory(first_token_s=0.01, token_interval_s=0.05)
     deployment = make_serving_deployment(
@@ -261,7 +261,7 @@ def test_it_cancels_a_queued_run_at_once(bob, deployment):
 def test_it_stops_a_running_job_when_cancelled_and_keeps_finished_levels(
     alice, team, llama7b, profile_tp8, dgx, fake_server_factory
 ):
-    from .conftest import make_serving_deployment
+    from tests.helpers.builders import make_serving_deployment
 
     server = fake_server_factory(first_token_s=0.01, token_interval_s=0.01)
     deployment = make_serving_deployment(

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, sync_playwright
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -23,7 +23,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
 TIMEOUT_MS = 15_000
 
 
@@ -55,26 +54,9 @@ def page(browser: Browser) -> Page:
     context.close()
 
 
-def login(page: Page, live_server, username: str, password: str, next_path: str = "/") -> None:
-    """Log in through the real form and wait until the portal shows the user in the header."""
-    page.goto(f"{live_server.url}/accounts/login/?next={next_path}")
-    page.fill("#id_username", username)
-    page.fill("#id_password", password)
-    page.get_by_role("button", name="Log in").click()
-    expect(page.locator("header.top")).to_contain_text(username)
-
-
-def shot(page: Page, name: str) -> Path:
-    """Save a full-page PNG to test-artifacts/screenshots/<name>.png for a person to look at."""
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    path = SCREENSHOTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    return path
-
-
 @pytest.fixture(scope="module")
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
-    """The running stack (tests/stack.py) against the test database, once per module.
+    """The running stack (tests/helpers/stack.py) against the test database, once per module.
 
     Its tests must be transactional, so what they write is committed where the stack's
     processes can read it. A failing test's report ends with every process's log tail
@@ -83,10 +65,8 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
     from django.conf import settings
     from django.db import connection
 
-    from tests.stack import start_stack, stop_stack
+    from tests.helpers.stack import start_stack, stop_stack
 
-    if connection.vendor != "postgresql":
-        pytest.skip("the stack's processes need a database they can share (PostgreSQL)")
     started = start_stack(
         database=connection.settings_dict,
         redis_url=settings.CELERY_BROKER_URL,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import login, shot
+from tests.helpers.browser import login, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -58,7 +58,7 @@ def measured_run(user, deployment):
 
 
 def test_it_shows_a_run_page_with_its_plots(page: Page, live_server, alice, team, llama7b, profile_tp8, dgx):
-    from tests.benchmarks.conftest import make_serving_deployment
+    from tests.helpers.builders import make_serving_deployment
 
     deployment = make_serving_deployment(
         team=team, model=llama7b, profile=profile_tp8, node=dgx, url="http://127.0.0.1:9"

@@ -14,7 +14,7 @@ from django.utils import timezone
 from playwright.sync_api import Page, expect
 
 from portal.core.redis.client import redis_keys
-from tests.browser.conftest import login, shot
+from tests.helpers.browser import login, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -6,7 +6,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from portal.deployments.models import Deployment, DeploymentEvent, MetricsSample
-from tests.browser.conftest import login, shot
+from tests.helpers.browser import login, shot
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
 

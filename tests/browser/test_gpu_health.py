@@ -11,8 +11,8 @@ from playwright.sync_api import Page, expect
 
 from inference.gpu_health import Sample, parse_health_csv
 from portal.inventory.services import node_record_gpu_health
-from tests.browser.conftest import login, shot
-from tests.conftest import nvidia_smi_sample
+from tests.helpers.browser import login, shot
+from tests.helpers.samples import nvidia_smi_sample
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
 

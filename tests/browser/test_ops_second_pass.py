@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import login, shot
-from tests.conftest import nvidia_smi_sample
+from tests.helpers.browser import login, shot
+from tests.helpers.samples import nvidia_smi_sample
 
 pytestmark = [
     pytest.mark.browser,

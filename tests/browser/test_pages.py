@@ -12,7 +12,7 @@ import pytest
 from django.core.management import call_command
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import login, shot
+from tests.helpers.browser import login, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

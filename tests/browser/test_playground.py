@@ -13,8 +13,10 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from perf._common import free_port
-from tests.browser.conftest import login, shot
-from tests.gateway.conftest import REDIS_URL, ROOT, fake_upstream, stop, wait_until_up  # noqa: F401
+from tests.helpers import ROOT
+from tests.helpers.browser import login, shot
+from tests.helpers.gateway import REDIS_URL
+from tests.helpers.processes import stop, wait_until_up
 
 pytestmark = [
     pytest.mark.browser,
@@ -29,7 +31,7 @@ def portal(django_db_setup, django_db_blocker, tmp_path_factory):
     first-token and read timeouts (vLLM-CPU on a loaded machine is slow to its first token)."""
     from django.db import connection
 
-    from tests.stack import clear_gateway_state
+    from tests.helpers.stack import clear_gateway_state
 
     clear_gateway_state(REDIS_URL)  # a new test database numbers keys from 1 again
     db = connection.settings_dict
@@ -60,7 +62,7 @@ def portal(django_db_setup, django_db_blocker, tmp_path_factory):
 def serve(team, cpu_node, *, name: str, endpoint_url: str, model_dir=None):
     from portal.deployments.models import Deployment, DeploymentProfile
     from portal.registry.services import model_version_create
-    from tests.conftest import bundled_config
+    from tests.helpers.samples import bundled_config
 
     if model_dir is None:
         config = bundled_config("llama-2-7b-chat-hf")
@@ -95,7 +97,6 @@ def wait_for_usage(team, deadline_s: float = 30):
 
 
 @pytest.mark.vllm
-@pytest.mark.integration
 @pytest.mark.timeout(600)
 def test_a_member_chats_with_the_real_model_and_the_team_is_accounted(
     page: Page, portal, vllm_server, bob, team, cpu_node
@@ -123,7 +124,7 @@ def test_a_member_chats_with_the_real_model_and_the_team_is_accounted(
 
 
 def test_errors_show_as_the_gateways_message_and_code_is_copied_with_a_placeholder_key(
-    page: Page, portal, fake_upstream, bob, team, cpu_node  # noqa: F811 (the fixture imported above)
+    page: Page, portal, fake_upstream, bob, team, cpu_node
 ):
     team.rpm_limit = 1
     team.save()
@@ -168,7 +169,7 @@ def test_errors_show_as_the_gateways_message_and_code_is_copied_with_a_placehold
 
 
 def test_a_member_whose_session_ended_is_told_to_sign_in_again(
-    page: Page, portal, fake_upstream, bob, team, cpu_node  # noqa: F811 (the fixture imported above)
+    page: Page, portal, fake_upstream, bob, team, cpu_node
 ):
     serve(team, cpu_node, name="fake-chat-2", endpoint_url=fake_upstream)
     open_playground(page, portal)
@@ -180,7 +181,7 @@ def test_a_member_whose_session_ended_is_told_to_sign_in_again(
 
 
 def test_the_max_tokens_field_follows_the_models_context(
-    page: Page, portal, fake_upstream, bob, team, cpu_node  # noqa: F811 (the fixture imported above)
+    page: Page, portal, fake_upstream, bob, team, cpu_node
 ):
     serve(team, cpu_node, name="fake-long", endpoint_url=fake_upstream)  # 4,096 tokens: the clamp bounds
     short = serve(team, cpu_node, name="fake-short", endpoint_url=fake_upstream)

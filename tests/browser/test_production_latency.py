@@ -14,7 +14,7 @@ from portal.benchmarks.models import BenchmarkLevel, BenchmarkRun
 from portal.deployments.models import Deployment
 from portal.observability.services import latency_rollup_recent
 from portal.teams.models import Usage
-from tests.browser.conftest import login, shot
+from tests.helpers.browser import login, shot
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
 

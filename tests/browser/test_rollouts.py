@@ -8,8 +8,8 @@ import re
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import login, shot
-from tests.rollouts.conftest import make_pair, shares_of
+from tests.helpers.browser import login, shot
+from tests.helpers.rollouts import make_pair, shares_of
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
 

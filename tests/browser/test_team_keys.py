@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import login, shot
+from tests.helpers.browser import login, shot
 
 pytestmark = [
     pytest.mark.browser,

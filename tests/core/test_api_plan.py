@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.conftest import api_client
+from tests.helpers.clients import api_client
 
 pytestmark = pytest.mark.django_db
 

@@ -9,15 +9,15 @@ import schemathesis
 
 from portal.benchmarks.models import BenchmarkRun
 from portal.deployments.models import Deployment, MetricsSample
-from tests.conftest import api_client
-from tests.core.test_fuzz_api import _basic, wsgi_app  # noqa: F401  (the fixture)
+from tests.helpers import builders
+from tests.helpers.clients import api_client, basic_auth
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def schema(wsgi_app, alice, team, dgx, llama7b, profile_tp8):  # noqa: F811
-    deployment = Deployment.objects.create(
+def schema(wsgi_app, alice, team, dgx, llama7b, profile_tp8):
+    deployment = builders.deployment(
         name="search-llama", team=team, model_version=llama7b, profile=profile_tp8, node=dgx,
         gpu_indices=list(range(8)), desired_state="stopped", state="stopped",  # endpoint_url blank
     )  # fmt: skip
@@ -26,12 +26,14 @@ def schema(wsgi_app, alice, team, dgx, llama7b, profile_tp8):  # noqa: F811
     BenchmarkRun.objects.create(
         deployment=deployment, kind="imported", mix="x", state="done", sla_concurrency=4
     )
-    return schemathesis.openapi.from_wsgi("/api/schema/", wsgi_app, headers=_basic("alice", "alice-password"))
+    headers = basic_auth("alice", "alice-password")
+    return schemathesis.openapi.from_wsgi("/api/schema/", wsgi_app, headers=headers)
 
 
 def _validate(schema, method: str, path: str, **path_parameters) -> None:
     operation = schema[path][method]
-    response = operation.Case(path_parameters=path_parameters).call(headers=_basic("alice", "alice-password"))
+    headers = basic_auth("alice", "alice-password")
+    response = operation.Case(path_parameters=path_parameters).call(headers=headers)
     assert response.status_code == 200, response.text
     operation.validate_response(response)  # raises with the violations
 

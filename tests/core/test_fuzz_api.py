@@ -10,44 +10,23 @@ derandomized (the same examples every run) and bounded (about a minute in all).
 
 from __future__ import annotations
 
-import base64
-
 import pytest
 import schemathesis
 
 from portal.benchmarks.models import BenchmarkRun
-from portal.deployments.models import Deployment
-from tests.fuzz import CHECKS, fuzz_schema
+from tests.helpers import builders
+from tests.helpers.clients import basic_auth
+from tests.helpers.fuzz import CHECKS, fuzz_schema
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]  # minutes of fuzzing: not in make test-fast
 
 EXAMPLES = 8
 
 
-def _basic(username: str, password: str) -> dict[str, str]:
-    return {"Authorization": "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()}
-
-
-@pytest.fixture
-def wsgi_app(settings):
-    from django.core import signals
-    from django.db import close_old_connections
-
-    from portal.wsgi import application
-
-    settings.ALLOWED_HOSTS = ["*"]
-    # In-process WSGI calls must not close the test's connection (Django's test client does the same).
-    signals.request_started.disconnect(close_old_connections)
-    signals.request_finished.disconnect(close_old_connections)
-    yield application
-    signals.request_started.connect(close_old_connections)
-    signals.request_finished.connect(close_old_connections)
-
-
 @pytest.fixture
 def objects(alice, bob, team, dgx, pcie_box, llama7b, qwen_bf16, profile_tp8):
     """Rows for the path parameters: {path prefix: values}."""
-    deployment = Deployment.objects.create(
+    deployment = builders.deployment(
         name="search-llama", team=team, model_version=llama7b, profile=profile_tp8, node=dgx,
         gpu_indices=list(range(8)), desired_state="stopped", state="stopped",
     )  # fmt: skip
@@ -85,7 +64,7 @@ def _on_real_objects(schema, objects: dict[str, list[str]]):
     ids=["staff", "staff-on-real-objects", "member-on-real-objects"],
 )
 def test_the_api_never_fails(wsgi_app, objects, user, real_objects):
-    headers = _basic(user, f"{user}-password")
+    headers = basic_auth(user, f"{user}-password")
     schema = schemathesis.openapi.from_wsgi("/api/schema/", wsgi_app, headers=headers)
     if real_objects:
         schema = _on_real_objects(schema, objects)

@@ -3,39 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import os
 import uuid
 
 import pytest
-from redis.asyncio import Redis
 
-from portal.core.redis.keys import RedisKeys
 from portal.core.redis.ratelimit import LeaseKeeper, Limits, RateLimiter, Scope
-
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
-
-
-def run(coro_fn, *, lease_ms: int = 2000, poll_s: tuple[float, float] = (0.002, 0.05), daily_used=None):
-    """Run `coro_fn(limiter)` on a fresh event loop with a limiter under a unique namespace."""
-
-    async def main():
-        redis = Redis.from_url(REDIS_URL)
-        namespace = f"test-{uuid.uuid4().hex[:8]}"
-        try:
-            limiter = RateLimiter(
-                redis, keys=RedisKeys(namespace), lease_ms=lease_ms, poll_s=poll_s, daily_used=daily_used
-            )
-            return await coro_fn(limiter)
-        finally:
-            keys = [k async for k in redis.scan_iter(f"{namespace}:*")]
-            if keys:
-                await redis.delete(*keys)
-            await redis.aclose()
-
-    # In a thread of its own: the test thread may already run a loop (Playwright's sync API does).
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, main()).result()
+from tests.helpers.ratelimit import run
 
 
 def rid() -> str:

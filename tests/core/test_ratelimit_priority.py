@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from portal.core.redis.ratelimit import batch_limit
-
-from .test_ratelimit import run as run_with_limiter
+from tests.helpers.ratelimit import run as run_with_limiter
 
 
 def run(coro_fn, **limiter_options):

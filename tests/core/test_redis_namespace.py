@@ -88,7 +88,7 @@ def test_a_worker_on_another_namespace_of_the_same_database_is_shown_on_the_dash
     from django.test import Client
 
     from portal.core.heartbeat import live_namespaces, namespace_heartbeat_record
-    from tests.agents import node_agent
+    from tests.helpers.agents import node_agent
 
     ours = settings.PORTAL_REDIS_NAMESPACE
     # Ends as ours does: under xdist, tests/settings.py appends the worker id to a namespace that does not.

@@ -17,6 +17,7 @@ from portal.deployments.tasks import (
 )
 from portal.inventory.tasks import discover_gpus, probe_software
 from portal.registry.tasks import convert_model_version, hash_model_version
+from tests.helpers import builders
 
 pytestmark = pytest.mark.django_db
 
@@ -50,7 +51,7 @@ def test_it_logs_one_line_and_ends_quietly_for_a_row_this_database_never_had(tas
 
 
 def test_it_ends_quietly_when_the_row_is_deleted_while_the_task_runs(team, llama7b, profile_tp1, cpu_node):
-    deployment = Deployment.objects.create(
+    deployment = builders.deployment(
         name="short-lived", team=team, model_version=llama7b, profile=profile_tp1, node=cpu_node
     )
 
@@ -63,7 +64,7 @@ def test_it_ends_quietly_when_the_row_is_deleted_while_the_task_runs(team, llama
 
 
 def test_it_still_raises_when_the_row_exists(team, llama7b, profile_tp1, cpu_node):
-    deployment = Deployment.objects.create(
+    deployment = builders.deployment(
         name="still-here", team=team, model_version=llama7b, profile=profile_tp1, node=cpu_node
     )
 

@@ -10,7 +10,7 @@ import json
 import pytest
 from django.test import Client
 
-from tests.conftest import api_client
+from tests.helpers.clients import api_client
 
 pytestmark = pytest.mark.django_db
 

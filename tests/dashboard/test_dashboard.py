@@ -13,19 +13,20 @@ from django.utils import timezone
 
 from portal.benchmarks.models import BenchmarkLevel, BenchmarkRun
 from portal.core.redis.client import redis_keys
-from portal.deployments.models import Deployment, MetricsSample
+from portal.deployments.models import MetricsSample
 from portal.observability import prometheus
 from portal.observability.services import queue_depth_sample
 from portal.registry.services import model_version_create
-from portal.teams.models import Team, Usage
+from portal.teams.models import Usage
 from portal.teams.services import api_key_create
-from tests.conftest import bundled_config
+from tests.helpers import builders
+from tests.helpers.samples import bundled_config
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("metrics_redis")]
 
 
 def deploy(name, *, team, model, node=None, gpus=(), state="serving", profile=None, cap=None, shared=False):
-    return Deployment.objects.create(
+    return builders.deployment(
         name=name, team=team, model_version=model, profile=profile, node=node, gpu_indices=list(gpus),
         shared=shared,
         desired_state="running" if state in ("serving", "starting") else "stopped", state=state,
@@ -161,7 +162,7 @@ def test_the_dashboard_costs_the_same_queries_however_big_the_fleet(
 @pytest.fixture
 def two_teams(team, llama7b, qwen_bf16, fleet):
     """bob's team "search" and team "ads" (not his), each with a key and usage today."""
-    ads = Team.objects.create(name="Ads", slug="ads")
+    ads = builders.team(name="Ads", slug="ads")
     team.tokens_per_day = 10_000
     team.max_concurrent = 4
     team.save()
@@ -221,11 +222,10 @@ def test_a_member_sees_only_the_models_the_team_may_call(client, bob, two_teams)
 
 
 def test_a_member_sees_how_to_call_each_model_base_url_context_and_max_tokens(client, bob, two_teams):
-    from portal.deployments.models import DeploymentProfile
 
     team = two_teams[0]
     tiny = model_version_create(name="tiny-llama", config=bundled_config("llama-2-7b-chat-hf"))
-    short = DeploymentProfile.objects.create(name="t", max_model_len=512)
+    short = builders.profile(name="t", max_model_len=512)
     deploy("tiny", team=team, model=tiny, profile=short)
     client.force_login(bob)
     page = client.get("/").content.decode()
@@ -256,7 +256,7 @@ def test_the_team_front_page_costs_the_same_queries_for_more_teams_and_keys(
     with CaptureQueriesContext(connection) as small:
         client.get("/")
     for i in range(5):
-        extra = Team.objects.create(name=f"T{i}", slug=f"t{i}")
+        extra = builders.team(name=f"T{i}", slug=f"t{i}")
         extra.members.add(bob)
         for _ in range(3):
             api_key_create(team=extra)

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from inference.gpu_health import Sample, parse_health_csv
 from portal.inventory.services import node_record_gpu_health
-from tests.conftest import nvidia_smi_sample
+from tests.helpers.samples import nvidia_smi_sample
 
 pytestmark = pytest.mark.django_db
 

@@ -14,10 +14,11 @@ from portal.audit.models import AppendOnlyError, AuditEvent
 from portal.audit.services import audit_event_record
 from portal.core import services as core_services
 from portal.dashboard.services import retention_prune
-from portal.deployments.models import Deployment, DeploymentEvent, MetricsSample
+from portal.deployments.models import DeploymentEvent, MetricsSample
 from portal.teams.models import Usage, UsageDaily
 from portal.teams.services import usage_rollup
-from tests.core.test_settings import PRODUCTION, _manage
+from tests.helpers import builders
+from tests.helpers.manage import PRODUCTION, manage
 
 pytestmark = pytest.mark.django_db
 
@@ -91,7 +92,7 @@ def test_a_prune_cut_short_mid_day_keeps_that_days_rollup_whole(retention, team,
 def test_it_deletes_old_events_samples_and_audit_events_in_batches(
     retention, team, llama7b, profile_tp1, cpu_node
 ):
-    deployment = Deployment.objects.create(
+    deployment = builders.deployment(
         name="old", team=team, model_version=llama7b, profile=profile_tp1, node=cpu_node
     )
     for _ in range(5):
@@ -118,7 +119,7 @@ def test_it_deletes_old_events_samples_and_audit_events_in_batches(
 
 
 def test_zero_days_keeps_rows_forever(retention, team, llama7b, profile_tp1, cpu_node):
-    deployment = Deployment.objects.create(
+    deployment = builders.deployment(
         name="kept", team=team, model_version=llama7b, profile=profile_tp1, node=cpu_node
     )
     audit_event_record(action="test.retention", target=deployment)
@@ -149,6 +150,6 @@ def test_the_beat_task_prunes_with_the_settings(retention, team):
 
 
 def test_it_refuses_a_usage_retention_shorter_than_the_rollup_window():
-    result = _manage("check", env={**PRODUCTION, "RETENTION_USAGE_DAYS": "1"})
+    result = manage("check", env={**PRODUCTION, "RETENTION_USAGE_DAYS": "1"})
     assert result.returncode != 0
     assert "RETENTION_USAGE_DAYS=1 must be 0 (keep forever) or at least 2" in result.stderr

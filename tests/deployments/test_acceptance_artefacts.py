@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from portal.deployments.models import Deployment, DeploymentProfile
 from portal.registry.services import model_version_create
-from portal.teams.models import Team
-from tests.conftest import bundled_config
+from tests.helpers import builders
+from tests.helpers.samples import bundled_config
 
 pytestmark = pytest.mark.django_db
 
@@ -18,11 +17,11 @@ def artefacts(cpu_node):
     version = model_version_create(
         name="accept-tiny-fp32", config=bundled_config("llama-2-7b-chat-hf"), source="node acceptance (tiny)"
     )
-    profile = DeploymentProfile.objects.create(
+    profile = builders.profile(
         name="accept-local-1", model_version=version, dtype="float32", description="node acceptance 1"
     )
-    team = Team.objects.create(name="Node acceptance", slug="acceptance", gpu_quota=1024)
-    Deployment.objects.create(
+    team = builders.team(name="Node acceptance", slug="acceptance", gpu_quota=1024)
+    builders.deployment(
         name="accept-local-1", team=team, model_version=version, profile=profile, node=cpu_node,
         desired_state="stopped", state="stopped",
     )  # fmt: skip

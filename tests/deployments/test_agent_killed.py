@@ -23,19 +23,19 @@ from portal.deployments.agent.start import deployment_start
 from portal.deployments.agent.supervise import deployment_supervise
 from portal.deployments.models import Deployment
 from portal.deployments.tasks import start_deployment
-from tests.deployments.conftest import FAKE_ENGINE, make_deployment
+from tests.helpers.builders import make_deployment
+from tests.helpers.deployments import FAKE_ENGINE
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 @pytest.mark.slow  # out of make test-fast: seconds of work on 2 cores
+@pytest.mark.postgres(reason="an agent process shares the test database")
 def test_it_recovers_when_the_agent_dies_during_a_start(
     team, tiny_version, tiny_profile, fake_node, reap_servers, run_dir, settings, tmp_path, monkeypatch
 ):
-    if connection.vendor != "postgresql":
-        pytest.skip("the agent process needs a database it can share (PostgreSQL)")
     settings.DEPLOYMENT_LEASE_TTL_S = 3
     queue = fake_node.queue
     redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(redis_keys().celery_key(queue))

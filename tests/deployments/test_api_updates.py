@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import api_client
-from tests.deployments.conftest import make_deployment
+from tests.helpers.builders import make_deployment
+from tests.helpers.clients import api_client
 
 pytestmark = pytest.mark.django_db
 

@@ -3,9 +3,10 @@
 import pytest
 
 from portal.core.errors import ApplicationError
-from portal.deployments.models import Deployment, DeploymentProfile, DesiredState
+from portal.deployments.models import Deployment, DesiredState
 from portal.deployments.services import deployment_create, deployment_plan, profile_plan
-from tests.conftest import api_client
+from tests.helpers import builders
+from tests.helpers.clients import api_client
 
 pytestmark = pytest.mark.django_db
 
@@ -62,7 +63,7 @@ def test_it_refuses_a_team_over_its_gpu_quota(team, llama7b, profile_tp1, dgx):
 
 
 def test_it_refuses_bf16_on_v100_with_the_reason_and_saves_nothing(team, qwen_bf16, dgx):
-    profile = DeploymentProfile.objects.create(
+    profile = builders.profile(
         name="bf16", model_version=qwen_bf16, dtype="bfloat16", enforce_eager=True, max_model_len=8192
     )
     with pytest.raises(ApplicationError) as error:
@@ -73,7 +74,7 @@ def test_it_refuses_bf16_on_v100_with_the_reason_and_saves_nothing(team, qwen_bf
 
 
 def test_it_warns_about_tensor_parallel_over_pcie(team, llama7b, pcie_box):
-    profile = DeploymentProfile.objects.create(
+    profile = builders.profile(
         name="tp2",
         model_version=llama7b,
         tensor_parallel_size=2,
@@ -86,7 +87,7 @@ def test_it_warns_about_tensor_parallel_over_pcie(team, llama7b, pcie_box):
 
 
 def test_it_sees_nvlink_between_directly_linked_dgx_gpus(team, llama7b, dgx):
-    profile = DeploymentProfile.objects.create(
+    profile = builders.profile(
         name="tp2",
         model_version=llama7b,
         tensor_parallel_size=2,
@@ -110,7 +111,7 @@ def test_it_plans_a_profile_against_its_own_target(profile_tp8):
 
 
 def test_it_has_no_plan_for_a_profile_without_a_target(db):
-    assert profile_plan(DeploymentProfile.objects.create(name="bare")) is None
+    assert profile_plan(builders.profile(name="bare")) is None
 
 
 def test_it_hides_other_teams_deployments_from_members(team, llama7b, profile_tp1, dgx, charlie, bob):
@@ -139,7 +140,7 @@ def test_it_creates_through_the_api_and_returns_the_plan(alice, team, llama7b, p
 
 
 def test_it_answers_400_with_findings_when_the_planner_refuses(alice, team, qwen_bf16, dgx):
-    DeploymentProfile.objects.create(name="bf16", dtype="bfloat16", max_model_len=8192, enforce_eager=True)
+    builders.profile(name="bf16", dtype="bfloat16", max_model_len=8192, enforce_eager=True)
     response = api_client(alice).post(
         "/api/v1/deployments/",
         {

@@ -22,9 +22,9 @@ from portal.deployments.agent.adopted import adopted_check
 from portal.deployments.agent.start import deployment_start
 from portal.deployments.agent.steps import event
 from portal.deployments.models import Deployment
-from tests.conftest import api_client
-
-from .conftest import make_deployment
+from tests.helpers import builders
+from tests.helpers.builders import make_deployment
+from tests.helpers.clients import api_client
 
 pytestmark = pytest.mark.django_db
 
@@ -149,7 +149,7 @@ def test_it_health_checks_an_adopted_server_with_its_key(
 ):
     import sys
 
-    from tests.deployments.conftest import FAKE_ENGINE
+    from tests.helpers.deployments import FAKE_ENGINE
 
     port = supervisor.find_free_port()
     launched = supervisor.launch(
@@ -182,7 +182,7 @@ def test_it_health_checks_an_adopted_server_with_its_key(
 def serving_remote(team, llama7b, profile_tp1, dgx):
     dgx.hostname = "gpu-07.dc.internal"
     dgx.save()
-    deployment = Deployment.objects.create(
+    deployment = builders.deployment(
         name="search-llama", team=team, model_version=llama7b, profile=profile_tp1, node=dgx,
         gpu_indices=[0], desired_state="running", state="serving", port=8123, pid=4242,
         endpoint_url="http://gpu-07.dc.internal:8123", command=["python", "--host", "gpu-07", "--port", "81"],

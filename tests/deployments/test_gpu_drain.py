@@ -13,11 +13,11 @@ from portal.audit.models import AuditEvent
 from portal.deployments.agent.move import deployment_move
 from portal.deployments.agent.start import deployment_start
 from portal.deployments.gpu_drain import move_target, node_drain_sick_gpus
-from portal.deployments.models import DeploymentProfile
 from portal.inventory.services import node_apply_nvidia_smi_text, node_create, node_record_gpu_health
 from portal.registry.services import model_version_create
-from tests.conftest import bundled_config, nvidia_smi_sample
-from tests.deployments.conftest import make_deployment
+from tests.helpers import builders
+from tests.helpers.builders import make_deployment
+from tests.helpers.samples import bundled_config, nvidia_smi_sample
 
 pytestmark = pytest.mark.django_db
 
@@ -30,7 +30,7 @@ def _health(node, fixture: str) -> None:
 @pytest.fixture
 def sim_on_gpu3(team, dgx, run_dir, reap_servers):
     version = model_version_create(name="llama-2-7b-chat-hf", config=bundled_config("llama-2-7b-chat-hf"))
-    profile = DeploymentProfile.objects.create(
+    profile = builders.profile(
         name="sim-7b", engine="sim", max_model_len=4096, gpu_memory_utilization=0.93, enforce_eager=True
     )
     _health(dgx, "health_v100_sxm2_8x_healthy.csv")
@@ -130,7 +130,7 @@ def test_a_move_whose_command_expired_unrun_is_decided_again(sim_on_gpu3, dgx):
 def test_the_api_takes_a_failure_policy_on_create_and_refuses_an_unknown_one(
     alice, team, llama7b, profile_tp1, dgx
 ):
-    from tests.conftest import api_client
+    from tests.helpers.clients import api_client
 
     body = {"team": "search", "model_version": llama7b.name, "profile": profile_tp1.name, "node": dgx.name}
     created = api_client(alice).post(

@@ -12,7 +12,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -25,10 +24,12 @@ from portal.deployments.agent.restart import deployment_restart
 from portal.deployments.agent.start import deployment_start
 from portal.deployments.agent.stop import deployment_stop
 from portal.deployments.agent.supervise import deployment_supervise
-from portal.deployments.models import Deployment, DeploymentProfile, DesiredState
+from portal.deployments.models import Deployment, DesiredState
 from portal.registry.services import model_version_create
-from tests.conftest import bundled_config
-from tests.deployments.conftest import cpu_node_with, make_deployment
+from tests.helpers import builders
+from tests.helpers.builders import cpu_node_with, make_deployment
+from tests.helpers.samples import bundled_config
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -45,10 +46,12 @@ def _steps(deployment) -> list[tuple[str, str]]:
 
 def _wait_dead(pid: int, timeout_s: float = 30) -> None:
     """Until a killed process is gone (SIGKILL is not instant on a loaded machine)."""
-    deadline = time.monotonic() + timeout_s
-    while supervisor.process_alive(pid):
-        assert time.monotonic() < deadline, f"process {pid} still alive {timeout_s:.0f} s after SIGKILL"
-        time.sleep(0.02)
+    wait_until(
+        lambda: not supervisor.process_alive(pid),
+        timeout_s=timeout_s,
+        what=f"process {pid} gone",
+        interval_s=0.02,
+    )
 
 
 @pytest.fixture
@@ -327,9 +330,8 @@ def test_it_recovers_a_start_whose_agent_died(deployment, django_capture_on_comm
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres(reason="concurrent connections")
 def test_it_stops_a_start_when_the_deployment_is_stopped_meanwhile(deployment, monkeypatch):
-    if connection.vendor != "postgresql":
-        pytest.skip("needs concurrent connections")
     monkeypatch.setenv("FAKE_VLLM_STARTUP_S", "15")
 
     def stop_it():
@@ -347,7 +349,7 @@ def test_it_launches_the_simulator_with_the_same_flags_and_the_hardware(
 ):
     """Engine "sim": the portal's own Python runs inference.sim with vLLM's argv plus --hardware."""
     version = model_version_create(name="llama-2-7b-chat-hf", config=bundled_config("llama-2-7b-chat-hf"))
-    profile = DeploymentProfile.objects.create(
+    profile = builders.profile(
         name="sim-7b", engine="sim", max_model_len=4096, gpu_memory_utilization=0.93, enforce_eager=True
     )
     team.gpu_quota = 8
@@ -372,11 +374,10 @@ def test_it_launches_the_simulator_with_the_same_flags_and_the_hardware(
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres(reason="concurrent connections")
 def test_it_runs_exactly_one_server_when_the_start_runs_twice_at_once(
     team, tiny_version, tiny_profile, fake_node, reap_servers, monkeypatch
 ):
-    if connection.vendor != "postgresql":
-        pytest.skip("needs concurrent connections")
     monkeypatch.setenv("FAKE_VLLM_STARTUP_S", "1")
     deployment = make_deployment(team, tiny_version, tiny_profile, fake_node)
     results = []

@@ -14,9 +14,9 @@ from portal.deployments.agent.start import deployment_start
 from portal.deployments.agent.supervise import deployment_supervise
 from portal.deployments.models import Deployment, DeploymentEvent, MetricsSample
 from portal.deployments.services import endpoint_url_from
-from portal.teams.models import Team
-from tests.conftest import api_client
-from tests.deployments.conftest import make_deployment
+from tests.helpers import builders
+from tests.helpers.builders import make_deployment
+from tests.helpers.clients import api_client
 
 pytestmark = pytest.mark.django_db
 
@@ -176,7 +176,7 @@ def test_it_stores_the_server_root_of_an_adopted_url(given, stored):
 
 
 def test_it_adopts_a_server_with_the_command_and_health_checks_it(external_server, tiny_version, team):
-    Team.objects.create(name="Platform", slug="platform")
+    builders.team(name="Platform", slug="platform")
     call_command(
         "register_endpoint", "--model", "tiny-llama", "--url", f"{external_server}/v1", "--team", "platform"
     )
@@ -266,7 +266,7 @@ def test_it_refuses_a_bad_samples_limit(bob, deployment):
 def test_the_page_offers_only_the_actions_that_change_something(
     client, alice, team, dgx, profile_tp1, desired, state, buttons
 ):
-    deployment = Deployment.objects.create(
+    deployment = builders.deployment(
         name="llama7b-x", team=team, profile=profile_tp1, model_version=profile_tp1.model_version,
         node=dgx, gpu_indices=[0], desired_state=desired, state=state,
     )  # fmt: skip

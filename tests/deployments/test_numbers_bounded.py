@@ -9,13 +9,14 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from portal.deployments.models import Deployment, DeploymentProfile
+from tests.helpers import builders
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def deployment(team, llama7b, profile_tp1, dgx):
-    return Deployment.objects.create(
+    return builders.deployment(
         name="d1", team=team, model_version=llama7b, profile=profile_tp1, node=dgx, desired_state="stopped"
     )
 

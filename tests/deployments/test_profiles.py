@@ -3,7 +3,7 @@
 import pytest
 
 from portal.deployments.models import DeploymentProfile
-from tests.conftest import api_client
+from tests.helpers.clients import api_client
 
 pytestmark = pytest.mark.django_db
 

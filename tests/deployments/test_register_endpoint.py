@@ -15,6 +15,7 @@ from portal.deployments.models import Deployment
 from portal.deployments.services import resolve_model
 from portal.registry.models import ModelVersion
 from portal.teams.models import Team
+from tests.helpers import builders
 
 pytestmark = pytest.mark.django_db
 
@@ -97,7 +98,7 @@ def test_it_tells_a_fresh_install_to_create_a_team_first(vllm_server):
 
 
 def test_it_asks_which_team_owns_it_when_there_are_several(vllm_server, team):
-    Team.objects.create(name="Platform", slug="platform")
+    builders.team(name="Platform", slug="platform")
     with pytest.raises(CommandError, match="--team: choose the owner: platform, search"):
         call_command("register_endpoint", "--url", vllm_server)
     assert not Deployment.objects.exists() and not ModelVersion.objects.exists()

@@ -14,8 +14,7 @@ from portal.deployments.agent.start import deployment_start
 from portal.deployments.agent.stop import deployment_stop
 from portal.deployments.agent.supervise import deployment_supervise
 from portal.deployments.models import Deployment
-
-from .conftest import make_deployment
+from tests.helpers.builders import make_deployment
 
 pytestmark = pytest.mark.django_db
 

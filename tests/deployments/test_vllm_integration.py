@@ -20,31 +20,32 @@ from pathlib import Path
 
 import httpx
 import pytest
-from django.db import connection
 
 from inference import server_log, supervisor
 from portal.deployments.agent.start import deployment_start
 from portal.deployments.agent.stop import deployment_stop
 from portal.deployments.agent.supervise import deployment_supervise
-from portal.deployments.models import Deployment, DeploymentProfile
+from portal.deployments.models import Deployment
 from portal.deployments.tasks import start_deployment, supervise_node
 from portal.inventory.models import Node
 from portal.registry.services import model_version_create, model_version_hash_files
-from portal.teams.models import Team
-from tests.agents import node_agent
-from tests.conftest import api_client
-from tests.engines import require_vllm
+from tests.helpers import builders
+from tests.helpers.agents import node_agent
+from tests.helpers.clients import api_client
+from tests.helpers.engines import require_vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE = "ci-deploy"
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration, pytest.mark.vllm]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.vllm,
+    pytest.mark.postgres(reason="an agent process shares the test database"),
+]
 
 
 @pytest.fixture
 def vllm_env():
-    if connection.vendor != "postgresql":
-        pytest.skip("the agent process needs a database it can share (PostgreSQL)")
     return str(require_vllm())
 
 
@@ -55,8 +56,8 @@ def setup(vllm_env, tiny_model_dir, tmp_path, settings, alice):
     config = json.loads((tiny_model_dir / "config.json").read_text())
     version = model_version_create(name="tiny-llama", config=config, path=str(tiny_model_dir))
     model_version_hash_files(model_version=version)
-    team = Team.objects.create(name="Search", slug="search", gpu_quota=1)
-    profile = DeploymentProfile.objects.create(
+    team = builders.team(name="Search", slug="search", gpu_quota=1)
+    profile = builders.profile(
         name="cpu-tiny",
         dtype="float32",
         max_model_len=512,
@@ -222,7 +223,7 @@ def test_it_deploys_serves_recovers_from_kill_9_and_stops_a_real_vllm(setup, age
 
 def test_it_fails_a_profile_vllm_rejects_with_the_classified_cause(setup):
     """max_model_len beyond the model's 4096 positions: the planner cannot see it on a CPU node, vLLM can."""
-    profile = DeploymentProfile.objects.create(
+    profile = builders.profile(
         name="too-long",
         dtype="float32",
         max_model_len=8192,
@@ -230,7 +231,7 @@ def test_it_fails_a_profile_vllm_rejects_with_the_classified_cause(setup):
         block_size=128,
         enforce_eager=True,
     )
-    deployment = Deployment.objects.create(
+    deployment = builders.deployment(
         name="too-long",
         team=setup["team"],
         model_version=setup["version"],
@@ -260,7 +261,7 @@ def test_it_refuses_a_hash_mismatch_before_launching_anything(setup, tiny_model_
     weights.write_bytes(bytes(data))
     setup["version"].path = str(tampered)
     setup["version"].save()
-    deployment = Deployment.objects.create(
+    deployment = builders.deployment(
         name="tampered",
         team=setup["team"],
         model_version=setup["version"],
@@ -284,7 +285,7 @@ def test_it_guards_a_real_vllm_with_the_deployments_key_on_every_model_path(setu
     """401 without the deployment's key, 200 with it: on /v1 (vLLM's own check) and on the
     paths vLLM 0.32 leaves open (/invocations runs chat completions; /tokenize), which
     inference.vllm_guard closes. /health and /metrics stay open for supervision."""
-    deployment = Deployment.objects.create(
+    deployment = builders.deployment(
         name="guarded",
         team=setup["team"],
         model_version=setup["version"],

@@ -36,7 +36,6 @@ def test_it_registers_with_hashes(db, tmp_path):
     assert len(version.tokenizer_sha256) == 64
 
 
-@pytest.mark.integration
 @pytest.mark.vllm
 def test_it_is_served_by_real_vllm_cpu(vllm_server):
     reply = httpx.post(

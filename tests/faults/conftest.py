@@ -23,42 +23,18 @@ import httpx
 import pytest
 import redis
 
-# Fixtures shared with the gateway and deployment tests.
-from tests.deployments.conftest import (  # noqa: F401
-    fake_engine,
-    fake_node,
-    reap_servers,
-    run_dir,
-    tiny_profile,
-    tiny_version,
-)
-from tests.gateway.conftest import fake_upstream, free_port, gw_redis, stop, wait_until_up  # noqa: F401
+from tests.helpers import ROOT
+from tests.helpers.plugin import skip_or_fail_in_ci
+from tests.helpers.processes import free_port, stop, wait_until_up
+from tests.helpers.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
 
 
 def require(condition: bool, message: str) -> None:
     """Skip a fault test whose tool is missing here; in CI a missing tool is a failure."""
     if not condition:
-        if in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
-
-
-def wait_for(predicate, *, timeout_s: float, what: str, interval_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not {what} after {timeout_s:.0f} s")
-        time.sleep(interval_s)
+        skip_or_fail_in_ci(message)
 
 
 # --- Redis ------------------------------------------------------------------------------------
@@ -96,7 +72,7 @@ class PrivateRedis:
                 assert self.process.poll() is None, self.log_path.read_text()[-2000:]
                 return False
 
-        wait_for(pong, timeout_s=10, what=f"Redis answering on {self.port}")
+        wait_until(pong, timeout_s=10, what=f"Redis answering on {self.port}")
         client.close()
 
     def kill(self, sig: int = signal.SIGKILL) -> None:

@@ -31,18 +31,21 @@ from pathlib import Path
 
 import pytest
 import redis
-from django.db import connection
 
 from inference import supervisor
 from portal.core.redis.client import redis_keys
 from portal.deployments.agent.start import deployment_start
 from portal.deployments.models import Deployment
 from portal.deployments.tasks import start_deployment, supervise_node
-from tests.deployments.conftest import FAKE_ENGINE, make_deployment
+from tests.helpers import ROOT
+from tests.helpers.builders import make_deployment
+from tests.helpers.deployments import FAKE_ENGINE
+from tests.helpers.processes import stop
+from tests.helpers.waiting import wait_until
 
-from .conftest import ROOT, shared_database_url, stop, wait_for
+from .conftest import shared_database_url
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration, pytest.mark.faults]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.faults]
 
 LEASE_TTL_S = 3
 
@@ -104,11 +107,10 @@ def engine_groups(run_dir: Path) -> dict[int, list[int]]:
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("killed", ["agent", "child"])
+@pytest.mark.postgres(reason="an agent process shares the test database")
 def test_a_start_interrupted_by_a_killed_agent_ends_with_exactly_one_engine(
     killed, team, tiny_version, tiny_profile, fake_node, run_dir, reap_servers, settings, tmp_path
 ):
-    if connection.vendor != "postgresql":
-        pytest.skip("the agent process needs a database it can share (PostgreSQL)")
     settings.DEPLOYMENT_LEASE_TTL_S = LEASE_TTL_S
     queue = fake_node.queue
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
@@ -122,7 +124,7 @@ def test_a_start_interrupted_by_a_killed_agent_ends_with_exactly_one_engine(
         (run_dir / deployment.name / "startup_s").write_text("60")  # the kill lands while it starts
         Deployment.objects.filter(pk=deployment.pk).update(desired_state="running", state="pending")
         message_id = start_deployment.apply_async(args=[deployment.pk], queue=queue).id
-        wait_for(
+        wait_until(
             lambda: Deployment.objects.get(pk=deployment.pk).pgid,
             timeout_s=60,
             what="launched",
@@ -151,7 +153,7 @@ def test_a_start_interrupted_by_a_killed_agent_ends_with_exactly_one_engine(
                 supervise_node.apply_async(args=[fake_node.name], queue=queue, expires=3)
 
         threading.Thread(target=beat, daemon=True).start()
-        serving = wait_for(
+        serving = wait_until(
             lambda: (d := Deployment.objects.get(pk=deployment.pk)).state == "serving" and d,
             timeout_s=90,
             what="serving again",
@@ -172,7 +174,7 @@ def test_a_start_interrupted_by_a_killed_agent_ends_with_exactly_one_engine(
 
         # The start message redelivered late (visibility timeout, a duplicate): a no-op. A supervision
         # message sent just before beat stopped may still hold the lease ("busy"): wait it out.
-        outcome = wait_for(
+        outcome = wait_until(
             lambda: (r := deployment_start(deployment.pk, owner="late-redelivery")) != "busy" and r,
             timeout_s=30,
             what="the lease free of supervision passes",

@@ -27,9 +27,13 @@ import pytest
 from celery import Celery
 from django.conf import settings
 
-from .conftest import ROOT, start_web, stop, wait_for
+from tests.helpers import ROOT
+from tests.helpers.processes import stop
+from tests.helpers.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults]
+from .conftest import start_web
+
+pytestmark = [pytest.mark.faults]
 
 SEED = """
 import json
@@ -39,7 +43,7 @@ from portal.inventory.services import node_create
 from portal.registry.services import model_version_create
 from portal.teams.models import Team
 from portal.teams.services import api_key_create
-from tests.conftest import bundled_config
+from tests.helpers.samples import bundled_config
 
 get_user_model().objects.create_user("alice", password="alice-password", is_staff=True)
 team = Team.objects.create(name="Search", slug="search", gpu_quota=8)
@@ -164,7 +168,7 @@ def test_web_and_worker_reconnect_by_themselves_after_postgres_restarts(
             def call() -> int:
                 # usage_flush (keeps no result) moves the gateway's records from Redis into PostgreSQL.
                 app.send_task("portal.teams.tasks.usage_flush", queue="control")
-                return wait_for(
+                return wait_until(
                     lambda: (n := usage_rows()) >= expected and n, timeout_s=60, what=f"{expected} usage rows"
                 )
 

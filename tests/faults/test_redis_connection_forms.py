@@ -13,8 +13,10 @@ import redis
 from redis.connection import SSLConnection
 
 from portal.core.redis import client as redis_client
+from tests.helpers.processes import free_port
+from tests.helpers.waiting import wait_until
 
-from .conftest import REDIS_SERVER, free_port, wait_for
+from .conftest import REDIS_SERVER
 
 
 @pytest.fixture
@@ -37,7 +39,7 @@ def sentinel(private_redis, tmp_path):
         except redis.RedisError:
             return False
 
-    wait_for(knows_the_primary, timeout_s=20, what="Sentinel watching the primary")
+    wait_until(knows_the_primary, timeout_s=20, what="Sentinel watching the primary")
     yield port
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=10)

@@ -20,11 +20,13 @@ import httpx
 import pytest
 
 from portal.core.redis.client import redis_keys
-from tests.gateway.conftest import chat_body, make_setup, run_async, slots_in_use
+from tests.helpers.gateway import chat_body, make_setup, slots_in_use
+from tests.helpers.processes import run_async, stop
+from tests.helpers.waiting import wait_until
 
-from .conftest import shared_database_url, start_web, stop, wait_for
+from .conftest import shared_database_url, start_web
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration, pytest.mark.faults]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.faults]
 
 CLIENTS = 24
 STREAM = "FAKE chunks=30 interval=20"  # each stream lasts ~0.6 s
@@ -177,7 +179,7 @@ def test_redis_stopping_under_load_gives_clear_503s_then_service_resumes_by_itse
 
     # The new Redis holds the admitted requests' records and no slot is left taken.
     client = private_redis.client()
-    wait_for(lambda: not any(slots_in_use(client, setup).values()), timeout_s=30, what="slots free")
+    wait_until(lambda: not any(slots_in_use(client, setup).values()), timeout_s=30, what="slots free")
     records = [json.loads(r) for r in client.lrange(redis_keys().usage, 0, -1)]
     # (a refusal whose closing step ran once Redis answered again is recorded too, as rejected)
     assert {(r["status"], r["error_code"]) for r in records} <= {
@@ -215,7 +217,7 @@ def test_a_hung_redis_gives_503s_after_one_timeout_not_a_hang(
         frozen = run_async(burst(8))
         private_redis.kill(signal.SIGCONT)
         thawed = time.monotonic()
-        recovered = wait_for(
+        recovered = wait_until(
             lambda: all(o.status == 200 for o in run_async(burst(4))), timeout_s=30, what="admitted again"
         )
         print(

@@ -13,11 +13,13 @@ import httpx
 import pytest
 
 from portal.core.redis.client import redis_keys
-from tests.gateway.conftest import chat_body, make_setup, run_async, upstream_reset, upstream_stats
+from tests.helpers.gateway import chat_body, make_setup, upstream_reset, upstream_stats
+from tests.helpers.processes import run_async, stop
+from tests.helpers.waiting import wait_until
 
-from .conftest import shared_database_url, start_web, stop, wait_for
+from .conftest import shared_database_url, start_web
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults]
+pytestmark = [pytest.mark.faults]
 
 
 def restart(private_redis) -> None:
@@ -53,7 +55,7 @@ def test_a_redis_restart_does_not_hand_out_a_fresh_daily_budget(
         assert statuses[-1] == 429 and len(statuses) > 1, statuses
         # The day's usage reaches the database (the beat's flush), then Redis restarts empty.
         queued = private_redis.client()
-        wait_for(
+        wait_until(
             lambda: usage_flush() == 0 and not queued.llen(redis_keys().usage), timeout_s=30, what="flushed"
         )
         restart(private_redis)
@@ -87,11 +89,13 @@ def test_streams_in_flight_re_register_their_slots_after_a_redis_restart(
         async with httpx.AsyncClient(timeout=60) as client:
             long = chat_body(setup.model, "FAKE chunks=300 interval=50", stream=True)  # ~15 s
             first = asyncio.create_task(client.post(url, headers=setup.headers, json=long))
-            await asyncio.to_thread(wait_for, lambda: held() == 1, timeout_s=30, what="the stream in flight")
+            await asyncio.to_thread(
+                wait_until, lambda: held() == 1, timeout_s=30, what="the stream in flight"
+            )
             await asyncio.to_thread(restart, private_redis)
             # Within a renewal round (a third of the 3 s lease) the stream's slot is back.
             await asyncio.to_thread(
-                wait_for, lambda: held() == 1, timeout_s=10, what="the slot re-registered"
+                wait_until, lambda: held() == 1, timeout_s=10, what="the slot re-registered"
             )
             second = await client.post(url, headers=setup.headers, json=chat_body(setup.model, "Hi"))
             return second, first.done(), await first

@@ -29,15 +29,16 @@ from portal.deployments.agent.start import deployment_start
 from portal.deployments.agent.supervise import deployment_supervise
 from portal.teams.models import Usage
 from portal.teams.services import api_key_create, usage_flush
-from tests.deployments.conftest import cpu_node_with, make_deployment
-from tests.engines import require_vllm
-from tests.gateway.conftest import REDIS_URL, run_async
+from tests.helpers.builders import cpu_node_with, make_deployment
+from tests.helpers.engines import require_vllm
+from tests.helpers.gateway import REDIS_URL
+from tests.helpers.processes import run_async, stop
+from tests.helpers.waiting import wait_until
 
-from .conftest import shared_database_url, start_web, stop, wait_for
+from .conftest import shared_database_url, start_web
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.integration,
     pytest.mark.vllm,
     pytest.mark.faults,
 ]
@@ -185,7 +186,7 @@ def test_vllm_killed_mid_stream_gives_error_events_records_usage_and_is_restarte
             assert 0 < s.tokens < MAX_TOKENS
 
         # One usage row per request: upstream_error, with the tokens the client saw.
-        wait_for(lambda: usage_flush() or Usage.objects.filter(team=team).count() >= len(streams),
+        wait_until(lambda: usage_flush() or Usage.objects.filter(team=team).count() >= len(streams),
                  timeout_s=30, what="usage flushed")  # fmt: skip
         rows = list(Usage.objects.filter(team=team))
         assert len(rows) == len(streams)
@@ -204,7 +205,9 @@ def test_vllm_killed_mid_stream_gives_error_events_records_usage_and_is_restarte
         # Supervision finds the dead engine, restarts it (the agent runs the start it queues).
         # SIGKILL is immediate, but a process holding GBs of mappings takes a moment to exit
         # on a loaded machine (seen: still there ~1 s later in CI).
-        wait_for(lambda: not supervisor.group_alive(deployment.pgid), timeout_s=30, what="the group to exit")
+        wait_until(
+            lambda: not supervisor.group_alive(deployment.pgid), timeout_s=30, what="the group to exit"
+        )
         assert deployment_supervise(deployment.pk, owner="beat") == "restart scheduled"
         deployment.refresh_from_db()
         assert deployment.state == "pending" and "is gone" in deployment.state_reason
@@ -234,7 +237,7 @@ def test_vllm_killed_mid_stream_gives_error_events_records_usage_and_is_restarte
             return answers[-1].status_code == 200
 
         try:
-            wait_for(answered, timeout_s=30, what="a 200 from the restarted engine", interval_s=0.5)
+            wait_until(answered, timeout_s=30, what="a 200 from the restarted engine", interval_s=0.5)
         except AssertionError as error:
             raise AssertionError(f"{error}; last answer: {answers[-1].text[:500]}") from None
         print(f"restarted to serving in {restart_s:.1f} s; the gateway answers again")

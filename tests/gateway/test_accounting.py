@@ -10,10 +10,9 @@ from django.db import connection
 from django.utils import timezone
 
 from portal.core.redis.client import redis_keys
+from tests.helpers.gateway import NO_FIRST_TOKEN_IN_TIME, chat_body
 
-from .conftest import NO_FIRST_TOKEN_IN_TIME, chat_body
-
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def post(gateway, setup, body, **kw):
@@ -108,7 +107,7 @@ def test_it_refuses_an_expired_key(gateway, serving, gw_redis):
 
 
 def test_it_lists_only_the_models_the_key_may_use(gateway, team, cpu_node, fake_upstream, serving, gw_redis):
-    from .conftest import make_setup
+    from tests.helpers.gateway import make_setup
 
     other = make_setup(team=team, node=cpu_node, upstream=fake_upstream)
     response = httpx.get(f"{gateway.url}/v1/models", headers=serving.headers)

@@ -8,20 +8,19 @@ import time
 import httpx
 import pytest
 
-from .conftest import (
+from tests.helpers.gateway import (
     OUTLASTS_THE_QUEUE,
     add_replica,
     chat_body,
-    free_port,
-    run_async,
     slots_in_use,
     upstream_reset,
     upstream_stats,
     wait_for_slots_free,
-    wait_until,
 )
+from tests.helpers.processes import free_port, run_async
+from tests.helpers.waiting import wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 async def send_many(gateway, setup, bodies: list[dict]) -> list[httpx.Response]:
@@ -51,7 +50,7 @@ def test_it_admits_exactly_10_of_50_simultaneous_requests_against_a_limit_of_10(
 
 
 def test_it_limits_requests_per_minute_per_key(gateway, team, cpu_node, fake_upstream, gw_redis):
-    from .conftest import make_setup
+    from tests.helpers.gateway import make_setup
 
     setup = make_setup(team=team, node=cpu_node, upstream=fake_upstream, key_kwargs={"rpm_limit": 3})
     statuses = [
@@ -132,7 +131,7 @@ def test_it_lets_at_most_two_long_prompts_into_prefill_per_deployment(gateway, s
 def test_it_retries_on_another_replica_before_the_first_byte(
     gateway, team, cpu_node, fake_upstream, gw_redis
 ):
-    from .conftest import make_setup
+    from tests.helpers.gateway import make_setup
 
     # The first (lowest id, so first choice at equal load) replica is down.
     setup = make_setup(team=team, node=cpu_node, upstream=f"http://127.0.0.1:{free_port()}")
@@ -147,7 +146,7 @@ def test_it_retries_on_another_replica_before_the_first_byte(
 
 
 def test_it_answers_502_when_every_replica_is_down(gateway, team, cpu_node, gw_redis):
-    from .conftest import make_setup
+    from tests.helpers.gateway import make_setup
 
     setup = make_setup(team=team, node=cpu_node, upstream=f"http://127.0.0.1:{free_port()}")
     response = httpx.post(

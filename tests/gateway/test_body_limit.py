@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 GATEWAY_LIMIT = 1024 * 1024  # GATEWAY_MAX_BODY_BYTES of the test gateway (the default)
 PAGES_LIMIT = 2_621_440  # DATA_UPLOAD_MAX_MEMORY_SIZE (the default)

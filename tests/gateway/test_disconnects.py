@@ -5,23 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
 
 import pytest
 
 from portal.core.redis.client import redis_keys
+from tests.helpers.gateway import chat_body, slots_in_use, upstream_reset, upstream_stats, wait_for_slots_free
+from tests.helpers.processes import run_async
+from tests.helpers.waiting import wait_until
 
-from .conftest import (
-    chat_body,
-    run_async,
-    slots_in_use,
-    upstream_reset,
-    upstream_stats,
-    wait_for_slots_free,
-    wait_until,
-)
-
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def raw_request(gateway_url: str, setup, body: dict) -> socket.socket:
@@ -35,15 +27,6 @@ def raw_request(gateway_url: str, setup, body: dict) -> socket.socket:
         + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload
     )  # fmt: skip
     return sock
-
-
-def wait_for(predicate, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def usage_statuses(setup) -> list[str]:
@@ -62,7 +45,9 @@ def test_it_releases_the_slot_when_the_client_leaves_before_the_first_byte(gatew
     wait_until(lambda: slots_in_use(gw_redis, serving)["deployment"] == 1, what="the request placed")
     sock.close()
     assert not any(wait_for_slots_free(gw_redis, serving).values())
-    assert wait_for(lambda: usage_statuses(serving) == ["client_cancelled"])
+    wait_until(
+        lambda: usage_statuses(serving) == ["client_cancelled"], what="the request accounted as cancelled"
+    )
 
 
 def test_it_closes_the_upstream_stream_when_the_client_leaves_mid_stream(gateway, serving, gw_redis):
@@ -76,9 +61,15 @@ def test_it_closes_the_upstream_stream_when_the_client_leaves_mid_stream(gateway
     sock.close()
     assert not any(wait_for_slots_free(gw_redis, serving).values())
     # Upstream saw the disconnect long before its 20 s stream would have ended.
-    assert wait_for(lambda: upstream_stats(serving.upstream)["disconnected"] == 1, timeout=15)
+    wait_until(
+        lambda: upstream_stats(serving.upstream)["disconnected"] == 1,
+        timeout_s=15,
+        what="the upstream dropped",
+    )
     assert upstream_stats(serving.upstream)["completed"] == 0
-    assert wait_for(lambda: usage_statuses(serving) == ["client_cancelled"])
+    wait_until(
+        lambda: usage_statuses(serving) == ["client_cancelled"], what="the request accounted as cancelled"
+    )
 
 
 def tokens_charged_today(client, scope: str, id: int) -> int:
@@ -107,7 +98,7 @@ def test_it_never_sends_upstream_a_request_whose_client_left_while_queued(gatewa
     wait_until(lambda: gw_redis.zcard(queue) == 1, what="the second request queued")
     queued.close()
     # Gone from the queue when its client left, not at the queue timeout (its usage row says which).
-    assert wait_for(lambda: gw_redis.zcard(queue) == 0)
+    wait_until(lambda: gw_redis.zcard(queue) == 0, what="the queue empty")
     while first.recv(65536):  # let the first stream finish
         pass
     first.close()
@@ -115,8 +106,9 @@ def test_it_never_sends_upstream_a_request_whose_client_left_while_queued(gatewa
     assert not any(wait_for_slots_free(gw_redis, serving).values())
     stats = upstream_stats(serving.upstream)
     assert stats["started"] == 1, (stats, usage_statuses(serving))  # the queued one never went upstream
-    assert wait_for(lambda: sorted(usage_statuses(serving)) == ["client_cancelled", "completed"]), (
-        usage_statuses(serving)
+    wait_until(
+        lambda: sorted(usage_statuses(serving)) == ["client_cancelled", "completed"],
+        what="one request accounted as cancelled and one as completed",
     )
     # Its token reservation (prompt + max_tokens) is refunded whole: only the completed one is charged.
     done = Usage.objects.get(team=serving.team, status="completed")

@@ -7,9 +7,9 @@ import uuid
 import httpx
 import pytest
 
-from .conftest import NO_FIRST_TOKEN_IN_TIME, chat_body, wait_for_slots_free
+from tests.helpers.gateway import NO_FIRST_TOKEN_IN_TIME, chat_body, wait_for_slots_free
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def post(gateway, setup, body=None, *, content=None, headers=None, path="/v1/chat/completions"):

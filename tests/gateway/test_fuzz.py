@@ -16,11 +16,11 @@ import httpx
 import pytest
 import schemathesis
 
-from tests.fuzz import CHECKS, fuzz_schema
+from tests.helpers import builders
+from tests.helpers.fuzz import CHECKS, fuzz_schema
+from tests.helpers.gateway import Setup, chat_body, upstream_stats, wait_for_slots_free
 
-from .conftest import Setup, chat_body, upstream_stats, wait_for_slots_free
-
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 SCHEMA = Path(__file__).resolve().parents[2] / "portal" / "gateway" / "openapi.json"
 EXAMPLES = 40
@@ -35,14 +35,13 @@ def test_the_gateway_serves_its_openapi_description(gateway):
 def _fixed_setup(team, node, upstream: str, name: str) -> Setup:
     """Like conftest.make_setup, but with a fixed model name: the schema's `model` enum is part of
     what Hypothesis draws from, so a fixed name keeps the fuzz the same on every run."""
-    from portal.deployments.models import Deployment, DeploymentProfile
     from portal.registry.services import model_version_create
     from portal.teams.services import api_key_create
-    from tests.conftest import bundled_config
+    from tests.helpers.samples import bundled_config
 
     version = model_version_create(name=name, config=bundled_config("llama-2-7b-chat-hf"))
-    profile = DeploymentProfile.objects.create(name=f"p-{name}", model_version=version)
-    deployment = Deployment.objects.create(
+    profile = builders.profile(name=f"p-{name}", model_version=version)
+    deployment = builders.deployment(
         name=f"d-{name}", team=team, model_version=version, profile=profile, node=node,
         desired_state="running", state="serving", endpoint_url=upstream,
     )  # fmt: skip

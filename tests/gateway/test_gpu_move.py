@@ -19,15 +19,16 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from portal.audit.models import AuditEvent
-from portal.deployments.models import Deployment, DeploymentProfile
+from portal.deployments.models import Deployment
 from portal.inventory.dispatch import send_to_node
 from portal.inventory.models import Gpu
 from portal.registry.services import model_version_create
 from portal.teams.services import api_key_create
-from tests.agents import FakeNvidiaSmi, node_agent
-from tests.conftest import bundled_config
-
-from .conftest import chat_body, wait_until
+from tests.helpers import builders
+from tests.helpers.agents import FakeNvidiaSmi, node_agent
+from tests.helpers.gateway import chat_body
+from tests.helpers.samples import bundled_config
+from tests.helpers.waiting import wait_until
 
 # A real agent, gateway and simulator moving a deployment under traffic: 15-50 s, out of make test-fast.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -70,7 +71,7 @@ def test_a_deployment_on_a_gpu_turning_degraded_moves_under_traffic(
     # A model name of its own: the gateway process caches each model's routes across tests.
     name = f"sim-{uuid.uuid4().hex[:8]}"
     version = model_version_create(name=name, config=bundled_config("llama-2-7b-chat-hf"))
-    profile = DeploymentProfile.objects.create(
+    profile = builders.profile(
         name="sim-7b", engine="sim", max_model_len=4096, gpu_memory_utilization=0.93, enforce_eager=True
     )
     from portal.deployments.services import deployment_create
@@ -79,7 +80,8 @@ def test_a_deployment_on_a_gpu_turning_degraded_moves_under_traffic(
     # The agent also takes `control`: the drain its sample sends there runs without another worker.
     with node_agent(dgx.name, tmp_path / "agent.log", also_queues=("control",), **env):
         send_to_node(dgx, "inventory.sample_gpu_health", args=[dgx.name])
-        wait_until(lambda: dgx.gpus.filter(health_state="healthy").count() == 8, timeout=120, what="sampled")
+        healthy = dgx.gpus.filter(health_state="healthy")
+        wait_until(lambda: healthy.count() == 8, timeout_s=120, what="sampled")
         moved, *others = (
             deployment_create(
                 name=name, team=team, model_version=version, profile=profile, node=dgx, gpu_indices=[index]
@@ -87,24 +89,24 @@ def test_a_deployment_on_a_gpu_turning_degraded_moves_under_traffic(
             for name, index in (("chat-a", 3), ("chat-b", 5))[:replicas]
         )
         serving = Deployment.objects.filter(state="serving")
-        wait_until(lambda: serving.count() == replicas, timeout=180, what="every replica serving")
+        wait_until(lambda: serving.count() == replicas, timeout_s=180, what="every replica serving")
         _, token = api_key_create(team=team, name="move", allowed_models=[version.name])
         traffic = Traffic(gateway.url, token, version.name)
         traffic.start()
-        wait_until(lambda: traffic.statuses.count(200) >= 5, timeout=60, what="traffic flowing")
+        wait_until(lambda: traffic.statuses.count(200) >= 5, timeout_s=60, what="traffic flowing")
 
         smi.show("health_v100_sxm2_8x_ecc_uncorrectable.csv")
         send_to_node(dgx, "inventory.sample_gpu_health", args=[dgx.name])
         sick = Gpu.objects.filter(node=dgx, index=3, health_state="degraded")
-        wait_until(sick.exists, timeout=120, what="GPU 3 degraded")
+        wait_until(sick.exists, timeout_s=120, what="GPU 3 degraded")
         degraded_at = sick.get().health_since
 
         back = Deployment.objects.filter(pk=moved.pk, state="serving", gpu_indices=[0])
-        wait_until(back.exists, timeout=180, what="the moved deployment serving on GPU 0")
+        wait_until(back.exists, timeout_s=180, what="the moved deployment serving on GPU 0")
         serving_again_at = back.get().serving_since
         sent_before = len(traffic.statuses)
         answered = lambda: traffic.statuses[sent_before:].count(200) >= 5  # noqa: E731
-        wait_until(answered, timeout=90, what="answers after the move")
+        wait_until(answered, timeout_s=90, what="answers after the move")
         traffic.halt.set()
         traffic.join(timeout=60)
         close_old_connections()

@@ -12,10 +12,12 @@ import httpx
 import pytest
 
 from portal.core.redis.client import redis_keys
+from tests.helpers import builders
+from tests.helpers.gateway import chat_body, make_setup, spawn_fake_upstream, upstream_reset, upstream_stats
+from tests.helpers.processes import stop
+from tests.helpers.waiting import wait_until
 
-from .conftest import chat_body, make_setup, spawn_fake_upstream, stop, upstream_reset, upstream_stats
-
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +30,8 @@ def second_upstream():
 
 @pytest.fixture
 def other_team(db):
-    from portal.teams.models import Team
 
-    return Team.objects.create(name=f"Ads {uuid.uuid4().hex[:6]}", slug=f"ads-{uuid.uuid4().hex[:6]}")
+    return builders.team(name=f"Ads {uuid.uuid4().hex[:6]}", slug=f"ads-{uuid.uuid4().hex[:6]}")
 
 
 def _error(response: httpx.Response) -> dict:
@@ -55,7 +56,7 @@ def _listed(gateway, token: str) -> list[str]:
 def test_a_key_cannot_use_a_model_only_another_team_serves(gateway, serving, other_team, gw_redis):
     from portal.registry.services import model_version_create
     from portal.teams.services import api_key_create
-    from tests.conftest import bundled_config
+    from tests.helpers.samples import bundled_config
 
     theirs = make_setup(team=other_team, node=serving.deployment.node, upstream=serving.upstream)
     _key, ours = api_key_create(team=serving.team)  # any model
@@ -97,9 +98,8 @@ def test_a_shared_deployment_serves_every_team(gateway, serving, other_team, gw_
 def test_a_key_never_reaches_another_teams_replica_of_its_model(
     gateway, serving, other_team, second_upstream, gw_redis
 ):
-    from portal.deployments.models import Deployment
 
-    Deployment.objects.create(
+    builders.deployment(
         name=f"theirs-{uuid.uuid4().hex[:8]}",
         team=other_team,
         model_version=serving.deployment.model_version,
@@ -126,11 +126,7 @@ def test_usage_is_billed_to_the_callers_team_only(gateway, serving, other_team, 
     assert _call(gateway, theirs.token, serving.model).status_code == 403  # their key is scoped
     assert _call(gateway, theirs.token, theirs.model).status_code == 200
     # Usage records are queued by the gateway after the response: wait for them.
-    import time
-
-    deadline = time.monotonic() + 30
-    while gw_redis.llen(redis_keys().usage) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: gw_redis.llen(redis_keys().usage) >= 3, what="three usage records queued")
     usage_flush()
     ours = Usage.objects.filter(team=serving.team)
     assert {u.api_key_id for u in ours} == {serving.key.pk}

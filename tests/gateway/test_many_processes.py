@@ -17,22 +17,19 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import (
+from tests.helpers import ROOT
+from tests.helpers.gateway import (
     REDIS_URL,
-    ROOT,
     chat_body,
-    free_port,
     make_setup,
-    run_async,
-    stop,
     upstream_reset,
     upstream_stats,
     wait_for_slots_free,
-    wait_until_up,
 )
+from tests.helpers.processes import free_port, run_async, stop, wait_until_up
 
 # Several gateway processes at once: out of make test-fast.
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 # A stream that outlives any test: admitted requests hold their slots until the test closes them.
 HOLD = "FAKE chunks=600 interval=100"

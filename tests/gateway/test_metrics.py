@@ -11,11 +11,12 @@ import pytest
 from portal.core.redis.client import redis_keys
 from portal.observability.selectors import traffic_last_hour
 from portal.observability.services import queue_depth_sample
-from tests.observability.conftest import TOKEN, scrape, value
+from tests.helpers.gateway import OUTLASTS_THE_QUEUE, chat_body, slots_in_use
+from tests.helpers.metrics import TOKEN, scrape, value
+from tests.helpers.processes import run_async
+from tests.helpers.waiting import wait_until
 
-from .conftest import OUTLASTS_THE_QUEUE, chat_body, run_async, slots_in_use, wait_until
-
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(autouse=True)

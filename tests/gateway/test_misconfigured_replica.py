@@ -10,10 +10,10 @@ import httpx
 import pytest
 
 from portal.core.redis.client import redis_keys
+from tests.helpers.gateway import add_replica, chat_body, make_setup, spawn_fake_upstream, wait_for_slots_free
+from tests.helpers.processes import stop
 
-from .conftest import add_replica, chat_body, make_setup, spawn_fake_upstream, stop, wait_for_slots_free
-
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(scope="module", params=[("--status", "401"), ("--status", "404"), ("--empty",)], ids=str)

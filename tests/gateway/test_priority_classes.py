@@ -11,19 +11,18 @@ import httpx
 import pytest
 
 from portal.core.redis.client import redis_keys
-
-from .conftest import (
+from tests.helpers.gateway import (
     BATCH_QUEUE_TIMEOUT_S,
     OUTLASTS_THE_BATCH_QUEUE,
     QUEUE_TIMEOUT_S,
     chat_body,
-    run_async,
     slots_in_use,
     wait_for_slots_free,
-    wait_until,
 )
+from tests.helpers.processes import run_async
+from tests.helpers.waiting import wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def batch_headers(setup) -> dict[str, str]:

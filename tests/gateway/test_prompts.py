@@ -10,10 +10,10 @@ import httpx
 import pytest
 
 from portal.core.redis.client import redis_keys
+from tests.helpers.gateway import chat_body, upstream_reset, wait_for_slots_free
+from tests.helpers.processes import run_async
 
-from .conftest import chat_body, run_async, upstream_reset, wait_for_slots_free
-
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def post(gateway, setup, body: dict, path: str = "/v1/completions") -> httpx.Response:
@@ -87,7 +87,7 @@ def test_it_counts_a_large_tools_array_against_the_token_quota(gateway, serving)
 
 def with_tokenizer(setup, tmp_path) -> None:
     from portal.registry.models import ModelVersion
-    from tests.gateway.test_tokens import word_tokenizer
+    from tests.helpers.tokens import word_tokenizer
 
     word_tokenizer(tmp_path / "tokenizer.json")
     ModelVersion.objects.filter(name=setup.model).update(path=str(tmp_path))

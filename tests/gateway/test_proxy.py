@@ -7,9 +7,9 @@ import json
 import httpx
 import pytest
 
-from .conftest import chat_body, make_setup, upstream_stats, wait_for_slots_free
+from tests.helpers.gateway import chat_body, make_setup, upstream_stats, wait_for_slots_free
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def sse_events(raw: bytes) -> list[bytes]:

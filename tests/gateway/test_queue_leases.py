@@ -11,10 +11,11 @@ import httpx
 import pytest
 
 from portal.core.redis.client import redis_keys
+from tests.helpers.gateway import chat_body, slots_in_use, start_gateway, wait_for_slots_free
+from tests.helpers.processes import run_async, stop
+from tests.helpers.waiting import wait_until
 
-from .conftest import chat_body, run_async, slots_in_use, start_gateway, stop, wait_for_slots_free, wait_until
-
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 LEASE_S = 2  # renewed every 2/3 s; the batch request below waits well past it
 

@@ -15,8 +15,8 @@ from portal.core.redis.keys import RedisKeys
 from portal.core.redis.ratelimit import Limits, RateLimiter, Scope
 from portal.gateway import admission
 from portal.gateway.errors import GatewayError
-
-from .conftest import REDIS_URL, run_async
+from tests.helpers.gateway import REDIS_URL
+from tests.helpers.processes import run_async
 
 TEAM = Scope("team", 1, Limits(tpm=1000, tokens_per_day=1000, max_concurrent=1))
 KEY = Scope("key", 2, Limits(rpm=1, max_concurrent=1))

@@ -12,7 +12,8 @@ from collections import Counter
 import httpx
 import pytest
 
-from tests.gateway.conftest import chat_body, make_setup, wait_until
+from tests.helpers.gateway import chat_body, make_setup
+from tests.helpers.waiting import wait_until
 
 
 def _second_version(setup, upstream: str):
@@ -120,7 +121,7 @@ def test_it_lists_the_served_name_a_key_may_call(gateway, split, team, bob):
     # The list of every served model is one cache entry per gateway process (GATEWAY_CACHE_S, 30 s
     # here): an earlier test may have filled it before these deployments existed.
     everything = {name, old.model, new.model}
-    wait_until(lambda: everything <= unscoped_listing(), timeout=45, what="the served name listed")
+    wait_until(lambda: everything <= unscoped_listing(), timeout_s=45, what="the served name listed")
     assert name in model_names_for_team(team)
 
 
@@ -141,7 +142,7 @@ def test_it_validates_shares(db, llama7b):
 def test_it_refuses_a_version_named_like_a_served_name(db, llama7b):
     from portal.core.errors import ApplicationError
     from portal.registry.services import model_version_create, served_model_create
-    from tests.conftest import bundled_config
+    from tests.helpers.samples import bundled_config
 
     served_model_create(name="chat-y", shares={llama7b.name: 10_000})
     with pytest.raises(ApplicationError, match="served model name"):
@@ -158,7 +159,9 @@ def test_a_failing_new_version_is_rolled_back_from_its_gateway_errors(
     from portal.registry.services import served_model_create
     from portal.rollouts.services import rollout_evaluate, rollout_start
     from portal.teams.services import api_key_create, usage_flush
-    from tests.gateway.conftest import spawn_fake_upstream, start_gateway, stop, wait_until
+    from tests.helpers.gateway import spawn_fake_upstream, start_gateway
+    from tests.helpers.processes import stop
+    from tests.helpers.waiting import wait_until
 
     settings.ROLLOUT_MIN_REQUESTS = 5
     broken_url, broken = spawn_fake_upstream(5, "--status", "500")
@@ -212,7 +215,7 @@ def test_a_failing_new_version_is_rolled_back_from_its_gateway_errors(
         # Within the route cache interval every request goes to the old version again.
         wait_until(
             lambda: all(call().json().get("model") == old.model for _ in range(5)),
-            timeout=30,
+            timeout_s=30,
             what="the old version serving alone",
         )
         assert Counter(call().status_code for _ in range(30)) == Counter({200: 30})

@@ -2,16 +2,8 @@
 
 from __future__ import annotations
 
-from tokenizers import Tokenizer, models, pre_tokenizers
-
 from portal.gateway.tokens import MESSAGE_OVERHEAD_TOKENS, prompt_tokens
-
-
-def word_tokenizer(path) -> str:
-    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.save(str(path))
-    return str(path)
+from tests.helpers.tokens import word_tokenizer
 
 
 def test_it_counts_with_the_models_tokenizer(tmp_path):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from .conftest import chat_body, upstream_stats
+from tests.helpers.gateway import chat_body, upstream_stats
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 @pytest.mark.parametrize("stream", [True, False])

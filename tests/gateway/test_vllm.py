@@ -7,7 +7,9 @@ import json
 import httpx
 import pytest
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration, pytest.mark.vllm]
+from tests.helpers import builders
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.vllm]
 
 
 @pytest.fixture
@@ -18,14 +20,13 @@ def tiny_served(vllm_server, team, cpu_node, gw_redis):
     Shared: each test's team is new, but the session's gateway keeps the model's route (with the
     previous test's deployment, same server) for GATEWAY_CACHE_S, and routes a key only to its own
     team's deployments or shared ones."""
-    from portal.deployments.models import Deployment, DeploymentProfile
     from portal.registry.services import model_version_create
     from portal.teams.services import api_key_create
 
     config = json.loads((vllm_server.model_dir / "config.json").read_text())
     version = model_version_create(name=vllm_server.model, config=config, path=str(vllm_server.model_dir))
-    profile = DeploymentProfile.objects.create(name="tiny-cpu", model_version=version)
-    deployment = Deployment.objects.create(
+    profile = builders.profile(name="tiny-cpu", model_version=version)
+    deployment = builders.deployment(
         name="tiny-cpu", team=team, model_version=version, profile=profile, node=cpu_node,
         desired_state="running", state="serving", endpoint_url=vllm_server.base_url, concurrency_cap=4,
         shared=True,

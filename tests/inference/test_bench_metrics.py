@@ -1,9 +1,18 @@
 """Metric formulas on hand-built timelines, checked against vLLM's definitions."""
 
+import math
+
 import numpy as np
 import pytest
 
-from inference.loadgen.summary import RequestRecord, format_table, little_law, percentile, summarize_level
+from inference.loadgen.summary import (
+    RequestRecord,
+    describe,
+    format_table,
+    little_law,
+    percentile,
+    summarize_level,
+)
 
 
 def test_it_times_one_request_like_vllm():
@@ -92,6 +101,37 @@ def test_it_interpolates_percentiles_like_numpy():
     values = [5.0, 1.0, 3.0, 10.0]
     for q in (0, 25, 50, 90, 95, 99, 100):
         assert percentile(values, q) == pytest.approx(np.percentile(values, q))
+
+
+def _closest_ranks(values: list[float], q: float) -> float:
+    """The definition summary.py used before it called numpy: the reference the switch must keep."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def test_numpys_linear_method_gives_the_former_closest_ranks_numbers():
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 3, 10, 101, 1000):
+        values = [float(v) for v in rng.exponential(0.2, size=n)]
+        for q in (0, 1, 50, 90, 95, 99, 99.9, 100):
+            assert percentile(values, q) == pytest.approx(_closest_ranks(values, q), rel=1e-12, abs=0)
+
+
+def test_it_uses_the_linear_method_that_vllm_uses_and_no_other():
+    values = [1.0, 2.0, 3.0, 4.0]
+    assert percentile(values, 90) == pytest.approx(3.7)  # 2.7 ranks in: 3 + 0.7 × (4 − 3)
+    others = ("lower", "higher", "nearest", "midpoint", "hazen", "weibull", "median_unbiased")
+    for method in others:
+        assert np.percentile(values, 90, method=method) != pytest.approx(3.7), method
+
+
+def test_an_empty_sample_has_no_statistics():
+    assert set(describe([], "ttft").values()) == {None}
+    with pytest.raises(ValueError, match="empty"):
+        percentile([], 50)
 
 
 def test_it_counts_goodput_against_every_slo_in_ms():

@@ -22,7 +22,7 @@ from inference.gpu_health import (
     same_pci_device,
     throttle_reason_names,
 )
-from tests.conftest import nvidia_smi_sample
+from tests.helpers.samples import nvidia_smi_sample
 
 AT = dt.datetime(2026, 12, 2, 3, 30, tzinfo=dt.UTC)
 V100_BUS = [
@@ -201,7 +201,7 @@ def test_the_command_prints_one_judged_sample_and_keeps_the_raw_output(tmp_path,
     import json
 
     from inference.gpu_health import main
-    from tests.agents import FakeNvidiaSmi
+    from tests.helpers.agents import FakeNvidiaSmi
 
     smi = FakeNvidiaSmi(tmp_path / "bin")
     smi.show("health_v100_sxm2_8x_retirement_pending.csv")

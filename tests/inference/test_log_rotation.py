@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import sys
-import time
 
 from inference import server_log, supervisor
+from tests.helpers.waiting import wait_until
 
 # Writes a numbered line every 5 ms to stdout (the log file, through the descriptor `launch` opened).
 CHATTY = (
@@ -17,10 +17,12 @@ CHATTY = (
 
 
 def _wait_size(path, size: int, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while path.stat().st_size < size:
-        assert time.monotonic() < deadline, f"{path} stayed under {size} bytes"
-        time.sleep(0.02)
+    wait_until(
+        lambda: path.stat().st_size >= size,
+        timeout_s=timeout,
+        what=f"{path} at {size} bytes",
+        interval_s=0.02,
+    )
 
 
 def test_it_rotates_a_log_the_server_keeps_writing_without_holes(tmp_path):

@@ -12,12 +12,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from inference import supervisor
 from inference.supervisor import ProcessIdentity
+from tests.helpers.waiting import wait_until
 
 
 @pytest.fixture
@@ -33,13 +33,11 @@ def stranger():
 
 
 def _wait_identity(pid: int) -> ProcessIdentity:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    def started() -> ProcessIdentity | None:
         identity = supervisor.process_identity(pid)
-        if identity is not None and identity.cmdline and "-c" in identity.cmdline:
-            return identity
-        time.sleep(0.02)
-    raise AssertionError(f"no identity for {pid}")
+        return identity if identity is not None and identity.cmdline and "-c" in identity.cmdline else None
+
+    return wait_until(started, timeout_s=10, what=f"an identity for {pid}", interval_s=0.02)
 
 
 def test_it_records_boot_start_time_and_command_line_at_launch(tmp_path):

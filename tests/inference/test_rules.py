@@ -9,7 +9,7 @@ import pytest
 from inference.hardware import get_gpu
 from inference.planner import Placement, ProfileSettings, Sizing, plan_deployment
 from inference.rules import Finding, validate
-from tests.inference.test_planner import llama2_7b, llama31_70b_fp16, llama31_70b_gptq
+from tests.helpers.planner import llama2_7b, llama31_70b_fp16, llama31_70b_gptq
 
 V100_32 = get_gpu("v100-sxm2-32gb")
 V100_16 = get_gpu("v100-pcie-16gb")

@@ -11,6 +11,7 @@ import pytest
 
 from inference import server_log, supervisor
 from inference.env_probe import build_advice, missing_kernels, sm_name
+from tests.helpers.waiting import wait_until
 
 # A parent that forks a child into its process group and ignores SIGTERM, like an engine that will not stop.
 STUBBORN = (
@@ -23,23 +24,18 @@ STUBBORN = (
 
 
 def _wait_log(path, text, timeout=10):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and text in path.read_text():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{text!r} never appeared in {path}")
+    wait_until(
+        lambda: path.exists() and text in path.read_text(), timeout_s=timeout, what=f"{text!r} in {path}"
+    )
 
 
 def _wait_zombie(pid: int, timeout=10) -> None:
     """Until the process has exited and waits, unreaped, as a zombie (state Z in /proc)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rpartition(")")[2].split()[0] == "Z":
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"process {pid} did not exit within {timeout} s")
+
+    def zombie() -> bool:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+
+    wait_until(zombie, timeout_s=timeout, what=f"process {pid} exited")
 
 
 def test_it_launches_in_a_new_process_group_with_the_gpus_and_a_log(tmp_path):

@@ -16,7 +16,7 @@ from portal.inventory.services import node_create
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
@@ -57,9 +57,8 @@ def agent():
     process.wait(timeout=30)
 
 
+@pytest.mark.postgres(reason="an agent process shares the test database")
 def test_it_runs_discovery_on_the_nodes_own_queue(agent, settings):
-    if connection.vendor != "postgresql":
-        pytest.skip("the agent process needs a database it can share (PostgreSQL)")
     node = node_create(name="ci-agent")
     # Sent by name through the one dispatcher (autocommit here: at once), run by the node's agent.
     task_id = send_to_node(node, "inventory.discover_gpus", args=[node.name])

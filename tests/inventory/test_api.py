@@ -2,7 +2,8 @@
 
 import pytest
 
-from tests.conftest import api_client, nvidia_smi_sample
+from tests.helpers.clients import api_client
+from tests.helpers.samples import nvidia_smi_sample
 
 pytestmark = pytest.mark.django_db
 

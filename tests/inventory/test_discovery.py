@@ -5,7 +5,7 @@ import pytest
 from portal.core.errors import ApplicationError
 from portal.inventory.models import Gpu, Interconnect
 from portal.inventory.services import node_apply_nvidia_smi_text, node_create
-from tests.conftest import nvidia_smi_sample
+from tests.helpers.samples import nvidia_smi_sample
 
 pytestmark = pytest.mark.django_db
 

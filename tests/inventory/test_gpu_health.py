@@ -19,8 +19,9 @@ from portal.inventory.services import (
     node_create,
     node_record_gpu_health,
 )
-from tests.agents import FakeNvidiaSmi, node_agent
-from tests.conftest import api_client, nvidia_smi_sample
+from tests.helpers.agents import FakeNvidiaSmi, node_agent
+from tests.helpers.clients import api_client
+from tests.helpers.samples import nvidia_smi_sample
 
 pytestmark = pytest.mark.django_db
 
@@ -128,19 +129,19 @@ def test_the_node_agent_samples_a_fake_nvidia_smi_and_takes_a_hung_one_as_lost(d
     from django.db import close_old_connections
 
     from portal.inventory.dispatch import send_to_node
-    from tests.gateway.conftest import wait_until
+    from tests.helpers.waiting import wait_until
 
     smi = FakeNvidiaSmi(tmp_path / "bin")
     smi.show("health_v100_sxm2_8x_ecc_uncorrectable.csv")
     with node_agent(dgx.name, tmp_path / "agent.log", PATH=smi.path, GPU_HEALTH_COMMAND_TIMEOUT_S="2"):
         send_to_node(dgx, "inventory.sample_gpu_health", args=[dgx.name])
-        wait_until(lambda: GpuSample.objects.count() == 8, timeout=120, what="8 samples")
+        wait_until(lambda: GpuSample.objects.count() == 8, timeout_s=120, what="8 samples")
         assert dict(dgx.gpus.values_list("index", "health_state"))[3] == "degraded"
         assert GpuSample.objects.get(gpu__index=3).ecc_uncorrected_volatile == 2
         smi.hang()
         send_to_node(dgx, "inventory.sample_gpu_health", args=[dgx.name])
         states = lambda: set(dgx.gpus.values_list("health_state", flat=True))  # noqa: E731
-        wait_until(lambda: states() == {"lost"}, timeout=120, what="all lost")
+        wait_until(lambda: states() == {"lost"}, timeout_s=120, what="all lost")
         close_old_connections()
     finding = dgx.gpus.get(index=0).health_findings[0]
     assert finding["code"] == "no_answer" and "did not answer within 2 s" in finding["message"]

@@ -6,14 +6,15 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
-from portal.deployments.models import Deployment, DeploymentEvent
+from portal.deployments.models import DeploymentEvent
 from portal.inventory.models import AgentState, Node
 from portal.inventory.services import node_create, node_record_heartbeat
 from portal.inventory.tasks import heartbeat_all
-from tests.agents import node_agent, wait_for_row
+from tests.helpers import builders
+from tests.helpers.agents import node_agent
+from tests.helpers.waiting import wait_until
 
 VERSIONS = {"portal": "0.1.0", "commit": "abc123def456", "python": "3.11.9", "celery": "5.5.3"}
 
@@ -51,15 +52,14 @@ def test_the_node_page_list_and_dashboard_say_when_no_agent_listens(client, alic
 
 @pytest.mark.django_db
 def test_a_pending_deployment_nobody_picked_up_says_so_on_its_timeline(client, alice, settings, team):
-    from portal.deployments.models import DeploymentProfile
     from portal.registry.services import model_version_create
-    from tests.conftest import bundled_config
+    from tests.helpers.samples import bundled_config
 
     settings.DEPLOYMENT_PENDING_WARN_S = 60
     node = node_create(name="hb-node")
     version = model_version_create(name="tiny", config=bundled_config("llama-2-7b-chat-hf"))
-    profile = DeploymentProfile.objects.create(name="cpu", model_version=version, dtype="float32")
-    deployment = Deployment.objects.create(
+    profile = builders.profile(name="cpu", model_version=version, dtype="float32")
+    deployment = builders.deployment(
         name="waits", team=team, model_version=version, profile=profile, node=node,
         desired_state="running", state="pending",
     )  # fmt: skip
@@ -77,21 +77,17 @@ def test_a_pending_deployment_nobody_picked_up_says_so_on_its_timeline(client, a
     assert "though the agent of hb-node answered its heartbeat" in page
 
 
-@pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.postgres(reason="an agent process shares the test database")
 def test_a_real_agent_answers_on_start_and_to_each_beat(tmp_path, settings):
-    if connection.vendor != "postgresql":
-        pytest.skip("the agent process needs a database it can share (PostgreSQL)")
     settings.PORTAL_RUN_DIR = str(tmp_path / "run")
     node = node_create(name="hb-agent")
     with node_agent("hb-agent", tmp_path / "agent.log"):
         # The agent answers once as it starts, before any beat tick.
-        wait_for_row(
-            lambda: Node.objects.get(pk=node.pk).agent_seen_at is not None, timeout_s=60, what="start"
-        )
+        wait_until(lambda: Node.objects.get(pk=node.pk).agent_seen_at is not None, timeout_s=60, what="start")
         Node.objects.filter(pk=node.pk).update(agent_seen_at=None, agent_versions={})
         assert heartbeat_all() >= 1  # beat's fan-out, through the broker to the node's queue
-        wait_for_row(
+        wait_until(
             lambda: Node.objects.get(pk=node.pk).agent_seen_at is not None, timeout_s=60, what="heartbeat"
         )
     node.refresh_from_db()

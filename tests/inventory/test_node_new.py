@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from portal.inventory.models import Node
-from tests.conftest import nvidia_smi_sample
+from tests.helpers.samples import nvidia_smi_sample
 
 pytestmark = pytest.mark.django_db
 

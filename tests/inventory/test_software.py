@@ -7,8 +7,8 @@ from portal.core.errors import ApplicationError
 from portal.inventory.models import Node
 from portal.inventory.services import node_probe_software
 from portal.inventory.tasks import probe_software
-from tests.conftest import api_client
-from tests.engines import require_vllm
+from tests.helpers.clients import api_client
+from tests.helpers.engines import require_vllm
 
 pytestmark = pytest.mark.django_db
 

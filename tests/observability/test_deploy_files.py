@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from portal.deployments.models import Deployment
 from portal.observability.models import SlaBreach
-
-from .conftest import TOKEN
+from tests.helpers import builders
+from tests.helpers.metrics import TOKEN
 
 pytestmark = pytest.mark.django_db
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -50,7 +50,7 @@ def exported_names(client) -> set[str]:
 @pytest.fixture
 def scrape_world(settings, metrics_redis, team, llama7b, cpu_node):
     settings.PORTAL_METRICS_TOKEN = TOKEN
-    deployment = Deployment.objects.create(
+    deployment = builders.deployment(
         name="chat", team=team, model_version=llama7b, node=cpu_node, state="serving"
     )
     SlaBreach.objects.create(deployment=deployment, started_at="2026-11-30T12:00:00Z", reason="P95 TTFT")
@@ -66,9 +66,9 @@ def test_every_metric_the_deploy_files_name_is_one_the_portal_exports(client, sc
 
 
 def test_the_breaching_gauge_is_one_for_a_deployment_with_an_open_breach_only(client, scrape_world):
-    from .conftest import scrape, value
+    from tests.helpers.metrics import scrape, value
 
-    Deployment.objects.create(
+    builders.deployment(
         name="calm", team=Deployment.objects.get().team, model_version=Deployment.objects.get().model_version
     )
     samples = scrape(client)

@@ -9,9 +9,8 @@ from django.utils import timezone
 
 from inference.gpu_health import Sample, parse_health_csv
 from portal.inventory.services import node_record_gpu_health
-from tests.conftest import nvidia_smi_sample
-
-from .conftest import TOKEN, scrape, value
+from tests.helpers.metrics import TOKEN, scrape, value
+from tests.helpers.samples import nvidia_smi_sample
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,6 @@ import datetime as dt
 
 import pytest
 
-from portal.deployments.models import Deployment
 from portal.observability.models import LatencyMinute, SlaBreach
 from portal.observability.services import (
     SLA_BREACH_MINUTES,
@@ -16,6 +15,7 @@ from portal.observability.services import (
     sla_breaches_update,
 )
 from portal.teams.models import Usage
+from tests.helpers import builders
 
 pytestmark = pytest.mark.django_db
 T0 = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
@@ -28,7 +28,7 @@ def at(minutes: float = 0, seconds: float = 0) -> dt.datetime:
 
 @pytest.fixture
 def deployment(team, llama7b, cpu_node):
-    return Deployment.objects.create(
+    return builders.deployment(
         name="chat", team=team, model_version=llama7b, node=cpu_node, state="serving",
         sla_p95_ttft_s=1.0, sla_p95_tpot_s=0.1,
     )  # fmt: skip

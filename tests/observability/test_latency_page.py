@@ -9,17 +9,17 @@ import pytest
 from django.utils import timezone
 
 from portal.benchmarks.models import BenchmarkLevel, BenchmarkRun
-from portal.deployments.models import Deployment
 from portal.observability.models import LatencyMinute, SlaBreach
 from portal.observability.services import latency_rollup_recent
 from portal.teams.models import Usage
+from tests.helpers import builders
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("metrics_redis")]
 
 
 @pytest.fixture
 def chat(team, llama7b, cpu_node):
-    return Deployment.objects.create(
+    return builders.deployment(
         name="chat", team=team, model_version=llama7b, node=cpu_node, state="serving",
         sla_p95_ttft_s=1.5, sla_p95_tpot_s=0.25,
     )  # fmt: skip

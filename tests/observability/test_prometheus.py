@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from portal.deployments.models import Deployment
 from portal.observability import prometheus
 from portal.observability.collector import read_counters
-
-from .conftest import TOKEN, scrape, value
+from tests.helpers import builders
+from tests.helpers.metrics import TOKEN, scrape, value
 
 pytestmark = pytest.mark.django_db
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +51,7 @@ def test_a_signed_in_staff_user_still_needs_the_token(client, alice):
 
 def test_it_serves_deployments_by_state_in_prometheus_text(client, metrics_redis, team, llama7b, cpu_node):
     for name, state in [("a", "serving"), ("b", "serving"), ("c", "failed")]:
-        Deployment.objects.create(name=name, team=team, model_version=llama7b, node=cpu_node, state=state)
+        builders.deployment(name=name, team=team, model_version=llama7b, node=cpu_node, state=state)
     response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     assert response["Content-Type"].startswith("text/plain; version=")
     assert response["Cache-Control"].startswith("max-age=0")
@@ -155,7 +154,6 @@ def worker(settings):
         process.wait(timeout=10)
 
 
-@pytest.mark.integration
 @pytest.mark.timeout(180)
 def test_it_counts_celery_task_outcomes_from_a_real_worker(client, metrics_redis, worker):
     from portal.celery import app

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 
 from portal.audit.models import AuditEvent
-from portal.deployments.models import Deployment
-from tests.conftest import api_client
+from tests.helpers import builders
+from tests.helpers.clients import api_client
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def chat(team, llama7b, cpu_node):
-    return Deployment.objects.create(name="chat", team=team, model_version=llama7b, node=cpu_node)
+    return builders.deployment(name="chat", team=team, model_version=llama7b, node=cpu_node)
 
 
 def test_staff_set_a_deployments_sla_and_the_api_shows_it(alice, chat):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 import uuid
 
 import httpx
@@ -14,9 +13,10 @@ from django.test import Client
 
 from portal.teams.models import ApiKey, Usage
 from portal.teams.services import usage_flush
-from tests.gateway.conftest import NO_FIRST_TOKEN_IN_TIME, upstream_stats
+from tests.helpers.gateway import NO_FIRST_TOKEN_IN_TIME, upstream_stats
+from tests.helpers.waiting import wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def member_session(gateway, user) -> httpx.Client:
@@ -45,13 +45,11 @@ def chat(session: httpx.Client, model: str, content: str = "Hello", **changes) -
 
 
 def flushed_usage(team, deadline_s: float = 10) -> list[Usage]:
-    deadline = time.monotonic() + deadline_s
-    while True:
+    def rows() -> list[Usage]:
         usage_flush()
-        rows = list(Usage.objects.filter(team=team).select_related("api_key"))
-        if rows or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.1)
+        return list(Usage.objects.filter(team=team).select_related("api_key"))
+
+    return wait_until(rows, timeout_s=deadline_s, what="the team's usage flushed", interval_s=0.1)
 
 
 def events(content: bytes) -> list[dict | str]:
@@ -101,7 +99,7 @@ def test_it_answers_a_quota_refusal_with_the_gateways_message(gateway, serving, 
 
 def test_it_answers_a_model_without_a_replica_with_the_gateways_503(gateway, serving, bob):
     from portal.registry.services import model_version_create
-    from tests.conftest import bundled_config
+    from tests.helpers.samples import bundled_config
 
     name = f"idle-{uuid.uuid4().hex[:8]}"
     idle = model_version_create(name=name, config=bundled_config("llama-2-7b-chat-hf"))
@@ -152,7 +150,7 @@ def test_it_streams_tokens_as_they_come_and_a_member_who_leaves_cancels_the_requ
         assert upstream_stats(serving.upstream)["in_flight"] == 1
     [row] = flushed_usage(serving.team)
     assert row.status == "client_cancelled"
-    deadline = time.monotonic() + 10
-    while upstream_stats(serving.upstream)["in_flight"]:  # the gateway dropped upstream too
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    # The gateway dropped upstream too.
+    wait_until(
+        lambda: not upstream_stats(serving.upstream)["in_flight"], timeout_s=10, what="upstream dropped"
+    )

@@ -8,6 +8,7 @@ import pytest
 from django.test import Client
 
 from portal.teams.models import ApiKey
+from tests.helpers import builders
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("gateway_redis_db")]
 
@@ -29,9 +30,8 @@ def good(**changes) -> dict:
 
 @pytest.fixture
 def served(team, llama7b, profile_tp1, cpu_node):
-    from portal.deployments.models import Deployment
 
-    return Deployment.objects.create(
+    return builders.deployment(
         name="chat", team=team, model_version=llama7b, profile=profile_tp1, node=cpu_node,
         desired_state="running", state="serving", endpoint_url="http://127.0.0.1:9", concurrency_cap=4,
     )  # fmt: skip

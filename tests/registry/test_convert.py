@@ -24,8 +24,9 @@ from portal.registry.services import (
     conversion_job_start,
     model_version_create,
 )
-from tests.conftest import api_client, bundled_config
-from tests.inference.test_convert import bf16_bits, bf16_tensor, expected_fp16_bits, fp16_bits_of, make_model
+from tests.helpers.clients import api_client
+from tests.helpers.safetensors import bf16_bits, bf16_tensor, expected_fp16_bits, fp16_bits_of, make_model
+from tests.helpers.samples import bundled_config
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,14 +25,15 @@ from portal.core.redis.client import redis_keys
 from portal.inventory.services import node_create
 from portal.registry.models import ConversionJob, ConversionState, ModelVersion
 from portal.registry.services import conversion_job_start, model_version_create
-from tests.conftest import bundled_config
-from tests.inference.test_convert import fp16_bits_of, write_safetensors
+from tests.helpers.safetensors import fp16_bits_of, write_safetensors
+from tests.helpers.samples import bundled_config
+from tests.helpers.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE = "ci-convert"
 LEASE_S = 2
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def start_agent() -> subprocess.Popen:
@@ -79,8 +79,6 @@ def stop(process: subprocess.Popen, sig=signal.SIGTERM) -> None:
 
 @pytest.fixture
 def agents():
-    if connection.vendor != "postgresql":
-        pytest.skip("the agent process needs a database it can share (PostgreSQL)")
     started: list[subprocess.Popen] = []
     yield lambda: started.append(start_agent()) or started[-1]
     for process in started:
@@ -106,26 +104,18 @@ def bf16_model(root: Path, *, tensors: int, elements: int) -> tuple[ModelVersion
     return version, arrays
 
 
-def wait_for(predicate, timeout: float, what: str, step: float = 0.01):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def job_state(pk: int) -> ConversionJob:
     return ConversionJob.objects.get(pk=pk)
 
 
+@pytest.mark.postgres(reason="an agent process shares the test database")
 def test_it_converts_on_the_nodes_own_queue_bit_for_bit(agents, tmp_path):
     agents()
     node = node_create(name=NODE)
     version, arrays = bf16_model(tmp_path / "qwen-bf16", tensors=3, elements=50_000)
     job = conversion_job_start(model_version=version, node=node)
-    job = wait_for(lambda: (j := job_state(job.pk)).state in ("succeeded", "failed") and j, 90, "the end")
+    finished = ("succeeded", "failed")
+    job = wait_until(lambda: (j := job_state(job.pk)).state in finished and j, timeout_s=90, what="the end")
     assert job.state == ConversionState.SUCCEEDED, job.error
     new = job.result
     assert (new.name, new.weight_dtype) == ("qwen-bf16-fp16", "float16")
@@ -136,6 +126,7 @@ def test_it_converts_on_the_nodes_own_queue_bit_for_bit(agents, tmp_path):
 
 
 @pytest.mark.slow  # out of make test-fast: seconds of work on 2 cores
+@pytest.mark.postgres(reason="an agent process shares the test database")
 def test_a_killed_agent_leaves_nothing_and_a_rerun_starts_clean(agents, tmp_path):
     agent = agents()
     node = node_create(name=NODE)
@@ -150,19 +141,23 @@ def test_a_killed_agent_leaves_nothing_and_a_rerun_starts_clean(agents, tmp_path
         half_way = 0 < j.bytes_done < j.bytes_total
         return j.state == "running" and j.phase == "converting" and half_way and partial
 
-    wait_for(mid_way, 120, "the job to be half-way")
+    wait_until(mid_way, timeout_s=120, what="the job to be half-way", interval_s=0.01)
     stop(agent, signal.SIGKILL)
 
     killed = job_state(job.pk)
     assert killed.state == ConversionState.RUNNING  # nobody could say otherwise
     assert not target.exists()
     assert not ModelVersion.objects.filter(name="big-bf16-fp16").exists()
-    wait_for(lambda: job_state(job.pk).is_stale, LEASE_S + 5, "the lease to lapse", step=0.2)
+    wait_until(
+        lambda: job_state(job.pk).is_stale, timeout_s=LEASE_S + 5, what="the lease to lapse", interval_s=0.2
+    )
 
     agents()
     rerun = conversion_job_start(model_version=version, node=node)
-    rerun = wait_for(
-        lambda: (j := job_state(rerun.pk)).state in ("succeeded", "failed") and j, 120, "the re-run to end"
+    rerun = wait_until(
+        lambda: (j := job_state(rerun.pk)).state in ("succeeded", "failed") and j,
+        timeout_s=120,
+        what="the re-run to end",
     )
     assert rerun.state == ConversionState.SUCCEEDED, rerun.error
     killed.refresh_from_db()

@@ -13,10 +13,10 @@ from safetensors import safe_open
 
 from portal.registry.models import ModelVersion
 from portal.registry.services import model_version_create
-from tests.engines import start_vllm_server, stop_vllm_server
-from tests.inference.test_convert import write_safetensors
+from tests.helpers.engines import start_vllm_server, stop_vllm_server
+from tests.helpers.safetensors import write_safetensors
 
-pytestmark = [pytest.mark.django_db, pytest.mark.integration, pytest.mark.vllm]
+pytestmark = [pytest.mark.django_db, pytest.mark.vllm]
 
 
 def to_bf16_bits(values: np.ndarray) -> np.ndarray:

@@ -9,7 +9,8 @@ from portal.core.errors import ApplicationError
 from portal.core.redis.client import redis_keys
 from portal.registry.models import ModelVersion
 from portal.registry.services import model_version_create
-from tests.conftest import api_client, bundled_config
+from tests.helpers.clients import api_client
+from tests.helpers.samples import bundled_config
 
 pytestmark = pytest.mark.django_db
 

@@ -3,8 +3,8 @@ team may call, and anyone else's is a 404 (the isolation contract)."""
 
 from __future__ import annotations
 
-from tests.conftest import api_client
-from tests.rollouts.conftest import shares_of
+from tests.helpers.clients import api_client
+from tests.helpers.rollouts import shares_of
 
 URL = "/api/v1/rollouts/"
 
@@ -124,7 +124,7 @@ def test_staff_turn_a_versions_own_name_off(pair, alice):
 
 def test_staff_register_a_version_callable_only_through_served_names(alice):
     from portal.registry.models import ModelVersion
-    from tests.conftest import bundled_config
+    from tests.helpers.samples import bundled_config
 
     response = api_client(alice).post(
         "/api/v1/model-versions/",

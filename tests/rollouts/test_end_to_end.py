@@ -10,8 +10,8 @@ import uuid
 
 import pytest
 
-from tests.gateway.conftest import wait_until
-from tests.rollouts.conftest import serving_on
+from tests.helpers.rollouts import serving_on
+from tests.helpers.waiting import wait_until
 
 INTERVAL_S = 2  # the rollout's measurement interval in these tests
 
@@ -53,23 +53,23 @@ def test_a_good_version_is_promoted_under_steady_load_with_no_failed_request_and
     served, token = _served_name(old, team)
     load = SteadyLoad(rollout_gateway.url, token, served.name, clients=3, max_tokens=8).start()
     try:
-        wait_until(lambda: load.count() >= 6, timeout=60, what="the old version serving the load")
+        wait_until(lambda: load.count() >= 6, timeout_s=60, what="the old version serving the load")
         rollout = rollout_start(
             served_model=served, to_deployment=new, from_deployment=old,
             steps=[{"share_percent": 50, "seconds": 6}, {"share_percent": 100, "seconds": 5}],
             interval_s=INTERVAL_S, min_requests=3,
         )  # fmt: skip
-        wait_until(lambda: _rollout(rollout.pk).state != "warming", timeout=30, what="the first step")
+        wait_until(lambda: _rollout(rollout.pk).state != "warming", timeout_s=30, what="the first step")
         wait_until(
-            lambda: _rollout(rollout.pk).state in ("promoted", "rolled_back"), timeout=90, what="promoted"
+            lambda: _rollout(rollout.pk).state in ("promoted", "rolled_back"), timeout_s=90, what="promoted"
         )
         done = _rollout(rollout.pk)
         assert done.state == "promoted", (done.reason, control.logs())
         promoted_at = done.finished_at.timestamp()
         # The old deployment is asked to stop once no gateway process routes to it any more.
-        wait_until(lambda: "stop" in _timeline(done), timeout=30, what="the old deployment asked to stop")
+        wait_until(lambda: "stop" in _timeline(done), timeout_s=30, what="the old deployment asked to stop")
         wait_until(
-            lambda: load.count(since=promoted_at + 2) >= 6, timeout=60, what="load after the promotion"
+            lambda: load.count(since=promoted_at + 2) >= 6, timeout_s=60, what="load after the promotion"
         )
     finally:
         outcomes = load.stop()
@@ -98,19 +98,19 @@ def test_a_version_that_breaks_the_sla_is_rolled_back_on_its_own_within_two_inte
     load = SteadyLoad(rollout_gateway.url, token, served.name, clients=3, max_tokens=4).start()
     interval_s = 5  # a slow request takes ~2 s to finish and be recorded: a measurement sees it
     try:
-        wait_until(lambda: load.count() >= 6, timeout=60, what="the old version serving the load")
+        wait_until(lambda: load.count() >= 6, timeout_s=60, what="the old version serving the load")
         rollout = rollout_start(
             served_model=served, to_deployment=new, from_deployment=old,
             steps=[{"share_percent": 50, "seconds": 60}, {"share_percent": 100, "seconds": 60}],
             interval_s=interval_s, min_requests=3,
         )  # fmt: skip
-        wait_until(lambda: _rollout(rollout.pk).state != "warming", timeout=30, what="the first step")
-        wait_until(lambda: _rollout(rollout.pk).state != "stepping", timeout=60, what="a verdict")
+        wait_until(lambda: _rollout(rollout.pk).state != "warming", timeout_s=30, what="the first step")
+        wait_until(lambda: _rollout(rollout.pk).state != "stepping", timeout_s=60, what="a verdict")
         done = _rollout(rollout.pk)
         assert done.state == "rolled_back", (done.state, done.reason, control.logs())
-        wait_until(lambda: "stop" in _timeline(done), timeout=30, what="the new deployment asked to stop")
+        wait_until(lambda: "stop" in _timeline(done), timeout_s=30, what="the new deployment asked to stop")
         rolled_back_at = done.finished_at.timestamp()
-        wait_until(lambda: load.count(since=rolled_back_at + 2) >= 6, timeout=60, what="load after it")
+        wait_until(lambda: load.count(since=rolled_back_at + 2) >= 6, timeout_s=60, what="load after it")
     finally:
         outcomes = load.stop()
     # The breach began when the new version got its share (the step's start): it was slow from
@@ -123,7 +123,7 @@ def test_a_version_that_breaks_the_sla_is_rolled_back_on_its_own_within_two_inte
     assert any(o.version == name for o in outcomes)  # it did take a share
     after = [o for o in outcomes if o.started > rolled_back_at + 2]
     assert after and {o.version for o in after} == {old.model_version.name}
-    from tests.rollouts.conftest import shares_of
+    from tests.helpers.rollouts import shares_of
 
     assert shares_of(served) == {old.model_version.name: 10_000, name: 0}
     new.refresh_from_db()
@@ -149,7 +149,7 @@ def test_a_killed_control_worker_restarted_resumes_the_rollout_where_it_was(
             steps=[{"share_percent": p, "seconds": step_s} for p in (20, 60, 100)],
             interval_s=INTERVAL_S, min_requests=3,
         )  # fmt: skip
-        wait_until(lambda: _rollout(rollout.pk).current_step == 1, timeout=60, what="the second step")
+        wait_until(lambda: _rollout(rollout.pk).current_step == 1, timeout_s=60, what="the second step")
         control.kill_worker()
         at_kill = _rollout(rollout.pk)
         assert at_kill.state == "stepping" and at_kill.current_step == 1
@@ -160,13 +160,13 @@ def test_a_killed_control_worker_restarted_resumes_the_rollout_where_it_was(
         wait_until(
             lambda: time.time() > step_over
             and load.count(new.model_version.name, since=step_over - step_s) >= 6,
-            timeout=60, what="the step's time and requests",
+            timeout_s=60, what="the step's time and requests",
         )  # fmt: skip
         held = _rollout(rollout.pk)
         assert (held.state, held.current_step, _timeline(held)) == ("stepping", 1, events_at_kill)
         control.start_worker()
         wait_until(
-            lambda: _rollout(rollout.pk).state == "promoted", timeout=60, what="promoted after restart"
+            lambda: _rollout(rollout.pk).state == "promoted", timeout_s=60, what="promoted after restart"
         )
     finally:
         outcomes = load.stop()

@@ -6,7 +6,7 @@ import datetime as dt
 
 from django.utils import timezone
 
-from tests.rollouts.conftest import measured
+from tests.helpers.rollouts import measured
 
 
 def test_the_rollout_page_shows_steps_shares_measurements_and_buttons(pair, alice, client):

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from tests.rollouts.conftest import make_pair, measured, shares_of
+from tests.helpers.rollouts import make_pair, measured, shares_of
 
 TWO_STEPS = [[10, 1], [100, 1]]
 
@@ -42,7 +42,7 @@ def test_it_starts_with_the_new_version_at_zero_and_records_it(pair, alice):
 def test_it_refuses_a_second_rollout_and_bad_steps(pair, team, cpu_node):
     from portal.core.errors import ApplicationError
     from portal.rollouts.services import rollout_start
-    from tests.rollouts.conftest import deployment_of
+    from tests.helpers.rollouts import deployment_of
 
     with pytest.raises(ApplicationError, match="last step must send 100"):
         _start(pair, steps=[[10, 1], [50, 1]])

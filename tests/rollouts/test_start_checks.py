@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from tests.rollouts.conftest import deployment_of, shares_of
+from tests.helpers.rollouts import deployment_of, shares_of
 
 
 def _start(served, new, old, **kw):
@@ -79,7 +79,7 @@ def test_on_free_gpus_it_starts_the_new_deployment(db, team, dgx, on_dgx):
 
 def test_with_no_free_gpu_it_offers_an_in_place_swap_with_its_downtime(on_dgx, alice, settings):
     from portal.deployments.models import DeploymentEvent
-    from tests.conftest import api_client
+    from tests.helpers.clients import api_client
 
     old, new, served = on_dgx
     settings.DEPLOYMENT_DRAIN_TIMEOUT_S = 30

@@ -54,6 +54,7 @@ def simulate_json(capsys, *args: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow  # out of make test-fast: a calibration fit, seconds of work on 2 cores
 def test_it_fits_the_report_and_prints_the_calibration_beside_the_levels(capsys, bench_report):
     result = simulate_json(
         capsys, "--concurrency", "16", "--calibrate-from", str(bench_report), "--fit-levels", "1,4"
@@ -77,6 +78,7 @@ def test_it_applies_a_saved_calibration_without_fitting(capsys, bench_report, tm
     assert result["levels"][0]["output_throughput"] == pytest.approx(measured["output_throughput"], rel=1e-9)
 
 
+@pytest.mark.slow  # out of make test-fast: a calibration fit, seconds of work on 2 cores
 def test_it_prints_the_fit_beside_the_table(capsys, bench_report):
     call_command(
         "simulate", *H200_7B, "--mix", MIX, "--enforce-eager", "--concurrency", "4",
@@ -123,6 +125,7 @@ def test_it_predicts_uncalibrated_with_the_defaults_and_says_so():
     assert result["calibration"] == HostCosts().as_dict()
 
 
+@pytest.mark.slow  # out of make test-fast: a calibration fit, seconds of work on 2 cores
 def test_it_returns_the_fitted_calibration_and_the_fit_from_calibrate_sweep(bench_report):
     result = calibrate_sweep(
         measured=json.loads(bench_report.read_text()),

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from inference.sim.cli import build_parser, engine_from_args
 from inference.sim.server import SimServer
-from tests.sim.test_server import ARGV, completion
+from tests.helpers.sim import ARGV, completion
 
 
 def stream_then_vanish(chat: bool) -> SimServer:

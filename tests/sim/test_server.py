@@ -11,13 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from inference.sim.cli import build_parser, engine_from_args, main
 from inference.sim.server import SERVER_KEY, SimServer
 from inference.vllm_metrics import histogram_totals, parse_vllm_metrics
-
-ARGV = [
-    "--model", "llama-2-7b-chat-hf", "--served-model-name", "llama-2-7b", "--hardware", "v100-sxm2-32gb",
-    "--tensor-parallel-size", "8", "--dtype", "float16", "--max-model-len", "4096",
-    "--gpu-memory-utilization", "0.93", "--enable-prefix-caching", "--enable-chunked-prefill",
-    "--enforce-eager",
-]  # fmt: skip
+from tests.helpers.sim import ARGV, completion
 
 
 def run(scenario):
@@ -44,10 +38,6 @@ async def sse(response) -> list[dict | str]:
             data = block.removeprefix("data: ")
             events.append(data if data == "[DONE]" else json.loads(data))
     return events
-
-
-def completion(**extra):
-    return {"model": "llama-2-7b", "prompt": "The node agent starts the engine. " * 20, **extra}
 
 
 def test_it_streams_a_completion_token_by_token_then_usage_then_done():

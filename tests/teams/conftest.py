@@ -36,6 +36,6 @@ def key(team):
 def models_m1_m2(db):
     """Registered models "m1" and "m2": a key's model list must name registered models."""
     from portal.registry.services import model_version_create
-    from tests.conftest import bundled_config
+    from tests.helpers.samples import bundled_config
 
     return [model_version_create(name=n, config=bundled_config("llama-2-7b-chat-hf")) for n in ("m1", "m2")]

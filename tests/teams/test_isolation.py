@@ -12,16 +12,17 @@ from django.utils import timezone
 
 from portal.benchmarks.models import BenchmarkRun
 from portal.deployments.models import Deployment
-from portal.teams.models import ApiKey, Team, Usage
+from portal.teams.models import ApiKey, Usage
 from portal.teams.services import api_key_create
-from tests.conftest import api_client
+from tests.helpers import builders
+from tests.helpers.clients import api_client
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("gateway_redis_db")]
 
 
 
 def _deployment(team, name, llama7b, profile_tp1, dgx, gpu):
-    return Deployment.objects.create(
+    return builders.deployment(
         name=name, team=team, model_version=llama7b, profile=profile_tp1, node=dgx, gpu_indices=[gpu],
         desired_state="running", state="serving", endpoint_url=f"http://127.0.0.1:{9000 + gpu}",
     )  # fmt: skip
@@ -54,7 +55,7 @@ class World:
 @pytest.fixture
 def world(bob, team, django_user_model, llama7b, profile_tp1, dgx):
     dave = django_user_model.objects.create_user("dave", password="dave-password")
-    ads = Team.objects.create(name="Ads", slug="ads", gpu_quota=8)
+    ads = builders.team(name="Ads", slug="ads", gpu_quota=8)
     ads.members.add(dave)
     return World(bob, dave, team, ads, llama7b, profile_tp1, dgx)
 

@@ -12,6 +12,7 @@ from django.urls import reverse
 
 from portal.teams.models import ApiKey
 from portal.teams.services import api_key_create, api_key_matches
+from tests.helpers import builders
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("gateway_redis_db")]
 
@@ -89,9 +90,8 @@ def test_charlie_sees_no_team_pages_and_revokes_nothing(charlie, team):
 
 
 def test_another_teams_member_cannot_revoke_through_their_own_team(bob, team, django_user_model):
-    from portal.teams.models import Team
 
-    other = Team.objects.create(name="Ads", slug="ads")
+    other = builders.team(name="Ads", slug="ads")
     dave = django_user_model.objects.create_user("dave")
     other.members.add(dave)
     key, _ = api_key_create(team=team)

@@ -19,7 +19,7 @@ from portal.teams import partitions
 from portal.teams.models import Usage, UsageDaily, UsageHourly
 from portal.teams.selectors import usage_hourly_series
 from portal.teams.services import usage_flush, usage_partitions_maintain, usage_rollup_recent
-from tests.teams.test_usage import push, record
+from tests.helpers.usage import push, record
 
 pytestmark = pytest.mark.django_db
 

@@ -16,8 +16,7 @@ from portal.core.errors import ApplicationError
 from portal.core.redis.client import redis_keys
 from portal.teams.models import ApiKey, Usage, UsageDaily
 from portal.teams.services import api_key_create, usage_flush
-
-from .test_usage import record
+from tests.helpers.usage import record
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("gateway_redis_db")]
 

@@ -15,46 +15,11 @@ from portal.core.redis.client import redis_keys
 from portal.core.redis.scripts import USAGE_TAKE
 from portal.teams.models import ApiKey, Team, Usage, UsageDaily
 from portal.teams.services import api_key_create, budgets_enforce, usage_flush, usage_rollup
+from tests.helpers import builders
+from tests.helpers.usage import dead_letters, push, record
+from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
-
-
-def record(
-    team, key=None, *, status="completed", prompt=10, completion=20, when=None, request_id=None
-) -> dict:
-    return {
-        "request_id": request_id or uuid.uuid4().hex,
-        "created_at": (when or timezone.now()).timestamp(),
-        "team_id": team.pk,
-        "api_key_id": key.pk if key else None,
-        "model": "m1",
-        "deployment_id": None,
-        "endpoint": "chat",
-        "stream": True,
-        "status": status,
-        "http_status": 200 if status == "completed" else 429,
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "ttft_ms": 12.5,
-        "duration_ms": 80.0,
-    }
-
-
-def push(client, *records) -> None:
-    client.rpush(redis_keys().usage, *[json.dumps(r) for r in records])
-
-
-def dead_letters(client) -> list[tuple[str, dict | str]]:
-    """(reason, the record as queued) of each dead-lettered record, oldest first."""
-    out = []
-    for raw in client.lrange(redis_keys().usage_dead, 0, -1):
-        entry = json.loads(raw)
-        try:
-            record = json.loads(entry["record"])
-        except ValueError:
-            record = entry["record"]
-        out.append((entry["reason"], record))
-    return out
 
 
 def test_it_flushes_queued_records_into_the_database(team, gw):
@@ -78,7 +43,7 @@ def test_it_writes_a_record_pushed_twice_only_once(team, key, gw):
 
 
 def test_it_dead_letters_records_of_deleted_teams_and_garbage(team, key, gw):
-    gone = Team.objects.create(name="Gone", slug="gone")
+    gone = builders.team(name="Gone", slug="gone")
     gone_key, _ = api_key_create(team=gone)
     lost = record(gone, gone_key)
     push(gw, lost, record(team, key))
@@ -225,9 +190,8 @@ def test_it_puts_back_the_batch_of_a_flusher_that_died_holding_it(team, key, gw,
     taken = take(keys=[keys.usage, keys.usage_flushers, keys.usage_taken("dead")], args=[10, 1, "dead"])
     assert len(taken) == 3
     assert gw.llen(keys.usage) == 0
-    deadline = time.monotonic() + 5
-    while usage_flush() == 0 and time.monotonic() < deadline:  # the lease ends within a millisecond
-        time.sleep(0.01)
+    # The lease ends within a millisecond.
+    wait_until(usage_flush, timeout_s=5, interval_s=0.01, what="the dead flusher's records flushed")
     assert sorted(u.hex for u in Usage.objects.values_list("request_id", flat=True)) == sorted(
         r["request_id"] for r in records
     )
@@ -273,7 +237,7 @@ def test_a_record_postgresql_refuses_is_dead_lettered_counted_and_the_flush_goes
 
 def test_it_dead_letters_records_of_keys_this_database_does_not_know(team, key, gw):
     # Records queued by another portal on the same Redis: its team and key ids mean nothing here.
-    other = Team.objects.create(name="Other", slug="other")
+    other = builders.team(name="Other", slug="other")
     other_key, _ = api_key_create(team=other)
     stranger = {**record(team, key), "api_key_id": 10**9}
     wrong_team = {**record(team, key), "api_key_id": other_key.pk}  # a key id of another team

@@ -22,7 +22,7 @@ import pytest
 
 from perf._common import free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY_MODEL_NAME = "tiny-llama"
 STARTUP_DEADLINE_S = float(os.environ.get("VLLM_TEST_STARTUP_DEADLINE_S", "300"))
 

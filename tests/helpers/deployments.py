@@ -1,4 +1,5 @@
-"""Builders for lifecycle tests: a node whose "vLLM" is the fast stand-in engine.
+"""Fixtures for lifecycle tests (a pytest plugin, tests/conftest.py): a node whose "vLLM" is
+the fast stand-in engine.
 
 `fake_node` points its vLLM Python at this interpreter and puts
 tests/deployments/fake_engine first on PYTHONPATH, so the portal's real launch
@@ -12,11 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from django.utils import timezone
 
 from inference import supervisor
+from tests.helpers import ROOT
+from tests.helpers.builders import cpu_node_with
 
-FAKE_ENGINE = Path(__file__).resolve().parent / "fake_engine"
+FAKE_ENGINE = ROOT / "tests" / "deployments" / "fake_engine"
 
 
 @pytest.fixture
@@ -32,21 +34,6 @@ def run_dir(tmp_path, settings):
 def fake_engine(monkeypatch, run_dir):
     monkeypatch.setenv("PYTHONPATH", str(FAKE_ENGINE))
     return FAKE_ENGINE
-
-
-def cpu_node_with(name: str, python: str):
-    """A CPU node whose vLLM environment was already probed (the probe has its own tests)."""
-    from portal.inventory.models import Node
-
-    return Node.objects.create(
-        name=name,
-        hostname="127.0.0.1",
-        vllm_python=python,
-        vllm_version="0.32.0",
-        torch_version="2.13.0+cpu",
-        software_python=python,
-        software_probed_at=timezone.now(),
-    )
 
 
 @pytest.fixture
@@ -91,17 +78,3 @@ def reap_servers(db):
 
     for pgid in [*launched, *Deployment.objects.exclude(pgid=None).values_list("pgid", flat=True)]:
         supervisor.stop_group(pgid, grace_s=2, kill_wait_s=5)
-
-
-def make_deployment(team, version, profile, node, *, name="tiny", desired_state="running", gpus=()):
-    from portal.deployments.services import deployment_create
-
-    return deployment_create(
-        name=name,
-        team=team,
-        model_version=version,
-        profile=profile,
-        node=node,
-        gpu_indices=list(gpus),
-        desired_state=desired_state,
-    )

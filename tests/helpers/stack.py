@@ -24,7 +24,7 @@ import redis
 from inference import supervisor
 from portal.core.redis.client import redis_keys
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LOCAL_NODE = "local"
 # Beat's supervision pass; the default 15 s would make a journey wait for nothing.
 SUPERVISE_INTERVAL_S = 5

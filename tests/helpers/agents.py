@@ -20,8 +20,8 @@ from django.conf import settings
 from django.db import connection
 
 from inference import supervisor
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
+from tests.helpers.samples import NVIDIA_SMI
 
 
 @contextlib.contextmanager
@@ -73,17 +73,6 @@ def node_agent(
                 supervisor.stop_group(pgid, grace_s=10)
 
 
-def wait_for_row(predicate, *, timeout_s: float, what: str, interval_s: float = 0.2) -> None:
-    """Poll `predicate` (a database read) until it holds; fail naming `what` after `timeout_s`."""
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval_s)
-
-
 class FakeNvidiaSmi:
     """An `nvidia-smi` (and `dmesg`) on a node agent's PATH that print committed fixtures.
 
@@ -92,8 +81,6 @@ class FakeNvidiaSmi:
     """
 
     def __init__(self, bin_dir: Path) -> None:
-        from tests.conftest import NVIDIA_SMI
-
         self.bin_dir = bin_dir
         self.fixtures = NVIDIA_SMI
         bin_dir.mkdir(parents=True, exist_ok=True)

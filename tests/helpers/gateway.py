@@ -1,13 +1,11 @@
-"""The gateway under test runs as it does in production: uvicorn in its own process,
-against the test database and the real Redis, in front of a fake OpenAI-compatible
-upstream (perf/fake_upstream.py) in another process."""
+"""The gateway under test as it runs in production: uvicorn in its own process, against the
+test database and the real Redis, in front of a fake OpenAI-compatible upstream
+(perf/fake_upstream.py) in another process. A pytest plugin (tests/conftest.py): its fixtures
+`fake_upstream`, `gateway`, `gw_redis` and `serving` serve every test package."""
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,10 +17,10 @@ import httpx
 import pytest
 import redis
 
-from perf._common import free_port
 from portal.core.redis.client import redis_keys
+from tests.helpers import ROOT, builders
+from tests.helpers.processes import free_port, stop, wait_until_up
 
-ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 # The test gateway's timeouts (see `gateway`), and fake-upstream directives that outlast them.
 QUEUE_TIMEOUT_S = 4
@@ -31,35 +29,6 @@ OUTLASTS_THE_QUEUE = "FAKE chunks=140 interval=50"  # holds its slot 7 s: 3 s pa
 BATCH_QUEUE_TIMEOUT_S = 6  # the batch class's own deadline: longer than the interactive one
 OUTLASTS_THE_BATCH_QUEUE = "FAKE chunks=180 interval=50"  # holds its slot 9 s: 3 s past it
 NO_FIRST_TOKEN_IN_TIME = "FAKE delay=7"  # 3 s past the first-token timeout
-
-
-def run_async(coro):
-    """Run a coroutine on a fresh event loop in its own thread: a test thread may already have a
-    running loop (Playwright's sync API keeps one once the browser tests have run)."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
-def wait_until_up(url: str, process: subprocess.Popen, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{url}: process exited with {process.returncode}")
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up in {timeout} s")
-
-
-def stop(process: subprocess.Popen) -> None:
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
 
 
 def spawn_fake_upstream(interval_ms: int, *extra: str) -> tuple[str, subprocess.Popen]:
@@ -195,44 +164,32 @@ def make_setup(
     key_kwargs: dict | None = None,
     max_model_len: int | None = None,
 ) -> Setup:
-    from portal.deployments.models import Deployment, DeploymentProfile
-    from portal.registry.services import model_version_create
-    from portal.teams.services import api_key_create
-    from tests.conftest import bundled_config
-
     name = f"m-{uuid.uuid4().hex[:8]}"
-    version = model_version_create(name=name, config=bundled_config("llama-2-7b-chat-hf"))
-    profile = DeploymentProfile.objects.create(
-        name=f"p-{name}", model_version=version, max_model_len=max_model_len
-    )
-    deployment = Deployment.objects.create(
+    version = builders.model_version(name)
+    profile = builders.profile(version, name=f"p-{name}", max_model_len=max_model_len)
+    deployment = builders.serving_deployment(
         name=f"d-{name}",
         team=team,
         model_version=version,
         profile=profile,
         node=node,
-        desired_state="running",
-        state="serving",
         endpoint_url=upstream,
-        concurrency_cap=cap,
+        cap=cap,
     )
-    key, token = api_key_create(team=team, name="tests", allowed_models=[name], **(key_kwargs or {}))
+    key, token = builders.api_key(team, models=[name], **(key_kwargs or {}))
     return Setup(team, key, token, name, deployment, upstream)
 
 
 def add_replica(setup: Setup, *, endpoint_url: str, cap: int | None = None, name: str = ""):
-    from portal.deployments.models import Deployment
-
-    return Deployment.objects.create(
+    """Another serving deployment of the setup's model, on another upstream."""
+    return builders.serving_deployment(
         name=name or f"r-{uuid.uuid4().hex[:8]}",
         team=setup.team,
         model_version=setup.deployment.model_version,
         profile=setup.deployment.profile,
         node=setup.deployment.node,
-        desired_state="running",
-        state="serving",
         endpoint_url=endpoint_url,
-        concurrency_cap=cap,
+        cap=cap,
     )
 
 
@@ -260,15 +217,6 @@ def wait_for_slots_free(client: redis.Redis, setup: Setup, timeout: float = 30.0
         if not any(held.values()) or time.monotonic() > deadline:
             return held
         time.sleep(0.05)
-
-
-def wait_until(predicate, *, timeout: float = 30.0, what: str) -> None:
-    """Poll `predicate` until it holds; fail naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not {what} after {timeout:.0f} s")
-        time.sleep(0.02)
 
 
 def upstream_stats(upstream: str) -> dict:

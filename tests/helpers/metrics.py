@@ -1,3 +1,5 @@
+"""Scraping the portal's /metrics in tests."""
+
 from __future__ import annotations
 
 TOKEN = "s3cret-metrics-token"

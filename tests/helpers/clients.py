@@ -1,0 +1,19 @@
+"""Clients of the portal's API for tests."""
+
+from __future__ import annotations
+
+import base64
+
+from rest_framework.test import APIClient
+
+
+def api_client(user=None) -> APIClient:
+    client = APIClient()
+    if user is not None:
+        client.force_authenticate(user)
+    return client
+
+
+def basic_auth(username: str, password: str) -> dict[str, str]:
+    """An HTTP Basic `Authorization` header, for calls outside Django's test client."""
+    return {"Authorization": "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()}

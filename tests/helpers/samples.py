@@ -1,0 +1,18 @@
+"""Committed sample inputs: nvidia-smi outputs and the bundled model configs."""
+
+from __future__ import annotations
+
+import json
+
+from inference.hf_config import known_configs
+from tests.helpers import ROOT
+
+NVIDIA_SMI = ROOT / "inference" / "data" / "nvidia_smi"
+
+
+def nvidia_smi_sample(name: str) -> str:
+    return (NVIDIA_SMI / name).read_text()
+
+
+def bundled_config(name: str) -> dict:
+    return json.loads(known_configs()[name].read_text())
