@@ -621,7 +621,6 @@ def test_staff_choose_a_profile_on_the_node_page(client, alice, dgx, monkeypatch
     assert b"with the flags of profile <code>a100-chunked</code>" in client.get(f"/nodes/{dgx.name}/").content
 
 
-@pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
 def test_it_launches_the_reference_with_the_profiles_flags_and_probes_what_they_turn_on(
     sim_a100_node, tmp_path
@@ -674,7 +673,6 @@ def test_it_launches_the_reference_with_the_profiles_flags_and_probes_what_they_
     assert "the flags of profile a100-chunked-cached" in out.getvalue()
 
 
-@pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
 def test_an_engine_that_dies_under_the_probe_fails_the_node_naming_the_feature(sim_a100_node, monkeypatch):
     import os
@@ -773,7 +771,6 @@ def test_staff_accept_a_real_vllm_cpu_node_from_its_page(cpu_agent, client, alic
 # --- A real GPU, where there is one ---------------------------------------------------------------------
 
 
-@pytest.mark.integration
 @pytest.mark.vllm
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(900)
