@@ -17,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+from dataclasses import dataclass, field
 
 from django.core.exceptions import DisallowedHost, RequestAborted
 from django.core.handlers.asgi import ASGIHandler, ASGIRequest
 from django.core.handlers.exception import convert_exception_to_response
-from django.urls import set_script_prefix
+from django.urls import ResolverMatch, URLResolver, get_resolver, set_script_prefix
 
 from .errors import GatewayError, body_too_large
 from .errors import error_response as gateway_error_response
@@ -62,6 +63,18 @@ async def cancel_until_done(task: asyncio.Task) -> None:
         task.cancel()
 
 
+@dataclass
+class _Resolved:
+    """The gateway endpoints' URL matches, for one URLconf (tests may swap it)."""
+
+    resolver: URLResolver | None = None
+    matches: dict[str, ResolverMatch] = field(default_factory=dict)
+
+
+_resolved = _Resolved()
+MAX_RESOLVED = 16  # its four endpoints, with room to spare
+
+
 class GatewayHandler(ASGIHandler):
     request_class = GatewayRequest
 
@@ -70,6 +83,20 @@ class GatewayHandler(ASGIHandler):
         self._template_response_middleware = []
         self._exception_middleware = []
         self._middleware_chain = convert_exception_to_response(self._get_response_async)
+
+    def resolve_request(self, request: GatewayRequest) -> ResolverMatch:
+        """The gateway's few endpoints are resolved once per process, not per request (the site's
+        URLconf is walked pattern by pattern); any other path, the JSON 404, each time."""
+        resolver = get_resolver()
+        if resolver is not _resolved.resolver:
+            _resolved.resolver, _resolved.matches = resolver, {}
+        match = _resolved.matches.get(request.path_info)
+        if match is None:
+            match = resolver.resolve(request.path_info)
+            if match.url_name != "unknown-path" and len(_resolved.matches) < MAX_RESOLVED:
+                _resolved.matches[request.path_info] = match
+        request.resolver_match = match
+        return match
 
     async def read_body(self, receive) -> io.BytesIO:
         """The body in memory: the edge (portal.core.bodylimit) bounded it by GATEWAY_MAX_BODY_BYTES,
