@@ -621,6 +621,7 @@ def test_staff_choose_a_profile_on_the_node_page(client, alice, dgx, monkeypatch
     assert b"with the flags of profile <code>a100-chunked</code>" in client.get(f"/nodes/{dgx.name}/").content
 
 
+@pytest.mark.slow  # waits out a real timeout or a simulated acceptance
 @pytest.mark.django_db(transaction=True)
 def test_it_launches_the_reference_with_the_profiles_flags_and_probes_what_they_turn_on(
     sim_a100_node, tmp_path

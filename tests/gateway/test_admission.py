@@ -87,6 +87,7 @@ def test_it_queues_the_excess_over_a_deployment_cap(gateway, serving, gw_redis):
     assert not any(wait_for_slots_free(gw_redis, serving).values())
 
 
+@pytest.mark.slow  # waits out a real timeout or a simulated acceptance
 def test_it_answers_503_when_the_queue_wait_runs_out(gateway, serving, gw_redis):
     serving.deployment.concurrency_cap = 1
     serving.deployment.save()

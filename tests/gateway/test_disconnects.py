@@ -77,6 +77,7 @@ def tokens_charged_today(client, scope: str, id: int) -> int:
     return sum(int(client.get(name)) for name in client.scan_iter(redis_keys().tpd_prefix(scope, id) + "*"))
 
 
+@pytest.mark.slow  # waits out a real timeout or a simulated acceptance
 def test_it_never_sends_upstream_a_request_whose_client_left_while_queued(gateway, serving, gw_redis):
     from portal.teams.models import Usage
 

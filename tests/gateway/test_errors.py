@@ -161,6 +161,7 @@ def test_it_answers_502_for_an_upstream_5xx_and_releases_the_slot(gateway, servi
     assert not any(wait_for_slots_free(gw_redis, serving).values())
 
 
+@pytest.mark.slow  # waits out a real timeout or a simulated acceptance
 def test_it_answers_504_when_upstream_sends_no_first_token_in_time(gateway, serving, gw_redis):
     response = post(gateway, serving, chat_body(serving.model, NO_FIRST_TOKEN_IN_TIME, stream=True))
     assert_error(response, 504, "upstream_timeout")

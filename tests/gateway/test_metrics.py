@@ -112,6 +112,7 @@ def test_gateway_requests_move_the_metrics(gateway, serving, gw_redis, client):
     assert sum(m.errors for m in recent) >= 1 and sum(m.rejected for m in recent) >= 3
 
 
+@pytest.mark.slow  # waits out a real timeout or a simulated acceptance
 def test_queue_depth_and_in_flight_are_read_live_and_a_queue_timeout_is_a_rejection(
     gateway, serving, gw_redis, client
 ):

@@ -111,6 +111,7 @@ def test_a_waiting_interactive_request_gets_the_freed_slot_before_an_earlier_que
     assert done["holder"] < done["interactive"] < done["batch"]
 
 
+@pytest.mark.slow  # waits out a real timeout or a simulated acceptance
 def test_a_batch_request_times_out_on_its_own_longer_deadline(gateway, serving, gw_redis):
     serving.deployment.concurrency_cap = 1
     serving.deployment.save()

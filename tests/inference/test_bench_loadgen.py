@@ -125,6 +125,7 @@ def test_it_names_the_served_models_when_the_model_is_wrong():
     assert "it serves: tiny" in str(caught.value)
 
 
+@pytest.mark.slow  # waits out a real timeout or a simulated acceptance
 def test_it_marks_a_level_that_times_out_as_partial_and_keeps_what_finished():
     result = run(
         FakeServer(first_token_s=0.01, token_interval_s=0.05),

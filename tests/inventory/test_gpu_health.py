@@ -124,6 +124,7 @@ def test_it_prunes_gpu_samples_past_their_retention(dgx, settings):
     assert GpuSample.objects.count() == 8
 
 
+@pytest.mark.slow  # waits out a real timeout or a simulated acceptance
 @pytest.mark.django_db(transaction=True)
 def test_the_node_agent_samples_a_fake_nvidia_smi_and_takes_a_hung_one_as_lost(dgx, tmp_path):
     from django.db import close_old_connections

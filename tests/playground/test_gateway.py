@@ -110,6 +110,7 @@ def test_it_answers_a_model_without_a_replica_with_the_gateways_503(gateway, ser
     assert f"No replica of `{idle.name}` is serving." == response.json()["error"]["message"]
 
 
+@pytest.mark.slow  # waits out a real timeout or a simulated acceptance
 def test_it_answers_an_upstream_timeout_with_the_gateways_504(gateway, serving, bob):
     with member_session(gateway, bob) as session:
         # past the gateway's first-token timeout
