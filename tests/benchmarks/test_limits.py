@@ -129,6 +129,9 @@ def test_it_refuses_staff_a_second_run_too(alice, deployment):
 
 def _waiting_on_a_lock() -> bool:
     with connection.cursor() as cursor:
+        # Inside a transaction PostgreSQL keeps the first pg_stat_activity it read: drop that
+        # snapshot, or a request that starts waiting after the first look is never seen.
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
             "AND wait_event_type = 'Lock'"
