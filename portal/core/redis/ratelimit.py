@@ -375,12 +375,14 @@ class RateLimiter:
         delay, longest = self.poll_s
         queued = False
         waiter: _LocalWaiter | None = None  # registered once it waits: most requests never do
-        keys, args = call.keys(), call.args()
+        keys: list | None = None  # flattened on the first poll: most requests are placed at once
         try:
             while True:
                 if first is not None:
                     (index, _position), first = first, None
                 else:
+                    if keys is None:
+                        keys, args = call.keys(), call.args()
                     index, _position = await self._acquire(keys=keys, args=args)
                 index = int(index)
                 if index > 0:

@@ -71,15 +71,33 @@ class ScriptCall:
         return f"local {', '.join(names)} = {', '.join(map(str, values))}\n"
 
 
+# Per record class and part: (field name, is a group, is a list) of the fields that go there,
+# worked out once; the gateway flattens two records per request, and `fields()` is slow.
+_LAYOUTS: dict[tuple[type, str], tuple[tuple[str, bool, bool], ...]] = {}
+
+
+def _layout(record: type, part: str) -> tuple[tuple[str, bool, bool], ...]:
+    found = _LAYOUTS.get((record, part))
+    if found is None:
+        found = _LAYOUTS[(record, part)] = tuple(
+            (f.name, f.metadata.get(_PART) == GROUP, f.metadata["many"])
+            for f in fields(record)  # type: ignore[arg-type]
+            if f.metadata.get(_PART) in (GROUP, part)
+        )
+    return found
+
+
 def _flatten(record: ScriptCall, part: str) -> list[Any]:
     out: list[Any] = []
-    for f in fields(record):  # type: ignore[arg-type]
-        kind, value = f.metadata.get(_PART), getattr(record, f.name)
-        if kind == GROUP:
-            for member in value if f.metadata["many"] else [value]:
+    for name, is_group, many in _layout(type(record), part):
+        value = getattr(record, name)
+        if is_group:
+            for member in value if many else (value,):
                 out += _flatten(member, part)
-        elif kind == part:
-            out += list(value) if f.metadata["many"] else [value]
+        elif many:
+            out += value
+        else:
+            out.append(value)
     return out
 
 
