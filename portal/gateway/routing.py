@@ -24,7 +24,6 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 from asgiref.sync import sync_to_async
 from django.db import Error as DatabaseError
 from django.db import close_old_connections
@@ -45,9 +44,9 @@ class Replica:
     cap: int | None
     team_id: int
     shared: bool
-    # Parsed once per route load, not per request (httpx re-parses a string URL every time).
-    chat_url: httpx.URL
-    completions_url: httpx.URL
+    # Split once per process by upstream.target (cached by URL).
+    chat_url: str
+    completions_url: str
     # The server's own key (VLLM_API_KEY), sent upstream as a bearer token; never the client's.
     api_key: str = field(default="", repr=False)
     context_len: int | None = None  # vLLM's max_model_len: prompt plus output (None: unknown)
@@ -130,8 +129,8 @@ def _load_version_route(model: str) -> Route:
             d.concurrency_cap,
             d.team_id,
             d.shared,
-            httpx.URL(d.endpoint_url.rstrip("/") + "/v1/chat/completions"),
-            httpx.URL(d.endpoint_url.rstrip("/") + "/v1/completions"),
+            d.endpoint_url.rstrip("/") + "/v1/chat/completions",
+            d.endpoint_url.rstrip("/") + "/v1/completions",
             d.engine_api_key,
             d.context_len,
         )

@@ -12,7 +12,6 @@ import asyncio
 import json
 import logging
 
-import httpx
 from django.http import StreamingHttpResponse
 
 from portal.teams.models import UsageStatus
@@ -155,7 +154,7 @@ class RelayStream:
         except asyncio.CancelledError:
             await self._end(UsageStatus.CLIENT_CANCELLED, 499, "client_disconnected")
             raise
-        except (httpx.ReadTimeout, TimeoutError):
+        except TimeoutError:
             error = GatewayError(504, "Upstream stopped sending tokens.", code="upstream_timeout")
             await self._end(UsageStatus.TIMEOUT, 504, error.code)
             return error_event(error)

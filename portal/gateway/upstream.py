@@ -1,117 +1,361 @@
-"""Step 4: the one shared upstream client.
+"""Step 5: the one upstream client: HTTP/1.1 keep-alive connections, parsed by httptools.
 
-httpx's API over the aiohttp transport (`httpx_aiohttp`): under many concurrent
-streams httpx's default transport reached only ~20 % of direct throughput here,
-the aiohttp transport ~80 % (docs/architecture.md#gateway-upstream-client). One client and one transport (one
-connection pool) per event loop, with explicit timeouts and pool limits; `read`
-is the longest gap allowed between two chunks.
+A pass-through needs little of a general HTTP client: one POST with a JSON body, the status
+and headers of the answer, then its body as the bytes arrive. aiohttp (through httpx's
+API) did that here for about 0.3 ms of CPU per request before the first byte and a
+rescheduled timer and two stream layers per chunk (docs/decisions.md, "The gateway's own
+upstream client"); this module does it with the llhttp parser uvicorn already uses
+(`httptools`), one asyncio protocol per connection and a pool per event loop:
 
-The proxy's requests skip the client's per-request machinery (cookie extraction
-through `http.cookiejar`, auth and redirect flows: ~0.4 ms of CPU per request here,
-nothing a pass-through needs) and the transport's `handle_async_request` too: `open_stream`
-does what that method does (the transport's aiohttp session, its exception mapping, its
-response stream) without building an `httpx.Request`, which the transport only reads back
-and whose URL httpx parsed again for every request (~40 % of the call's CPU in process).
+- the request is one write of prebuilt bytes (the URL is split once per replica URL);
+- the answer's body is handed out as it arrives (`read`: the bytes received so far, b"" at its
+  end), with a read timeout armed only while the relay actually waits;
+- a connection whose answer was read to its end goes back to the pool (unless either side said
+  `Connection: close`); one closed half-read is dropped, so vLLM sees the disconnect and aborts;
+- errors are OSError subclasses (`UpstreamError`) and timeouts TimeoutError subclasses, so the
+  gateway tells a replica that failed (another may be tried) from one that was slow.
+
+Limits: GATEWAY_MAX_CONNECTIONS connections per process (a request waits for one at most
+GATEWAY_CONNECT_TIMEOUT_S), idle ones kept KEEPALIVE_S.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import ssl
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from urllib.parse import urlsplit
 
-import aiohttp
-import httpx
+import httptools
 from django.conf import settings
-from httpx_aiohttp import AiohttpTransport, HttpxAiohttpClient
-from httpx_aiohttp.transport import AiohttpResponseStream, map_aiohttp_exceptions
 
-_shared: dict[int, tuple[httpx.AsyncClient, AiohttpTransport, aiohttp.ClientTimeout]] = {}
-# What the transport says of every answer (it speaks HTTP/1.1 only).
-_EXTENSIONS = {"http_version": b"HTTP/1.1"}
+KEEPALIVE_S = 30.0  # an idle connection older than this is closed rather than reused
+# Body bytes buffered before reading from the socket pauses: a slow client slows the read.
+HIGH_WATER = 64 * 1024
 
 
-def _get() -> tuple[httpx.AsyncClient, AiohttpTransport, aiohttp.ClientTimeout]:
-    loop = asyncio.get_running_loop()
-    found = _shared.get(id(loop))
-    if found is None:
-        limits = httpx.Limits(
-            max_connections=settings.GATEWAY_MAX_CONNECTIONS,
-            max_keepalive_connections=settings.GATEWAY_MAX_CONNECTIONS,
-            keepalive_expiry=30,
-        )
-        timeout = httpx.Timeout(
-            connect=settings.GATEWAY_CONNECT_TIMEOUT_S,
-            read=settings.GATEWAY_READ_TIMEOUT_S,
-            write=settings.GATEWAY_CONNECT_TIMEOUT_S,
-            pool=settings.GATEWAY_CONNECT_TIMEOUT_S,
-        )
-        transport = AiohttpTransport(limits=limits, trust_env=False)
-        shared = HttpxAiohttpClient(transport=transport, timeout=timeout, limits=limits, trust_env=False)
-        # The transport's mapping of httpx's timeouts onto aiohttp's, built once.
-        per_request = aiohttp.ClientTimeout(
-            sock_connect=timeout.connect, sock_read=timeout.read, connect=timeout.pool
-        )
-        found = _shared[id(loop)] = (shared, transport, per_request)
-    return found
+class UpstreamError(ConnectionError):
+    """The replica failed us: refused, reset, closed early or spoke broken HTTP."""
 
 
-def client() -> httpx.AsyncClient:
-    """The shared client (same pool), for anything off the proxy's hot path."""
-    return _get()[0]
+class ConnectTimeout(TimeoutError):
+    """No connection within GATEWAY_CONNECT_TIMEOUT_S: the replica is unreachable (try another)."""
 
 
-async def open_stream(
-    url: httpx.URL | str, body: bytes, request_id: str, api_key: str = ""
-) -> httpx.Response:
-    """POST to upstream; returns once its status and headers are in (body not read).
+class PoolTimeout(TimeoutError):
+    """Every connection of this process was busy for GATEWAY_CONNECT_TIMEOUT_S."""
 
-    `api_key` is the replica's own server key (the client's gateway key never goes upstream).
-    """
-    _client, transport, timeout = _get()
-    headers = {"content-type": "application/json", "x-request-id": request_id}
-    if api_key:
-        headers["authorization"] = f"Bearer {api_key}"
-    if not isinstance(transport.client, aiohttp.ClientSession):
-        transport.client = transport.get_client()
-    with map_aiohttp_exceptions():  # aiohttp's errors as httpx's, as the transport raises them
-        response = await transport.client.request(
-            "POST", str(url), headers=headers, data=body, allow_redirects=False, auto_decompress=False,
-            compress=False, timeout=timeout,
-        ).__aenter__()  # fmt: skip
-    extensions = (
-        {**_EXTENSIONS, "reason_phrase": response.reason.encode()} if response.reason else _EXTENSIONS
-    )
-    return httpx.Response(
-        status_code=response.status,
-        headers=response.raw_headers,
-        stream=AiohttpResponseStream(response),
-        extensions=extensions,
-    )
 
+class ReadTimeout(TimeoutError):
+    """Upstream sent nothing for GATEWAY_READ_TIMEOUT_S."""
+
+
+# Errors that mean "this replica failed us" (OSError covers refused and reset connections).
+UPSTREAM_ERRORS = (OSError,)
 
 Read = Callable[[], Awaitable[bytes]]
 
 
-def body_reader(response: httpx.Response) -> Read:
-    """A function that returns the response body's next bytes as they arrive, and b"" at its end.
+@dataclass(frozen=True)
+class Target:
+    """A replica URL split once: where to connect and the first lines of every request to it."""
 
-    Straight from aiohttp's stream: httpx_aiohttp's iterator puts an async generator and a
-    re-chunking read in front of every chunk, which a pass-through does not need. Its errors are
-    aiohttp's own (in UPSTREAM_ERRORS; a read timeout is also a TimeoutError). Another transport
-    is read through httpx's byte stream."""
-    raw = getattr(response.stream, "_aiohttp_response", None)
-    if raw is not None:
-        return raw.content.readany
-    chunks = aiter(response.stream)
+    host: str
+    port: int
+    tls: bool
+    head: bytes  # "POST <path> HTTP/1.1\r\nHost: ...\r\n"
 
-    async def read() -> bytes:
-        async for chunk in chunks:
-            if chunk:
-                return chunk
-        return b""
-
-    return read
+    @property
+    def address(self) -> tuple[str, int, bool]:
+        return self.host, self.port, self.tls
 
 
-# Errors that mean "this replica failed us": connection refused/reset, protocol errors.
-UPSTREAM_ERRORS = (httpx.HTTPError, aiohttp.ClientError, OSError)
+@lru_cache(maxsize=256)
+def target(url: str) -> Target:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UpstreamError(f"not an http(s) URL: {url!r}")
+    tls = parts.scheme == "https"
+    port = parts.port or (443 if tls else 80)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    default = port == (443 if tls else 80)
+    host = parts.hostname if default else f"{parts.hostname}:{port}"
+    if ":" in parts.hostname:  # IPv6 literal
+        host = f"[{parts.hostname}]" if default else f"[{parts.hostname}]:{port}"
+    return Target(parts.hostname, port, tls, f"POST {path} HTTP/1.1\r\nHost: {host}\r\n".encode("latin1"))
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection and the answer being read on it (httptools calls the `on_` methods)."""
+
+    def __init__(self, pool: _Pool, address: tuple[str, int, bool]) -> None:
+        self.pool = pool
+        self.address = address
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.busy = True  # a request is on it; an idle one that receives bytes is broken
+        self.idle_since = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.headers: dict[str, str] = {}
+        self._name = b""
+        self.head_done = False
+        self.keep_alive = False  # read when the head is in: llhttp forgets it once the answer ends
+        self.complete = False
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.buffered = 0
+        self.error: BaseException | None = None
+        self.waiter: asyncio.Future | None = None
+        self.paused = False
+        self.write_ready: asyncio.Future | None = None
+
+    # --- asyncio.Protocol ---------------------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if not self.busy:  # an answer nobody asked for (a server's 408 before it closes): drop it
+            self.transport.close()
+            self.closed = True
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as error:
+            self._fail(UpstreamError(f"upstream spoke broken HTTP: {error}"))
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.complete:
+            self._fail(UpstreamError("upstream closed the connection before the answer's end"))
+        if self.write_ready is not None and not self.write_ready.done():
+            self.write_ready.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.write_ready = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self.write_ready is not None and not self.write_ready.done():
+            self.write_ready.set_result(None)
+        self.write_ready = None
+
+    # --- httptools -----------------------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin1").lower()] = value.decode("latin1")
+
+    def on_headers_complete(self) -> None:
+        self.head_done = True
+        self.keep_alive = self.parser.should_keep_alive()
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.buffered += len(body)
+        if self.buffered > HIGH_WATER and not self.paused:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self._wake()
+
+    # --- the answer ----------------------------------------------------------------------------
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+        self._wake()
+
+    async def wait(self, ready: Callable[[], bool], timeout_s: float) -> None:
+        """Until `ready()` (or an error): a ReadTimeout after `timeout_s` of nothing."""
+        while not ready():
+            if self.error is not None:
+                raise self.error
+            loop = asyncio.get_running_loop()
+            self.waiter = waiter = loop.create_future()
+            timer = loop.call_later(timeout_s, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self.waiter = None
+
+    def take(self) -> bytes:
+        data = self.chunks.popleft() if len(self.chunks) == 1 else b"".join(self.chunks)
+        self.chunks.clear()
+        self.buffered = 0
+        if self.paused and not self.closed:
+            self.paused = False
+            self.transport.resume_reading()
+        return data
+
+
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_exception(ReadTimeout("upstream sent nothing in time"))
+
+
+class UpstreamResponse:
+    """An answer whose status and headers are in; its body is read with `read` (or `aread`)."""
+
+    __slots__ = ("_conn", "_released", "headers", "status_code")
+
+    def __init__(self, conn: _Connection) -> None:
+        self._conn = conn
+        self._released = False
+        self.status_code: int = conn.parser.get_status_code()
+        self.headers: dict[str, str] = conn.headers
+
+    async def read(self) -> bytes:
+        """The body bytes received since the last read (waiting for some), b"" at the body's end."""
+        conn = self._conn
+        if not conn.chunks:
+            if conn.complete:
+                self._release()
+                return b""
+            await conn.wait(lambda: bool(conn.chunks) or conn.complete, conn.pool.read_timeout_s)
+            if not conn.chunks:
+                self._release()
+                return b""
+        return conn.take()
+
+    async def aread(self) -> bytes:
+        """The whole body."""
+        parts = []
+        while chunk := await self.read():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def aclose(self) -> None:
+        """Done with the answer: its connection is reused if the answer was read whole, else closed."""
+        self._release()
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._conn.pool.release(self._conn)
+
+
+class _Pool:
+    """The connections of one event loop: idle ones by address, and a bound on how many exist."""
+
+    def __init__(self, *, max_connections: int, connect_timeout_s: float, read_timeout_s: float) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.idle: dict[tuple[str, int, bool], list[_Connection]] = {}
+        self.slots = asyncio.Semaphore(max_connections)
+        self._tls: ssl.SSLContext | None = None
+
+    async def acquire(self, address: tuple[str, int, bool]) -> _Connection:
+        idle = self.idle.get(address)
+        now = time.monotonic()
+        while idle:
+            conn = idle.pop()
+            if not conn.closed and now - conn.idle_since < KEEPALIVE_S:
+                conn.busy = True
+                return conn
+            conn.closed or conn.transport.close()
+            self.slots.release()
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                await self.slots.acquire()
+        except TimeoutError:
+            raise PoolTimeout("every upstream connection was busy") from None
+        try:
+            return await self._connect(address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    async def _connect(self, address: tuple[str, int, bool]) -> _Connection:
+        host, port, tls = address
+        loop = asyncio.get_running_loop()
+        conn = _Connection(self, address)
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                await loop.create_connection(
+                    lambda: conn, host, port, ssl=self._tls_context() if tls else None
+                )
+        except TimeoutError:
+            raise ConnectTimeout(f"no connection to {host}:{port} in time") from None
+        return conn
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = ssl.create_default_context()
+        return self._tls
+
+    def release(self, conn: _Connection) -> None:
+        if not (conn.complete and conn.keep_alive and conn.error is None and not conn.closed):
+            if not conn.closed:
+                conn.transport.close()
+                conn.closed = True
+            self.slots.release()
+            return
+        conn._reset()
+        conn.busy = False
+        conn.idle_since = time.monotonic()
+        self.idle.setdefault(conn.address, []).append(conn)
+
+
+_pools: dict[int, tuple[asyncio.AbstractEventLoop, _Pool]] = {}
+
+
+def _pool() -> _Pool:
+    loop = asyncio.get_running_loop()
+    found = _pools.get(id(loop))
+    if found is not None and found[0] is loop:  # not a closed loop whose id was reused
+        return found[1]
+    pool = _Pool(
+        max_connections=settings.GATEWAY_MAX_CONNECTIONS,
+        connect_timeout_s=settings.GATEWAY_CONNECT_TIMEOUT_S,
+        read_timeout_s=settings.GATEWAY_READ_TIMEOUT_S,
+    )
+    _pools[id(loop)] = (loop, pool)
+    return pool
+
+
+async def open_stream(url: str, body: bytes, request_id: str, api_key: str = "") -> UpstreamResponse:
+    """POST `body` (JSON) to upstream; returns once its status and headers are in (body not read).
+
+    `api_key` is the replica's own server key (the client's gateway key never goes upstream).
+    A connection error or timeout before that closes the connection; a cancellation too.
+    """
+    where = target(url)
+    if "\r" in api_key or "\n" in api_key:
+        raise UpstreamError("the replica's server key holds a line break")
+    extra = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
+    head = (
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        f"X-Request-Id: {request_id}\r\n{extra}\r\n"
+    )
+    pool = _pool()
+    conn = await pool.acquire(where.address)
+    response = None
+    try:
+        conn.transport.write(where.head + head.encode("latin1") + body)
+        if conn.write_ready is not None:  # a large body filled the socket's buffer
+            await conn.write_ready
+        await conn.wait(lambda: conn.head_done, pool.read_timeout_s)
+        response = UpstreamResponse(conn)
+        return response
+    finally:
+        if response is None:  # failed or cancelled before the answer's head: never reused
+            conn.complete = False
+            pool.release(conn)
+
+
+def body_reader(response: UpstreamResponse) -> Read:
+    """A function that returns the response body's next bytes as they arrive, and b"" at its end."""
+    return response.read

@@ -73,7 +73,7 @@ class Exchange:
     ttft_ms: float | None = None
     finished: bool = False
     leases: list[tuple[list[str], str]] = field(default_factory=list)  # (zsets, member) renewed
-    upstream: object | None = None  # the open httpx.Response, closed when the exchange finishes
+    upstream: object | None = None  # the open UpstreamResponse, closed when the exchange finishes
 
     def admitted(self, admission: Admission) -> None:
         """Known before the request queues, so a client leaving the queue still gets its slots

@@ -17,7 +17,6 @@ import logging
 import random
 import time
 
-import httpx
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -46,7 +45,15 @@ from .parsing import ParsedRequest, parse
 from .routing import Replica, Route, route_for, served_models, smallest_context
 from .sse import RelayResponse, RelayStream
 from .tokens import prompt_count, prompt_count_off_loop
-from .upstream import UPSTREAM_ERRORS, Read, body_reader, open_stream
+from .upstream import (
+    UPSTREAM_ERRORS,
+    ConnectTimeout,
+    PoolTimeout,
+    Read,
+    UpstreamResponse,
+    body_reader,
+    open_stream,
+)
 from .usage import Exchange, tokens_billed_on_day
 
 log = logging.getLogger("portal.gateway")
@@ -318,8 +325,8 @@ async def _relay(
                 stream=parsed.stream,
                 first_token_timeout=first_token_timeout,
             )
-        except (TimeoutError, httpx.TimeoutException) as exc:
-            if not isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+        except TimeoutError as exc:
+            if not isinstance(exc, ConnectTimeout | PoolTimeout):
                 raise GatewayError(
                     504,
                     "Upstream sent no first token in time.",
@@ -350,7 +357,7 @@ async def _answer(
     ex: Exchange,
     parsed: ParsedRequest,
     replica: Replica,
-    response: httpx.Response,
+    response: UpstreamResponse,
     read: Read | None,
     first: bytes,
     *,
@@ -406,7 +413,7 @@ def _occupy(ex: Exchange, replica: Replica, placement: SlotGrant) -> None:
 
 async def _open(
     ex: Exchange, replica: Replica, body: bytes, *, chat: bool, stream: bool, first_token_timeout: float
-) -> tuple[httpx.Response, Read | None, bytes]:
+) -> tuple[UpstreamResponse, Read | None, bytes]:
     """The one upstream call: (the response, the reader of its body past the first chunk, the first chunk).
     A stream's status and first chunk must come within the first-token timeout; a whole answer's
     status within the client's timeouts (upstream.py)."""
@@ -428,7 +435,7 @@ async def _stream_response(
     ex: Exchange,
     parsed: ParsedRequest,
     replica: Replica,
-    response: httpx.Response,
+    response: UpstreamResponse,
     read: Read,
     first: bytes,
     *,
@@ -449,10 +456,10 @@ async def _stream_response(
     return out
 
 
-async def _read(response: httpx.Response) -> bytes:
+async def _read(response: UpstreamResponse) -> bytes:
     try:
         return await response.aread()
-    except httpx.ReadTimeout:
+    except TimeoutError:
         raise GatewayError(
             504, "Upstream did not finish in time.", code="upstream_timeout", usage_status=UsageStatus.TIMEOUT
         ) from None
@@ -487,7 +494,7 @@ def _account_json(ex: Exchange, content: bytes) -> None:
     ex.completion_tokens = int(usage.get("completion_tokens") or 0)
 
 
-def _passthrough(response: httpx.Response, content: bytes, request_id: str) -> HttpResponse:
+def _passthrough(response: UpstreamResponse, content: bytes, request_id: str) -> HttpResponse:
     out = HttpResponse(
         content,
         status=response.status_code,
