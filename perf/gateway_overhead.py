@@ -27,15 +27,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 from perf._common import stop, table
-from perf.proxy_bench import World, build_world, closed_loop, measure, start_gateway, wait_gateway
+from perf.proxy_bench import World, closed_loop, measure, running_world, start_gateway, wait_gateway
 
 STEPS = (
     "ASGI entry", "authentication", "parsing", "route", "counting", "admission", "request encoding",
@@ -201,18 +198,8 @@ def main() -> None:
     if args.rounds < 1 or args.chunks < 2 or args.step_requests < 1:
         parser.error("--rounds and --step-requests at least 1, --chunks at least 2")
     args.workers = [1]
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
-    directory = Path(tempfile.mkdtemp(prefix="gateway-overhead-"))
-    world = World()
-    try:
-        print(f"gateway overhead: setting up in {directory}", flush=True)
-        started = time.monotonic()
-        build_world(world, directory, args)
+    started = time.monotonic()
+    with running_world("gateway overhead", args) as (world, directory):
         rounds = run_rounds(world, args)
         summary = {level: summarize(rounds[level], args.chunks) for level in args.levels}
         steps = step_profile(world, directory, args)
@@ -224,13 +211,6 @@ def main() -> None:
                 json.dumps({"config": config, "rounds": rounds, "summary": summary, "steps": steps}, indent=2)
                 + "\n"
             )
-    finally:
-        for process in reversed(world.processes):
-            stop(process)
-        if args.keep:
-            print(f"gateway overhead: kept {directory}", file=sys.stderr)
-        else:
-            shutil.rmtree(directory, ignore_errors=True)
 
 
 if __name__ == "__main__":

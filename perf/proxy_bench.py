@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,6 +87,31 @@ def build_world(world: World, directory: Path, args) -> None:
     for workers, (url, process) in world.gateways.items():
         _wait_workers(directory / f"gateway-{workers}.log", process, workers)
         wait_up(f"{url}/v1/models", process)
+
+
+@contextlib.contextmanager
+def running_world(label: str, args) -> Iterator[tuple[World, Path]]:
+    """uvloop (when installed), a temporary directory and the world built in it (`build_world`);
+    on the way out every process stopped and the directory removed (kept with `args.keep`)."""
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    directory = Path(tempfile.mkdtemp(prefix=label.replace(" ", "-") + "-"))
+    world = World()
+    try:
+        print(f"{label}: setting up in {directory}", flush=True)
+        build_world(world, directory, args)
+        yield world, directory
+    finally:
+        for process in reversed(world.processes):
+            stop(process)
+        if args.keep:
+            print(f"{label}: kept {directory}", file=sys.stderr)
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def start_gateway(
@@ -269,9 +295,10 @@ def measure(world: World, target: str, level: int, args) -> dict:
         # request costs Redis. evalsha calls are the script runs (round trips); the commands the
         # scripts run inside are counted under their own names as well.
         result["redis_calls"] = {name: n / result["requests"] for name, n in calls.items()}
-        result["redis_commands_per_request"] = sum(
-            n for name, n in calls.items() if name not in ("evalsha", "eval", "config|resetstat", "info")
-        ) / result["requests"]
+        result["redis_commands_per_request"] = (
+            sum(n for name, n in calls.items() if name not in ("evalsha", "eval", "config|resetstat", "info"))
+            / result["requests"]
+        )
         scripts = calls.get("evalsha", 0) + calls.get("eval", 0)
         result["redis_scripts_per_request"] = scripts / result["requests"]
         result["redis_cpu_ms_per_request"] = redis_cpu * 1000 / result["requests"]
@@ -296,17 +323,7 @@ def main() -> None:
         return flusher_loop()
     args.levels = _counts(parser, "--levels", args.levels, 1, 4096)
     args.workers = _counts(parser, "--workers", args.workers, 1, 16)
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
-    directory = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
-    world = World()
-    try:
-        print(f"proxy bench: setting up in {directory}", flush=True)
-        build_world(world, directory, args)
+    with running_world("proxy bench", args) as (world, _directory):
         targets = ["direct", *[f"gateway-{n}" for n in args.workers]]
         # Warm up every path (connections, caches, the key row in each worker).
         for target in targets:
@@ -314,7 +331,7 @@ def main() -> None:
         results: dict[tuple[int, str], list[dict]] = {}
         for rep in range(args.repeats):
             for level in args.levels:
-                order = targets[rep % len(targets):] + targets[:rep % len(targets)]
+                order = targets[rep % len(targets) :] + targets[: rep % len(targets)]
                 for target in order:
                     result = measure(world, target, level, args)
                     results.setdefault((level, target), []).append(result)
@@ -332,13 +349,6 @@ def main() -> None:
             Path(args.json).write_text(json.dumps({"config": {k: v for k, v in vars(args).items()
                                                               if k != "flusher"}, "results": runs},
                                                   indent=2) + "\n")  # fmt: skip
-    finally:
-        for process in reversed(world.processes):
-            stop(process)
-        if args.keep:
-            print(f"proxy bench: kept {directory}", file=sys.stderr)
-        else:
-            shutil.rmtree(directory, ignore_errors=True)
 
 
 def _counts(parser: argparse.ArgumentParser, flag: str, text: str, low: int, high: int) -> list[int]:
@@ -393,6 +403,7 @@ def print_table(results: dict, args) -> None:
                 f"script runs, {cpu_ms:.3f} ms of Redis CPU per request; first run: "
                 + ", ".join(f"{name} {v:.2f}" for name, v in top)
             )
+
 
 if __name__ == "__main__":
     main()
