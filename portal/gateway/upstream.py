@@ -96,7 +96,11 @@ class _Connection(asyncio.Protocol):
         self.pool = pool
         self.address = address
         self.transport: asyncio.Transport | None = None
+        self.loop = asyncio.get_running_loop()
         self.parser = httptools.HttpResponseParser(self)
+        # The read timeout: one timer per wait that outlasts it, not one per chunk (`_watch`).
+        self.watchdog: asyncio.TimerHandle | None = None
+        self.heard_at = 0.0  # loop time of the last bytes from upstream, or of the wait's start
         self.closed = False
         self.busy = True  # a request is on it; an idle one that receives bytes is broken
         self.idle_since = 0.0
@@ -104,7 +108,6 @@ class _Connection(asyncio.Protocol):
 
     def _reset(self) -> None:
         self.headers: dict[str, str] = {}
-        self._name = b""
         self.head_done = False
         self.keep_alive = False  # read when the head is in: llhttp forgets it once the answer ends
         self.complete = False
@@ -114,6 +117,9 @@ class _Connection(asyncio.Protocol):
         self.waiter: asyncio.Future | None = None
         self.paused = False
         self.write_ready: asyncio.Future | None = None
+        if self.watchdog is not None:
+            self.watchdog.cancel()
+            self.watchdog = None
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -124,6 +130,7 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
             self.closed = True
             return
+        self.heard_at = self.loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as error:
@@ -179,17 +186,31 @@ class _Connection(asyncio.Protocol):
 
     async def wait(self, ready: Callable[[], bool], timeout_s: float) -> None:
         """Until `ready()` (or an error): a ReadTimeout after `timeout_s` of nothing."""
+        if not ready():
+            self.heard_at = self.loop.time()  # silence counts from now, or from the next bytes
         while not ready():
             if self.error is not None:
                 raise self.error
-            loop = asyncio.get_running_loop()
-            self.waiter = waiter = loop.create_future()
-            timer = loop.call_later(timeout_s, _expire, waiter)
+            self.waiter = waiter = self.loop.create_future()
+            if self.watchdog is None:
+                self.watchdog = self.loop.call_later(timeout_s, self._watch, timeout_s)
             try:
                 await waiter
             finally:
-                timer.cancel()
                 self.waiter = None
+
+    def _watch(self, timeout_s: float) -> None:
+        """The read timeout's timer: expire a wait that heard nothing for `timeout_s`, else look
+        again when it would have (bytes arriving only move `heard_at`: no timer per chunk)."""
+        self.watchdog = None
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return  # not waiting now: the next wait arms it again
+        quiet = self.loop.time() - self.heard_at
+        if quiet >= timeout_s:
+            waiter.set_exception(ReadTimeout("upstream sent nothing in time"))
+        else:
+            self.watchdog = self.loop.call_later(timeout_s - quiet, self._watch, timeout_s)
 
     def take(self) -> bytes:
         data = self.chunks.popleft() if len(self.chunks) == 1 else b"".join(self.chunks)
@@ -199,11 +220,6 @@ class _Connection(asyncio.Protocol):
             self.paused = False
             self.transport.resume_reading()
         return data
-
-
-def _expire(waiter: asyncio.Future) -> None:
-    if not waiter.done():
-        waiter.set_exception(ReadTimeout("upstream sent nothing in time"))
 
 
 class UpstreamResponse:

@@ -99,6 +99,27 @@ def test_silence_past_the_read_timeout_is_a_read_timeout(fake_upstream, settings
     _run(work)
 
 
+def test_the_read_timeout_counts_silence_between_chunks_not_the_whole_stream(fake_upstream, settings):
+    settings.GATEWAY_READ_TIMEOUT_S = 0.5
+    url = f"{fake_upstream}/v1/chat/completions"
+
+    async def work():
+        # Ten chunks 0.2 s apart: two seconds in all, never half a second of silence.
+        steady = await _whole(url, _body("FAKE chunks=10 interval=200", max_tokens=10))
+        # Chunks a second apart: the first arrives, the wait for the second outlasts the timeout.
+        response = await upstream.open_stream(url, _body("FAKE chunks=3 interval=1000"), "req-2")
+        first = await response.read()
+        with pytest.raises(upstream.ReadTimeout):
+            while await response.read():
+                pass
+        await response.aclose()
+        return steady, first
+
+    (status, content), first = _run(work)
+    assert status == 200 and content.count(b"\n\ndata: ") >= 10
+    assert first.startswith(b"data: ")
+
+
 def test_a_closed_port_is_an_upstream_error_not_a_timeout():
     async def work():
         with pytest.raises(upstream.UPSTREAM_ERRORS) as caught:
