@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -77,6 +78,16 @@ def stop(process: subprocess.Popen, grace_s: float = 10) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+def tear_down(processes: Sequence[subprocess.Popen], directory: Path, *, keep: bool, label: str) -> None:
+    """Stop every process, the last started first; remove `directory` unless asked to keep it."""
+    for process in reversed(processes):
+        stop(process)
+    if keep:
+        print(f"{label}: kept {directory}", file=sys.stderr)
+    else:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def flusher_loop(interval_s: float = 2) -> None:

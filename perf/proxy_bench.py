@@ -31,10 +31,8 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -42,7 +40,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perf._common import flusher_loop, free_port, start, stop, table, wait_up
+from perf._common import flusher_loop, free_port, start, table, tear_down, wait_up
 from perf._world import adopted_endpoint, log_file, start_private_redis, use_throwaway_portal
 
 MODEL = "bench-fake-model"
@@ -106,12 +104,7 @@ def running_world(label: str, args) -> Iterator[tuple[World, Path]]:
         build_world(world, directory, args)
         yield world, directory
     finally:
-        for process in reversed(world.processes):
-            stop(process)
-        if args.keep:
-            print(f"{label}: kept {directory}", file=sys.stderr)
-        else:
-            shutil.rmtree(directory, ignore_errors=True)
+        tear_down(world.processes, directory, keep=args.keep, label=label)
 
 
 def start_gateway(

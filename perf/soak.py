@@ -50,7 +50,6 @@ import contextlib
 import json
 import os
 import random
-import shutil
 import signal
 import statistics
 import subprocess
@@ -62,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inference.loadgen.summary import RequestRecord, percentile
-from perf._common import flusher_loop, free_port, start, stop, table, wait_up
+from perf._common import flusher_loop, free_port, start, table, tear_down, wait_up
 from perf._world import adopted_endpoint, log_file, start_private_redis, use_throwaway_portal
 
 MODEL = "llama-2-7b-chat-hf"
@@ -658,12 +657,7 @@ def main(argv: list[str] | None = None) -> int:
         print("soak: interrupted; stopping everything", file=sys.stderr)
         return 130
     finally:
-        for process in reversed(world.processes):
-            stop(process)
-        if args.keep:
-            print(f"soak: kept {directory}", file=sys.stderr)
-        else:
-            shutil.rmtree(directory, ignore_errors=True)
+        tear_down(world.processes, directory, keep=args.keep, label="soak")
 
 
 if __name__ == "__main__":
