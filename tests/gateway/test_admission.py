@@ -34,6 +34,7 @@ async def send_many(gateway, setup, bodies: list[dict]) -> list[httpx.Response]:
         )
 
 
+@pytest.mark.slow  # a race of 50 requests: seconds of work on 2 cores (make test runs it)
 def test_it_admits_exactly_10_of_50_simultaneous_requests_against_a_limit_of_10(gateway, serving, gw_redis):
     serving.team.max_concurrent = 10
     serving.team.save()

@@ -100,14 +100,14 @@ def test_silence_past_the_read_timeout_is_a_read_timeout(fake_upstream, settings
 
 
 def test_the_read_timeout_counts_silence_between_chunks_not_the_whole_stream(fake_upstream, settings):
-    settings.GATEWAY_READ_TIMEOUT_S = 0.5
+    settings.GATEWAY_READ_TIMEOUT_S = 0.8
     url = f"{fake_upstream}/v1/chat/completions"
 
     async def work():
-        # Ten chunks 0.2 s apart: two seconds in all, never half a second of silence.
-        steady = await _whole(url, _body("FAKE chunks=10 interval=200", max_tokens=10))
-        # Chunks a second apart: the first arrives, the wait for the second outlasts the timeout.
-        response = await upstream.open_stream(url, _body("FAKE chunks=3 interval=1000"), "req-2")
+        # Six chunks 0.15 s apart: 0.9 s in all, longer than the timeout, never 0.8 s of silence.
+        steady = await _whole(url, _body("FAKE chunks=6 interval=150", max_tokens=6))
+        # Chunks three seconds apart: the first arrives, the wait for the second outlasts the timeout.
+        response = await upstream.open_stream(url, _body("FAKE chunks=3 interval=3000"), "req-2")
         first = await response.read()
         with pytest.raises(upstream.ReadTimeout):
             while await response.read():
@@ -116,7 +116,7 @@ def test_the_read_timeout_counts_silence_between_chunks_not_the_whole_stream(fak
         return steady, first
 
     (status, content), first = _run(work)
-    assert status == 200 and content.count(b"\n\ndata: ") >= 10
+    assert status == 200 and content.count(b"\n\ndata: ") >= 6
     assert first.startswith(b"data: ")
 
 
