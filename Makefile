@@ -56,7 +56,7 @@ FAST_TESTS := not vllm and not browser and not faults and not slow
 # pytest-xdist workers, each with its own test database and Redis namespace (tests/settings.py):
 # most of these tests wait on PostgreSQL, Redis or a subprocess, so three keep two cores busy
 # (measured idle on 2026-12-01: 2 min 18 s with 3, 3 min 3 s with 2, 5 min 43 s with none;
-# later numbers, and why they are not yet under 3 minutes again, in README "Tests").
+# later numbers in README "Tests": 1 min 58 s to 2 min 41 s with lint on 2026-12-02).
 FAST_WORKERS ?= 3
 
 test-fast: venv lint
