@@ -15,8 +15,9 @@ upstream client"); this module does it with the llhttp parser uvicorn already us
 - errors are OSError subclasses (`UpstreamError`) and timeouts TimeoutError subclasses, so the
   gateway tells a replica that failed (another may be tried) from one that was slow.
 
-Limits: GATEWAY_MAX_CONNECTIONS connections per process (a request waits for one at most
-GATEWAY_CONNECT_TIMEOUT_S), idle ones kept KEEPALIVE_S.
+Limits: GATEWAY_MAX_CONNECTIONS connections per process, idle ones included (when all are
+taken, an idle one to another replica is closed to make room; else a request waits for one at
+most GATEWAY_CONNECT_TIMEOUT_S); idle ones kept KEEPALIVE_S.
 """
 
 from __future__ import annotations
@@ -281,8 +282,14 @@ class _Pool:
             if not conn.closed and now - conn.idle_since < KEEPALIVE_S:
                 conn.busy = True
                 return conn
-            conn.closed or conn.transport.close()
-            self.slots.release()
+            self._discard(conn)
+        if self.slots.locked():
+            # Every connection is taken: one kept idle for another replica makes room first, so
+            # idle connections never starve a request to a replica that has none.
+            for conns in self.idle.values():
+                if conns:
+                    self._discard(conns.pop(0))  # the longest idle
+                    break
         try:
             async with asyncio.timeout(self.connect_timeout_s):
                 await self.slots.acquire()
@@ -293,6 +300,13 @@ class _Pool:
         except BaseException:
             self.slots.release()
             raise
+
+    def _discard(self, conn: _Connection) -> None:
+        """Close an idle connection and give back its place in the pool."""
+        if not conn.closed:
+            conn.transport.close()
+            conn.closed = True
+        self.slots.release()
 
     async def _connect(self, address: tuple[str, int, bool]) -> _Connection:
         host, port, tls = address

@@ -210,3 +210,31 @@ def test_a_kept_connection_that_the_server_answers_unasked_and_closes_is_not_reu
         return connections
 
     assert _run(work) == 2
+
+
+def test_a_full_pool_closes_an_idle_connection_to_another_replica_to_make_room(fake_upstream, settings):
+    """One connection allowed: kept idle for one replica, it must not keep a request to another
+    waiting for GATEWAY_CONNECT_TIMEOUT_S and refused as a busy pool."""
+    settings.GATEWAY_MAX_CONNECTIONS = 1
+    settings.GATEWAY_CONNECT_TIMEOUT_S = 2
+    answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+
+    async def work():
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            head = await reader.readuntil(b"\r\n\r\n")
+            await reader.readexactly(int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+            writer.write(answer)
+            await writer.drain()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        other = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/completions"
+        async with server:
+            first = await _whole(f"{fake_upstream}/v1/chat/completions", _body())
+            started = asyncio.get_running_loop().time()
+            second = await _whole(other, _body())
+            waited = asyncio.get_running_loop().time() - started
+        return first[0], second, waited
+
+    first, second, waited = _run(work)
+    assert first == 200 and second == (200, b"{}")
+    assert waited < 1, f"waited {waited:.1f} s for a place in the pool"
