@@ -100,12 +100,13 @@ def test_silence_past_the_read_timeout_is_a_read_timeout(fake_upstream, settings
 
 
 def test_the_read_timeout_counts_silence_between_chunks_not_the_whole_stream(fake_upstream, settings):
-    settings.GATEWAY_READ_TIMEOUT_S = 0.8
+    settings.GATEWAY_READ_TIMEOUT_S = 1.0
     url = f"{fake_upstream}/v1/chat/completions"
 
     async def work():
-        # Six chunks 0.15 s apart: 0.9 s in all, longer than the timeout, never 0.8 s of silence.
-        steady = await _whole(url, _body("FAKE chunks=6 interval=150", max_tokens=6))
+        # Six chunks 0.2 s apart: 1.2 s in all, longer than the timeout, never 1 s of silence
+        # (0.8 s to spare for a loaded machine's scheduling).
+        steady = await _whole(url, _body("FAKE chunks=6 interval=200", max_tokens=6))
         # Chunks three seconds apart: the first arrives, the wait for the second outlasts the timeout.
         response = await upstream.open_stream(url, _body("FAKE chunks=3 interval=3000"), "req-2")
         first = await response.read()
@@ -230,11 +231,9 @@ def test_a_full_pool_closes_an_idle_connection_to_another_replica_to_make_room(f
         other = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/completions"
         async with server:
             first = await _whole(f"{fake_upstream}/v1/chat/completions", _body())
-            started = asyncio.get_running_loop().time()
+            # Without room made, this waits GATEWAY_CONNECT_TIMEOUT_S and raises PoolTimeout.
             second = await _whole(other, _body())
-            waited = asyncio.get_running_loop().time() - started
-        return first[0], second, waited
+        return first[0], second
 
-    first, second, waited = _run(work)
+    first, second = _run(work)
     assert first == 200 and second == (200, b"{}")
-    assert waited < 1, f"waited {waited:.1f} s for a place in the pool"
