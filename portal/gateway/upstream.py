@@ -384,8 +384,3 @@ async def open_stream(url: str, body: bytes, request_id: str, api_key: str = "")
         if response is None:  # failed or cancelled before the answer's head: never reused
             conn.complete = False
             pool.release(conn)
-
-
-def body_reader(response: UpstreamResponse) -> Read:
-    """A function that returns the response body's next bytes as they arrive, and b"" at its end."""
-    return response.read

@@ -51,7 +51,6 @@ from .upstream import (
     PoolTimeout,
     Read,
     UpstreamResponse,
-    body_reader,
     open_stream,
 )
 from .usage import Exchange, tokens_billed_on_day
@@ -424,7 +423,7 @@ async def _open(
             timing.lap("upstream connect")
         if not stream or response.status_code != 200:
             return response, None, b""
-        read = body_reader(response)
+        read = response.read
         first = await read()
         if timing.ON:
             timing.lap("first byte (upstream's own time included)")
