@@ -14,7 +14,12 @@ each round's gateway-minus-direct difference:
 - the added P50 time to the first chunk and to the last chunk;
 - the added time per relayed chunk: (added to last − added to first) ÷ (chunks − 1);
 - throughput (requests/s) through the gateway ÷ direct;
-- the CPU (cores busy) of the gateway, the upstream, Redis and the client.
+- the CPU (cores busy) of the gateway, the upstream, Redis and the client;
+- the floor: the same figures for perf/relay_floor.py, a relay on the same server stack and
+  upstream client that does nothing else (no key, quota, Redis or usage), measured in the same
+  rounds (the order of direct, gateway and floor turns round by round). The gateway's added
+  time minus the floor's is the portal's own work; the floor is what one more Python process
+  on the path costs on this machine.
 
 Then a second gateway process with the step timing on (portal/gateway/timing.py,
 PORTAL_GATEWAY_STEP_TIMING) serves `--step-requests` streamed requests one at a time,
@@ -28,6 +33,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -42,22 +48,25 @@ STEPS = (
 
 
 def run_rounds(world: World, args) -> dict[int, list[dict]]:
-    """Per level, one {"direct": result, "gateway": result} per round."""
+    """Per level, one {"direct": result, "gateway": result, "floor": result} per round (the order of
+    the three turns round by round)."""
     rounds: dict[int, list[dict]] = {level: [] for level in args.levels}
-    for target in ("direct", "gateway-1"):  # warm: connections, the key row and routes cached
+    targets = ("direct", "gateway-1", "floor")
+    for target in targets:  # warm: connections, the key row and routes cached
         measure(world, target, 8, argparse.Namespace(**{**vars(args), "duration": 1.0}))
     for number in range(args.rounds):
         for level in args.levels:
-            order = ("direct", "gateway-1") if (number + level) % 2 == 0 else ("gateway-1", "direct")
+            turn = (number + level) % len(targets)
+            order = targets[turn:] + targets[:turn]
             pair = {target: measure(world, target, level, args) for target in order}
-            rounds[level].append({"direct": pair["direct"], "gateway": pair["gateway-1"]})
-            direct, gateway = pair["direct"], pair["gateway-1"]
+            direct, gateway, floor = pair["direct"], pair["gateway-1"], pair["floor"]
+            rounds[level].append({"direct": direct, "gateway": gateway, "floor": floor})
             print(
                 f"  round {number + 1} {level:>3} streams: first chunk {direct['ttft_p50_ms']:.2f} → "
-                f"{gateway['ttft_p50_ms']:.2f} ms, last {direct['last_chunk_p50_ms']:.2f} → "
-                f"{gateway['last_chunk_p50_ms']:.2f} ms, "
-                f"{direct['req_s']:.0f} → {gateway['req_s']:.0f} req/s, "
-                f"errors {direct['errors']}/{gateway['errors']}",
+                f"{gateway['ttft_p50_ms']:.2f} ms (floor {floor['ttft_p50_ms']:.2f}), last "
+                f"{direct['last_chunk_p50_ms']:.2f} → {gateway['last_chunk_p50_ms']:.2f} ms, "
+                f"{direct['req_s']:.0f} → {gateway['req_s']:.0f} req/s (floor {floor['req_s']:.0f}), "
+                f"errors {direct['errors']}/{gateway['errors']}/{floor['errors']}",
                 flush=True,
             )
     return rounds
@@ -81,6 +90,18 @@ def summarize(rounds: list[dict], chunks: int) -> dict[str, float]:
             )
         ),
         "throughput_ratio": med(lambda d, g: g["req_s"] / d["req_s"]),
+        "floor_added_first_ms": statistics.median(
+            r["floor"]["ttft_p50_ms"] - r["direct"]["ttft_p50_ms"] for r in rounds
+        ),
+        "floor_added_last_ms": statistics.median(
+            r["floor"]["last_chunk_p50_ms"] - r["direct"]["last_chunk_p50_ms"] for r in rounds
+        ),
+        "floor_throughput_ratio": statistics.median(
+            r["floor"]["req_s"] / r["direct"]["req_s"] for r in rounds
+        ),
+        "floor_cpu_ms_per_request": statistics.median(
+            r["floor"]["server_cpu"] / r["floor"]["req_s"] * 1000 for r in rounds
+        ),
         "direct_first_ms": med(lambda d, g: d["ttft_p50_ms"]),
         "direct_last_ms": med(lambda d, g: d["last_chunk_p50_ms"]),
         "direct_req_s": med(lambda d, g: d["req_s"]),
@@ -94,6 +115,15 @@ def summarize(rounds: list[dict], chunks: int) -> dict[str, float]:
         "client_cpu_gateway": med(lambda d, g: g["client_cpu"]),
         "errors": sum(r["direct"]["errors"] + r["gateway"]["errors"] for r in rounds),
     }
+
+
+def start_floor(world: World, directory: Path) -> tuple[str, subprocess.Popen]:
+    """perf/relay_floor.py in front of the same upstream, on the gateway's server stack."""
+    url, process = start_gateway(
+        world, directory, 1, "floor", {"PERF_FLOOR_UPSTREAM": world.upstream}, app="perf.relay_floor:app"
+    )
+    wait_gateway(directory, "floor", url, process)
+    return url, process
 
 
 def step_profile(world: World, directory: Path, args) -> dict[str, dict]:
@@ -141,6 +171,10 @@ def print_tables(summary: dict[int, dict], steps: dict[str, dict], args) -> None
         row("added P50 time to last chunk, ms", "added_last_ms", ".2f", sign=True),
         row("added time per relayed chunk, ms", "added_per_chunk_ms", ".3f", sign=True),
         row("throughput ÷ direct", "throughput_ratio", ".3f"),
+        row("floor: added P50 time to first chunk, ms", "floor_added_first_ms", ".2f", sign=True),
+        row("floor: added P50 time to last chunk, ms", "floor_added_last_ms", ".2f", sign=True),
+        row("floor: throughput ÷ direct", "floor_throughput_ratio", ".3f"),
+        row("floor: relay CPU per request, ms", "floor_cpu_ms_per_request", ".2f"),
         [
             "direct P50 first / last chunk, ms",
             *(f"{summary[lv]['direct_first_ms']:.2f} / {summary[lv]['direct_last_ms']:.2f}" for lv in levels),
@@ -200,6 +234,7 @@ def main() -> None:
     args.workers = [1]
     started = time.monotonic()
     with running_world("gateway overhead", args) as (world, directory):
+        world.floor = start_floor(world, directory)
         rounds = run_rounds(world, args)
         summary = {level: summarize(rounds[level], args.chunks) for level in args.levels}
         steps = step_profile(world, directory, args)

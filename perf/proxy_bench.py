@@ -57,6 +57,8 @@ class World:
     token: str = ""
     # uvicorn --workers N → (its URL, its process)
     gateways: dict[int, tuple[str, subprocess.Popen]] = field(default_factory=dict)
+    # perf/relay_floor.py, when a benchmark starts it: (its URL, its process)
+    floor: tuple[str, subprocess.Popen] | None = None
 
 
 def build_world(world: World, directory: Path, args) -> None:
@@ -108,12 +110,17 @@ def running_world(label: str, args) -> Iterator[tuple[World, Path]]:
 
 
 def start_gateway(
-    world: World, directory: Path, workers: int, name: str, env: dict[str, str] | None = None
+    world: World,
+    directory: Path,
+    workers: int,
+    name: str,
+    env: dict[str, str] | None = None,
+    app: str = "portal.asgi:application",
 ) -> tuple[str, subprocess.Popen]:
     """`uvicorn --workers N` as in production, on a free port, logging to `<name>.log`: (URL, process)."""
     port = free_port()
     gateway = start(
-        ["-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+        ["-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
          "--workers", str(workers), "--loop", "uvloop", "--http", "httptools", "--no-access-log",
          "--log-level", "info", "--timeout-graceful-shutdown", "3"],
         stdout=log_file(directory, name), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
@@ -260,6 +267,9 @@ def measure(world: World, target: str, level: int, args) -> dict:
     """One run of the load against `target` ("direct" or "gateway-N"), with the CPU its server used."""
     if target == "direct":
         url, headers, pgid = f"{world.upstream}/v1/chat/completions", {}, None
+    elif target == "floor":
+        base, process = world.floor
+        url, headers, pgid = f"{base}/v1/chat/completions", {}, process.pid
     else:
         base, process = world.gateways[int(target.split("-")[1])]
         url, pgid = f"{base}/v1/chat/completions", process.pid
