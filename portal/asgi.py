@@ -1,7 +1,7 @@
 """ASGI entry point, served by uvicorn.
 
-`/v1/` (the OpenAI-compatible gateway) goes to a lean Django handler without the
-page middleware (portal.gateway.asgi explains why); everything else to Django's.
+`/v1/` (the OpenAI-compatible gateway) goes to the gateway's own ASGI application, without
+Django's handler and page middleware (portal.gateway.asgi explains why); everything else to Django's.
 Both refuse a body over their limit with a 413 before reading it whole, here at the edge
 and nowhere else on the request's path.
 """

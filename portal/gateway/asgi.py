@@ -1,32 +1,38 @@
-"""The gateway's ASGI handler: Django's, minus what costs a thread hop per request.
+"""The gateway's ASGI application: `/v1/` served without Django's request handler.
 
 Django's ASGIHandler runs every synchronous middleware method, and the
 request_started/request_finished signal receivers, through `sync_to_async`, each a
-hop to a worker thread, and starts a new thread per request for them
-(ThreadSensitiveContext). Measured here: ~5.5 ms per request for a cached
-`/v1/models`, most of it those hops. The gateway needs none of the page
-middleware (sessions, CSRF, messages, login: it authenticates by API key), so
-`/v1/` is served by this handler: the same URLconf, the same async views, no
-middleware, no per-request signals; it still refuses a Host that ALLOWED_HOSTS
-does not list. Database connections are used only on cache
-misses, from `sync_to_async` helpers that call `close_old_connections` first.
+hop to a worker thread (measured here: ~5.5 ms per request for a cached `/v1/models`).
+The gateway needs none of the page middleware (sessions, CSRF, messages, login: it
+authenticates by API key), nor Django's request and response machinery around its few
+async views: a view reads the method, the body, the path and two or three headers. So
+`/v1/` is served by this application: the same URLconf and the same async views, called
+with a `GatewayRequest` (those fields, in the names Django's `HttpRequest` gives them, so
+the views serve Django's test client and the playground too); no middleware, no
+per-request signals, no 4xx log line per refusal (the gateway counts those in its
+metrics). It still refuses a Host that ALLOWED_HOSTS does not list, with Django's own
+rules. Database connections are used only on cache misses, from `sync_to_async` helpers
+that call `close_old_connections` first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
+import logging
 from dataclasses import dataclass, field
 
-from django.core.exceptions import DisallowedHost, RequestAborted
-from django.core.handlers.asgi import ASGIHandler, ASGIRequest
-from django.core.handlers.exception import convert_exception_to_response
-from django.urls import ResolverMatch, URLResolver, get_resolver, set_script_prefix
+from django.conf import settings
+from django.core.exceptions import RequestAborted
+from django.http import HttpResponseBase
+from django.http.request import split_domain_port, validate_host
+from django.urls import Resolver404, ResolverMatch, URLResolver, get_resolver
 
 from .errors import GatewayError, body_too_large
 from .errors import error_response as gateway_error_response
 from .sse import RelayResponse
+
+log = logging.getLogger("portal.gateway")
 
 
 def body_refusal(limit: int) -> tuple[str, bytes]:
@@ -34,16 +40,43 @@ def body_refusal(limit: int) -> tuple[str, bytes]:
     return "application/json", body_too_large(limit).payload()
 
 
-class GatewayRequest(ASGIRequest):
-    """A gateway request, whose body the edge (portal.core.bodylimit) has bounded by
-    GATEWAY_MAX_BODY_BYTES while it arrived: read whole, with no second size check (Django's
-    DATA_UPLOAD_MAX_MEMORY_SIZE is the pages' limit)."""
+class GatewayRequest:
+    """What a gateway view reads of its request, under `HttpRequest`'s names. The body was bounded
+    by GATEWAY_MAX_BODY_BYTES at the edge (portal.core.bodylimit) while it arrived; `META` holds
+    the headers as Django names them (`HTTP_AUTHORIZATION`) and the peer's `REMOTE_ADDR`."""
+
+    __slots__ = ("META", "body", "method", "path", "resolver_match")
+
+    def __init__(self, scope: dict, body: bytes) -> None:
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        self.body = body
+        meta = {"HTTP_" + name.decode("latin1").upper().replace("-", "_"): value.decode("latin1")
+                for name, value in scope["headers"]}  # fmt: skip
+        client = scope.get("client")
+        meta["REMOTE_ADDR"] = client[0] if client else ""
+        server = scope.get("server") or ("localhost", 80)
+        meta["SERVER_NAME"], meta["SERVER_PORT"] = server[0], str(server[1])
+        self.META: dict[str, str] = meta
+        self.resolver_match: ResolverMatch | None = None
 
     @property
-    def body(self) -> bytes:
-        if not hasattr(self, "_body"):
-            self._body = self._stream.read()
-        return self._body
+    def path_info(self) -> str:
+        return self.path
+
+    def host_allowed(self) -> bool:
+        """Django's ALLOWED_HOSTS rule (`HttpRequest.get_host`), which CommonMiddleware applies to the
+        pages: the Host header (X-Forwarded-Host under USE_X_FORWARDED_HOST), else the server's."""
+        meta = self.META
+        if settings.USE_X_FORWARDED_HOST and "HTTP_X_FORWARDED_HOST" in meta:
+            host = meta["HTTP_X_FORWARDED_HOST"]
+        else:
+            host = meta.get("HTTP_HOST") or f"{meta['SERVER_NAME']}:{meta['SERVER_PORT']}"
+        allowed = settings.ALLOWED_HOSTS
+        if settings.DEBUG and not allowed:
+            allowed = [".localhost", "127.0.0.1", "[::1]"]
+        domain, _port = split_domain_port(host)
+        return bool(domain) and validate_host(domain, allowed)
 
 
 # How long a cancelled view may run on before it is cancelled again.
@@ -75,32 +108,36 @@ _resolved = _Resolved()
 MAX_RESOLVED = 16  # its four endpoints, with room to spare
 
 
-class GatewayHandler(ASGIHandler):
-    request_class = GatewayRequest
+class GatewayHandler:
+    """The ASGI application of `/v1/` (portal/asgi.py routes it here, behind the body limit)."""
 
-    def load_middleware(self, is_async: bool = False) -> None:
-        self._view_middleware = []
-        self._template_response_middleware = []
-        self._exception_middleware = []
-        self._middleware_chain = convert_exception_to_response(self._get_response_async)
-
-    def resolve_request(self, request: GatewayRequest) -> ResolverMatch:
+    def resolve(self, request: GatewayRequest) -> ResolverMatch:
         """The gateway's few endpoints are resolved once per process, not per request (the site's
         URLconf is walked pattern by pattern); any other path, the JSON 404, each time."""
         resolver = get_resolver()
         if resolver is not _resolved.resolver:
             _resolved.resolver, _resolved.matches = resolver, {}
-        match = _resolved.matches.get(request.path_info)
+        match = _resolved.matches.get(request.path)
         if match is None:
-            match = resolver.resolve(request.path_info)
+            match = resolver.resolve(request.path)
             if match.url_name != "unknown-path" and len(_resolved.matches) < MAX_RESOLVED:
-                _resolved.matches[request.path_info] = match
+                _resolved.matches[request.path] = match
         request.resolver_match = match
         return match
 
-    async def read_body(self, receive) -> io.BytesIO:
-        """The body in memory: the edge (portal.core.bodylimit) bounded it by GATEWAY_MAX_BODY_BYTES,
-        so Django's spooled temporary file (made for the pages' uploads) is not needed."""
+    async def get_response(self, request: GatewayRequest) -> HttpResponseBase:
+        """The view's response; an error no view caught is logged and answered as a JSON 500."""
+        try:
+            match = self.resolve(request)
+            return await match.func(request, *match.args, **match.kwargs)
+        except Resolver404:  # only with a URLconf that lacks the gateway's catch-all (a test's)
+            return gateway_error_response(GatewayError(404, "Unknown endpoint.", code="unknown_url"))
+        except Exception:
+            log.exception("gateway request to %s failed", request.path[:200])
+            return gateway_error_response(GatewayError(500, "Internal gateway error.", code="internal_error"))
+
+    async def read_body(self, receive) -> bytes:
+        """The body, whole: the edge (portal.core.bodylimit) bounded it by GATEWAY_MAX_BODY_BYTES."""
         parts = []
         while True:
             message = await receive()
@@ -108,54 +145,52 @@ class GatewayHandler(ASGIHandler):
                 raise RequestAborted()
             parts.append(message.get("body", b""))
             if not message.get("more_body", False):
-                return io.BytesIO(b"".join(parts))
+                return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def send_response(self, response, send) -> None:
-        """A relayed stream's parts go to the server as they are: one message each, without
-        Django's per-part re-chunking generator (they are small SSE events)."""
-        if not isinstance(response, RelayResponse):
-            return await super().send_response(response, send)
+    async def listen_for_disconnect(self, receive) -> None:
+        """Returns (raising RequestAborted) once the client has gone: uvicorn also says so once
+        the response is complete."""
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise RequestAborted()
+        raise ValueError(f"Invalid ASGI message after the request body: {message['type']}")
+
+    async def send_response(self, response: HttpResponseBase, send) -> None:
+        """A whole response as one message (with its length); a relayed stream's parts as they come,
+        one message each (they are small SSE events). Gateway responses set no cookies."""
         headers = [(name.encode("ascii"), value.encode("latin1")) for name, value in response.items()]
+        if not isinstance(response, RelayResponse):
+            content = response.content
+            headers.append((b"content-length", str(len(content)).encode("ascii")))
+            await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+            await send({"type": "http.response.body", "body": content})
+            return
         await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
         relay = response.relay
         try:
             async for part in relay:
                 await send({"type": "http.response.body", "body": part, "more_body": True})
         finally:
-            await relay.aclose()  # as Django's aclosing(): a stream cut short still finishes its exchange
+            await relay.aclose()  # a stream cut short still finishes its exchange
         await send({"type": "http.response.body"})
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             raise ValueError(f"The gateway serves HTTP only, not {scope['type']}.")
-        await self.handle(scope, receive, send)
-
-    async def handle(self, scope, receive, send) -> None:
-        # Django's handle() without the request signals (see the module docstring).
         try:
-            body_file = await self.read_body(receive)
+            body = await self.read_body(receive)
         except RequestAborted:
             return
-        set_script_prefix(scope.get("root_path", "") or "")
-        request, error_response = self.create_request(scope, body_file)
-        if request is None:
-            body_file.close()
-            await self.send_response(error_response, send)
-            return
-        try:
-            # ALLOWED_HOSTS, which CommonMiddleware checks for the pages: a cheap pure check.
-            request.get_host()
-        except DisallowedHost:
-            body_file.close()
+        request = GatewayRequest(scope, body)
+        if not request.host_allowed():
             refusal = GatewayError(400, "Invalid Host header.", code="invalid_host")
             await self.send_response(gateway_error_response(refusal), send)
             return
 
-        async def process_request():
-            response = await self.run_get_response(request)
+        async def process_request() -> None:
+            response = await self.get_response(request)
             with contextlib.suppress(asyncio.CancelledError):  # the client left while we were sending
                 await self.send_response(response, send)
-            return response
 
         # A disconnect while the view runs (queued, waiting for upstream, streaming) cancels it.
         tasks = [
@@ -177,7 +212,3 @@ class GatewayHandler(ASGIHandler):
                     await cancel_until_done(task)
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        if not tasks[1].cancelled() and tasks[1].exception() is None:
-            for closer in tasks[1].result()._resource_closers:
-                closer()
-        body_file.close()

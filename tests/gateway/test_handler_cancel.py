@@ -30,7 +30,7 @@ class LosesOneCancel(GatewayHandler):
         self.lost = 0
         self.served = False
 
-    async def run_get_response(self, request):
+    async def get_response(self, request):
         self.started.set()
         try:
             await asyncio.sleep(30)  # queued
