@@ -43,6 +43,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from .keys import RedisKeys
+from .multiplex import ScriptConnection
 from .scripts import (
     ACQUIRE,
     ADMIT,
@@ -158,14 +159,16 @@ class RateLimiter:
         # freed by this process wakes one of its waiters at once (other processes' waiters poll).
         self.poll_s = poll_s
         self._waiters: list[_LocalWaiter] = []
-        # Each script is called with its record's `keys()` and `args()` (portal/core/redis/scripts.py).
-        self._admit = redis.register_script(ADMIT)
-        self._acquire = redis.register_script(ACQUIRE)
-        self._admit_place = redis.register_script(ADMIT_PLACE)
-        self._finish = redis.register_script(FINISH)
-        self._renew = redis.register_script(RENEW)
-        self._give_back = redis.register_script(GIVE_BACK)
-        self._rebuild_day = redis.register_script(REBUILD_DAY)
+        # Each script is called with its record's `keys()` and `args()` (portal/core/redis/scripts.py),
+        # on one pipelined connection of the client's (portal/core/redis/multiplex.py).
+        self.scripts = ScriptConnection(redis)
+        self._admit = self.scripts.register_script(ADMIT)
+        self._acquire = self.scripts.register_script(ACQUIRE)
+        self._admit_place = self.scripts.register_script(ADMIT_PLACE)
+        self._finish = self.scripts.register_script(FINISH)
+        self._renew = self.scripts.register_script(RENEW)
+        self._give_back = self.scripts.register_script(GIVE_BACK)
+        self._rebuild_day = self.scripts.register_script(REBUILD_DAY)
         self.usage_list = keys.usage
 
     # --- key names (portal/core/redis/keys.py spells them) --------------------------
