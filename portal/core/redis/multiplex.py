@@ -41,23 +41,7 @@ class _Replies(asyncio.Protocol):
         self.reader = reader
         self.waiting: collections.deque[asyncio.Future] = collections.deque()
         self.closed = False
-        self._unsent: list[bytes] = []
-        self._loop = asyncio.get_running_loop()
         self._opened_by = opened_by  # redis-py's connection object, which owns the transport's writer
-
-    def send(self, command: bytes, waiter: asyncio.Future) -> None:
-        """Queue `command`, whose reply goes to `waiter`. The commands queued while the event loop
-        runs its ready callbacks go out in one write: waking an idle Redis costs far more than
-        the write (about 110 µs of this process's CPU per write here, docs/decisions.md)."""
-        self.waiting.append(waiter)
-        if not self._unsent:
-            self._loop.call_soon(self._flush)
-        self._unsent.append(command)
-
-    def _flush(self) -> None:
-        unsent, self._unsent = self._unsent, []
-        if not self.closed:
-            self.transport.write(unsent[0] if len(unsent) == 1 else b"".join(unsent))
 
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)
@@ -117,7 +101,8 @@ class ScriptConnection:
         if replies is None or replies.closed or self._loop is not loop:
             replies = await self._connected(loop)
         waiter = loop.create_future()
-        replies.send(hiredis.pack_command(args), waiter)
+        replies.waiting.append(waiter)
+        replies.transport.write(hiredis.pack_command(args))
         timer = None
         if self.timeout_s:
             timer = loop.call_later(self.timeout_s, _time_out, replies, waiter)
