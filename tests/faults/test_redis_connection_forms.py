@@ -13,6 +13,7 @@ import redis
 from redis.connection import SSLConnection
 
 from portal.core.redis import client as redis_client
+from portal.core.redis.multiplex import ScriptConnection
 from tests.helpers.processes import free_port
 from tests.helpers.waiting import wait_until
 
@@ -62,6 +63,28 @@ def test_the_clients_reach_the_primary_through_sentinel(private_redis, sentinel,
     assert asyncio.run(through_async()) == b"sync"
     primary = redis.Redis(port=private_redis.port, db=3)
     assert primary.get("through-sentinel-async") == b"async"
+
+
+def test_the_limiters_script_connection_reaches_the_primary_through_sentinel(
+    private_redis, sentinel, settings
+):
+    settings.REDIS_SENTINEL_MASTER = "portal"
+    settings.REDIS_SENTINELS = [f"127.0.0.1:{sentinel}"]
+    settings.GATEWAY_REDIS_URL = "redis://127.0.0.1:1/3"
+
+    async def through_scripts() -> bytes:
+        client = redis_client.async_gateway_redis()
+        scripts = ScriptConnection(client)  # opened by the client's Sentinel-managed connection class
+        try:
+            return await scripts.register_script("return redis.call('set', KEYS[1], ARGV[1])")(
+                keys=["through-sentinel-script"], args=["script"]
+            )
+        finally:
+            await scripts.aclose()
+            await client.aclose()
+
+    assert asyncio.run(through_scripts()) == b"OK"
+    assert redis.Redis(port=private_redis.port, db=3).get("through-sentinel-script") == b"script"
 
 
 def test_a_rediss_url_connects_with_tls(settings):
