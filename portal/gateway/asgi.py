@@ -51,8 +51,7 @@ class GatewayRequest:
         self.method: str = scope["method"]
         self.path: str = scope["path"]
         self.body = body
-        meta = {"HTTP_" + name.decode("latin1").upper().replace("-", "_"): value.decode("latin1")
-                for name, value in scope["headers"]}  # fmt: skip
+        meta = _header_meta(scope["headers"])
         client = scope.get("client")
         meta["REMOTE_ADDR"] = client[0] if client else ""
         server = scope.get("server") or ("localhost", 80)
@@ -106,6 +105,26 @@ class _Resolved:
 
 _resolved = _Resolved()
 MAX_RESOLVED = 16  # its four endpoints, with room to spare
+
+
+def _header_meta(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The headers as Django's ASGIRequest puts them in META: `HTTP_<NAME>`, repeated ones joined
+    with commas, and a name with an underscore dropped (else `X_Forwarded_For` could pose as
+    `X-Forwarded-For`, which the client address and the auth throttle read)."""
+    meta: dict[str, str] = {}
+    for raw_name, raw_value in headers:
+        name = raw_name.decode("latin1")
+        if "_" in name:
+            continue
+        if name == "content-length":
+            key = "CONTENT_LENGTH"
+        elif name == "content-type":
+            key = "CONTENT_TYPE"
+        else:
+            key = "HTTP_" + name.upper().replace("-", "_")
+        value = raw_value.decode("latin1")
+        meta[key] = f"{meta[key]},{value}" if key in meta else value
+    return meta
 
 
 class GatewayHandler:
