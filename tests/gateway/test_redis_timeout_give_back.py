@@ -25,9 +25,11 @@ KEY = Scope("key", 2, Limits(rpm=1, max_concurrent=1))
 async def with_limiter(test):
     redis = Redis.from_url(REDIS_URL)
     namespace = f"test-{uuid.uuid4().hex[:8]}"
+    limiter = RateLimiter(redis, keys=RedisKeys(namespace), lease_ms=30_000)
     try:
-        return await test(RateLimiter(redis, keys=RedisKeys(namespace), lease_ms=30_000))
+        return await test(limiter)
     finally:
+        await limiter.scripts.aclose()
         keys = [k async for k in redis.scan_iter(f"{namespace}:*")]
         if keys:
             await redis.delete(*keys)

@@ -24,7 +24,10 @@ def run(coro_fn, *, lease_ms: int = 2000, poll_s: tuple[float, float] = (0.002, 
             limiter = RateLimiter(
                 redis, keys=RedisKeys(namespace), lease_ms=lease_ms, poll_s=poll_s, daily_used=daily_used
             )
-            return await coro_fn(limiter)
+            try:
+                return await coro_fn(limiter)
+            finally:
+                await limiter.scripts.aclose()
         finally:
             keys = [k async for k in redis.scan_iter(f"{namespace}:*")]
             if keys:

@@ -36,12 +36,14 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 class _Replies(asyncio.Protocol):
     """A connection's reader: each reply goes to the oldest call still waiting for one."""
 
-    def __init__(self, transport: asyncio.Transport, reader: hiredis.Reader, opened_by: object) -> None:
+    def __init__(self, transport: asyncio.Transport, reader: hiredis.Reader, writer: object) -> None:
         self.transport = transport
         self.reader = reader
         self.waiting: collections.deque[asyncio.Future] = collections.deque()
         self.closed = False
-        self._opened_by = opened_by  # redis-py's connection object, which owns the transport's writer
+        # The stream writer redis-py opened the transport with: kept alive, since collecting it would
+        # close the transport under us (asyncio's StreamWriter.__del__).
+        self._writer = writer
 
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)
@@ -132,11 +134,15 @@ class ScriptConnection:
     async def _connect(self) -> _Replies:
         connection = self.client.connection_pool.make_connection()
         await connection.connect()  # the client's connect: timeout, retries, TLS, AUTH, SELECT, Sentinel
-        transport = connection._writer.transport
+        writer = connection._writer
+        # The transport is this object's now: redis-py's connection lets go of it, so collecting that
+        # connection neither warns of nor closes a connection it no longer uses.
+        connection._reader = connection._writer = None
         reader = hiredis.Reader(
             protocolError=InvalidResponse, replyError=_reply_error, encoding=self._encoding
         )
-        replies = _Replies(transport, reader, connection)
+        transport = writer.transport
+        replies = _Replies(transport, reader, writer)
         transport.set_protocol(replies)
         return replies
 
