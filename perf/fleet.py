@@ -233,6 +233,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker:

@@ -134,6 +134,7 @@ def build_world(world: World, directory: Path, args) -> None:
     wait_up(f"{world.gateway}/v1/models", gateway)
 
 
+
 def setup_portal(sim_url: str, *, quota_rpm: int) -> tuple[str, str]:
     """The simulator as the model's adopted endpoint; the two keys."""
     team, _deployment = adopted_endpoint(
