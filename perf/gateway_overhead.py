@@ -73,10 +73,11 @@ def run_rounds(world: World, args) -> dict[int, list[dict]]:
 
 
 def summarize(rounds: list[dict], chunks: int) -> dict[str, float]:
-    """Medians over rounds of each round's gateway − direct (or ÷ direct), and of the CPU figures."""
+    """Medians over rounds of each round's gateway − direct (or ÷ direct), the same for the floor,
+    and of the CPU figures."""
 
-    def med(value) -> float:
-        return statistics.median(value(r["direct"], r["gateway"]) for r in rounds)
+    def med(value, relay: str = "gateway") -> float:
+        return statistics.median(value(r["direct"], r[relay]) for r in rounds)
 
     first = med(lambda d, g: g["ttft_p50_ms"] - d["ttft_p50_ms"])
     last = med(lambda d, g: g["last_chunk_p50_ms"] - d["last_chunk_p50_ms"])
@@ -90,18 +91,10 @@ def summarize(rounds: list[dict], chunks: int) -> dict[str, float]:
             )
         ),
         "throughput_ratio": med(lambda d, g: g["req_s"] / d["req_s"]),
-        "floor_added_first_ms": statistics.median(
-            r["floor"]["ttft_p50_ms"] - r["direct"]["ttft_p50_ms"] for r in rounds
-        ),
-        "floor_added_last_ms": statistics.median(
-            r["floor"]["last_chunk_p50_ms"] - r["direct"]["last_chunk_p50_ms"] for r in rounds
-        ),
-        "floor_throughput_ratio": statistics.median(
-            r["floor"]["req_s"] / r["direct"]["req_s"] for r in rounds
-        ),
-        "floor_cpu_ms_per_request": statistics.median(
-            r["floor"]["server_cpu"] / r["floor"]["req_s"] * 1000 for r in rounds
-        ),
+        "floor_added_first_ms": med(lambda d, f: f["ttft_p50_ms"] - d["ttft_p50_ms"], "floor"),
+        "floor_added_last_ms": med(lambda d, f: f["last_chunk_p50_ms"] - d["last_chunk_p50_ms"], "floor"),
+        "floor_throughput_ratio": med(lambda d, f: f["req_s"] / d["req_s"], "floor"),
+        "floor_cpu_ms_per_request": med(lambda d, f: f["server_cpu"] / f["req_s"] * 1000, "floor"),
         "direct_first_ms": med(lambda d, g: d["ttft_p50_ms"]),
         "direct_last_ms": med(lambda d, g: d["last_chunk_p50_ms"]),
         "direct_req_s": med(lambda d, g: d["req_s"]),

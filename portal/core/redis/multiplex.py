@@ -3,7 +3,7 @@
 redis-py's asyncio client takes a connection from its pool for each command and wraps the
 call in its retry, timeout and parser layers: about 105 µs of CPU per script call here, and
 about 420 µs on a request path that the CPU's caches have forgotten (one stream at a time);
-this connection, about 52 and 162 µs (docs/decisions.md, "The limiter's own connection").
+this connection, about 52 and 162 µs (docs/decisions.md, "The gateway's own cost, fourth pass").
 Redis answers in order, so every call of the event loop shares one connection: each writes
 its command and waits for its own reply; hiredis parses them.
 

@@ -75,8 +75,8 @@ class ScriptCall:
 
 # Per record class and part, a function that lists its fields in that part, written out once:
 # the gateway flattens two records (four lists) per request, and walking `fields()` and the
-# groups for each was about 28 µs of CPU per script call (docs/decisions.md, "The limiter's own
-# connection"). The code is generated from the record's own field names, nothing else.
+# groups for each was about 28 µs of CPU per script call (docs/decisions.md, "The gateway's
+# own cost, fourth pass"). The code is generated from the record's own field names, nothing else.
 _FLATTENERS: dict[tuple[type, str], Callable[[ScriptCall], list[Any]]] = {}
 
 
