@@ -17,9 +17,11 @@ each round's gateway-minus-direct difference:
 - the CPU (cores busy) of the gateway, the upstream, Redis and the client;
 - the floor: the same figures for perf/relay_floor.py, a relay on the same server stack and
   upstream client that does nothing else (no key, quota, Redis or usage), measured in the same
-  rounds (the order of direct, gateway and floor turns round by round). The gateway's added
-  time minus the floor's is the portal's own work; the floor is what one more Python process
-  on the path costs on this machine.
+  rounds (the order of the targets turns round by round). The gateway's added time minus the
+  floor's is the portal's own work; the floor is what one more Python process on the path
+  costs on this machine;
+- nginx: the same figures for perf/nginx_relay.py (one nginx worker relaying unbuffered), when
+  an nginx binary is found: what one more hop costs on this machine whatever its language.
 
 Then a second gateway process with the step timing on (portal/gateway/timing.py,
 PORTAL_GATEWAY_STEP_TIMING) serves `--step-requests` streamed requests one at a time,
@@ -33,11 +35,11 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 from perf._common import stop, table
+from perf.nginx_relay import nginx_binary, start_nginx
 from perf.proxy_bench import World, closed_loop, measure, running_world, start_gateway, wait_gateway
 
 STEPS = (
@@ -48,53 +50,61 @@ STEPS = (
 
 
 def run_rounds(world: World, args) -> dict[int, list[dict]]:
-    """Per level, one {"direct": result, "gateway": result, "floor": result} per round (the order of
-    the three turns round by round)."""
+    """Per level, one {"direct": result, "gateway": result, <relay>: result...} per round (the order
+    of the targets turns round by round)."""
     rounds: dict[int, list[dict]] = {level: [] for level in args.levels}
-    targets = ("direct", "gateway-1", "floor")
+    targets = ("direct", "gateway-1", *world.relays)
     for target in targets:  # warm: connections, the key row and routes cached
         measure(world, target, 8, argparse.Namespace(**{**vars(args), "duration": 1.0}))
     for number in range(args.rounds):
         for level in args.levels:
             turn = (number + level) % len(targets)
             order = targets[turn:] + targets[:turn]
-            pair = {target: measure(world, target, level, args) for target in order}
-            direct, gateway, floor = pair["direct"], pair["gateway-1"], pair["floor"]
-            rounds[level].append({"direct": direct, "gateway": gateway, "floor": floor})
+            results = {target: measure(world, target, level, args) for target in order}
+            results["gateway"] = results.pop("gateway-1")
+            rounds[level].append(results)
+            direct, gateway = results["direct"], results["gateway"]
+            relays = [(name, results[name]) for name in world.relays]
             print(
                 f"  round {number + 1} {level:>3} streams: first chunk {direct['ttft_p50_ms']:.2f} → "
-                f"{gateway['ttft_p50_ms']:.2f} ms (floor {floor['ttft_p50_ms']:.2f}), last "
-                f"{direct['last_chunk_p50_ms']:.2f} → {gateway['last_chunk_p50_ms']:.2f} ms, "
-                f"{direct['req_s']:.0f} → {gateway['req_s']:.0f} req/s (floor {floor['req_s']:.0f}), "
-                f"errors {direct['errors']}/{gateway['errors']}/{floor['errors']}",
+                f"{gateway['ttft_p50_ms']:.2f} ms"
+                + "".join(f" ({name} {r['ttft_p50_ms']:.2f})" for name, r in relays)
+                + f", last {direct['last_chunk_p50_ms']:.2f} → {gateway['last_chunk_p50_ms']:.2f} ms, "
+                f"{direct['req_s']:.0f} → {gateway['req_s']:.0f} req/s"
+                + "".join(f" ({name} {r['req_s']:.0f})" for name, r in relays)
+                + ", errors "
+                + "/".join(str(results[t]["errors"]) for t in ("direct", "gateway", *world.relays)),
                 flush=True,
             )
     return rounds
 
 
-def summarize(rounds: list[dict], chunks: int) -> dict[str, float]:
-    """Medians over rounds of each round's gateway − direct (or ÷ direct), the same for the floor,
-    and of the CPU figures."""
+def summarize(rounds: list[dict], chunks: int, relays: tuple[str, ...] = ()) -> dict[str, float]:
+    """Medians over rounds of each round's gateway − direct (or ÷ direct), the same for each relay
+    in `relays` (keys prefixed with its name), and of the CPU figures."""
 
     def med(value, relay: str = "gateway") -> float:
         return statistics.median(value(r["direct"], r[relay]) for r in rounds)
 
-    first = med(lambda d, g: g["ttft_p50_ms"] - d["ttft_p50_ms"])
-    last = med(lambda d, g: g["last_chunk_p50_ms"] - d["last_chunk_p50_ms"])
-    return {
-        "added_first_ms": first,
-        "added_last_ms": last,
-        "added_per_chunk_ms": med(
-            lambda d, g: (
-                ((g["last_chunk_p50_ms"] - d["last_chunk_p50_ms"]) - (g["ttft_p50_ms"] - d["ttft_p50_ms"]))
-                / (chunks - 1)
-            )
-        ),
-        "throughput_ratio": med(lambda d, g: g["req_s"] / d["req_s"]),
-        "floor_added_first_ms": med(lambda d, f: f["ttft_p50_ms"] - d["ttft_p50_ms"], "floor"),
-        "floor_added_last_ms": med(lambda d, f: f["last_chunk_p50_ms"] - d["last_chunk_p50_ms"], "floor"),
-        "floor_throughput_ratio": med(lambda d, f: f["req_s"] / d["req_s"], "floor"),
-        "floor_cpu_ms_per_request": med(lambda d, f: f["server_cpu"] / f["req_s"] * 1000, "floor"),
+    def first(direct: dict, relay: dict) -> float:
+        return relay["ttft_p50_ms"] - direct["ttft_p50_ms"]
+
+    def last(direct: dict, relay: dict) -> float:
+        return relay["last_chunk_p50_ms"] - direct["last_chunk_p50_ms"]
+
+    def added(relay: str, prefix: str = "") -> dict[str, float]:
+        return {
+            f"{prefix}added_first_ms": med(first, relay),
+            f"{prefix}added_last_ms": med(last, relay),
+            f"{prefix}added_per_chunk_ms": med(lambda d, g: (last(d, g) - first(d, g)) / (chunks - 1), relay),
+            f"{prefix}throughput_ratio": med(lambda d, g: g["req_s"] / d["req_s"], relay),
+        }
+
+    summary = added("gateway")
+    for relay in relays:
+        summary |= added(relay, f"{relay}_")
+        summary[f"{relay}_cpu_ms_per_request"] = med(lambda d, f: f["server_cpu"] / f["req_s"] * 1000, relay)
+    return summary | {
         "direct_first_ms": med(lambda d, g: d["ttft_p50_ms"]),
         "direct_last_ms": med(lambda d, g: d["last_chunk_p50_ms"]),
         "direct_req_s": med(lambda d, g: d["req_s"]),
@@ -106,17 +116,23 @@ def summarize(rounds: list[dict], chunks: int) -> dict[str, float]:
         "redis_cpu": med(lambda d, g: g["redis_cpu"]),
         "client_cpu_direct": med(lambda d, g: d["client_cpu"]),
         "client_cpu_gateway": med(lambda d, g: g["client_cpu"]),
-        "errors": sum(r["direct"]["errors"] + r["gateway"]["errors"] for r in rounds),
+        "errors": sum(r[target]["errors"] for r in rounds for target in ("direct", "gateway", *relays)),
     }
 
 
-def start_floor(world: World, directory: Path) -> tuple[str, subprocess.Popen]:
-    """perf/relay_floor.py in front of the same upstream, on the gateway's server stack."""
+def start_relays(world: World, directory: Path) -> None:
+    """perf/relay_floor.py in front of the same upstream, on the gateway's server stack, and nginx
+    (perf/nginx_relay.py) when this machine has it."""
     url, process = start_gateway(
         world, directory, 1, "floor", {"PERF_FLOOR_UPSTREAM": world.upstream}, app="perf.relay_floor:app"
     )
     wait_gateway(directory, "floor", url, process)
-    return url, process
+    world.relays["floor"] = (url, process)
+    binary = nginx_binary()
+    if binary is None:
+        print("  nginx not found (PERF_NGINX, PATH, /usr/sbin/nginx): its rows are left out", flush=True)
+        return
+    world.relays["nginx"] = start_nginx(binary, world.upstream, directory, world.processes)
 
 
 def step_profile(world: World, directory: Path, args) -> dict[str, dict]:
@@ -146,7 +162,7 @@ async def _sequential(url: str, headers: dict, *, requests: int, args) -> None:
         done += result["requests"]
 
 
-def print_tables(summary: dict[int, dict], steps: dict[str, dict], args) -> None:
+def print_tables(summary: dict[int, dict], steps: dict[str, dict], args, relays: tuple[str, ...]) -> None:
     levels = args.levels
 
     def row(label: str, key: str, spec: str, sign: bool = False) -> list[str]:
@@ -159,15 +175,20 @@ def print_tables(summary: dict[int, dict], steps: dict[str, dict], args) -> None
         f"run, medians of {args.rounds} rounds"
     )
     header = ["", *(f"{lv} stream{'s' if lv > 1 else ''}" for lv in levels)]
-    rows = [
-        row("added P50 time to first chunk, ms", "added_first_ms", ".2f", sign=True),
-        row("added P50 time to last chunk, ms", "added_last_ms", ".2f", sign=True),
-        row("added time per relayed chunk, ms", "added_per_chunk_ms", ".3f", sign=True),
-        row("throughput ÷ direct", "throughput_ratio", ".3f"),
-        row("floor: added P50 time to first chunk, ms", "floor_added_first_ms", ".2f", sign=True),
-        row("floor: added P50 time to last chunk, ms", "floor_added_last_ms", ".2f", sign=True),
-        row("floor: throughput ÷ direct", "floor_throughput_ratio", ".3f"),
-        row("floor: relay CPU per request, ms", "floor_cpu_ms_per_request", ".2f"),
+
+    def added_rows(label: str = "", prefix: str = "") -> list[list[str]]:
+        return [
+            row(f"{label}added P50 time to first chunk, ms", f"{prefix}added_first_ms", ".2f", sign=True),
+            row(f"{label}added P50 time to last chunk, ms", f"{prefix}added_last_ms", ".2f", sign=True),
+            row(f"{label}added time per relayed chunk, ms", f"{prefix}added_per_chunk_ms", ".3f", sign=True),
+            row(f"{label}throughput ÷ direct", f"{prefix}throughput_ratio", ".3f"),
+        ]
+
+    rows = added_rows()
+    for relay in relays:
+        rows += added_rows(f"{relay}: ", f"{relay}_")
+        rows.append(row(f"{relay}: relay CPU per request, ms", f"{relay}_cpu_ms_per_request", ".2f"))
+    rows += [
         [
             "direct P50 first / last chunk, ms",
             *(f"{summary[lv]['direct_first_ms']:.2f} / {summary[lv]['direct_last_ms']:.2f}" for lv in levels),
@@ -227,11 +248,12 @@ def main() -> None:
     args.workers = [1]
     started = time.monotonic()
     with running_world("gateway overhead", args) as (world, directory):
-        world.floor = start_floor(world, directory)
+        start_relays(world, directory)
+        relays = tuple(world.relays)
         rounds = run_rounds(world, args)
-        summary = {level: summarize(rounds[level], args.chunks) for level in args.levels}
+        summary = {level: summarize(rounds[level], args.chunks, relays) for level in args.levels}
         steps = step_profile(world, directory, args)
-        print_tables(summary, steps, args)
+        print_tables(summary, steps, args, relays)
         print(f"({time.monotonic() - started:.0f} s)")
         if args.json:
             config = {k: v for k, v in vars(args).items() if k != "json"}

@@ -57,8 +57,9 @@ class World:
     token: str = ""
     # uvicorn --workers N → (its URL, its process)
     gateways: dict[int, tuple[str, subprocess.Popen]] = field(default_factory=dict)
-    # perf/relay_floor.py, when a benchmark starts it: (its URL, its process)
-    floor: tuple[str, subprocess.Popen] | None = None
+    # relays without the portal that a benchmark runs beside it, by name ("floor": perf/relay_floor.py,
+    # "nginx": perf/nginx_relay.py) → (its URL, its process)
+    relays: dict[str, tuple[str, subprocess.Popen]] = field(default_factory=dict)
 
 
 def build_world(world: World, directory: Path, args) -> None:
@@ -264,11 +265,12 @@ async def closed_loop(url: str, headers: dict, *, concurrency: int, duration: fl
 
 
 def measure(world: World, target: str, level: int, args) -> dict:
-    """One run of the load against `target` ("direct" or "gateway-N"), with the CPU its server used."""
+    """One run of the load against `target` ("direct", "gateway-N" or one of `world.relays`), with the
+    CPU its server used."""
     if target == "direct":
         url, headers, pgid = f"{world.upstream}/v1/chat/completions", {}, None
-    elif target == "floor":
-        base, process = world.floor
+    elif target in world.relays:
+        base, process = world.relays[target]
         url, headers, pgid = f"{base}/v1/chat/completions", {}, process.pid
     else:
         base, process = world.gateways[int(target.split("-")[1])]

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from perf.nginx_relay import nginx_binary
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -23,13 +25,17 @@ def test_a_tiny_gateway_overhead_run_prints_the_comparison_and_the_steps(tmp_pat
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     for row in ("added P50 time to first chunk", "added time per relayed chunk", "throughput ÷ direct",
-                "CPU, cores: gateway process"):  # fmt: skip
+                "CPU, cores: gateway process", "floor: added P50 time to first chunk",
+                "floor: added time per relayed chunk"):  # fmt: skip
         assert re.search(rf"\| {re.escape(row)}[^|]*\|[^|]*\d[^|]*\|[^|]*\d", run.stdout), row
     result = json.loads(out.read_text())
     assert result["summary"]["1"]["errors"] == 0 and result["summary"]["2"]["errors"] == 0
     for level in ("1", "2"):
-        for target in ("direct", "gateway"):
+        for target in ("direct", "gateway", "floor"):  # nginx too where the machine has it
             assert result["rounds"][level][0][target]["requests"] >= 1
+    if nginx_binary():  # the C relay's rows, where this machine has nginx (CI's does not)
+        assert re.search(r"\| nginx: added time per relayed chunk, ms[^|]*\|[^|]*\d", run.stdout)
+        assert result["rounds"]["1"][0]["nginx"]["requests"] >= 1
     # The instrumented gateway timed every step of a streamed request's path.
     steps = result["steps"]
     for step in ("ASGI entry", "authentication", "parsing", "route", "counting", "admission",
