@@ -53,6 +53,8 @@ def nginx_binary() -> str | None:
     """The nginx to run, or None when this machine has none."""
     named = os.environ.get("PERF_NGINX")
     if named:
+        if not os.access(named, os.X_OK):
+            raise SystemExit(f"PERF_NGINX={named}: not an executable file")
         return named
     return shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 
