@@ -8,6 +8,8 @@ import httpx
 import pytest
 
 from tests.helpers import builders
+from tests.helpers.gateway import start_gateway
+from tests.helpers.processes import stop
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.vllm]
 
@@ -81,10 +83,13 @@ def test_it_strips_vllms_usage_chunk_when_the_client_did_not_ask(gateway, tiny_s
     assert raw.content.rstrip().endswith(b"data: [DONE]")
 
 
-def test_a_request_without_max_tokens_fits_the_real_servers_context(gateway, tiny_served, team):
+def test_a_request_without_max_tokens_fits_the_real_servers_context(tiny_served, team, tmp_path):
     """A clamp above the context (8,000 > the server's 4,096) was sent as max_tokens and refused by
     vLLM (`max_tokens=8000 cannot be greater than max_model_len=4096`), as the team's 1,024 was on a
-    512-token model: the gateway now sends what the context leaves after the prompt."""
+    512-token model: the gateway now sends what the context leaves after the prompt.
+
+    Its own gateway: a whole (unstreamed) answer to a 3,000-4,000-token prompt is one read that
+    took more than the session gateway's 4 s on a loaded CI machine (a 504, not the bug)."""
     from portal.gateway.tokens import prompt_tokens
 
     model, token, deployment = tiny_served
@@ -94,9 +99,18 @@ def test_a_request_without_max_tokens_fits_the_real_servers_context(gateway, tin
     tokenizer = f"{deployment.model_version.path}/tokenizer.json"
     counted = prompt_tokens(body, chat=False, tokenizer_path=tokenizer)
     assert 3000 < counted < 4000  # a long prompt leaves a short room: the answer is quick on CPU
-    response = httpx.post(
-        f"{gateway.url}/v1/completions", headers={"Authorization": f"Bearer {token}"}, json=body, timeout=120
+    gateway, process = start_gateway(
+        tmp_path / "gateway.log", GATEWAY_FIRST_TOKEN_TIMEOUT_S="120", GATEWAY_READ_TIMEOUT_S="120"
     )
+    try:
+        response = httpx.post(
+            f"{gateway.url}/v1/completions",
+            headers={"Authorization": f"Bearer {token}"},
+            json=body,
+            timeout=180,
+        )
+    finally:
+        stop(process)
     assert response.status_code == 200, response.text
     usage = response.json()["usage"]
     assert 0 < usage["completion_tokens"] <= 4096 - usage["prompt_tokens"]
