@@ -57,7 +57,7 @@ class Caller:
 
 log = logging.getLogger("portal.gateway")
 
-_cache = TtlCache(lambda: gateway_settings().cache_s)
+_cache = TtlCache(lambda: gateway_settings().cache_s, name="API keys")
 AUTH_FAILURE_WINDOW_S = 60.0
 
 

@@ -14,9 +14,12 @@ out other misses, never a real key's row.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+log = logging.getLogger("portal.gateway")
 
 
 def _is_none(value) -> bool:
@@ -28,11 +31,13 @@ class TtlCache:
         self,
         ttl: Callable[[], float],
         *,
+        name: str = "cache",
         max_entries: int = 10_000,
         max_misses: int = 4_096,
         is_miss: Callable[[Any], bool] = _is_none,
     ) -> None:
         self._ttl = ttl  # read on every use, so tests can change the setting
+        self._name = name  # what the log calls it: "routes", "api keys"
         self._max = max_entries
         self._max_misses = max_misses
         self._is_miss = is_miss
@@ -64,8 +69,20 @@ class TtlCache:
 
     def _store(self, key, task: asyncio.Future) -> None:
         self._loading.pop(key, None)
-        if task.cancelled() or task.exception() is not None:
-            return  # the next request tries again (and sees the error itself)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            # A request with nothing cached sees the error itself; a stale entry hides it, and ops
+            # must know why a change (a roll-back, a new quota) has not reached this process.
+            if key in self._entries or key in self._misses:
+                log.warning(
+                    "refreshing cached %s failed (%s: %s); serving the stale entry until a load succeeds",
+                    self._name,
+                    type(error).__name__,
+                    error,
+                )
+            return  # the next request tries again
         value = task.result()
         miss = self._is_miss(value)
         into, other = (self._misses, self._entries) if miss else (self._entries, self._misses)

@@ -92,8 +92,10 @@ def smallest_context(replicas: tuple[Replica, ...]) -> int | None:
     return min((r.context_len for r in replicas if r.context_len), default=None)
 
 
-_routes = TtlCache(lambda: gateway_settings().cache_s, is_miss=lambda route: not route.registered)
-_served = TtlCache(lambda: gateway_settings().cache_s)
+_routes = TtlCache(
+    lambda: gateway_settings().cache_s, name="routes", is_miss=lambda route: not route.registered
+)
+_served = TtlCache(lambda: gateway_settings().cache_s, name="model lists")
 
 
 def _load_route(model: str) -> Route:

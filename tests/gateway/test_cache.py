@@ -46,3 +46,38 @@ def test_it_evicts_the_oldest_miss_when_misses_are_full():
 
     asyncio.run(go())
     assert loads == ["a", "b", "c", "d", "a"]  # "a" went to make room for "d"; "d" stayed cached
+
+
+def test_a_failed_refresh_serves_the_stale_entry_logs_why_and_the_next_load_replaces_it(caplog):
+    outcomes = iter([RuntimeError("database gone"), "fresh"])
+
+    async def go():
+        cache = TtlCache(lambda: 0, name="routes")  # every hit is stale: each get starts a refresh
+
+        async def first():
+            return "stale"
+
+        async def refresh():
+            outcome = next(outcomes)
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+
+        async def settle():  # one turn runs the refresh, the next its done-callback
+            for _ in range(2):
+                await asyncio.sleep(0)
+
+        assert await cache.get("chat", first) == "stale"
+        served = [await cache.get("chat", refresh)]  # the refresh fails behind it
+        await settle()
+        served.append(await cache.get("chat", refresh))  # tries again, and this one loads
+        await settle()
+        return served, cache.peek("chat")
+
+    with caplog.at_level("WARNING", logger="portal.gateway"):
+        served, cached = asyncio.run(go())
+    assert served == ["stale", "stale"] and cached == "fresh"
+    assert [r.getMessage() for r in caplog.records] == [
+        "refreshing cached routes failed (RuntimeError: database gone); "
+        "serving the stale entry until a load succeeds"
+    ]
