@@ -5,8 +5,9 @@ front, several clients streaming long generations. The kill is sent once every c
 few tokens (sent by the stream that completes that, before it reads on), each generation is
 thousands of tokens long, and the engine runs at the lowest CPU priority meanwhile, so the clients
 keep pace with it and the kill lands mid-generation on a fast idle machine as on a slow loaded one
-(a stream that finished first fails the test loudly: the fault did not happen). Killed mid-stream: every client gets one
-OpenAI-style error event and its stream closes; each request leaves one usage row,
+(a stream that finished first fails the test loudly: the fault did not happen). Killed
+mid-stream: every client gets one OpenAI-style error event and its stream closes; each request
+leaves one usage row,
 `upstream_error`, with the tokens the client saw; no slot stays taken; and supervision (what
 beat runs) restarts the engine to `serving`, where the gateway routes to it again.
 """
