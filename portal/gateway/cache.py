@@ -37,7 +37,7 @@ class TtlCache:
         is_miss: Callable[[Any], bool] = _is_none,
     ) -> None:
         self._ttl = ttl  # read on every use, so tests can change the setting
-        self._name = name  # what the log calls it: "routes", "api keys"
+        self._name = name  # what the log calls it: "routes", "API keys"
         self._max = max_entries
         self._max_misses = max_misses
         self._is_miss = is_miss
@@ -73,16 +73,20 @@ class TtlCache:
             return
         error = task.exception()
         if error is not None:
-            # A request with nothing cached sees the error itself; a stale entry hides it, and ops
-            # must know why a change (a roll-back, a new quota) has not reached this process.
-            if key in self._entries or key in self._misses:
+            # A request with nothing cached sees the error itself and the next one tries again. A
+            # stale entry hides it: ops must know why a change (a roll-back, a new quota) has not
+            # reached this process, and it is tried again one interval later, not by every request
+            # (a database outage would otherwise cost a load and a warning per request).
+            stale = self._entries if key in self._entries else self._misses if key in self._misses else None
+            if stale is not None:
+                stale[key] = (time.monotonic(), stale.pop(key)[1])  # re-inserted last, as a store
                 log.warning(
                     "refreshing cached %s failed (%s: %s); serving the stale entry until a load succeeds",
                     self._name,
                     type(error).__name__,
                     error,
                 )
-            return  # the next request tries again
+            return
         value = task.result()
         miss = self._is_miss(value)
         into, other = (self._misses, self._entries) if miss else (self._entries, self._misses)

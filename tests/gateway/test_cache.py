@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
+from portal.gateway import cache as cache_module
 from portal.gateway.cache import TtlCache
 
 
@@ -81,3 +83,29 @@ def test_a_failed_refresh_serves_the_stale_entry_logs_why_and_the_next_load_repl
         "refreshing cached routes failed (RuntimeError: database gone); "
         "serving the stale entry until a load succeeds"
     ]
+
+
+def test_after_a_failed_refresh_the_next_load_waits_one_interval(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(cache_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    loads: list[float] = []
+
+    async def go():
+        cache = TtlCache(lambda: 10.0, name="routes")
+
+        async def load():
+            loads.append(clock[0])
+            if len(loads) > 1:
+                raise RuntimeError("database gone")
+            return "row"
+
+        served = []
+        for now in (0.0, 20.0, 25.0, 29.0, 31.0):  # stored at 0; stale at 20, where a refresh fails
+            clock[0] = now
+            served.append(await cache.get("chat", load))
+            for _ in range(2):  # the refresh runs, then its done-callback
+                await asyncio.sleep(0)
+        return served
+
+    assert asyncio.run(go()) == ["row"] * 5
+    assert loads == [0.0, 20.0, 31.0]  # not at 25 or 29: within one interval of the failure
