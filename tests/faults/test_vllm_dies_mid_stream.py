@@ -7,9 +7,9 @@ thousands of tokens long, and the engine runs at the lowest CPU priority meanwhi
 keep pace with it and the kill lands mid-generation on a fast idle machine as on a slow loaded one
 (a stream that finished first fails the test loudly: the fault did not happen). Killed
 mid-stream: every client gets one OpenAI-style error event and its stream closes; each request
-leaves one usage row,
-`upstream_error`, with the tokens the client saw; no slot stays taken; and supervision (what
-beat runs) restarts the engine to `serving`, where the gateway routes to it again.
+leaves one usage row, `upstream_error`, with the tokens the client saw; no slot stays taken; and
+supervision (what beat runs) restarts the engine to `serving`, where the gateway routes to it
+again.
 """
 
 from __future__ import annotations
@@ -75,10 +75,13 @@ class Kill:
 
     pgid: int
     streams: list[Stream]
-    waiting: int
+    waiting: int = field(init=False)  # streams yet to reach KILL_AFTER_TOKENS
     sent: asyncio.Event = field(default_factory=asyncio.Event)
     at: float = 0.0
     early: list[Stream] = field(default_factory=list)  # ended by themselves first: no fault
+
+    def __post_init__(self) -> None:
+        self.waiting = len(self.streams)
 
     def reached(self) -> None:
         self.waiting -= 1
@@ -130,7 +133,7 @@ async def stream_and_kill(url: str, token: str, pgid: int) -> tuple[list[Stream]
     streams = [Stream(chat=True) for _ in range(CHAT_CLIENTS)] + [
         Stream(chat=False) for _ in range(COMPLETION_CLIENTS)
     ]
-    kill = Kill(pgid, streams, waiting=len(streams))
+    kill = Kill(pgid, streams)
     # The engine yields the two cores to the gateway and these clients: at the same priority a
     # loaded CI machine let it finish every generation while the clients had read ~580 tokens.
     os.setpriority(os.PRIO_PGRP, pgid, 19)

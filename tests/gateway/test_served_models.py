@@ -224,7 +224,7 @@ def test_a_failing_new_version_is_rolled_back_from_its_gateway_errors(
         try:
             wait_until(old_serves_alone, timeout_s=30, what="30 answers in a row from the old version")
         except AssertionError as error:
-            log = (tmp_path / "gateway.log").read_text(errors="replace")[-3000:]
+            log = gateway.log_text()[-3000:]
             raise AssertionError(f"{error}; the gateway's log ends:\n{log}") from None
     finally:
         stop(process)
