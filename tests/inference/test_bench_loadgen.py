@@ -71,7 +71,10 @@ def test_it_runs_a_level_for_a_duration():
     )
     (level,) = result.levels
     assert level["completed"] >= 10
-    assert 0.5 <= level["duration"] < 2.0
+    # Users dispatch for 0.5 s; the span runs from the first measured start to the last end, and a
+    # user's last end is stamped just before the check that finds the deadline passed, so the span
+    # can fall short of 0.5 s by that moment (CI: 0.49996 s), longer if the process is preempted there.
+    assert 0.45 <= level["duration"] < 2.0
 
 
 def test_it_reads_the_servers_metrics_around_a_level():
