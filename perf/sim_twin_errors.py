@@ -86,7 +86,16 @@ def load_report(path: Path) -> dict:
     )
     profile = profile_from_argv(argv)
     mode = "eager" if profile.enforce_eager else "graphs"
-    return {"path": path, "report": report, "shape": shape, "profile": profile, "mode": mode}
+    layers = engine.get("layers")  # a shape cut to fewer layers (`gpu_run.py sweep`, issue 40)
+    return {
+        "path": path, "report": report, "shape": shape, "layers": layers, "profile": profile, "mode": mode,
+    }  # fmt: skip
+
+
+def model_of(item: dict):
+    """The report's model shape, with the layer count it was served with."""
+    model = resolve_model_config(item["shape"])
+    return replace(model, num_layers=item["layers"]) if item.get("layers") else model
 
 
 def simulate(config: EngineConfig, mix, level) -> dict:
@@ -119,7 +128,7 @@ def mean_decode_context(mix) -> int:
 def decode_step_evidence(item: dict, gpu) -> list[dict]:
     """Per recorded level (≤ DECODE_STEP_MAX_USERS users): the measured decode step and the host
     time per layer it implies, overlapped with the GPU's work and in series with it."""
-    model = resolve_model_config(item["shape"])
+    model = model_of(item)
     mix = load_mix(item["report"]["mix"])
     costs = StepCostModel(model, item["profile"], gpu)
     context = mean_decode_context(mix)
@@ -187,7 +196,7 @@ def main() -> int:
     for item in reports:
         if item["shape"] != options.fit_model or not item["path"].name.startswith(options.fit_file_prefix):
             continue
-        config = EngineConfig(resolve_model_config(item["shape"]), item["profile"], gpu)
+        config = EngineConfig(model_of(item), item["profile"], gpu)
         levels = measured_levels(item["report"], only=fit_levels)
         started = time.monotonic()
         fit = fit_host_costs(config, load_mix(item["report"]["mix"]), levels)
@@ -200,7 +209,7 @@ def main() -> int:
 
     rows = []
     for item in reports:
-        model = resolve_model_config(item["shape"])
+        model = model_of(item)
         mix = load_mix(item["report"]["mix"])
         for level in sorted(measured_levels(item["report"]), key=lambda lv: lv.concurrency):
             raw = next(lv for lv in item["report"]["levels"] if lv.get("concurrency") == level.concurrency)

@@ -235,10 +235,12 @@ def serve(options: argparse.Namespace) -> None:
     out = Path(options.out)
     python = options.vllm_python
     facts = probe_environment(python)
-    model_dir = Path(options.models) / options.shape
+    layers = getattr(options, "layers", None)
+    name = f"{options.shape}-L{layers}" if layers else options.shape
+    model_dir = Path(options.models) / name
     began = time.monotonic()
-    write_random_model(options.shape, model_dir)
-    log(f"model {options.shape} written in {time.monotonic() - began:.1f} s")
+    write_random_model(options.shape, model_dir, layers=layers)
+    log(f"model {name} written in {time.monotonic() - began:.1f} s")
     levels = [int(x) for x in options.levels.split(",")]
     requests = [int(x) for x in options.requests.split(",")]
     for mode in options.mode.split(","):
@@ -246,7 +248,7 @@ def serve(options: argparse.Namespace) -> None:
         port = supervisor.find_free_port()
         args = vllm_args(profile, ServerArgs(str(model_dir), options.shape, "127.0.0.1", port))
         argv = vllm_command(python, args)
-        log_path = out / f"server-{options.shape}-{mode}.log"
+        log_path = out / f"server-{name}-{mode}.log"
         log(f"starting: {command_line(argv)}")
         started = time.monotonic()
         launched = supervisor.launch(
@@ -254,7 +256,8 @@ def serve(options: argparse.Namespace) -> None:
         )
         base_url = f"http://127.0.0.1:{port}"
         record: dict = {
-            "shape": options.shape, "mode": mode, "argv": command_line(argv), "versions": facts.__dict__
+            "shape": options.shape, "layers": layers, "mode": mode, "argv": command_line(argv),
+            "versions": facts.__dict__,
         }
         try:
             supervisor.wait_until_ready(
@@ -270,7 +273,7 @@ def serve(options: argparse.Namespace) -> None:
                 base_url, options.shape, model_dir, mix=options.mix, levels=levels, requests=requests
             )
             report["engine"] = record
-            (out / f"bench-{options.shape}-{mode}.json").write_text(json.dumps(report, indent=2))
+            (out / f"bench-{name}-{mode}.json").write_text(json.dumps(report, indent=2))
             parity: dict = {}
             for c in [int(x) for x in options.parity.split(",") if x] if mode == options.parity_mode else []:
                 parity[c] = {
@@ -283,7 +286,7 @@ def serve(options: argparse.Namespace) -> None:
         except Exception as error:
             record["error"] = f"{type(error).__name__}: {error}"
             log(f"{mode} failed: {record['error']}\n{server_log.log_tail(log_path)}")
-            (out / f"bench-{options.shape}-{mode}.json").write_text(json.dumps({"engine": record}, indent=2))
+            (out / f"bench-{name}-{mode}.json").write_text(json.dumps({"engine": record}, indent=2))
         finally:
             stopped = time.monotonic()
             result = supervisor.stop_group(launched.pgid, grace_s=30)
@@ -311,6 +314,15 @@ def main() -> None:
     s.add_argument("--parity", default="", help="also run vLLM's bench serve at these concurrencies")
     s.add_argument("--parity-mode", default="graphs")
     s.add_argument("--vllm-python", default=sys.executable)
+    s.add_argument("--layers", type=int, default=None, help="cut the shape to this many layers")
+    w = sub.add_parser("sweep", help="serve several shape:layers:mode variants one after another (issue 40)")
+    w.add_argument("--out", required=True)
+    w.add_argument("--variants", required=True, help="shape:layers:mode,... (layers 0 = all)")
+    w.add_argument("--models", default="/tmp/models")  # noqa: S108 - the GPU machine's scratch disk
+    w.add_argument("--levels", default="1,8,32")
+    w.add_argument("--requests", default="4,16,64")
+    w.add_argument("--mix", default="fixed:128:256")
+    w.add_argument("--vllm-python", default=sys.executable)
     options = parser.parse_args()
     if options.command == "model":
         began = time.monotonic()
@@ -321,6 +333,15 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if options.command == "discover":
         (out / "discovery.json").write_text(json.dumps(discover(out), indent=2, default=str))
+    elif options.command == "sweep":
+        for variant in options.variants.split(","):
+            shape, layers, mode = variant.split(":")
+            serve(argparse.Namespace(
+                out=options.out, shape=shape, layers=int(layers) or None, mode=mode, models=options.models,
+                tp=1, gpus="0", levels=options.levels, requests=options.requests, mix=options.mix,
+                parity="", parity_mode="graphs", vllm_python=options.vllm_python,
+            ))  # fmt: skip
+            log(f"variant {variant} done")
     else:
         serve(options)
 
