@@ -109,3 +109,69 @@ def test_after_a_failed_refresh_the_next_load_waits_one_interval(monkeypatch):
 
     assert asyncio.run(go()) == ["row"] * 5
     assert loads == [0.0, 20.0, 31.0]  # not at 25 or 29: within one interval of the failure
+
+
+def test_it_waits_for_the_reload_of_an_entry_expired_longer_than_the_grace(monkeypatch):
+    """After 30 s idle, a cap lowered to 1 once let 6 requests in at once from the old entry."""
+    clock = [0.0]
+    monkeypatch.setattr(cache_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    rows = iter(["cap 6", "cap 1"])
+
+    async def go():
+        cache = TtlCache(lambda: 10.0, name="routes", grace=lambda: 2.0)
+
+        async def load():
+            return next(rows)
+
+        await cache.get("chat", load)
+        clock[0] = 40.0
+        return await cache.get("chat", load)
+
+    assert asyncio.run(go()) == "cap 1"
+
+
+def test_it_serves_an_entry_within_the_grace_while_one_load_refreshes_it(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(cache_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    rows = iter(["old", "new"])
+
+    async def go():
+        cache = TtlCache(lambda: 10.0, name="routes", grace=lambda: 2.0)
+
+        async def load():
+            return next(rows)
+
+        await cache.get("chat", load)
+        clock[0] = 11.5
+        served = await cache.get("chat", load)
+        for _ in range(2):  # the refresh runs, then its done-callback
+            await asyncio.sleep(0)
+        return served, cache.peek("chat")
+
+    assert asyncio.run(go()) == ("old", "new")
+
+
+def test_requests_of_an_entry_past_its_grace_all_wait_for_one_reload(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(cache_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    loads: list[float] = []
+
+    async def go():
+        cache = TtlCache(lambda: 10.0, name="model lists", grace=lambda: 2.0)
+        release = asyncio.Event()
+
+        async def load():
+            loads.append(clock[0])
+            if len(loads) > 1:
+                await release.wait()  # a slow database: every request arrives while it runs
+            return f"list of {clock[0]:g}"
+
+        await cache.get("all", load)
+        clock[0] = 300.0
+        waiting = [asyncio.ensure_future(cache.get("all", load)) for _ in range(8)]
+        await asyncio.sleep(0)
+        release.set()
+        return await asyncio.gather(*waiting)
+
+    assert asyncio.run(go()) == ["list of 300"] * 8
+    assert loads == [0.0, 300.0]
