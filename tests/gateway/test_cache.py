@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import pytest
+
 from portal.gateway import cache as cache_module
 from portal.gateway.cache import TtlCache
 
@@ -175,3 +177,30 @@ def test_requests_of_an_entry_past_its_grace_all_wait_for_one_reload(monkeypatch
 
     assert asyncio.run(go()) == ["list of 300"] * 8
     assert loads == [0.0, 300.0]
+
+
+@pytest.mark.django_db(transaction=True)  # the route loads on a worker thread, with its own connection
+def test_a_model_registered_while_the_gateway_idled_is_routed_at_its_next_request(monkeypatch, settings):
+    """The routes cache answers from GATEWAY_CACHE_S + GATEWAY_CACHE_GRACE_S at most: a model
+    unknown at the last load is found once that has passed, by the request that arrives."""
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+
+    from portal.gateway import routing
+    from portal.registry.services import model_version_create
+    from tests.helpers.samples import bundled_config
+
+    settings.GATEWAY_CACHE_S, settings.GATEWAY_CACHE_GRACE_S = 10.0, 2.0
+    clock = [1_000_000.0]
+    monkeypatch.setattr(cache_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+
+    async def registered() -> bool:
+        try:
+            return (await routing.route_for("registered-while-idle")).registered
+        finally:  # the load's thread keeps its connection open otherwise
+            await sync_to_async(connections.close_all)()
+
+    assert not asyncio.run(registered())
+    model_version_create(name="registered-while-idle", config=bundled_config("llama-2-7b-chat-hf"))
+    clock[0] += 30  # idle: no request refreshed the entry
+    assert asyncio.run(registered())
