@@ -483,6 +483,9 @@ GATEWAY_MAX_BODY_BYTES = env_number(
 GATEWAY_CACHE_S = env_number(
     "GATEWAY_CACHE_S", default=5.0, minimum=0.0, maximum=3600.0
 )  # keys and routes, per process
+# How long past GATEWAY_CACHE_S a cached key or route may still answer while one load refreshes it;
+# older, requests wait for the reload. A change is seen within GATEWAY_CACHE_S + this (+ one load).
+GATEWAY_CACHE_GRACE_S = env_number("GATEWAY_CACHE_GRACE_S", default=2.0, minimum=0.0, maximum=60.0)
 GATEWAY_QUEUE_MAX = env_number(
     "GATEWAY_QUEUE_MAX", default=256, minimum=1, maximum=100_000
 )  # waiting requests per model

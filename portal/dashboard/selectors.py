@@ -27,7 +27,7 @@ from portal.deployments.selectors import (
 from portal.inventory.models import Gpu, Node
 from portal.inventory.selectors import gpus_not_healthy, node_list
 from portal.observability import prometheus
-from portal.teams.models import ApiKey, Team, Usage, UsageStatus
+from portal.teams.models import BILLED, ApiKey, Team, Usage, UsageStatus
 
 
 @dataclass
@@ -154,8 +154,8 @@ def team_fronts(user) -> list[TeamFront]:
         .values("team_id")
         .annotate(
             requests=Count("id"),
-            prompt=Sum("prompt_tokens"),
-            completion=Sum("completion_tokens"),
+            prompt=Sum("prompt_tokens", filter=BILLED),  # a refused prompt ran nowhere
+            completion=Sum("completion_tokens", filter=BILLED),
             failed=Count("id", filter=~Q(status__in=[UsageStatus.COMPLETED, UsageStatus.REJECTED])),
         )
     }

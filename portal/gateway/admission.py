@@ -2,7 +2,7 @@
 
 `admit` takes the team's and key's quotas in one Redis script, reserving the
 prompt tokens plus the output cap of every sequence (prompts × n × max_tokens).
-`place` then takes a slot per prompt on a replica (least in flight under its
+`place` then takes a slot per sequence (prompts × n) on a replica (least in flight under its
 cap; long prompts under the long-prompt cap), waiting in the model's bounded
 queue if none has room. A batch-class caller takes only spare capacity (below
 GATEWAY_BATCH_SHARE of a replica's cap, never while an interactive request
@@ -20,6 +20,7 @@ from django.conf import settings
 from redis.exceptions import RedisError
 
 from portal.core.redis.ratelimit import Admission, RateLimiter, Scope, SlotGrant, prompt_limit
+from portal.teams.models import UsageStatus
 
 from .config import gateway_settings
 from .errors import GatewayError, invalid_request, redis_required
@@ -34,17 +35,31 @@ RETRY_MESSAGES = {
 }
 
 
-def check_prompts_fit(prompts: int, caps: list[int | None], *, model: str, batch: bool) -> None:
-    """Every prompt takes a replica slot, batch or interactive: a request with more prompts than
-    any replica of the model can take at once for its class is a 400 (it could never be placed)."""
+def check_prompts_fit(
+    prompts: int, caps: list[int | None], *, model: str, batch: bool, n: int = 1, best_of: int = 1
+) -> None:
+    """Every sequence of every prompt takes a replica slot, batch or interactive: a request with more
+    of them than any replica of the model can take at once for its class is a 400 naming the field
+    to lower (it could never be placed): `prompt` when the prompts alone do not fit, else `n` (or
+    `best_of` when it is the larger)."""
     limit = prompt_limit(caps, gateway_settings().batch_share if batch else None)
-    if limit is None or prompts <= limit:
+    sequences = max(n, best_of)
+    if limit is None or prompts * sequences <= limit:
         return
     share = " (the batch share of its concurrency cap: this key is in the batch class)" if batch else ""
+    if prompts > limit:
+        raise invalid_request(
+            f"`prompt` holds {prompts} prompts; a replica of `{model}` runs at most {limit} of them at "
+            f"once{share}. Send at most {limit} prompts per request.",
+            "prompt",
+        )
+    field = "best_of" if best_of > n else "n"
+    each = "" if prompts == 1 else f" for each of its {prompts} prompts"
     raise invalid_request(
-        f"`prompt` holds {prompts} prompts; a replica of `{model}` runs at most {limit} of them at "
-        f"once{share}. Send at most {limit} prompts per request.",
-        "prompt",
+        f"`{field}` asks for {sequences} sequences{each} ({prompts * sequences} in all), and each takes "
+        f"a slot; a replica of `{model}` runs at most {limit} at once{share}. Lower `{field}` to at most "
+        f"{limit // prompts}{' or send fewer prompts' if prompts > 1 else ''}.",
+        field,
     )
 
 
@@ -162,6 +177,40 @@ def check_admission(admission: Admission) -> None:
     )
 
 
+async def check_daily_quota(
+    limiter: RateLimiter,
+    admission: Admission,
+    *,
+    team: Scope,
+    key: Scope,
+    prompt_tokens: int,
+    sequences: int,
+) -> None:
+    """Raise the 429 of a request refused by a daily token quota, saying what it reserves, what is
+    left today and the largest `max_tokens` that fits. `Retry-After` (the day's reset) only when no
+    `max_tokens` fits: waiting cannot help otherwise, and 9.5 h of it misled a caller with ~330
+    tokens left (issue 38). One more Redis read, on the refusal path only."""
+    who = admission.reason.partition("_")[0]
+    scope = team if who == "team" else key
+    limit = scope.limits.tokens_per_day or 0
+    left = max(0, limit - await limiter.tokens_used_on_day(scope, admission.day))
+    fits = (left - prompt_tokens) // max(1, sequences)
+    reserves = (
+        f"This request reserves {admission.tokens} tokens (its prompt's {prompt_tokens} + max_tokens × n "
+        f"× prompts); the {who}'s tokens per day quota has {left} of {limit} left today (UTC)."
+    )
+    if fits >= 1:
+        raise GatewayError(
+            429, f"{reserves} A max_tokens of at most {fits} fits.", code="tokens_per_day_exceeded"
+        )
+    raise GatewayError(
+        429,
+        f"{reserves} Not even its prompt fits: the quota resets at 00:00 UTC.",
+        code="tokens_per_day_exceeded",
+        retry_after=admission.retry_after_s,
+    )
+
+
 def check_slot_grant(grant: SlotGrant, model: str, *, batch: bool = False) -> int:
     """The index of the replica the request was placed on, or the 429/503 of a full or slow queue
     (a batch request's say it was the batch queue: its capacity is the spare share of the cap)."""
@@ -175,6 +224,7 @@ def check_slot_grant(grant: SlotGrant, model: str, *, batch: bool = False) -> in
                 "and its batch queue is full.",
                 code="batch_queue_full",
                 retry_after=5,
+                usage_status=UsageStatus.UNAVAILABLE,
             )
         raise GatewayError(
             503,
@@ -189,6 +239,7 @@ def check_slot_grant(grant: SlotGrant, model: str, *, batch: bool = False) -> in
             f"Every replica of `{model}` is at capacity and its queue is full.",
             code="queue_full",
             retry_after=1,
+            usage_status=UsageStatus.UNAVAILABLE,  # capacity, not a quota of the caller's: an outage
         )
     raise GatewayError(
         503,

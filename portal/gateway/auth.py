@@ -57,7 +57,9 @@ class Caller:
 
 log = logging.getLogger("portal.gateway")
 
-_cache = TtlCache(lambda: gateway_settings().cache_s, name="API keys")
+_cache = TtlCache(
+    lambda: gateway_settings().cache_s, name="API keys", grace=lambda: gateway_settings().cache_grace_s
+)
 AUTH_FAILURE_WINDOW_S = 60.0
 
 

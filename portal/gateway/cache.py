@@ -2,8 +2,13 @@
 
 Single flight: when an entry is missing, concurrent requests await one load, not
 one each (64 streams refreshing a key at once was a one-second stall in the
-benchmark). Stale while revalidating: an expired entry is served while one
-background load refreshes it, so no request waits on the database once warm.
+benchmark). Stale while revalidating, within a grace: an entry expired less than
+`grace` ago is served while one background load refreshes it, so no request of a
+busy key or model waits on the database; an entry older than that is never
+served while a load can replace it: its requests await the one reload (after an
+idle 30 s, a cap lowered to 1 let 6 requests in at once from the old entry). So an
+answer is at most ttl + grace older than its load, unless the load fails (the
+database down), when the old entry is served on, and logged.
 Revocation does not depend on this cache (the admission script checks Redis).
 
 Misses (no such key, no such model) are kept apart from hits, each bounded on its
@@ -35,8 +40,11 @@ class TtlCache:
         max_entries: int = 10_000,
         max_misses: int = 4_096,
         is_miss: Callable[[Any], bool] = _is_none,
+        grace: Callable[[], float] | None = None,
     ) -> None:
         self._ttl = ttl  # read on every use, so tests can change the setting
+        # How long past its ttl an entry may still answer while it is refreshed (None: for ever).
+        self._grace = grace
         self._name = name  # what the log calls it: "routes", "API keys"
         self._max = max_entries
         self._max_misses = max_misses
@@ -55,11 +63,22 @@ class TtlCache:
         now = time.monotonic()
         hit = self._entries.get(key) or self._misses.get(key)
         if hit is not None:
-            if now - hit[0] >= self._ttl() and key not in self._loading:
-                self._start(key, load)
-            return hit[1]
+            age, ttl = now - hit[0], self._ttl()
+            if age < ttl:
+                return hit[1]
+            if self._grace is None or age < ttl + self._grace():
+                if key not in self._loading:
+                    self._start(key, load)
+                return hit[1]
         pending = self._loading.get(key) or self._start(key, load)
-        return await asyncio.shield(pending)
+        try:
+            return await asyncio.shield(pending)
+        except Exception:
+            if hit is None:
+                raise
+            # Too old, and its reload failed (`_store` logged why and keeps it): the old entry
+            # beats no answer while the database is away.
+            return hit[1]
 
     def _start(self, key, load) -> asyncio.Future:
         task = asyncio.ensure_future(load())

@@ -18,6 +18,7 @@ from django.dispatch import receiver
 class GatewaySettings:
     max_body_bytes: int
     cache_s: float
+    cache_grace_s: float
     long_prompt_tokens: int
     first_token_timeout_s: float
     first_token_timeout_long_s: float
@@ -38,6 +39,7 @@ def _read() -> GatewaySettings:
     return GatewaySettings(
         max_body_bytes=settings.GATEWAY_MAX_BODY_BYTES,
         cache_s=settings.GATEWAY_CACHE_S,
+        cache_grace_s=settings.GATEWAY_CACHE_GRACE_S,
         long_prompt_tokens=settings.GATEWAY_LONG_PROMPT_TOKENS,
         first_token_timeout_s=settings.GATEWAY_FIRST_TOKEN_TIMEOUT_S,
         first_token_timeout_long_s=settings.GATEWAY_FIRST_TOKEN_TIMEOUT_LONG_S,

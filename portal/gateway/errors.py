@@ -30,7 +30,8 @@ TYPES = {
 
 
 class GatewayError(Exception):
-    """A request the gateway answers itself. `usage_status` is what its usage record says."""
+    """A request the gateway answers itself. `usage_status` is what its usage record says: by
+    default a refusal for a 4xx (the caller's doing) and an outage for a 5xx (the portal's)."""
 
     def __init__(
         self,
@@ -39,7 +40,7 @@ class GatewayError(Exception):
         *,
         code: str,
         retry_after: float | None = None,
-        usage_status: UsageStatus = UsageStatus.REJECTED,
+        usage_status: UsageStatus | None = None,
         param: str | None = None,
     ) -> None:
         super().__init__(message)
@@ -47,6 +48,8 @@ class GatewayError(Exception):
         self.message = message
         self.code = code
         self.retry_after = retry_after
+        if usage_status is None:
+            usage_status = UsageStatus.UNAVAILABLE if status >= 500 else UsageStatus.REJECTED
         self.usage_status = usage_status
         self.param = param
 

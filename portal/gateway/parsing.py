@@ -100,11 +100,23 @@ class ParsedRequest:
     prompts: int = 1  # a completion's batch of prompts; each is a request of its own to vLLM
     # The body's fields that carry the output bound (max_tokens, and max_completion_tokens if sent).
     max_tokens_fields: tuple[str, ...] = ("max_tokens",)
+    best_of: int = 1  # sequences generated per prompt when more than `n` (the best `n` are returned)
+
+    @property
+    def sequences_per_prompt(self) -> int:
+        """The sequences the engine runs at once for each prompt: `n`, or `best_of` when larger."""
+        return max(self.n, self.best_of)
+
+    @property
+    def slots(self) -> int:
+        """The replica slots the request takes: one per sequence of every prompt (issue 35: 3
+        prompts with n=16 are 48 sequences in the engine's batch, not 3)."""
+        return self.prompts * self.sequences_per_prompt
 
     @property
     def reserved_output_tokens(self) -> int:
         """The most output tokens the request can produce: every sequence of every prompt."""
-        return self.prompts * self.n * self.max_tokens
+        return self.slots * self.max_tokens
 
     def encode(self) -> bytes:
         return json.dumps(self.body, separators=(",", ":")).encode()
@@ -187,6 +199,11 @@ def _parse(raw: bytes, *, chat: bool, caller: Caller) -> ParsedRequest:
     n = _positive_int(body, "n") or 1
     if n > MAX_N:
         raise invalid_request(f"`n` must be at most {MAX_N}.", "n")
+    best_of = _positive_int(body, "best_of") or n
+    if best_of > MAX_N:
+        raise invalid_request(f"`best_of` must be at most {MAX_N}.", "best_of")
+    if best_of < n:
+        raise invalid_request(f"`best_of` ({best_of}) must be at least `n` ({n}).", "best_of")
 
     # docs/v100-field-guide.md#gateway-rules: clamp max_tokens so a few long generations
     # cannot hold batch slots.
@@ -203,4 +220,4 @@ def _parse(raw: bytes, *, chat: bool, caller: Caller) -> ParsedRequest:
     if stream:
         # Upstream's final usage chunk is how tokens are accounted; stripped again if not asked for.
         body["stream_options"] = {**(options or {}), "include_usage": True}
-    return ParsedRequest(body, model, stream, wants_usage, max_tokens, n, chat, prompts, fields)
+    return ParsedRequest(body, model, stream, wants_usage, max_tokens, n, chat, prompts, fields, best_of)

@@ -93,9 +93,14 @@ def smallest_context(replicas: tuple[Replica, ...]) -> int | None:
 
 
 _routes = TtlCache(
-    lambda: gateway_settings().cache_s, name="routes", is_miss=lambda route: not route.registered
+    lambda: gateway_settings().cache_s,
+    name="routes",
+    is_miss=lambda route: not route.registered,
+    grace=lambda: gateway_settings().cache_grace_s,
 )
-_served = TtlCache(lambda: gateway_settings().cache_s, name="model lists")
+_served = TtlCache(
+    lambda: gateway_settings().cache_s, name="model lists", grace=lambda: gateway_settings().cache_grace_s
+)
 
 
 def _load_route(model: str) -> Route:

@@ -23,7 +23,7 @@ from django.db import close_old_connections
 from portal.core.redis.ratelimit import Admission, LeaseKeeper, RateLimiter, Scope
 from portal.observability import prometheus
 from portal.teams import selectors
-from portal.teams.models import PriorityClass, UsageStatus
+from portal.teams.models import UNBILLED_STATUSES, PriorityClass, UsageStatus
 from portal.teams.usage_record import UsageRecord
 
 from .auth import Caller
@@ -139,7 +139,7 @@ class Exchange:
             ttft_ms=self.ttft_ms,
             duration_ms=(time.perf_counter() - self.started_mono) * 1000,
         )
-        billed = self.placed and status != UsageStatus.REJECTED
+        billed = self.placed and status not in UNBILLED_STATUSES
         used = self.prompt_tokens + self.completion_tokens if billed else 0
         try:
             await self.limiter.finish(

@@ -32,6 +32,7 @@ from . import timing
 from .admission import (
     admit_and_place,
     check_admission,
+    check_daily_quota,
     check_prompts_fit,
     check_slot_grant,
     gate,
@@ -236,7 +237,14 @@ async def _route(parsed: ParsedRequest, caller: Caller) -> tuple[Route, tuple[Re
         raise GatewayError(
             503, f"No replica of `{parsed.model}` is serving.", code="no_replica", retry_after=5
         )
-    check_prompts_fit(parsed.prompts, [r.cap for r in replicas], model=parsed.model, batch=caller.is_batch)
+    check_prompts_fit(
+        parsed.prompts,
+        [r.cap for r in replicas],
+        model=parsed.model,
+        batch=caller.is_batch,
+        n=parsed.n,
+        best_of=parsed.best_of,
+    )
     return route, replicas
 
 
@@ -272,9 +280,18 @@ async def _admit(
         candidates=[(r.id, r.cap) for r in replicas],
         long_prompt=long_prompt,
         on_admitted=ex.admitted,
-        slots=parsed.prompts,
+        slots=parsed.slots,
         batch=caller.is_batch,
     )
+    if ex.admission.reason.endswith("_tpd"):
+        await check_daily_quota(
+            ex.limiter,
+            ex.admission,
+            team=ex.team,
+            key=ex.key,
+            prompt_tokens=ex.prompt_tokens,
+            sequences=parsed.slots,
+        )
     check_admission(ex.admission)
     if timing.ON:
         timing.lap("admission")
@@ -309,7 +326,7 @@ async def _relay(
                 model=route.model,
                 candidates=[(r.id, r.cap) for r in remaining],
                 long_prompt=long_prompt,
-                slots=parsed.prompts,
+                slots=parsed.slots,
                 batch=batch,
             )
         replica = remaining.pop(check_slot_grant(placement, parsed.model, batch=batch))

@@ -28,7 +28,7 @@ from django.conf import settings
 from portal.core.redis.client import gateway_redis, redis_keys
 from portal.core.redis.keys import RedisKeys
 from portal.core.redis.scripts import MINUTE_MAX, MinuteMaxCall
-from portal.teams.models import UsageStatus
+from portal.teams.models import UNBILLED_STATUSES, UsageStatus
 
 log = logging.getLogger("portal.metrics")
 
@@ -173,7 +173,7 @@ def gateway_request_ended(
         counters[TOKENS, model, "prompt"] = prompt_tokens
     if completion_tokens:
         counters[TOKENS, model, "completion"] = completion_tokens
-    if status == UsageStatus.REJECTED:
+    if status in UNBILLED_STATUSES:  # answered by the gateway itself, refusal or outage: by its code
         counters[REJECTIONS, error_code or str(http_status)] = 1
     elif status in UPSTREAM_STATUSES and error_code != "internal_error":
         counters[UPSTREAM_ERRORS, model, error_code or str(http_status)] = 1
@@ -187,7 +187,8 @@ def gateway_request_ended(
             "requests": 1,
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
-            "errors": 1 if status in UPSTREAM_STATUSES else 0,
+            # An outage (no replica serving) is an error to operators, never a refusal (issue 38).
+            "errors": 1 if status in UPSTREAM_STATUSES or status == UsageStatus.UNAVAILABLE else 0,
             "rejected": 1 if status == UsageStatus.REJECTED else 0,
         },
         at=time.time() if at is None else at,
@@ -206,7 +207,7 @@ def exchange_ended(exchange, status: UsageStatus, http_status: int, error_code: 
             error_code=error_code,
             duration_s=time.perf_counter() - exchange.started_mono,
             ttft_s=exchange.ttft_ms / 1000 if exchange.ttft_ms is not None else None,
-            prompt_tokens=exchange.prompt_tokens if status != UsageStatus.REJECTED else 0,
+            prompt_tokens=exchange.prompt_tokens if status not in UNBILLED_STATUSES else 0,
             completion_tokens=exchange.completion_tokens,
         )
     except Exception:

@@ -132,7 +132,7 @@ class UsageAdmin(admin.ModelAdmin):
 @admin.register(UsageDaily)
 class UsageDailyAdmin(admin.ModelAdmin):
     list_display = ["day", "team", "api_key", "model", "priority_class", "requests", "completed", "rejected",
-                    "failed", "prompt_tokens", "completion_tokens"]  # fmt: skip
+                    "unavailable", "failed", "prompt_tokens", "completion_tokens"]  # fmt: skip
     list_filter = ["team", "model", "priority_class"]
     date_hierarchy = "day"
     change_list_template = "admin/teams/usagedaily/change_list.html"
@@ -156,7 +156,7 @@ class UsageDailyAdmin(admin.ModelAdmin):
 @admin.register(UsageHourly)
 class UsageHourlyAdmin(admin.ModelAdmin):
     list_display = ["hour", "team", "api_key", "model", "priority_class", "requests", "completed", "rejected",
-                    "failed", "prompt_tokens", "completion_tokens"]  # fmt: skip
+                    "unavailable", "failed", "prompt_tokens", "completion_tokens"]  # fmt: skip
     list_filter = ["team", "priority_class"]
     date_hierarchy = "hour"
 

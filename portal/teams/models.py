@@ -220,8 +220,19 @@ class UsageStatus(models.TextChoices):
     COMPLETED = "completed", "completed"
     CLIENT_CANCELLED = "client_cancelled", "client cancelled"
     UPSTREAM_ERROR = "upstream_error", "upstream error"
-    REJECTED = "rejected", "rejected"
+    # Refused for what the caller did (a quota, a rate limit, a bad request), as against UNAVAILABLE:
+    # the portal could not serve it (no replica, queue timeout, its Redis or database down). A member
+    # reading the usage page must not take an outage for a quota they hit (issue 38).
+    REJECTED = "rejected", "refused (quota, rate limit, bad request)"
     TIMEOUT = "timeout", "timeout"
+    UNAVAILABLE = "unavailable", "outage (no replica or the portal unavailable)"
+
+
+# Outcomes in which nothing ran on an engine: their tokens are never billed, counted toward a daily
+# budget or shown as tokens used (the gateway's counter, its rebuild, the rollups and the pages).
+UNBILLED_STATUSES = frozenset({UsageStatus.REJECTED, UsageStatus.UNAVAILABLE})
+# The usage records whose tokens count, as a filter for a sum: `Sum("prompt_tokens", filter=BILLED)`.
+BILLED = ~models.Q(status__in=UNBILLED_STATUSES)
 
 
 class Usage(models.Model):
@@ -287,8 +298,13 @@ class UsageTotals(models.Model):
     )
     requests = models.PositiveIntegerField(default=0)
     completed = models.PositiveIntegerField(default=0)
-    rejected = models.PositiveIntegerField(default=0)
+    rejected = models.PositiveIntegerField(default=0, help_text="Refused: quotas, rate limits, bad requests.")
+    unavailable = models.PositiveIntegerField(
+        default=0,
+        help_text="Outages: no replica serving, a queue timeout, the portal's Redis or database down.",
+    )
     failed = models.PositiveIntegerField(default=0, help_text="Upstream errors, timeouts and cancellations.")
+    # Billed tokens only: a refused or unavailable request's prompt ran nowhere (UNBILLED_STATUSES).
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
 

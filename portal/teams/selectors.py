@@ -17,6 +17,7 @@ from portal.core.redis.client import gateway_redis, redis_keys
 from portal.registry.models import ModelVersion, ServedModel
 
 from .models import (
+    BILLED,
     ApiKey,
     PriorityClass,
     Team,
@@ -50,9 +51,8 @@ def api_keys_of(team: Team) -> QuerySet[ApiKey]:
     """The team's keys, without the playground's and the benchmarks' (their secrets exist nowhere,
     so there is nothing to manage; staff see them in the admin)."""
     # Live keys first: PostgreSQL sorts NULLs last unless told otherwise.
-    return (
-        team.api_keys.filter(playground_user__isnull=True, benchmark_user__isnull=True)
-        .order_by(F("revoked_at").asc(nulls_first=True), "-created_at")
+    return team.api_keys.filter(playground_user__isnull=True, benchmark_user__isnull=True).order_by(
+        F("revoked_at").asc(nulls_first=True), "-created_at"
     )
 
 
@@ -78,7 +78,7 @@ def usage_daily_series(
     midnight = dt.datetime.combine(today, dt.time.min, tzinfo=dt.UTC)
     live = Usage.objects.filter(
         team=team, created_at__gte=midnight, created_at__lt=midnight + dt.timedelta(days=1)
-    ).aggregate(p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
+    ).aggregate(p=Sum("prompt_tokens", filter=BILLED), c=Sum("completion_tokens", filter=BILLED))
     totals[today] = (live["p"] or 0) + (live["c"] or 0)
     return [(start + dt.timedelta(days=i), totals.get(start + dt.timedelta(days=i), 0)) for i in range(days)]
 
@@ -89,7 +89,9 @@ def usage_today(team: Team) -> dict:
     start = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
     rows = Usage.objects.filter(team=team, created_at__gte=start)
     totals = rows.aggregate(
-        requests=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens")
+        requests=Count("id"),
+        prompt=Sum("prompt_tokens", filter=BILLED),
+        completion=Sum("completion_tokens", filter=BILLED),
     )
     by_status = dict(rows.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
     return {
@@ -102,13 +104,12 @@ def usage_today(team: Team) -> dict:
 def tokens_billed_on_day(*, kind: str, id: int, day: int) -> int:
     """Tokens a team or key (`kind` "team" or "key") was billed on UTC day number `day` (days since
     the epoch), from the usage records: what the gateway's daily counter held, less what was still
-    queued in Redis. Refused requests (`rejected`) cost nothing; the rest cost their tokens."""
+    queued in Redis. Refused and unavailable requests (`UNBILLED_STATUSES`) cost nothing; the rest
+    cost their tokens."""
     start = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(days=day)
     rows = Usage.objects.filter(created_at__gte=start, created_at__lt=start + dt.timedelta(days=1))
     rows = rows.filter(team_id=id) if kind == "team" else rows.filter(api_key_id=id)
-    totals = rows.exclude(status=UsageStatus.REJECTED).aggregate(
-        p=Sum("prompt_tokens"), c=Sum("completion_tokens")
-    )
+    totals = rows.aggregate(p=Sum("prompt_tokens", filter=BILLED), c=Sum("completion_tokens", filter=BILLED))
     return (totals["p"] or 0) + (totals["c"] or 0)
 
 
@@ -120,7 +121,11 @@ def usage_today_by_key(team: Team) -> list[dict]:
     rows = (
         Usage.objects.filter(team=team, created_at__gte=start)
         .values("api_key__prefix", "api_key__name", "api_key__playground_user", "api_key__benchmark_user")
-        .annotate(requests=Count("id"), p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
+        .annotate(
+            requests=Count("id"),
+            p=Sum("prompt_tokens", filter=BILLED),
+            c=Sum("completion_tokens", filter=BILLED),
+        )
     )
     out = [
         {
@@ -148,7 +153,7 @@ def usage_today_by_version(team: Team) -> list[dict]:
         Usage.objects.filter(team=team, created_at__gte=start)
         .values("model", "deployment__model_version__name")
         .annotate(requests=Count("id"), errors=Count("id", filter=Q(status__in=UPSTREAM_FAILURES)),
-                  p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
+                  p=Sum("prompt_tokens", filter=BILLED), c=Sum("completion_tokens", filter=BILLED))
     )  # fmt: skip
     out = [
         {
@@ -174,7 +179,11 @@ def usage_by_priority_class(team: Team, *, days: int = 30) -> list[dict]:
         row["priority_class"]: row
         for row in Usage.objects.filter(team=team, created_at__gte=start)
         .values("priority_class")
-        .annotate(requests=Count("id"), p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
+        .annotate(
+            requests=Count("id"),
+            p=Sum("prompt_tokens", filter=BILLED),
+            c=Sum("completion_tokens", filter=BILLED),
+        )
     }
     first_day = start.date() - dt.timedelta(days=days - 1)
     rolled = {

@@ -75,6 +75,49 @@ def test_it_refuses_a_request_whose_reservation_exceeds_the_token_quota(gateway,
     assert response.json()["error"]["code"] == "tokens_exceed_quota"
 
 
+def spent_today(gw_redis, setup, tokens: int) -> None:
+    """The key's daily counter as the gateway keeps it, `tokens` already spent today."""
+    from portal.core.redis.client import redis_keys
+
+    day = int(time.time() // 86400)
+    gw_redis.set(redis_keys().tpd_prefix("key", setup.key.pk) + str(day), tokens, ex=86400)
+
+
+def test_it_says_what_a_request_reserves_and_what_max_tokens_fits_the_days_quota(gateway, serving, gw_redis):
+    """A 429 once said "the key's tokens per day quota" with Retry-After 9.5 h, while ~330 tokens
+    remained and the same request with max_tokens 50 succeeded."""
+    serving.key.tokens_per_day = 1000
+    serving.key.save()
+    spent_today(gw_redis, serving, 670)
+    url = f"{gateway.url}/v1/chat/completions"
+    refused = httpx.post(url, headers=serving.headers, json=chat_body(serving.model, max_tokens=500))
+    assert refused.status_code == 429
+    assert "retry-after" not in refused.headers  # waiting would not help: a lower max_tokens does
+    message = refused.json()["error"]["message"]
+    assert "330 of 1000 left today" in message
+    fits = int(message.rsplit("at most ", 1)[1].split(" ")[0])
+    assert 300 < fits < 330
+    assert (
+        httpx.post(url, headers=serving.headers, json=chat_body(serving.model, max_tokens=fits)).status_code
+        == 200
+    )
+
+
+def test_it_tells_a_request_that_nothing_fits_today_to_wait_for_the_reset(gateway, serving, gw_redis):
+    serving.key.tokens_per_day = 1000
+    serving.key.save()
+    spent_today(gw_redis, serving, 999)
+    refused = httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        headers=serving.headers,
+        json=chat_body(serving.model, max_tokens=5),
+    )
+    assert refused.status_code == 429
+    assert "1 of 1000 left today" in refused.json()["error"]["message"]
+    until_midnight = 86400 - time.time() % 86400
+    assert until_midnight - 5 <= int(refused.headers["retry-after"]) <= until_midnight + 5
+
+
 def test_it_queues_the_excess_over_a_deployment_cap(gateway, serving, gw_redis):
     serving.deployment.concurrency_cap = 2
     serving.deployment.save()

@@ -143,6 +143,19 @@ def test_it_answers_503_when_no_replica_serves_the_model(gateway, serving):
     assert response.headers["retry-after"]
 
 
+def test_it_records_no_replica_as_an_outage_not_a_refusal(gateway, serving, gw_redis):
+    """5,161 `503 no_replica` of a GPU move once sat beside 7 quota refusals as "rejected"."""
+    from portal.teams.models import Usage
+    from portal.teams.services import usage_flush
+
+    serving.deployment.state = "draining"
+    serving.deployment.save()
+    assert_error(post(gateway, serving, chat_body(serving.model)), 503, "no_replica")
+    usage_flush()
+    recorded = Usage.objects.filter(team=serving.team).values_list("status", "http_status", "error_code")
+    assert list(recorded) == [("unavailable", 503, "no_replica")]
+
+
 def test_it_refuses_get_on_a_post_endpoint(gateway, serving):
     response = httpx.get(f"{gateway.url}/v1/chat/completions", headers=serving.headers)
     assert_error(response, 405, "method_not_allowed")

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from portal.core.redis.client import redis_keys
-from tests.helpers.gateway import chat_body, upstream_reset, wait_for_slots_free
+from tests.helpers.gateway import chat_body, slots_in_use, upstream_reset, wait_for_slots_free
 from tests.helpers.processes import run_async
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -53,6 +53,36 @@ def test_it_counts_each_prompt_of_a_batch_against_the_deployment_cap(gateway, se
         next(chunks)  # streaming: its slots are held
         assert gw_redis.zcount(inflight, time.time() * 1000, "+inf") == 3
     assert not any(wait_for_slots_free(gw_redis, serving).values())
+
+
+def test_it_counts_every_sequence_of_n_against_the_deployment_cap(gateway, serving, gw_redis):
+    """A batch of 3 prompts with n=16 once held 3 slots: 48 sequences in the engine's batch."""
+    serving.deployment.concurrency_cap = 6
+    serving.deployment.save()
+    upstream_reset(serving.upstream)
+    body = {"model": serving.model, "prompt": ["FAKE chunks=60 interval=50", "b"], "n": 3, "stream": True}
+    with httpx.stream(
+        "POST", f"{gateway.url}/v1/completions", headers=serving.headers, json=body, timeout=30
+    ) as response:
+        assert response.status_code == 200
+        chunks = response.iter_raw()  # kept: a dropped iterator closes the connection
+        next(chunks)  # streaming: its slots are held
+        assert slots_in_use(gw_redis, serving)["deployment"] == 6
+    assert not any(wait_for_slots_free(gw_redis, serving).values())
+
+
+def test_it_refuses_an_n_that_cannot_fit_the_deployment_cap_naming_n(gateway, serving):
+    serving.deployment.concurrency_cap = 4
+    serving.deployment.save()
+    error = error_of(post(gateway, serving, {"model": serving.model, "prompt": ["a", "b"], "n": 3}), 400)
+    assert error["param"] == "n" and "at most 2" in error["message"]
+
+
+def test_it_refuses_a_best_of_that_cannot_fit_the_deployment_cap_naming_best_of(gateway, serving):
+    serving.deployment.concurrency_cap = 4
+    serving.deployment.save()
+    error = error_of(post(gateway, serving, {"model": serving.model, "prompt": "a", "best_of": 5}), 400)
+    assert error["param"] == "best_of" and "at most 4" in error["message"]
 
 
 def test_it_refuses_more_prompts_than_the_limit_naming_the_field(gateway, serving, settings):

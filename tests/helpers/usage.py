@@ -46,3 +46,20 @@ def dead_letters(client) -> list[tuple[str, dict | str]]:
             record = entry["record"]
         out.append((entry["reason"], record))
     return out
+
+
+def usage_row(team, *, status: str, http_status: int, prompt_tokens: int, completion_tokens: int):
+    """One usage record of `team`, stored now (as the flush would), for the pages' tests."""
+    from portal.teams.models import Usage
+
+    return Usage.objects.create(
+        request_id=uuid.uuid4(),
+        created_at=timezone.now(),
+        team=team,
+        model="m",
+        status=status,
+        http_status=http_status,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        duration_ms=9,
+    )

@@ -10,7 +10,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from portal.teams.models import ApiKey, Team, UsageDaily
-from portal.teams.services import api_key_create, budgets_enforce
+from portal.teams.services import api_key_create, budgets_enforce, usage_flush, usage_rollup
+from tests.helpers.usage import push, record
 
 pytestmark = pytest.mark.django_db
 
@@ -54,3 +55,18 @@ def test_it_leaves_alone_who_has_no_budget_is_under_it_or_is_already_disabled(gw
         spent(team, None, 50)
     assert budgets_enforce(day=timezone.now().date()) == []
     assert Team.objects.get(pk=already.pk).disabled_reason == "by hand"
+
+
+def test_it_does_not_disable_a_team_for_prompts_it_was_refused(gw, team):
+    """The rollup once summed refused requests' prompts, and the backstop disabled the team until
+    midnight although nothing had run."""
+    team.tokens_per_day = 1_000
+    team.save()
+    key, _ = api_key_create(team=team)
+    push(gw, *[record(team, key, status="rejected", prompt=75_004, completion=0) for _ in range(3)])
+    usage_flush()
+    usage_rollup(day=timezone.now().date())
+    assert UsageDaily.objects.get(team=team).rejected == 3
+    assert budgets_enforce(day=timezone.now().date()) == []
+    team.refresh_from_db()
+    assert not team.is_disabled()

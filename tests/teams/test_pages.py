@@ -13,9 +13,9 @@ from django.urls import reverse
 from portal.teams.models import ApiKey
 from portal.teams.services import api_key_create, api_key_matches
 from tests.helpers import builders
+from tests.helpers.usage import usage_row
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("gateway_redis_db")]
-
 
 
 def logged_in(user) -> Client:
@@ -120,7 +120,12 @@ def test_the_usage_page_folds_today_into_the_30_day_totals_with_thousands_separa
     today = timezone.now().date()
     for day, requests, tokens in [(today - dt.timedelta(days=1), 95, 20_000), (today, 50, 1_000)]:
         UsageDaily.objects.create(
-            day=day, team=team, model="m", requests=requests, completed=requests, prompt_tokens=tokens,
+            day=day,
+            team=team,
+            model="m",
+            requests=requests,
+            completed=requests,
+            prompt_tokens=tokens,
             completion_tokens=0,
         )  # fmt: skip  (today's row: a rollup minutes behind the records)
     Usage.objects.bulk_create(
@@ -195,3 +200,22 @@ def test_the_key_form_answers_400_naming_a_limit_too_large_for_its_column(bob, t
     assert list(response.context["form"].errors) == [field]
     assert "less than or equal to" in response.content.decode()
     assert not ApiKey.objects.filter(team=team).exists()
+
+
+def test_the_usage_page_leaves_refused_prompts_out_of_tokens_today(bob, team):
+    from portal.teams.models import Usage
+
+    usage_row(team, status="completed", http_status=200, prompt_tokens=100, completion_tokens=20)
+    usage_row(team, status="rejected", http_status=429, prompt_tokens=75_004, completion_tokens=0)
+    assert Usage.objects.count() == 2
+    page = logged_in(bob).get(reverse("teams:usage", args=["search"])).content.decode()
+    assert '<div class="big">120 / ∞</div>' in page
+
+
+def test_the_usage_page_shows_outages_apart_from_refusals(bob, team):
+    for _ in range(3):
+        usage_row(team, status="unavailable", http_status=503, prompt_tokens=0, completion_tokens=0)
+    usage_row(team, status="rejected", http_status=429, prompt_tokens=0, completion_tokens=0)
+    page = logged_in(bob).get(reverse("teams:usage", args=["search"])).content.decode()
+    assert '<td>outage (no replica or the portal unavailable)</td><td class="num">3</td>' in page
+    assert '<td>refused (quota, rate limit, bad request)</td><td class="num">1</td>' in page

@@ -318,3 +318,30 @@ def test_a_record_of_a_day_retention_closed_is_dead_lettered_and_replay_leaves_i
         "would never count them (--purge forgets them)",
     ]
     assert dead_letters(gw) == [("day_closed", late)] and gw.llen(redis_keys().usage) == 0
+
+
+def test_it_leaves_refused_and_unavailable_prompts_out_of_the_rolled_up_tokens(team, key, gw):
+    """Three refused 300 KB prompts once put 225,012 prompt tokens into the team's rollup."""
+    push(
+        gw,
+        record(team, key, prompt=10, completion=20),
+        record(team, key, status="rejected", prompt=75_004, completion=0),
+        record(team, key, status="unavailable", prompt=500, completion=0),
+    )
+    usage_flush()
+    usage_rollup(day=timezone.now().date())
+    row = UsageDaily.objects.get(day=timezone.now().date())
+    assert (row.prompt_tokens, row.completion_tokens) == (10, 20)
+
+
+def test_it_counts_outages_apart_from_refusals_in_the_rollups(team, key, gw):
+    push(
+        gw,
+        *[record(team, key, status="unavailable", prompt=0, completion=0) for _ in range(3)],
+        record(team, key, status="rejected", prompt=0, completion=0),
+        record(team, key, status="upstream_error", prompt=5, completion=1),
+    )
+    usage_flush()
+    usage_rollup(day=timezone.now().date())
+    row = UsageDaily.objects.get(day=timezone.now().date())
+    assert (row.requests, row.rejected, row.unavailable, row.failed) == (5, 1, 3, 1)

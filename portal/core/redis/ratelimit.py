@@ -221,6 +221,10 @@ class RateLimiter:
             await self._rebuild_day(keys=rebuild.keys(), args=rebuild.args())
         raise RuntimeError("daily counters kept vanishing while being rebuilt")
 
+    async def tokens_used_on_day(self, scope: Scope, day: int) -> int:
+        """What `scope`'s daily counter holds for UTC day number `day` (0 when it has none)."""
+        return int(await self.redis.get(f"{self.tpd_prefix(scope)}{day}") or 0)
+
     def _admit_call(self, request_id: str, team: Scope, key: Scope, tokens: int) -> AdmitCall:
         return AdmitCall(
             blocked_team=self.blocked_key("team", team.id),

@@ -46,7 +46,8 @@ def _disable(
 
 def _over_budget(rows: QuerySet, usage_field: str, day: dt.date, now: dt.datetime) -> QuerySet:
     """The teams (or keys) of `rows` with a daily budget, not disabled now, whose tokens on `day`
-    (their daily rows summed; `usage_field` names them on `UsageDaily`) reached it."""
+    (their daily rows summed; `usage_field` names them on `UsageDaily`) reached it. The rows hold
+    billed tokens only: a refused request's prompt never counts toward a budget (rollups.py)."""
     spent = (
         UsageDaily.objects.filter(day=day, **{usage_field: OuterRef("pk")})
         .order_by()
