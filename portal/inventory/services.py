@@ -173,7 +173,7 @@ def node_probe_software(*, node: Node) -> EnvFacts:
     return facts
 
 
-# --- GPU health (inference/gpu_health.py) ---------------------------------------------------------
+# --- GPU health (inference/gpu_health/) ---------------------------------------------------------
 
 
 @dataclass(frozen=True)
