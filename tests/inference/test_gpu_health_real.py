@@ -148,6 +148,15 @@ def test_an_unreadable_row_costs_only_its_own_gpu_and_never_marks_another_lost(d
     assert all(v.state == HealthState.HEALTHY for i, v in result.items() if i != 7)
 
 
+def test_a_row_whose_index_cannot_be_read_leaves_the_missing_gpu_unknown_not_lost():
+    lines = nvidia_smi_sample(V100_NODE).splitlines()
+    lines[4] = "x" + lines[4]  # derived: GPU 4's index cell damaged
+    table = read_health_table("\n".join(lines) + "\n")
+    sample = Sample(at=AT, gpus=table.gpus, problems=table.problems)
+    verdict = evaluate(GpuContext(4, "00000000:85:00.0"), sample)
+    assert verdict.state == HealthState.UNKNOWN and verdict.findings[0].code == "unreadable_row"
+
+
 def test_a_repeated_gpu_index_is_reported_not_silently_accepted():
     lines = nvidia_smi_sample(V100_NODE).splitlines()
     table = read_health_table("\n".join([*lines, lines[2]]) + "\n")  # derived: GPU 2 printed twice
