@@ -152,6 +152,28 @@ def _driver_says(gpu: GpuContext, r: GpuTelemetry, at: dt.datetime) -> HealthFin
     )
 
 
+# nvidia-smi's short names for NVML's GPU recovery actions (`gpu_recovery_action`).
+_RECOVERY_LEVELS = {
+    "reset": ("degraded", "reset the GPU"),
+    "drain and reset": ("degraded", "drain every workload from it, then reset the GPU"),
+    "drain_and_reset": ("degraded", "drain every workload from it, then reset the GPU"),
+    "reboot": ("lost", "drain the node and reboot it"),
+    "node reboot": ("lost", "drain the node and reboot it"),
+}
+
+
+def _recovery_action(gpu: GpuContext, r: GpuTelemetry, at: dt.datetime) -> HealthFinding | None:
+    if r.recovery_action is None or r.recovery_action.lower() == "none":
+        return None
+    level, fix = _RECOVERY_LEVELS.get(r.recovery_action.lower(), ("degraded", "reset the GPU"))
+    return HealthFinding(
+        level,
+        "driver_recovery_action",
+        f"The driver's recovery action for GPU {gpu.index} is {r.recovery_action} (gpu_recovery_action at "
+        f"{_when(at)}): it takes no new work until then; {fix}.",
+    )
+
+
 def _unknown_readings(gpu: GpuContext, r: GpuTelemetry, at: dt.datetime) -> HealthFinding | None:
     if not r.unknown_fields:
         return None
@@ -413,6 +435,7 @@ def evaluate(gpu: GpuContext, sample: Sample, *, limits: HealthThresholds | None
         throttle, throttled_since = _throttling(gpu, reading, sample.at, limits)
         findings += [
             _driver_says(gpu, reading, sample.at),
+            _recovery_action(gpu, reading, sample.at),
             _uncorrectable_ecc(gpu, reading, sample.at),
             _retirement_pending(gpu, reading, sample.at),
             _remapping_failed(gpu, reading, sample.at),

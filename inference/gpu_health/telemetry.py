@@ -152,6 +152,8 @@ class GpuTelemetry:
     pcie_width: int | None = None
     pcie_width_max: int | None = None
     mig_enabled: bool | None = None
+    # The driver's own verdict (`gpu_recovery_action`, drivers 570+), when the query carried it.
+    recovery_action: str | None = None
     # Fields whose value could not be read (an error token, not a number, absurd, non-finite, or
     # hidden by MIG): unknown, never taken as healthy.
     unknown_fields: tuple[str, ...] = ()
@@ -369,6 +371,9 @@ def _telemetry(index: int, cells: dict[str, str]) -> GpuTelemetry:
         pcie_width=row.integer("pcie.link.width.current"),
         pcie_width_max=row.integer("pcie.link.width.max"),
         mig_enabled=row.flag("mig.mode.current") if "mig.mode.current" in cells else None,
+        recovery_action=cells.get("gpu_recovery_action")
+        if cells.get("gpu_recovery_action") not in _NOT_APPLICABLE
+        else None,
     )
     unknown = list(row.unknown)
     used, total = telemetry.memory_used_mib, telemetry.memory_total_mib

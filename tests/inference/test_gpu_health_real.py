@@ -95,6 +95,14 @@ def test_it_calls_mig_hidden_utilization_and_row_remapping_unknown_not_healthy()
     assert "utilization.gpu" in finding.message and "remapped_rows.pending" in finding.message
 
 
+def test_the_drivers_recovery_action_column_is_honoured_when_the_query_carries_it():
+    assert read_health_table(real_gpu_sample(H100)).gpus[0].recovery_action == "None"  # nothing to do
+    (verdict,) = judged(wide_cell(real_gpu_sample(H100), "gpu_recovery_action", "Reset")).values()  # derived
+    assert verdict.state == HealthState.DEGRADED and verdict.findings[0].code == "driver_recovery_action"
+    (reboot,) = judged(wide_cell(real_gpu_sample(H100), "gpu_recovery_action", "Reboot")).values()
+    assert reboot.state == HealthState.LOST
+
+
 def test_a_gpu_that_requires_a_reset_is_degraded_and_the_other_seven_stay_healthy():
     text = with_cell(nvidia_smi_sample(V100_NODE), row=3, column="ecc.errors.uncorrected.volatile.total",
                      value="[GPU requires reset]")  # fmt: skip
