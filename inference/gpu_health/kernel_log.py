@@ -85,7 +85,7 @@ def parse_kernel_log(
     events: list[XidEvent] = []
     for line in text.splitlines():
         match = _XID_RE.search(line)
-        if match is None:
+        if match is None or line.startswith("#"):
             continue
         instance = _GPU_INSTANCE_RE.search(match.group("mig"))
         events.append(

@@ -288,13 +288,14 @@ def read_health_table(text: str, *, fields: tuple[str, ...] = HEALTH_FIELDS) -> 
     lost: list[int] = []
     columns: list[str] | None = None
     for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue  # nvidia-smi never starts a line with `#`: a note kept with a capture
         cells = _cells(line)
+        header = _header(cells)
+        if header is not None:
+            columns = header  # wherever it comes: a capture may carry notes above it
+            continue
         if columns is None:
-            columns = _header(cells)
-            if columns is not None:
-                continue
             columns = list(fields)
         position = columns.index("index") if "index" in columns else None
         raw_index = cells[position] if position is not None and position < len(cells) else ""

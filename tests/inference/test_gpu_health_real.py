@@ -21,7 +21,7 @@ from inference.gpu_health import (
     read_health_table,
     read_sample,
 )
-from tests.helpers.samples import nvidia_smi_sample, real_gpu_sample
+from tests.helpers.samples import REAL_GPU, nvidia_smi_sample, real_gpu_sample
 
 AT = dt.datetime(2026, 12, 2, 3, 30, tzinfo=dt.UTC)
 
@@ -79,6 +79,11 @@ def test_it_reads_a_wide_real_capture_where_index_sits_in_the_middle_of_212_colu
     assert (gpu.sm_clock_mhz, gpu.max_sm_clock_mhz, gpu.throttle_mask) == (1980, 1980, 0)
     assert gpu.remapped_rows_pending is False and gpu.unknown_fields == ()
     assert evaluate(GpuContext(0, gpu.pci_bus_id), Sample(at=AT, gpus=(gpu,))).state == HealthState.HEALTHY
+
+
+def test_it_reads_a_capture_kept_with_its_source_note_above_the_header():
+    (gpu,) = read_health_table((REAL_GPU / H100).read_text()).gpus  # the file as committed, note line and all
+    assert gpu.index == 0 and gpu.power_draw_w == 631.95
 
 
 def test_it_reads_the_wide_capture_behind_a_utf8_bom():
