@@ -109,6 +109,14 @@ def _no_answer(gpu: GpuContext, sample: Sample) -> HealthFinding | None:
         # A line that names no GPU, in an answer the driver gave without complaint, is most likely
         # the missing GPU's own row: the same verdict, never `lost` on a parse error alone.
         own = [p for p in sample.problems if p.index is None]
+    if own and gpu.index not in sample.lost and any("GPU requires reset" in p.says for p in own):
+        return HealthFinding(
+            "degraded",
+            "driver_requires_reset",
+            f"nvidia-smi printed [GPU requires reset] for GPU {gpu.index} at {_when(sample.at)} "
+            f"({own[0].reason}): the driver will not trust it until then. Drain it and reset the GPU "
+            "(nvidia-smi -r) or reboot the node.",
+        )
     if own and gpu.index not in sample.lost:
         # The GPU answered; its line could not be read. That says nothing about the card.
         return HealthFinding(

@@ -175,6 +175,8 @@ class RowProblem:
     line: int
     index: int | None
     reason: str
+    # A bracketed verdict the driver printed in the line all the same ("GPU requires reset").
+    says: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -304,17 +306,14 @@ def read_health_table(text: str, *, fields: tuple[str, ...] = HEALTH_FIELDS) -> 
             if index is not None:
                 lost.append(index)
             continue  # a GPU the driver lists but cannot reach: it did not answer
+        says = ("GPU requires reset",) if _REQUIRES_RESET in cells else ()
         if len(cells) != len(columns):
-            problems.append(
-                RowProblem(
-                    number,
-                    index,
-                    f"line {number} has {len(cells)} values where {len(columns)} were asked for",
-                )
-            )
+            why = f"line {number} has {len(cells)} values where {len(columns)} were asked for"
+            problems.append(RowProblem(number, index, why, says))
             continue
         if index is None:
-            problems.append(RowProblem(number, None, f"line {number} has no GPU index in column {position}"))
+            why = f"line {number} has no GPU index in column {position}"
+            problems.append(RowProblem(number, None, why, says))
             continue
         if index in gpus:
             problems.append(

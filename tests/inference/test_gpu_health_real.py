@@ -122,6 +122,16 @@ def test_a_gpu_that_requires_a_reset_is_degraded_and_the_other_seven_stay_health
     )
 
 
+def test_a_row_the_driver_fills_with_requires_reset_still_costs_only_that_gpu():
+    lines = nvidia_smi_sample(V100_NODE).splitlines()
+    lines[6] = ", ".join(["[GPU requires reset]"] * len(HEALTH_FIELDS))  # derived: even its index
+    table = read_health_table("\n".join(lines) + "\n")
+    sample = Sample(at=AT, gpus=table.gpus, problems=table.problems)
+    verdict = evaluate(GpuContext(6, "00000000:89:00.0"), sample)
+    assert verdict.state == HealthState.DEGRADED and verdict.findings[0].code == "driver_requires_reset"
+    assert evaluate(GpuContext(5, "00000000:86:00.0"), sample).state == HealthState.HEALTHY
+
+
 @pytest.mark.parametrize(
     ("column", "value"),
     [
