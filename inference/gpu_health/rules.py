@@ -105,10 +105,11 @@ def _no_answer(gpu: GpuContext, sample: Sample) -> HealthFinding | None:
     if sample.unavailable or any(r.index == gpu.index for r in sample.gpus):
         return None
     own = [p for p in sample.problems if p.index == gpu.index]
-    if not own and not sample.error:
-        # A line that names no GPU, in an answer the driver gave without complaint, is most likely
-        # the missing GPU's own row: the same verdict, never `lost` on a parse error alone.
-        own = [p for p in sample.problems if p.index is None]
+    if not own:
+        # A line that names no GPU, in an answer the driver gave without complaint (or one where it
+        # printed its own verdict), is most likely the missing GPU's own row: never `lost` on a
+        # parse error alone.
+        own = [p for p in sample.problems if p.index is None and (p.says or not sample.error)]
     if own and gpu.index not in sample.lost and any("GPU requires reset" in p.says for p in own):
         return HealthFinding(
             "degraded",
