@@ -1,4 +1,4 @@
-"""What one GPU health sample costs a node agent (inference/gpu_health.py), 8 GPUs from the fixtures.
+"""What one GPU health sample costs a node agent (inference/gpu_health/), 8 GPUs from the fixtures.
 
     .venv/bin/python -m perf.gpu_health_sampling [--repeats 200] [--fixture health_….csv]
 

@@ -422,7 +422,7 @@ ACCEPTANCE_MODEL_DIR = env.str("ACCEPTANCE_MODEL_DIR", default=str(VAR_DIR / "ac
 ACCEPTANCE_STALE_S = env_number("ACCEPTANCE_STALE_S", default=3600, minimum=60, maximum=7 * 86_400)
 
 
-# --- GPU health (inference/gpu_health.py): each node agent's telemetry sample and its rules -----
+# --- GPU health (inference/gpu_health/): each node agent's telemetry sample and its rules -----
 # How often beat asks every node with GPUs for a sample (one row per GPU per minute is kept).
 GPU_HEALTH_SAMPLE_INTERVAL_S = env_number(
     "GPU_HEALTH_SAMPLE_INTERVAL_S", default=60.0, minimum=5.0, maximum=3600.0

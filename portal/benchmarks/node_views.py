@@ -38,6 +38,7 @@ def node_detail(request, name: str, *, accept_form: forms.Form | None = None, st
         "accept_form": accept_form or AcceptanceForm(node=node),
         **_acceptance_context(node),
         "gpu_health": _gpu_health(node, held),
+        "gpu_health_unknown_checks": _unknown_checks(gpus),
         "gpu_health_hours": GPU_HEALTH_CHART_HOURS,
     }
     return render(request, "benchmarks/node_detail.html", context, status=status)
@@ -82,6 +83,16 @@ def _gpu_health(node, held: dict[int, str]) -> list[dict]:
             {"gpu": gpu, "holder": holder, "latest": samples[-1] if samples else None, "charts": charts}
         )
     return rows
+
+
+def _unknown_checks(gpus) -> str:
+    """What the node's driver cannot be asked (fields it refused), said once for the node: the
+    agent records it on every GPU as an info finding `checks_unknown` (inference/gpu_health/rules.py)."""
+    for gpu, _ in gpus:
+        for finding in gpu.health_findings or []:
+            if finding.get("code") == "checks_unknown":
+                return finding["message"].split(" on GPU ")[0] + " on every GPU of this node are unknown."
+    return ""
 
 
 @login_required

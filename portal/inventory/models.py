@@ -134,7 +134,7 @@ class Gpu(models.Model):
     bandwidth_gb_s = models.FloatField(validators=[MinValueValidator(1)])
     fp16_tflops = models.FloatField(validators=[MinValueValidator(0.1)])
     nvlink_peers = models.JSONField(default=list, blank=True, help_text="Indices of GPUs linked by NVLink.")
-    # Health, as the node agent's last telemetry sample judged it (inference/gpu_health.py).
+    # Health, as the node agent's last telemetry sample judged it (inference/gpu_health/).
     health_state = models.CharField(max_length=10, choices=GpuHealth.choices, default=GpuHealth.UNKNOWN)
     health_findings = models.JSONField(default=list, blank=True, help_text="level, code, message of each.")
     health_checked_at = models.DateTimeField(null=True, blank=True, help_text="The last sample.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -172,7 +173,7 @@ def node_probe_software(*, node: Node) -> EnvFacts:
     return facts
 
 
-# --- GPU health (inference/gpu_health.py) ---------------------------------------------------------
+# --- GPU health (inference/gpu_health/) ---------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,12 @@ def health_thresholds() -> HealthThresholds:
         temperature_warning_c=settings.GPU_HEALTH_TEMPERATURE_WARNING_C,
         xid_window_minutes=settings.GPU_HEALTH_XID_WINDOW_MINUTES,
     )
+
+
+def _finite(values: dict) -> dict:
+    """No inf/nan reaches the database: the parser already reads them as unknown, and this keeps it
+    so for any other caller (a stored inf once made the node page fail for the chart's six hours)."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in values.items()}
 
 
 def _sample_values(verdict: GpuVerdict) -> dict:
@@ -247,7 +254,7 @@ def node_record_gpu_health(*, node: Node, sample: Sample) -> list[HealthChange]:
         GpuSample.objects.update_or_create(
             gpu=gpu,
             minute=minute,
-            defaults={"at": sample.at, "state": verdict.state, **_sample_values(verdict)},
+            defaults={"at": sample.at, "state": verdict.state, **_finite(_sample_values(verdict))},
         )
         before = gpu.health_state
         gpu.health_findings = verdict.findings_dicts()

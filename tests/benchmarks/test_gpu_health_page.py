@@ -57,3 +57,35 @@ def test_staff_mark_a_gpu_healthy_from_the_node_page(client, alice, bob, sampled
     assert response.status_code == 302
     assert sampled.gpus.get(index=3).health_state == "healthy"
     assert AuditEvent.objects.filter(action="gpu.mark_healthy", actor=alice).exists()
+
+
+def test_a_non_finite_reading_is_never_stored_and_the_node_page_still_renders(client, bob, dgx):
+    """Issue 35 item 12: nvidia-smi printed `inf`; derived from the committed node by replacing a value,
+    once in the text and once in a reading another caller built."""
+    from dataclasses import replace
+
+    from portal.inventory.models import GpuSample
+
+    text = nvidia_smi_sample("health_v100_sxm2_8x_healthy.csv").replace("211.45", "inf", 1)
+    gpus = list(parse_health_csv(text))
+    gpus[1] = replace(gpus[1], temperature_c=float("nan"))
+    node_record_gpu_health(node=dgx, sample=Sample(at=timezone.now(), gpus=tuple(gpus)))
+    assert GpuSample.objects.get(gpu__node=dgx, gpu__index=0).power_draw_w is None
+    assert GpuSample.objects.get(gpu__node=dgx, gpu__index=1).temperature_c is None
+    client.force_login(bob)
+    response = client.get(dgx.get_absolute_url())
+    assert response.status_code == 200 and 'data-gpu="0"' in response.content.decode()
+
+
+def test_the_node_page_says_which_checks_its_driver_cannot_answer(client, bob, dgx):
+    sample = Sample(
+        at=timezone.now(),
+        gpus=tuple(parse_health_csv(nvidia_smi_sample("health_v100_sxm2_8x_healthy.csv"))),
+        unsupported_fields=("remapped_rows.correctable", "remapped_rows.pending"),
+    )
+    node_record_gpu_health(node=dgx, sample=sample)
+    client.force_login(bob)
+    page = client.get(dgx.get_absolute_url()).content.decode()
+    assert 'id="gpu-health-unknown-checks"' in page
+    assert "does not know remapped_rows.correctable, remapped_rows.pending: row remapping" in page
+    assert set(dgx.gpus.values_list("health_state", flat=True)) == {"healthy"}

@@ -14,10 +14,10 @@ from inference.gpu_health import (
     HealthState,
     HealthThresholds,
     Sample,
-    TelemetryError,
     evaluate,
     parse_health_csv,
     parse_kernel_log,
+    read_health_table,
     read_sample,
     same_pci_device,
     throttle_reason_names,
@@ -97,11 +97,13 @@ def test_it_decodes_throttle_reasons_and_warns_only_when_sustained():
     thermal = evaluate(GpuContext(2, V100_BUS[2], throttled_since=long_ago), sample)
     assert [f.code for f in thermal.findings] == ["thermal_throttling", "hot"]
     assert "for 6 min" in thermal.findings[0].message and "fans" in thermal.findings[0].message
+    # GPU 6 draws 299.87 of its 300 W under full load with sw_power_cap set: running at its limit is
+    # normal, not a fault (issue 34), and is not counted as throttling.
     power = evaluate(GpuContext(6, V100_BUS[6], throttled_since=long_ago), sample)
-    assert power.state == HealthState.WARNING and power.findings[0].code == "power_throttling"
-    context = GpuContext(6, V100_BUS[6], throttled_since=long_ago)
+    assert power.state == HealthState.HEALTHY and power.throttled_since is None
+    context = GpuContext(2, V100_BUS[2], throttled_since=long_ago)
     lenient = evaluate(context, sample, limits=HealthThresholds(throttle_minutes=10))
-    assert lenient.state == HealthState.HEALTHY and lenient.throttled_since == long_ago
+    assert [f.code for f in lenient.findings] == ["hot"] and lenient.throttled_since == long_ago
 
 
 def test_it_reads_unknown_throttle_bits_by_value():
@@ -135,9 +137,11 @@ def test_it_reads_na_and_not_supported_as_none():
     assert evaluate(GpuContext(0, gpu.pci_bus_id), Sample(at=AT, gpus=(gpu,))).state == HealthState.HEALTHY
 
 
-def test_it_refuses_a_row_with_the_wrong_number_of_values():
-    with pytest.raises(TelemetryError, match="expected 32 values, found 3"):
-        parse_health_csv("0, GPU-x, 00000000:06:00.0\n")
+def test_it_reports_a_row_with_the_wrong_number_of_values_against_its_own_gpu():
+    table = read_health_table("0, GPU-x, 00000000:06:00.0\n")
+    assert table.gpus == () and [(p.index, p.reason) for p in table.problems] == [
+        (0, "line 1 has 3 values where 32 were asked for")
+    ]
 
 
 def test_it_parses_xid_events_from_dmesg_with_and_without_absolute_times():
@@ -162,7 +166,8 @@ def test_it_turns_xid_79_into_lost_and_memory_xids_into_degraded_until_cleared()
     result = verdicts(sample)
     assert result[4].state == HealthState.LOST and result[4].findings[0].code == "xid_79"
     assert "03:17:52" in result[4].findings[0].message
-    assert result[3].state == HealthState.DEGRADED and result[3].findings[0].code == "xid_63"
+    assert result[3].state == HealthState.DEGRADED
+    assert [f.code for f in result[3].findings] == ["xid_48", "xid_63"]  # 13 is older than the hour
     assert result[0].state == HealthState.HEALTHY  # Xid 13 is the application's fault, not the GPU's
     cleared = evaluate(GpuContext(4, V100_BUS[4], cleared_at=AT - dt.timedelta(minutes=5)), sample)
     assert cleared.state == HealthState.HEALTHY
@@ -252,12 +257,10 @@ def test_it_parses_the_real_h200_capture_the_agent_way_and_with_a_header():
     assert headed.to_dict() | {"power_draw_w": 82.12} == bare.to_dict()
 
 
-def test_it_refuses_a_header_without_a_field_it_needs():
-    header = (
-        nvidia_smi_sample("h200_sxm_1x_health_r580.csv").splitlines()[0].replace("pcie.link.width.max", "x")
-    )
-    with pytest.raises(TelemetryError, match=r"header lacks pcie\.link\.width\.max"):
-        parse_health_csv(header + "\n")
+def test_a_header_without_a_field_leaves_that_reading_unknown():
+    header, row = nvidia_smi_sample("h200_sxm_1x_health_r580.csv").splitlines()[:2]
+    (gpu,) = parse_health_csv(header.replace("pcie.link.width.max", "x") + "\n" + row + "\n")
+    assert gpu.pcie_width_max is None and gpu.pcie_width == 16
 
 
 def test_a_child_that_outlives_its_timeout_is_killed_and_the_call_returns(tmp_path):

@@ -71,11 +71,11 @@ def test_it_counts_throttling_across_samples_until_it_is_sustained(dgx, settings
     for minutes in (0, 3, 6):
         at = start + dt.timedelta(minutes=minutes)
         node_record_gpu_health(node=dgx, sample=_sample("health_v100_sxm2_8x_throttling.csv", at=at))
-        codes = [f["code"] for f in dgx.gpus.get(index=6).health_findings]
-        assert codes == ([] if minutes < 5 else ["power_throttling"]), minutes
-    assert dgx.gpus.get(index=6).throttled_since == start
+        codes = [f["code"] for f in dgx.gpus.get(index=2).health_findings]
+        assert codes == (["hot"] if minutes < 5 else ["thermal_throttling", "hot"]), minutes
+    assert dgx.gpus.get(index=2).throttled_since == start
     node_record_gpu_health(node=dgx, sample=_sample("health_v100_sxm2_8x_healthy.csv"))
-    gpu = dgx.gpus.get(index=6)
+    gpu = dgx.gpus.get(index=2)
     assert gpu.throttled_since is None and gpu.health_state == "healthy"
 
 

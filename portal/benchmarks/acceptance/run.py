@@ -4,7 +4,7 @@ reference server, then judge.
 
 The steps (`steps.py`), each written to the record as it happens so the node page shows progress:
 
-1. discover the GPUs (nvidia-smi), read their health (inference/gpu_health.py; not healthy: failed),
+1. discover the GPUs (nvidia-smi), read their health (inference/gpu_health/; not healthy: failed),
    and probe the vLLM environment;
 2. write a reference model with random weights in the chosen shape (`inference.tiny_model`),
    into `ACCEPTANCE_MODEL_DIR` (same seed, same bytes: registered once, hashed like any release);
