@@ -202,8 +202,10 @@ def advise_tp_group(topology: Topology, gpus: Sequence[int]) -> list[Finding]:
             )
     if spans:
         on_nvlink = ring if size > 2 else topology.link_kind(*group) == LinkKind.NVLINK
-        one_socket = [g for g in others if len(sockets(topology, g)) == 1 and has_nvlink_ring(topology, g)]
-        advice = f" One-socket groups with an NVLink ring: {_named(one_socket)}." if one_socket else ""
+        one_socket = [g for g in others if len(sockets(topology, g)) == 1]
+        if on_nvlink:  # then only a one-socket group that keeps its NVLink ring is better
+            one_socket = [g for g in one_socket if has_nvlink_ring(topology, g)]
+        advice = f" One-socket groups of {size}: {_named(one_socket)}." if one_socket else ""
         findings.append(
             Finding(
                 "info" if on_nvlink else "warning",

@@ -441,7 +441,7 @@ def test_it_reports_the_first_stderr_line_of_another_failure():
 
     with pytest.raises(
         InputError,
-        match=r"^nvidia-smi: exited with status 18: Failed to initialize NVML: Driver/library version mismatch$",
+        match=r"^nvidia-smi: exited with status 18: Failed to initialize NVML: Driver/library version",
     ):
         discover_local(run)
 
