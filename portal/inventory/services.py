@@ -86,6 +86,7 @@ def _gpu_refresh(old: Gpu, found: Gpu, now) -> None:
     was_lost = any(f.get("code") == DISCOVERY_LOST_CODE for f in old.health_findings or [])
     for name in _DISCOVERED_FIELDS:
         setattr(old, name, getattr(found, name))
+    clean_or_raise(old)
     fields = list(_DISCOVERED_FIELDS)
     if other_card or was_lost:
         old.health_state, old.health_findings, old.health_since = GpuHealth.UNKNOWN, [], now
@@ -126,10 +127,10 @@ def node_apply_discovery(
             gone.delete()
     for gpu in gpus:
         gpu.node = node
-        clean_or_raise(gpu)
         if gpu.index in existing:
             _gpu_refresh(existing[gpu.index], gpu, now)
         else:
+            clean_or_raise(gpu)
             gpu.save()
     if gpus or not keep_missing:
         node.interconnect = topology.interconnect_summary() if gpus else Interconnect.NONE
