@@ -171,3 +171,12 @@ def test_it_stores_the_topology_the_driver_printed(cpu_node):
 
     cpu_node.refresh_from_db()
     assert "mlx5_0" in cpu_node.topology_text
+
+
+def test_it_shows_on_the_node_page_why_its_gpus_are_lost(client, bob, dgx):
+    node_apply_driver_discovery(node=dgx, discovery=Discovery(no_answer="No devices were found"))
+    client.force_login(bob)
+
+    page = client.get(dgx.get_absolute_url()).content.decode()
+
+    assert "the driver listed no GPUs: No devices were found" in page
