@@ -4,15 +4,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('inventory', '0007_acceptance_profile'),
+        ("inventory", "0007_acceptance_profile"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='node',
-            name='discovery_notes',
-            field=models.JSONField(blank=True, default=list, help_text='What the last discovery could not read: rows, fields this driver lacks, the topology.'),
+            model_name="node",
+            name="discovery_notes",
+            field=models.JSONField(
+                blank=True,
+                default=list,
+                help_text="What the last discovery could not read: rows, fields this driver lacks, the topology.",
+            ),
         ),
     ]
