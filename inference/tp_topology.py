@@ -28,8 +28,59 @@ MAX_GROUPS_NAMED = 6
 MAX_GPUS_SEARCHED = 16
 
 
-def _nvlinked(topology: Topology, a: int, b: int) -> bool:
-    return topology.link_kind(a, b) == LinkKind.NVLINK
+class _Links:
+    """The topology's pairs read once (kinds, NVLink neighbours, bonded links, sockets), so that
+    ranking every group of a 16-GPU node does not parse the same tokens thousands of times."""
+
+    def __init__(self, topology: Topology) -> None:
+        gpus = topology.indices
+        self.kind = {(a, b): topology.link_kind(a, b) for a in gpus for b in gpus if a != b}
+        self.bonded = {pair: topology.nvlink_count(*pair) for pair in self.kind}
+        self.nv = {a: {b for b in gpus if b != a and self.kind[(a, b)] == LinkKind.NVLINK} for a in gpus}
+        self.socket = {a: topology.socket(a) for a in gpus}
+
+    def mesh(self, group: Sequence[int]) -> bool:
+        return all(b in self.nv[a] for a, b in itertools.combinations(group, 2))
+
+    def ring(self, group: Sequence[int]) -> bool:
+        group = list(dict.fromkeys(group))
+        if len(group) < 2:
+            return True
+        if len(group) == 2:
+            return group[1] in self.nv[group[0]]
+        if self.mesh(group):
+            return True
+        members = set(group)
+        if any(len(self.nv[g] & members) < 2 for g in group):
+            return False  # a ring enters and leaves every GPU over two NVLink neighbours
+        start = group[0]
+
+        def extend(end: int, left: frozenset[int]) -> bool:
+            if not left:
+                return start in self.nv[end]
+            return any(extend(nxt, left - {nxt}) for nxt in sorted(self.nv[end] & left))
+
+        return extend(start, frozenset(group[1:]))
+
+    def sockets(self, group: Iterable[int]) -> set[str]:
+        return {s for g in group if (s := self.socket[g]) is not None}
+
+    def worst(self, group: Sequence[int]) -> LinkKind:
+        pairs = list(itertools.combinations(group, 2))
+        if not pairs:
+            return LinkKind.NVLINK
+        return max((self.kind[pair] for pair in pairs), key=LINK_RANK.__getitem__)
+
+    def rank(self, group: Sequence[int]) -> tuple:
+        bonded = sum(self.bonded[pair] for pair in itertools.combinations(group, 2))
+        return (
+            not self.ring(group),
+            not self.mesh(group),
+            len(self.sockets(group)) > 1,
+            LINK_RANK[self.worst(group)],
+            -bonded,
+            tuple(sorted(group)),
+        )
 
 
 def has_nvlink_ring(topology: Topology, gpus: Sequence[int]) -> bool:
@@ -39,24 +90,12 @@ def has_nvlink_ring(topology: Topology, gpus: Sequence[int]) -> bool:
     over the NVLink links among themselves (links through GPUs outside the group do not count:
     a ring passes only through its members).
     """
-    group = list(dict.fromkeys(gpus))
-    if len(group) < 2:
-        return True
-    if len(group) == 2:
-        return _nvlinked(topology, group[0], group[1])
-    start, rest = group[0], set(group[1:])
-
-    def extend(path_end: int, left: set[int]) -> bool:
-        if not left:
-            return _nvlinked(topology, path_end, start)
-        return any(_nvlinked(topology, path_end, nxt) and extend(nxt, left - {nxt}) for nxt in sorted(left))
-
-    return extend(start, rest)
+    return _Links(topology).ring(gpus)
 
 
 def is_nvlink_mesh(topology: Topology, gpus: Sequence[int]) -> bool:
     """True when every pair of the group has a direct NVLink (a full mesh, or an NVSwitch)."""
-    return all(_nvlinked(topology, a, b) for a, b in itertools.combinations(gpus, 2))
+    return _Links(topology).mesh(gpus)
 
 
 def sockets(topology: Topology, gpus: Iterable[int]) -> set[str]:
@@ -65,24 +104,13 @@ def sockets(topology: Topology, gpus: Iterable[int]) -> set[str]:
 
 
 def worst_link(topology: Topology, gpus: Sequence[int]) -> LinkKind:
-    pairs = list(itertools.combinations(gpus, 2))
-    if not pairs:
-        return LinkKind.NVLINK
-    return max((topology.link_kind(a, b) for a, b in pairs), key=LINK_RANK.__getitem__)
+    return _Links(topology).worst(gpus)
 
 
 def group_rank(topology: Topology, gpus: Sequence[int]) -> tuple:
     """Sort key of a TP group, best first: an NVLink ring, a full mesh, one socket, the best
     worst link, the most NVLinks bonded, then the lowest indices."""
-    bonded = sum(topology.nvlink_count(a, b) for a, b in itertools.combinations(gpus, 2))
-    return (
-        not has_nvlink_ring(topology, gpus),
-        not is_nvlink_mesh(topology, gpus),
-        len(sockets(topology, gpus)) > 1,
-        LINK_RANK[worst_link(topology, gpus)],
-        -bonded,
-        tuple(sorted(gpus)),
-    )
+    return _Links(topology).rank(gpus)
 
 
 def ranked_groups(topology: Topology, size: int, among: Iterable[int] | None = None) -> list[tuple[int, ...]]:
@@ -90,7 +118,8 @@ def ranked_groups(topology: Topology, size: int, among: Iterable[int] | None = N
     pool = sorted(set(topology.indices if among is None else among) & set(topology.indices))
     if size < 1 or size > len(pool) or len(pool) > MAX_GPUS_SEARCHED:
         return []
-    return sorted(itertools.combinations(pool, size), key=lambda group: group_rank(topology, group))
+    links = _Links(topology)
+    return sorted(itertools.combinations(pool, size), key=links.rank)
 
 
 def best_tp_group(
@@ -135,10 +164,19 @@ def advise_tp_group(topology: Topology, gpus: Sequence[int]) -> list[Finding]:
             )
         ]
     findings: list[Finding] = []
+    links = _Links(topology)
     size, text = len(group), _group_text(group)
-    others = [g for g in ranked_groups(topology, size) if set(g) != set(group)]
-    ring = has_nvlink_ring(topology, group)
-    spans = len(sockets(topology, group)) > 1
+    ranked: list[tuple[int, ...]] = []
+
+    def others() -> list[tuple[int, ...]]:
+        # The other groups of this size, best first; ranked only when a finding names them (a
+        # 16-GPU node has 12,870 groups of 8).
+        if not ranked:
+            ranked.extend(g for g in ranked_groups(topology, size) if set(g) != set(group))
+        return ranked
+
+    ring = links.ring(group)
+    spans = len(links.sockets(group)) > 1
     unreadable = [
         (a, b) for a, b in itertools.combinations(group, 2) if topology.link_kind(a, b) == LinkKind.UNKNOWN
     ]
@@ -155,7 +193,7 @@ def advise_tp_group(topology: Topology, gpus: Sequence[int]) -> list[Finding]:
     if size == 2:
         kind = topology.link_kind(*group)
         if kind != LinkKind.NVLINK:
-            better = [g for g in others if LINK_RANK[worst_link(topology, g)] < LINK_RANK[kind]]
+            better = [g for g in others() if LINK_RANK[links.worst(g)] < LINK_RANK[kind]]
             where = {
                 LinkKind.PIX: "through a PCIe switch (peer to peer, but ~16 GB/s on PCIe 3.0)",
                 LinkKind.PXB: "through PCIe switches (peer to peer, but ~16 GB/s on PCIe 3.0)",
@@ -174,7 +212,7 @@ def advise_tp_group(topology: Topology, gpus: Sequence[int]) -> list[Finding]:
                 )
             )
     elif not ring:
-        good = [g for g in others if has_nvlink_ring(topology, g)]
+        good = [g for g in others() if links.ring(g)]
         advice = (
             f" Groups of {size} here that keep the ring on NVLink: {_named(good)}."
             if good
@@ -189,8 +227,8 @@ def advise_tp_group(topology: Topology, gpus: Sequence[int]) -> list[Finding]:
                 f"NV# links), so every all-reduce crosses a PCIe or cross-socket hop.{advice}",
             )
         )
-    elif not is_nvlink_mesh(topology, group):
-        meshes = [g for g in others if is_nvlink_mesh(topology, g)]
+    elif not links.mesh(group):
+        meshes = [g for g in others() if links.mesh(g)]
         if meshes:
             findings.append(
                 Finding(
@@ -202,16 +240,16 @@ def advise_tp_group(topology: Topology, gpus: Sequence[int]) -> list[Finding]:
             )
     if spans:
         on_nvlink = ring if size > 2 else topology.link_kind(*group) == LinkKind.NVLINK
-        one_socket = [g for g in others if len(sockets(topology, g)) == 1]
+        one_socket = [g for g in others() if len(links.sockets(g)) == 1]
         if on_nvlink:  # then only a one-socket group that keeps its NVLink ring is better
-            one_socket = [g for g in one_socket if has_nvlink_ring(topology, g)]
+            one_socket = [g for g in one_socket if links.ring(g)]
         advice = f" One-socket groups of {size}: {_named(one_socket)}." if one_socket else ""
         findings.append(
             Finding(
                 "info" if on_nvlink else "warning",
                 "tp_spans_sockets",
-                f"GPUs {text} hang off {len(sockets(topology, group))} CPU sockets "
-                f"({'; '.join(sorted(sockets(topology, group)))}, from nvidia-smi's NUMA or CPU "
+                f"GPUs {text} hang off {len(links.sockets(group))} CPU sockets "
+                f"({'; '.join(sorted(links.sockets(group)))}, from nvidia-smi's NUMA or CPU "
                 "affinity); host-side work crosses between them." + advice,
             )
         )

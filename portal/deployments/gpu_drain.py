@@ -4,8 +4,9 @@ When a node's health sample finds a GPU degraded or lost (portal/inventory/tasks
 `deployments.drain_sick_gpus` task calls `node_drain_sick_gpus`. Each deployment holding such a GPU
 is, per its `gpu_failure_policy`:
 - `move` (the default): moved to free healthy GPUs of the same kind, on the same node first, then on
-  another node: its own node's agent drains it (the gateway stops routing to it and in-flight
-  requests finish), stops it, and points it at the new GPUs (`deployment_relocate`), whose node's
+  another node (a TP group to the best group that keeps its NVLink ring, docs/gpu-topology.md):
+  its own node's agent drains it (the gateway stops routing to it and in-flight requests finish),
+  stops it, and points it at the new GPUs (`deployment_relocate`), whose node's
   agent starts it through the normal start. Where no such GPUs are free it is kept and flagged.
 - `keep`: kept where it is and flagged; ops decide.
 Each decision is a `gpu-health` event on the deployment's timeline and an audit log entry, once
