@@ -144,3 +144,18 @@ def test_it_warns_a_group_whose_link_it_cannot_read():
     )
 
     assert codes(advise_tp_group(parse_topology(text), [0, 1]))["tp_link_unknown"] == "warning"
+
+
+def test_it_warns_tp4_over_two_nvlink_bridged_pairs_that_no_group_has_a_ring():
+    # inference/data's four PCIe GPUs bridged in pairs (NV4), one pair per socket.
+    topology = parse_topology(nvidia_smi_sample("bridged_pairs_4x_topo_r580.txt"))
+
+    warning = next(f for f in advise_tp_group(topology, [0, 1, 2, 3]) if f.code == "tp_no_nvlink_ring")
+
+    assert "No group of 4 GPUs on this node has an NVLink ring" in warning.message
+
+
+def test_it_picks_a_bridged_pair_for_tp2():
+    topology = parse_topology(nvidia_smi_sample("bridged_pairs_4x_topo_r580.txt"))
+
+    assert best_tp_group(topology, 2) == (0, 1)
