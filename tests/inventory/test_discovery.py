@@ -15,6 +15,7 @@ from inference.nvidia_smi import (
 from portal.core.errors import ApplicationError
 from portal.inventory.models import Gpu, GpuHealth, Interconnect
 from portal.inventory.services import node_apply_driver_discovery, node_apply_nvidia_smi_text, node_create
+from tests.helpers.clients import api_client
 from tests.helpers.real_gpu import ScriptedNvidiaSmi, answered, real_gpu_output
 from tests.helpers.samples import nvidia_smi_sample
 
@@ -180,3 +181,11 @@ def test_it_shows_on_the_node_page_why_its_gpus_are_lost(client, bob, dgx):
     page = client.get(dgx.get_absolute_url()).content.decode()
 
     assert "the driver listed no GPUs: No devices were found" in page
+
+
+def test_it_serves_what_the_last_discovery_could_not_read_over_the_api(alice, dgx):
+    node_apply_driver_discovery(node=dgx, discovery=Discovery(no_answer="No devices were found"))
+
+    data = api_client(alice).get(f"/api/v1/nodes/{dgx.name}/").json()
+
+    assert data["discovery_notes"] == ["the driver listed no GPUs: No devices were found"]
