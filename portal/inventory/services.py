@@ -13,7 +13,14 @@ from inference.env_probe import EnvFacts, probe_environment
 from inference.errors import InputError
 from inference.gpu_health import GpuContext, GpuVerdict, HealthThresholds, Sample, evaluate, is_sick
 from inference.hardware import match_gpu
-from inference.nvidia_smi import Discovery, GpuReading, Topology, parse_query_csv, parse_topology
+from inference.nvidia_smi import (
+    Discovery,
+    GpuReading,
+    Topology,
+    parse_query_csv,
+    parse_topology,
+    read_query_csv,
+)
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
 
@@ -187,7 +194,16 @@ def nvidia_smi_text_parse(*, query_csv: str, topology_text: str = "") -> tuple[l
 
 
 def node_apply_nvidia_smi_text(*, node: Node, query_csv: str, topology_text: str = "") -> list[Gpu]:
-    """Parse pasted or uploaded nvidia-smi output, then apply it (the hand-entry path)."""
+    """Parse pasted or uploaded nvidia-smi output, then apply it (the hand-entry path).
+
+    Output that says the driver answered nothing ("No devices were found") keeps the node's GPUs,
+    marked lost, as from the node's own driver: it is no statement that the node has no GPUs."""
+    try:
+        no_answer = read_query_csv(query_csv).no_answer if query_csv.strip() else ""
+    except InputError:
+        no_answer = ""  # a malformed text: parse_query_csv below says what is wrong
+    if no_answer:
+        return node_apply_driver_discovery(node=node, discovery=Discovery(no_answer=no_answer))
     try:
         readings = parse_query_csv(query_csv)
         topology = parse_topology(topology_text) if topology_text.strip() else Topology(links={})

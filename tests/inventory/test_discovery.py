@@ -189,3 +189,9 @@ def test_it_serves_what_the_last_discovery_could_not_read_over_the_api(alice, dg
     data = api_client(alice).get(f"/api/v1/nodes/{dgx.name}/").json()
 
     assert data["discovery_notes"] == ["the driver listed no GPUs: No devices were found"]
+
+
+def test_it_keeps_a_dgx_s_gpus_when_pasted_output_says_no_devices_were_found(dgx):
+    node_apply_nvidia_smi_text(node=dgx, query_csv=nvidia_smi_sample("no_devices.txt"))
+
+    assert list(dgx.gpus.values_list("health_state", flat=True)) == [GpuHealth.LOST] * 8
