@@ -133,6 +133,11 @@ def read_query_csv(text: str) -> QueryReport:
             columns = _read_header(cells, number)
             if columns is not None:
                 continue
+            if not cells[0].isdigit():
+                # A line before the header or the first row (a driver warning such as "WARNING:
+                # infoROM is corrupted at gpu …"): no GPU's row, but said, not dropped.
+                problems.append(RowProblem(number, None, f"not a GPU row: {line.strip()[:100]!r}"))
+                continue
             columns = list(QUERY_FIELDS)
         try:
             reading = _read_row(columns, cells, number)

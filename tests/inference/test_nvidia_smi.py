@@ -573,3 +573,12 @@ def test_it_says_why_when_the_driver_answers_nothing():
     run = ScriptedNvidiaSmi({tuple(QUERY_COMMAND): done(QUERY_COMMAND, returncode=6, stdout=stdout)})
 
     assert discover(run).no_answer == "No devices were found"
+
+
+def test_it_finds_the_header_below_a_driver_warning():
+    # Derived from the real H200 capture: the infoROM warning nvidia-smi prints above its output.
+    text = "WARNING: infoROM is corrupted at gpu 0000:04:00.0\n" + fixture("h200_sxm_1x_query_r580.csv")
+
+    report = read_query_csv(text)
+
+    assert ([r.name for r in report.readings], report.problems[0].line) == (["NVIDIA H200"], 1)
