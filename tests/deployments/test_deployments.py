@@ -197,9 +197,7 @@ def test_it_plans_on_a_hand_entered_gpu_the_catalog_lacks(team, llama7b, profile
     )
 
 
-def test_it_counts_a_deployments_gpus_and_leaves_samples_without_a_gpu_count(
-    team, llama7b, profile_tp8, dgx
-):
+def test_it_counts_a_deployments_gpus_and_leaves_samples_without_a_gpu_count(team, llama7b, profile_tp8, dgx):
     from portal.deployments.models import MetricsSample
 
     deployment = _create(team, llama7b, profile_tp8, dgx, list(range(8)))
