@@ -35,6 +35,11 @@ class GpuSpec:
     # Plain (non-tensor-core) fp32 peak: what a float32 deployment gets, since
     # PyTorch leaves TF32 matmuls off by default. None when not known.
     fp32_tflops: float | None = None
+    # The board's default power limit (what nvidia-smi's power.limit starts at) and the NVLink
+    # links of the GPU (how they are wired is the node's topology); None where not catalogued.
+    power_limit_w: float | None = None
+    nvlink_links: int | None = None
+    source: str = ""  # the datasheet (or NVIDIA tool) the row's figures come from
 
     @property
     def memory_bytes(self) -> int:
@@ -61,32 +66,65 @@ class GpuSpec:
         return (7, 0) <= self.cc_tuple < (7, 5)
 
 
-def _v100(key: str, memory_gib: float, form_factor: str, smi_name: str) -> GpuSpec:
+# Sources of the V100 rows (NVIDIA's own documents):
+_V100_DATASHEET = "NVIDIA Tesla V100 datasheet (2018): SXM2 300 W, PCIe 250 W, NVLink 2.0 300 GB/s"
+_VOLTA_WHITEPAPER = "NVIDIA Volta architecture whitepaper: six NVLink 2.0 links per GV100"
+_DGX2_DATASHEET = "NVIDIA DGX-2 datasheet: 16x V100 32 GB (SXM3) on NVSwitch, 2 PFLOPS, 350 W per GPU"
+_DGX_STATION_DATASHEET = (
+    "NVIDIA DGX Station datasheet: 4x V100 (DGXS) fully NVLink-connected; nvidia-smi shows 300 W caps"
+)
+_DCGM_LS = "NVIDIA DCGM diag defaults for Tesla V100-SXM2-32GB-LS (PG503 SKU 203): 250 W power target"
+
+
+def _v100(
+    key: str,
+    memory_gib: float,
+    board: str,
+    smi_name: str,
+    *,
+    power_limit_w: float,
+    source: str,
+    fp16_tflops: float | None = None,
+) -> GpuSpec:
     # NVIDIA Tesla V100 datasheet (2018): 900 GB/s HBM2; tensor peak 125 TFLOPS
     # (SXM2, 300 W) or 112 (PCIe, 250 W); fp32 15.7 / 14; NVLink 2.0 300 GB/s on
     # SXM2; PCIe 3.0 x16 is ~16 GB/s per direction.
-    sxm = form_factor == "sxm"
+    sxm = board != "PCIe"
     return GpuSpec(
         key=key,
-        display_name=f"NVIDIA V100 {'SXM2' if sxm else 'PCIe'} {memory_gib:g} GB",
+        display_name=f"NVIDIA V100 {board} {memory_gib:g} GB",
         memory_gib=memory_gib,
         bandwidth_gb_s=900,
-        fp16_tflops=125 if sxm else 112,
+        fp16_tflops=fp16_tflops or (125 if sxm else 112),
         bf16_tflops=None,
         compute_capability="7.0",
-        form_factor=form_factor,
+        form_factor="sxm" if sxm else "pcie",
         nvlink_gb_s=300 if sxm else None,
         pcie_gb_s=16,
         nvidia_smi_names=(smi_name,),
         fp32_tflops=15.7 if sxm else 14,
+        power_limit_w=power_limit_w,
+        nvlink_links=6 if sxm else 0,
+        source=source if not sxm else f"{source}; {_VOLTA_WHITEPAPER}",
     )
 
 
 _CATALOG: tuple[GpuSpec, ...] = (
-    _v100("v100-sxm2-16gb", 16, "sxm", "Tesla V100-SXM2-16GB"),
-    _v100("v100-sxm2-32gb", 32, "sxm", "Tesla V100-SXM2-32GB"),
-    _v100("v100-pcie-16gb", 16, "pcie", "Tesla V100-PCIE-16GB"),
-    _v100("v100-pcie-32gb", 32, "pcie", "Tesla V100-PCIE-32GB"),
+    _v100("v100-sxm2-16gb", 16, "SXM2", "Tesla V100-SXM2-16GB", power_limit_w=300, source=_V100_DATASHEET),
+    _v100("v100-sxm2-32gb", 32, "SXM2", "Tesla V100-SXM2-32GB", power_limit_w=300, source=_V100_DATASHEET),
+    # The lower-clocked SXM2 board of the DGX-1 "Max-Q"; no public datasheet gives its peak, so the
+    # SXM2 peak stands (an upper bound), and its 250 W target is DCGM's.
+    _v100("v100-sxm2-32gb-ls", 32, "SXM2 LS", "Tesla V100-SXM2-32GB-LS", power_limit_w=250, source=_DCGM_LS),
+    # DGX-2's board: 2 PFLOPS over 16 GPUs is 125 TFLOPS each, at 350 W.
+    _v100("v100-sxm3-32gb", 32, "SXM3", "Tesla V100-SXM3-32GB", power_limit_w=350, source=_DGX2_DATASHEET),
+    _v100(
+        "v100-dgxs-16gb", 16, "DGXS", "Tesla V100-DGXS-16GB", power_limit_w=300, source=_DGX_STATION_DATASHEET
+    ),
+    _v100(
+        "v100-dgxs-32gb", 32, "DGXS", "Tesla V100-DGXS-32GB", power_limit_w=300, source=_DGX_STATION_DATASHEET
+    ),
+    _v100("v100-pcie-16gb", 16, "PCIe", "Tesla V100-PCIE-16GB", power_limit_w=250, source=_V100_DATASHEET),
+    _v100("v100-pcie-32gb", 32, "PCIe", "Tesla V100-PCIE-32GB", power_limit_w=250, source=_V100_DATASHEET),
     # NVIDIA V100S PCIe datasheet: faster HBM2 (1134 GB/s) and clocks (130 TFLOPS).
     GpuSpec(
         key="v100s-pcie-32gb",
@@ -101,6 +139,9 @@ _CATALOG: tuple[GpuSpec, ...] = (
         pcie_gb_s=16,
         nvidia_smi_names=("Tesla V100S-PCIE-32GB",),
         fp32_tflops=16.4,
+        power_limit_w=250,
+        nvlink_links=0,
+        source="NVIDIA V100S PCIe datasheet: 1134 GB/s, 130 TFLOPS, 250 W",
     ),
     # NVIDIA T4 datasheet: 320 GB/s GDDR6, 65 TFLOPS mixed precision, PCIe 3.0.
     GpuSpec(
@@ -264,7 +305,10 @@ _VENDOR_PREFIX = re.compile(r"^(NVIDIA|TESLA)\s+")
 # the variant (16 vs 32 GB).
 _FAMILIES: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = (
     (re.compile(r"V100S"), ("v100s-pcie-32gb",)),
-    (re.compile(r"V100.*(SXM|DGXS)"), ("v100-sxm2-16gb", "v100-sxm2-32gb")),
+    (re.compile(r"V100.*SXM3"), ("v100-sxm3-32gb",)),
+    (re.compile(r"V100.*DGXS"), ("v100-dgxs-16gb", "v100-dgxs-32gb")),
+    (re.compile(r"V100.*SXM2?.*-LS\b"), ("v100-sxm2-32gb-ls",)),
+    (re.compile(r"V100.*SXM"), ("v100-sxm2-16gb", "v100-sxm2-32gb")),
     (re.compile(r"V100"), ("v100-pcie-16gb", "v100-pcie-32gb")),
     (re.compile(r"A100.*SXM"), ("a100-sxm4-40gb", "a100-sxm4-80gb")),
     (re.compile(r"A100"), ("a100-pcie-40gb", "a100-pcie-80gb")),

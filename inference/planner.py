@@ -176,6 +176,9 @@ class Placement:
     gpu_count: int = 1  # GPUs available to the deployment
     # True: the TP group is linked by NVLink; False: PCIe only; None: unknown.
     nvlink_connected: bool | None = None
+    # What the node's real topology says about these GPUs as one TP group
+    # (inference.tp_topology.advise_tp_group); None where no topology is known (catalog GPUs).
+    topology_findings: tuple[Finding, ...] | None = None
 
     def __post_init__(self) -> None:
         _check_int("gpu_count", self.gpu_count, MAX_GPU_COUNT)

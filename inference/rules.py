@@ -111,6 +111,12 @@ TITLES = {
     "batched_tokens_below_max_len": "batched tokens below max length",
     "chunked_prefill_on_volta": "chunked prefill on Volta",
     "prefix_caching_on_volta": "prefix caching on Volta",
+    "tp_no_nvlink_ring": "no NVLink ring for the TP group",
+    "tp_pair_without_nvlink": "TP pair without NVLink",
+    "tp_ring_not_mesh": "NVLink ring, not a full mesh",
+    "tp_spans_sockets": "TP group spans CPU sockets",
+    "tp_link_unknown": "unknown link type",
+    "tp_topology_unknown": "GPUs not in the topology",
 }
 
 
@@ -346,6 +352,8 @@ def _tp_over_pcie(
 ) -> Finding | None:
     if profile.tensor_parallel_size == 1 or placement.nvlink_connected is not False:
         return None
+    if placement.topology_findings is not None:
+        return None  # the node's own topology has said it better (tp_no_nvlink_ring, tp_pair_…)
     return Finding(
         "warning",
         "tp_over_pcie",
@@ -522,4 +530,6 @@ def validate(
 ) -> list[Finding]:
     """All findings for the profile, errors first."""
     findings = [finding for rule in RULES if (finding := rule(model, profile, placement, numbers))]
+    if profile.tensor_parallel_size > 1 and placement.topology_findings:
+        findings.extend(placement.topology_findings)
     return sorted(findings, key=lambda finding: LEVELS.index(finding.level))

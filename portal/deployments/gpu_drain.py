@@ -4,8 +4,9 @@ When a node's health sample finds a GPU degraded or lost (portal/inventory/tasks
 `deployments.drain_sick_gpus` task calls `node_drain_sick_gpus`. Each deployment holding such a GPU
 is, per its `gpu_failure_policy`:
 - `move` (the default): moved to free healthy GPUs of the same kind, on the same node first, then on
-  another node: its own node's agent drains it (the gateway stops routing to it and in-flight
-  requests finish), stops it, and points it at the new GPUs (`deployment_relocate`), whose node's
+  another node (a TP group to the best group that keeps its NVLink ring, docs/gpu-topology.md):
+  its own node's agent drains it (the gateway stops routing to it and in-flight requests finish),
+  stops it, and points it at the new GPUs (`deployment_relocate`), whose node's
   agent starts it through the normal start. Where no such GPUs are free it is kept and flagged.
 - `keep`: kept where it is and flagged; ops decide.
 Each decision is a `gpu-health` event on the deployment's timeline and an audit log entry, once
@@ -15,16 +16,17 @@ per sickness of the GPU (a failed move is decided again at the next sample).
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 from dataclasses import dataclass
 
 from django.db import transaction
 from django.utils import timezone
 
 from inference.gpu_health import SICK_STATES
+from inference.tp_topology import has_nvlink_ring, ranked_groups
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError
 from portal.inventory.models import Gpu, GpuHealth, Node
+from portal.inventory.selectors import node_topology
 from portal.teams.models import Team
 
 from .dispatch import COMMAND_EXPIRES_S, send_to_node
@@ -52,42 +54,36 @@ def _sickness(gpus: list[Gpu]) -> str:
     return "; ".join(parts)
 
 
-def _linked(gpus: list[Gpu]) -> bool:
-    """The GPUs form one NVLink-connected group (a tensor-parallel group wants that)."""
-    if len(gpus) < 2:
-        return True
-    chosen = {g.index for g in gpus}
-    peers = {g.index: set(g.nvlink_peers) & chosen for g in gpus}
-    reached, frontier = {min(chosen)}, [min(chosen)]
-    while frontier:
-        for peer in peers[frontier.pop()] - reached:
-            reached.add(peer)
-            frontier.append(peer)
-    return reached == chosen
-
-
 def move_target(deployment: Deployment) -> tuple[Node, list[int]] | None:
     """Free healthy GPUs for `deployment`: as many as it holds, of the same kind (nvidia-smi name),
-    NVLink-connected where its current ones are; its own node first, then the others by name."""
+    keeping its NCCL ring on NVLink where its current GPUs do; its own node first, then the others
+    by name. Among the groups that qualify, the best by `inference.tp_topology.group_rank` (an
+    NVLink ring, a full mesh, one CPU socket), healthy GPUs before warning and unknown ones."""
     current = list(deployment.node.gpus.filter(index__in=deployment.gpu_indices))
     if not current:
         return None
     kind, count = current[0].name, len(deployment.gpu_indices)
-    wants_nvlink = count > 1 and _linked(current)
+    wants_ring = count > 1 and has_nvlink_ring(node_topology(deployment.node), deployment.gpu_indices)
     nodes = [deployment.node, *Node.objects.exclude(pk=deployment.node_id).order_by("name")]
     for node in nodes:
         held = gpus_held_on_node(node, exclude_deployment_id=deployment.pk)
-        free = [
-            gpu
-            for gpu in node.gpus.filter(name=kind).exclude(health_state__in=SICK_STATES).order_by("index")
+        free = {
+            gpu.index: gpu
+            for gpu in node.gpus.filter(name=kind).exclude(health_state__in=SICK_STATES)
             if gpu.index not in held
             and not (node.pk == deployment.node_id and gpu.index in deployment.gpu_indices)
-        ]
-        # Healthy GPUs before warning (throttling, hot) and unknown ones: a move should not land on the next.
-        free.sort(key=lambda gpu: gpu.health_state != GpuHealth.HEALTHY)
-        for group in itertools.islice(itertools.combinations(free, count), 500):
-            if not wants_nvlink or _linked(list(group)):
-                return node, [gpu.index for gpu in group]
+        }
+        if len(free) < count:
+            continue
+        topology = node_topology(node)
+        groups = ranked_groups(topology, count, among=free)
+        if wants_ring:
+            groups = [group for group in groups if has_nvlink_ring(topology, group)]
+        # Healthy GPUs before warning (throttling, hot) and unknown ones: a move should not land on
+        # the next; sorted() is stable, so the topology's order holds within each.
+        groups.sort(key=lambda group: sum(free[i].health_state != GpuHealth.HEALTHY for i in group))
+        if groups:
+            return node, list(groups[0])
     return None
 
 

@@ -15,11 +15,12 @@ from inference.errors import InputError
 from inference.hardware import GpuSpec, get_gpu
 from inference.hf_config import known_configs, resolve_model_config
 from inference.modelspec import ModelArch
-from inference.nvidia_smi import Topology
 from inference.planner import Placement, Plan, ProfileSettings, plan_deployment
+from inference.tp_topology import advise_tp_group, has_nvlink_ring
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
 from portal.inventory.models import Node
+from portal.inventory.selectors import node_topology
 from portal.registry.models import ModelVersion
 from portal.teams.models import Team
 
@@ -154,20 +155,16 @@ def node_placement(*, node: Node, gpu_indices: list[int]) -> Placement | None:
     specs: list[GpuSpec] = [gpu.spec() for gpu in chosen]
     if len({(s.key, s.memory_gib) for s in specs}) > 1:
         raise ApplicationError("a deployment's GPUs must all be the same model", field="gpu_indices")
-    return Placement(gpu=specs[0], gpu_count=len(chosen), nvlink_connected=_nvlink_connected(chosen))
-
-
-def _nvlink_connected(gpus) -> bool | None:
-    """Whether the chosen GPUs form one graph over NVLink edges (what a TP ring needs)."""
-    if len(gpus) < 2:
-        return None
-    chosen = {gpu.index for gpu in gpus}
-    # NVLink is symmetric; a hand-entered peer list may name only one direction.
-    linked = {frozenset((gpu.index, peer)) for gpu in gpus for peer in gpu.nvlink_peers}
-    links = {
-        (a, b): "NV1" if frozenset((a, b)) in linked else "SYS" for a in chosen for b in chosen if a != b
-    }
-    return Topology(links=links, gpus=tuple(sorted(chosen))).nvlink_connected(chosen)
+    if len(chosen) < 2:
+        return Placement(gpu=specs[0], gpu_count=1)
+    topology = node_topology(node, list(gpus.values()))
+    return Placement(
+        gpu=specs[0],
+        gpu_count=len(chosen),
+        # An NCCL ring on NVLink: a direct link for a pair, a cycle through all of a larger group.
+        nvlink_connected=has_nvlink_ring(topology, gpu_indices),
+        topology_findings=tuple(advise_tp_group(topology, gpu_indices)),
+    )
 
 
 def deployment_plan(deployment: Deployment) -> Plan | None:

@@ -73,6 +73,11 @@ class Node(models.Model):
     software_probed_at = models.DateTimeField(null=True, blank=True)
     software_error = models.TextField(blank=True, help_text="Why the last probe failed.")
     topology_text = models.TextField(blank=True, help_text="Last `nvidia-smi topo -m` output.")
+    discovery_notes = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="What the last discovery could not read: rows, fields this driver lacks, the topology.",
+    )
     discovered_at = models.DateTimeField(null=True, blank=True)
     # The agent's heartbeat (inventory.agent_heartbeat, sent to the node's queue by beat).
     agent_seen_at = models.DateTimeField(null=True, blank=True, help_text="The agent's last heartbeat.")

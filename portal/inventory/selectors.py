@@ -7,6 +7,9 @@ from collections import defaultdict
 
 from django.db.models import Case, Count, QuerySet, When
 
+from inference.errors import InputError
+from inference.nvidia_smi import Topology, parse_topology
+
 from .models import Gpu, GpuHealth, GpuSample, Node
 
 
@@ -58,3 +61,24 @@ def gpu_samples_since(node: Node, since: dt.datetime) -> dict[int, list[GpuSampl
     ):
         series[sample.gpu.index].append(sample)
     return dict(series)
+
+
+def node_topology(node: Node, gpus: list[Gpu] | None = None) -> Topology:
+    """The node's GPU topology: its last `nvidia-smi topo -m` where one was stored and still
+    names every GPU, else one built from the GPUs' NVLink peers (the other pairs then unknown,
+    `N/A`, rather than assumed PCIe)."""
+    gpus = list(node.gpus.all()) if gpus is None else gpus
+    indices = sorted(gpu.index for gpu in gpus)
+    if node.topology_text.strip():
+        try:
+            stored = parse_topology(node.topology_text)
+        except InputError:
+            stored = None
+        if stored is not None and set(indices) <= set(stored.indices):
+            return stored
+    # NVLink is symmetric; a hand-entered peer list may name only one direction.
+    linked = {frozenset((gpu.index, peer)) for gpu in gpus for peer in gpu.nvlink_peers}
+    links = {
+        (a, b): "NV1" if frozenset((a, b)) in linked else "N/A" for a in indices for b in indices if a != b
+    }
+    return Topology(links=links, gpus=tuple(indices))

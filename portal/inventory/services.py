@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -13,7 +14,14 @@ from inference.env_probe import EnvFacts, probe_environment
 from inference.errors import InputError
 from inference.gpu_health import GpuContext, GpuVerdict, HealthThresholds, Sample, evaluate, is_sick
 from inference.hardware import match_gpu
-from inference.nvidia_smi import GpuReading, Topology, parse_query_csv, parse_topology
+from inference.nvidia_smi import (
+    Discovery,
+    GpuReading,
+    Topology,
+    parse_query_csv,
+    parse_topology,
+    read_query_csv,
+)
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
 
@@ -55,24 +63,114 @@ def gpus_from_readings(readings: list[GpuReading], topology: Topology) -> list[G
     return gpus
 
 
+# What discovery may change on a GPU row it finds again; health is the sampler's, except that
+# a GPU discovery had marked lost (or a different card in the slot) starts afresh as unknown.
+_DISCOVERED_FIELDS = (
+    "name",
+    "catalog_key",
+    "uuid",
+    "pci_bus_id",
+    "memory_mib",
+    "compute_capability",
+    "bandwidth_gb_s",
+    "fp16_tflops",
+    "nvlink_peers",
+)
+DISCOVERY_LOST_CODE = "discovery_no_answer"
+
+
+def _gpu_mark_lost(gpu: Gpu, why: str, now) -> None:
+    """Discovery could not see the GPU: lost, saying why, rather than deleted with its history."""
+    if gpu.health_state != GpuHealth.LOST:
+        gpu.health_since = now
+    gpu.health_state = GpuHealth.LOST
+    gpu.health_findings = [{"level": GpuHealth.LOST.value, "code": DISCOVERY_LOST_CODE, "message": why}]
+    gpu.health_checked_at = now
+    gpu.save(update_fields=["health_state", "health_findings", "health_since", "health_checked_at"])
+
+
+def _gpu_refresh(old: Gpu, found: Gpu, now) -> None:
+    other_card = bool(old.uuid) and old.uuid != found.uuid
+    was_lost = any(f.get("code") == DISCOVERY_LOST_CODE for f in old.health_findings or [])
+    for name in _DISCOVERED_FIELDS:
+        setattr(old, name, getattr(found, name))
+    clean_or_raise(old)
+    fields = list(_DISCOVERED_FIELDS)
+    if other_card or was_lost:
+        old.health_state, old.health_findings, old.health_since = GpuHealth.UNKNOWN, [], now
+        old.throttled_since = None
+        fields += ["health_state", "health_findings", "health_since", "throttled_since"]
+    old.save(update_fields=fields)
+
+
 @transaction.atomic
 def node_apply_discovery(
-    *, node: Node, readings: list[GpuReading], topology: Topology, topology_text: str = ""
+    *,
+    node: Node,
+    readings: list[GpuReading],
+    topology: Topology,
+    topology_text: str = "",
+    notes: Sequence[str] = (),
+    unread: Mapping[int, str] | None = None,
+    keep_missing: bool = False,
 ) -> list[Gpu]:
-    """Replace the node's GPUs with what discovery found, all or nothing."""
+    """Record what discovery found: each GPU read is created or refreshed in place (its health
+    history stays), all or nothing.
+
+    A GPU row discovery did not read is deleted when the text replaces the node's GPUs (a paste,
+    `keep_missing` False); from a node's own driver (`keep_missing` True) it is kept and marked
+    lost, with the reason from `unread` (its unreadable row) or "not listed".
+    """
     gpus = gpus_from_readings(readings, topology)
     node = Node.objects.select_for_update().get(pk=node.pk)
-    node.gpus.all().delete()
+    now = timezone.now()
+    existing = {gpu.index: gpu for gpu in node.gpus.all()}
+    found = {gpu.index for gpu in gpus}
+    for index in sorted(set(existing) - found):
+        gone = existing.pop(index)
+        if keep_missing:
+            why = (unread or {}).get(index) or "nvidia-smi did not list it at the last discovery"
+            _gpu_mark_lost(gone, f"discovery: {why}", now)
+        else:
+            gone.delete()
     for gpu in gpus:
         gpu.node = node
-        clean_or_raise(gpu)
-    Gpu.objects.bulk_create(gpus)
-    node.interconnect = topology.interconnect_summary() if gpus else Interconnect.NONE
-    node.driver_version = next((r.driver_version for r in readings if r.driver_version), "")
-    node.topology_text = topology_text
-    node.discovered_at = timezone.now()
-    node.save(update_fields=["interconnect", "driver_version", "topology_text", "discovered_at"])
-    return gpus
+        if gpu.index in existing:
+            _gpu_refresh(existing[gpu.index], gpu, now)
+        else:
+            clean_or_raise(gpu)
+            gpu.save()
+    if gpus or not keep_missing:
+        node.interconnect = topology.interconnect_summary() if gpus else Interconnect.NONE
+        node.driver_version = next((r.driver_version for r in readings if r.driver_version), "")
+    if topology_text or not keep_missing:
+        node.topology_text = topology_text
+    node.discovery_notes = list(notes)
+    node.discovered_at = now
+    node.save(
+        update_fields=["interconnect", "driver_version", "topology_text", "discovery_notes", "discovered_at"]
+    )
+    return list(node.gpus.order_by("index"))
+
+
+def node_apply_driver_discovery(*, node: Node, discovery: Discovery) -> list[Gpu]:
+    """Record what the node's own driver said (the agent's `inventory.discover_gpus`).
+
+    The driver answering nothing (down, "No devices were found" after an Xid 79) never deletes
+    the node's GPUs: they are marked lost and say why. An unreadable row costs only its GPU.
+    """
+    unread = {p.index: p.message for p in discovery.problems if p.index is not None}
+    why = discovery.no_answer and f"the driver listed no GPUs ({discovery.no_answer})"
+    unread_all = dict.fromkeys(node.gpus.values_list("index", flat=True), why) if why else {}
+    return node_apply_discovery(
+        node=node,
+        readings=list(discovery.readings),
+        topology=discovery.topology,
+        topology_text=discovery.topology_text,
+        notes=discovery.notes(),
+        unread={**unread_all, **unread},
+        keep_missing=True,
+    )
 
 
 def nvidia_smi_text_parse(*, query_csv: str, topology_text: str = "") -> tuple[list[GpuReading], Topology]:
@@ -97,7 +195,16 @@ def nvidia_smi_text_parse(*, query_csv: str, topology_text: str = "") -> tuple[l
 
 
 def node_apply_nvidia_smi_text(*, node: Node, query_csv: str, topology_text: str = "") -> list[Gpu]:
-    """Parse pasted or uploaded nvidia-smi output, then apply it (the hand-entry path)."""
+    """Parse pasted or uploaded nvidia-smi output, then apply it (the hand-entry path).
+
+    Output that says the driver answered nothing ("No devices were found") keeps the node's GPUs,
+    marked lost, as from the node's own driver: it is no statement that the node has no GPUs."""
+    try:
+        no_answer = read_query_csv(query_csv).no_answer if query_csv.strip() else ""
+    except InputError:
+        no_answer = ""  # a malformed text: parse_query_csv below says what is wrong
+    if no_answer:
+        return node_apply_driver_discovery(node=node, discovery=Discovery(no_answer=no_answer))
     try:
         readings = parse_query_csv(query_csv)
         topology = parse_topology(topology_text) if topology_text.strip() else Topology(links={})

@@ -16,14 +16,18 @@ def discover_gpus(node_name: str) -> int | None:
 
     Must run on the node itself: send it with `queue=node.queue`.
     """
-    from inference.nvidia_smi import discover_local
+    from inference.gpu_health import is_sick
+    from inference.nvidia_smi import discover
 
     from .models import Node
-    from .services import node_apply_discovery
+    from .services import node_apply_driver_discovery
+    from .signals import gpus_sick
 
     node = Node.objects.get(name=node_name)
-    readings, topology = discover_local()
-    gpus = node_apply_discovery(node=node, readings=readings, topology=topology)
+    gpus = node_apply_driver_discovery(node=node, discovery=discover())
+    # A GPU discovery marked lost (the driver answered nothing for it) drains like a sick sample.
+    if any(is_sick(gpu.health_state) for gpu in gpus):
+        gpus_sick.send(sender=Node, node=node)
     if node.vllm_python:
         probe_software(node_name)
     return len(gpus)
@@ -53,7 +57,6 @@ def probe_software(node_name: str) -> dict | None:
         "torch_cuda_version": facts.torch_cuda_version,
         "arch_list": facts.arch_list,
     }
-
 
 
 @shared_task(name="inventory.agent_heartbeat", acks_late=False, ignore_result=True)

@@ -73,7 +73,7 @@ def test_it_refuses_bf16_on_v100_with_the_reason_and_saves_nothing(team, qwen_bf
     assert not Deployment.objects.exists()
 
 
-def test_it_warns_about_tensor_parallel_over_pcie(team, llama7b, pcie_box):
+def test_it_warns_about_a_tensor_parallel_pair_over_pcie(team, llama7b, pcie_box):
     profile = builders.profile(
         name="tp2",
         model_version=llama7b,
@@ -83,7 +83,8 @@ def test_it_warns_about_tensor_parallel_over_pcie(team, llama7b, pcie_box):
         max_num_seqs=32,
     )
     deployment = _create(team, llama7b, profile, pcie_box, [0, 1])
-    assert "tp_over_pcie" in {f.code for f in deployment_plan(deployment).findings}
+    # The node's own topology names the path (PIX here) instead of the catalog's "over PCIe".
+    assert "tp_pair_without_nvlink" in {f.code for f in deployment_plan(deployment).findings}
 
 
 def test_it_sees_nvlink_between_directly_linked_dgx_gpus(team, llama7b, dgx):
@@ -96,7 +97,8 @@ def test_it_sees_nvlink_between_directly_linked_dgx_gpus(team, llama7b, dgx):
         max_num_seqs=32,
     )
     deployment = _create(team, llama7b, profile, dgx, [0, 1])
-    assert "tp_over_pcie" not in {f.code for f in deployment_plan(deployment).findings}
+    codes = {f.code for f in deployment_plan(deployment).findings}
+    assert not codes & {"tp_over_pcie", "tp_pair_without_nvlink"}
 
 
 def test_it_runs_a_deployment_on_a_cpu_node_without_a_gpu_plan(team, llama7b, profile_tp1, cpu_node):
@@ -195,9 +197,7 @@ def test_it_plans_on_a_hand_entered_gpu_the_catalog_lacks(team, llama7b, profile
     )
 
 
-def test_it_counts_a_deployments_gpus_and_leaves_samples_without_a_gpu_count(
-    team, llama7b, profile_tp8, dgx
-):
+def test_it_counts_a_deployments_gpus_and_leaves_samples_without_a_gpu_count(team, llama7b, profile_tp8, dgx):
     from portal.deployments.models import MetricsSample
 
     deployment = _create(team, llama7b, profile_tp8, dgx, list(range(8)))

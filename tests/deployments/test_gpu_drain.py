@@ -13,10 +13,12 @@ from portal.audit.models import AuditEvent
 from portal.deployments.agent.move import deployment_move
 from portal.deployments.agent.start import deployment_start
 from portal.deployments.gpu_drain import move_target, node_drain_sick_gpus
+from portal.deployments.services import deployment_plan
 from portal.inventory.services import node_apply_nvidia_smi_text, node_create, node_record_gpu_health
 from portal.registry.services import model_version_create
 from tests.helpers import builders
 from tests.helpers.builders import make_deployment
+from tests.helpers.real_gpu import real_gpu_output
 from tests.helpers.samples import bundled_config, nvidia_smi_sample
 
 pytestmark = pytest.mark.django_db
@@ -153,3 +155,42 @@ def test_it_prefers_healthy_gpus_to_warning_ones(sim_on_gpu3, dgx):
     _health(dgx, "health_v100_sxm2_8x_ecc_uncorrectable.csv")
     dgx.gpus.filter(index__in=[0, 1]).update(health_state="warning")
     assert move_target(sim_on_gpu3) == (dgx, [2])
+
+
+def _dgx1_node(name: str):
+    node = node_create(name=name)
+    node_apply_nvidia_smi_text(
+        node=node,
+        query_csv=nvidia_smi_sample("v100_sxm2_8x_query.csv"),
+        topology_text=real_gpu_output("topo-dgx1-v100-sxm2-8x-microway.txt"),
+    )
+    return node
+
+
+def test_it_moves_a_tp4_group_onto_gpus_that_keep_its_nvlink_ring(team, llama7b):
+    first, second = _dgx1_node("dgx-a"), _dgx1_node("dgx-b")
+    profile = builders.profile(
+        llama7b, name="tp4", tensor_parallel_size=4, max_model_len=4096, enforce_eager=True
+    )
+    deployment = make_deployment(
+        team, llama7b, profile, first, name="tp4", desired_state="stopped", gpus=[0, 1, 2, 3]
+    )
+    # dgx-a keeps too few healthy GPUs; on dgx-b GPU 0 is sick, so {1,2,3,x} cannot be a ring.
+    first.gpus.filter(index__in=[0, 4]).update(health_state="degraded")
+    second.gpus.filter(index=0).update(health_state="degraded")
+
+    assert move_target(deployment) == (second, [4, 5, 6, 7])
+
+
+def test_it_warns_a_tp4_deployment_on_0124_of_a_dgx1(team, llama7b):
+    node = _dgx1_node("dgx-a")
+    profile = builders.profile(
+        llama7b, name="tp4", tensor_parallel_size=4, max_model_len=4096, enforce_eager=True
+    )
+    deployment = make_deployment(
+        team, llama7b, profile, node, name="tp4", desired_state="stopped", gpus=[0, 1, 2, 4]
+    )
+
+    findings = {f.code: f.level for f in deployment_plan(deployment).findings}
+
+    assert findings["tp_no_nvlink_ring"] == "warning"

@@ -133,9 +133,36 @@ def test_it_uses_memory_to_pick_the_16gb_v100_when_the_name_omits_the_size():
 
 
 def test_it_reads_the_size_from_an_unlisted_v100_board_name():
-    spec = match_gpu("Tesla V100-DGXS-32GB")
+    spec = match_gpu("Tesla V100-SXM2 32GB")
     assert spec is not None
     assert spec.key == "v100-sxm2-32gb"
+
+
+@pytest.mark.parametrize(
+    ("smi_name", "memory_mib", "key", "power_limit_w"),
+    [
+        ("Tesla V100-SXM3-32GB", 32510, "v100-sxm3-32gb", 350),
+        ("Tesla V100-DGXS-16GB", 16155, "v100-dgxs-16gb", 300),
+        ("Tesla V100-DGXS-32GB", 32475, "v100-dgxs-32gb", 300),
+        ("Tesla V100-SXM2-32GB-LS", 32494, "v100-sxm2-32gb-ls", 250),
+        ("V100-SXM2-32GB-LS", 32494, "v100-sxm2-32gb-ls", 250),
+        ("Tesla V100-SXM2-16GB", 16160, "v100-sxm2-16gb", 300),
+        ("Tesla V100-PCIE-32GB", 32510, "v100-pcie-32gb", 250),
+        ("Tesla V100S-PCIE-32GB", 32510, "v100s-pcie-32gb", 250),
+    ],
+)
+def test_it_tells_the_v100_variants_apart_with_their_power_limits(smi_name, memory_mib, key, power_limit_w):
+    spec = match_gpu(smi_name, memory_mib)
+
+    assert spec is not None
+    assert (spec.key, spec.power_limit_w) == (key, power_limit_w)
+
+
+def test_it_names_a_source_for_every_v100_row():
+    v100s = [spec for spec in GPU_CATALOG.values() if spec.key.startswith("v100")]
+
+    assert len(v100s) == 9
+    assert all(spec.source and spec.nvlink_links is not None for spec in v100s)
 
 
 def test_it_does_not_guess_between_variants_without_memory():

@@ -10,13 +10,19 @@ import pytest
 from inference.errors import InputError
 from inference.nvidia_smi import (
     QUERY_COMMAND,
+    QUERY_FIELDS,
     TOPO_COMMAND,
     GpuReading,
+    LinkKind,
     Topology,
+    discover,
     discover_local,
     parse_query_csv,
     parse_topology,
+    query_command,
+    read_query_csv,
 )
+from tests.helpers.real_gpu import ScriptedNvidiaSmi, real_gpu_output
 
 # Real-shaped nvidia-smi output ships with the package: seed_demo builds its demo nodes from it.
 FIXTURES = Path(__file__).resolve().parents[2] / "inference" / "data" / "nvidia_smi"
@@ -232,7 +238,9 @@ def test_it_summarises_a_dgx1_as_nvlink(dgx1):
 
 
 def test_it_reads_the_pre_r520_dgx1_layout_the_same(dgx1):
-    assert parse_topology(fixture("v100_sxm2_8x_topo_r450.txt")) == dgx1
+    older = parse_topology(fixture("v100_sxm2_8x_topo_r450.txt"))  # no NUMA column before r520
+
+    assert (older.links, older.gpus, older.cpu_affinity) == (dgx1.links, dgx1.gpus, dgx1.cpu_affinity)
 
 
 def test_it_finds_no_nvlink_on_the_pcie_box(pcie4):
@@ -278,11 +286,12 @@ def test_it_refuses_a_topology_without_a_header():
         parse_topology("GPU0\t X \t0-11\n")
 
 
-def test_it_names_the_line_of_an_unknown_link_type():
+def test_it_reads_an_unknown_link_token_as_unknown_for_that_pair_only():
     text = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNVX\t0-11\nGPU1\tNVX\t X \t0-11\n"
 
-    with pytest.raises(InputError, match=r"^nvidia-smi topo: line 2: GPU0-GPU1 link 'NVX'"):
-        parse_topology(text)
+    topology = parse_topology(text)
+
+    assert (topology.link(0, 1), topology.link_kind(0, 1)) == ("NVX", LinkKind.UNKNOWN)
 
 
 def test_it_refuses_x_off_the_diagonal():
@@ -306,7 +315,6 @@ def test_it_names_the_line_of_a_truncated_row():
         parse_topology(text)
 
 
-
 # --- driver 580's layout: an escaped, tab-led header and three affinity columns -----------
 
 
@@ -317,7 +325,7 @@ def test_it_reads_the_real_h200_topology_from_driver_580():
 
     topology = parse_topology(text)
 
-    assert topology == Topology(links={}, gpus=(0,))
+    assert (topology.links, topology.gpus) == ({}, (0,))
     assert topology.interconnect_summary() == "none"
 
 
@@ -349,9 +357,7 @@ def test_it_reads_nvlink_bridged_pairs_in_the_driver_580_layout():
 
 def test_it_reads_escapes_anywhere_in_the_matrix():
     text = (
-        "\t\x1b[4mGPU0\tGPU1\tCPU Affinity\x1b[0m\n"
-        "GPU0\t X \t\x1b[1mNV2\x1b[0m\t0-7\n"
-        "GPU1\tNV2\t X \t0-7\n"
+        "\t\x1b[4mGPU0\tGPU1\tCPU Affinity\x1b[0m\nGPU0\t X \t\x1b[1mNV2\x1b[0m\t0-7\nGPU1\tNV2\t X \t0-7\n"
     )
 
     assert parse_topology(text).links == {(0, 1): "NV2", (1, 0): "NV2"}
@@ -389,6 +395,7 @@ def test_it_discovers_a_driver_580_machine_from_both_commands(query, topo, count
     assert len(readings) == count
     assert topology.indices == list(range(count))
     assert topology.interconnect_summary() == summary
+
 
 # --- discovering the local machine --------------------------------------------------
 
@@ -432,12 +439,12 @@ def test_it_discovers_the_dgx1_from_both_commands():
 
 
 def test_it_reports_the_first_stderr_line_of_another_failure():
-    stderr = 'Field "compute_cap" is not a valid field to query.\n\nSee nvidia-smi --help-query-gpu\n'
-    run = FakeRun({tuple(QUERY_COMMAND): done(QUERY_COMMAND, returncode=2, stderr=stderr)})
+    stderr = "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 580.95\n"
+    run = FakeRun({tuple(QUERY_COMMAND): done(QUERY_COMMAND, returncode=18, stderr=stderr)})
 
     with pytest.raises(
         InputError,
-        match=r'^nvidia-smi: exited with status 2: Field "compute_cap" is not a valid field to query\.$',
+        match=r"^nvidia-smi: exited with status 18: Failed to initialize NVML: Driver/library version",
     ):
         discover_local(run)
 
@@ -473,3 +480,105 @@ def test_it_refuses_a_topology_that_disagrees_with_the_query():
 
     with pytest.raises(InputError, match=r"^nvidia-smi topo: lists GPUs \[0, 1, 2, 3\]"):
         discover_local(run)
+
+
+# --- queries that survive the driver (issue 34) --------------------------------------------
+
+
+def _with_gpu3_row(replace: str, by: str) -> str:
+    # Derived from the 8x V100 SXM2 sample: one value of GPU 3's row replaced.
+    lines = fixture("v100_sxm2_8x_query.csv").splitlines(keepends=True)
+    lines[4] = lines[4].replace(replace, by)
+    return "".join(lines)
+
+
+def test_it_costs_only_its_own_gpu_when_one_row_says_it_requires_a_reset():
+    report = read_query_csv(_with_gpu3_row("32768 MiB", "[GPU requires reset]"))
+
+    assert [r.index for r in report.readings] == [0, 1, 2, 4, 5, 6, 7]
+
+
+def test_it_names_the_gpu_of_an_unreadable_row():
+    report = read_query_csv(_with_gpu3_row("32768 MiB", "[GPU requires reset]"))
+
+    assert [(p.line, p.index) for p in report.problems] == [(5, 3)]
+
+
+def test_it_costs_only_its_own_gpu_when_one_row_has_an_extra_column():
+    report = read_query_csv(_with_gpu3_row("535.183.01", "535.183.01, 470"))
+
+    assert (len(report.readings), report.problems[0].message) == (7, "expected 7 values, found 8")
+
+
+def test_it_reads_an_unreadable_compute_cap_as_unknown_for_that_field_only():
+    report = read_query_csv(_with_gpu3_row(", 7.0,", ", ERR!,"))
+
+    assert [r.compute_capability for r in report.readings][3] is None
+
+
+def test_it_reports_a_duplicate_index_row_and_keeps_the_first():
+    text = fixture("v100_sxm2_8x_query.csv")
+    doubled = text + text.splitlines(keepends=True)[1]  # derived: GPU 0's row printed twice
+
+    report = read_query_csv(doubled)
+
+    assert (len(report.readings), str(report.problems[0])) == (8, "line 10: GPU index 0 appears twice")
+
+
+def test_it_reads_a_header_behind_a_utf8_byte_order_mark():
+    text = "\ufeff" + fixture("h200_sxm_1x_query_r580.csv")  # derived: a BOM an editor added
+
+    assert [r.name for r in parse_query_csv(text)] == ["NVIDIA H200"]
+
+
+def _dgx1_answers(query_fields: tuple[str, ...]) -> dict:
+    real_470 = real_gpu_output("query-r470-compute-cap-not-valid.txt")
+    without = query_command(f for f in query_fields if f != "compute_cap")
+    return {
+        tuple(QUERY_COMMAND): done(QUERY_COMMAND, returncode=2, stdout=real_470),
+        tuple(without): done(
+            without,
+            stdout=fixture("v100_sxm2_8x_query.csv").replace(", compute_cap", "").replace(", 7.0,", ","),
+        ),
+        tuple(TOPO_COMMAND): done(
+            TOPO_COMMAND, stdout=real_gpu_output("topo-dgx1-v100-sxm2-8x-microway.txt")
+        ),
+    }
+
+
+def test_it_asks_a_470_driver_again_without_compute_cap():
+    run = ScriptedNvidiaSmi(_dgx1_answers(QUERY_FIELDS))
+
+    found = discover(run)
+
+    assert (len(found.readings), found.lacking_fields) == (8, ("compute_cap",))
+
+
+def test_it_says_which_fields_the_driver_lacks():
+    found = discover(ScriptedNvidiaSmi(_dgx1_answers(QUERY_FIELDS)))
+
+    assert "this driver does not know compute_cap" in " ".join(found.notes())
+
+
+def test_it_refuses_a_driver_that_lacks_a_field_discovery_needs():
+    stdout = 'Field "uuid" is not a valid field to query.\n'  # derived from the real 470 answer
+    run = ScriptedNvidiaSmi({tuple(QUERY_COMMAND): done(QUERY_COMMAND, returncode=2, stdout=stdout)})
+
+    with pytest.raises(InputError, match="does not know the field 'uuid'"):
+        discover(run)
+
+
+def test_it_says_why_when_the_driver_answers_nothing():
+    stdout = "No devices were found\n"
+    run = ScriptedNvidiaSmi({tuple(QUERY_COMMAND): done(QUERY_COMMAND, returncode=6, stdout=stdout)})
+
+    assert discover(run).no_answer == "No devices were found"
+
+
+def test_it_finds_the_header_below_a_driver_warning():
+    # Derived from the real H200 capture: the infoROM warning nvidia-smi prints above its output.
+    text = "WARNING: infoROM is corrupted at gpu 0000:04:00.0\n" + fixture("h200_sxm_1x_query_r580.csv")
+
+    report = read_query_csv(text)
+
+    assert ([r.name for r in report.readings], report.problems[0].line) == (["NVIDIA H200"], 1)
