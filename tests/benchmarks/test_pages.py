@@ -366,9 +366,7 @@ def test_it_leaves_texts_without_an_address_as_they_are(text):
     assert redact_text(text, []) == text
 
 
-def test_it_lists_a_run_of_an_adopted_deployment_which_has_no_profile(
-    client, bob, team, llama7b, fake_server
-):
+def test_it_lists_a_run_of_an_adopted_deployment_without_a_profile(client, bob, team, llama7b, fake_server):
     from tests.helpers.builders import serving_deployment
 
     adopted = serving_deployment(
