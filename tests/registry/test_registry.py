@@ -185,4 +185,3 @@ def test_a_member_does_not_read_an_adopted_engines_url_on_the_model_pages(client
     client.force_login(bob)
     assert "10.9.8.7" not in client.get("/models/").content.decode()
     assert "10.9.8.7" not in client.get("/models/private-7b/").content.decode()
-
