@@ -227,7 +227,7 @@ async def _route(parsed: ParsedRequest, caller: Caller) -> tuple[Route, tuple[Re
     if route.split:
         # A served name: this request's version, drawn by share; it goes upstream under the
         # version's name (what vLLM serves), and the answer names the version, as an alias does.
-        route = route.pick(caller.team_id)
+        route = route.pick(caller.team_id, pinned=caller.pinned_deployment_id)
         parsed.body["model"] = route.model
     replicas = route.for_team(caller.team_id)  # other teams' unshared replicas do not exist here
     if caller.pinned_deployment_id is not None:  # a member's benchmark measures its one deployment

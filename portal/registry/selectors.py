@@ -8,7 +8,7 @@ from django.db.models import Q, QuerySet
 
 from portal.inventory.models import ACCEPTANCE_SOURCE_PREFIX
 
-from .models import ModelVersion
+from .models import ModelVersion, ServedModelVersion
 
 
 def acceptance_model_q(prefix: str = "") -> Q:
@@ -42,3 +42,17 @@ def model_versions_shown_to(user, versions) -> list[ModelVersion]:
     for version in shown:
         version.source = model_version_source_for(user, version)
     return shown
+
+
+def model_version_gateway_name(version: ModelVersion) -> str | None:
+    """A name the gateway routes to `version`: its own, or (when it is callable only through
+    served names) the first served name giving it a share; None when no name reaches it."""
+    if version.callable_by_name:
+        return version.name
+    served = (
+        ServedModelVersion.objects.filter(model_version=version, share_bp__gt=0)
+        .order_by("served_model__name")
+        .values_list("served_model__name", flat=True)
+        .first()
+    )
+    return served

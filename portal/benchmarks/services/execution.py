@@ -26,6 +26,7 @@ from inference.loadgen.loadgen import BenchConfig, LevelPlan, SweepResult, run_s
 from inference.loadgen.sla import Sla
 from inference.loadgen.workloads import mix_from_dict
 from portal.deployments.models import Deployment, DeploymentState
+from portal.registry.selectors import model_version_gateway_name
 from portal.teams.models import ApiKey
 from portal.teams.services import api_key_new_secret, member_key_for
 
@@ -180,13 +181,14 @@ def _execute(run: BenchmarkRun) -> None:
         _sweep(run, config, first)  # staff: straight to the engine
         return
     try:
-        key, token = _member_gateway_key(run, deployment)
+        model = _gateway_model_name(deployment)
+        key, token = _member_gateway_key(run, deployment, model)
     except _Refused as refusal:
         _finish(run, RunState.PARTIAL if saved else RunState.FAILED, str(refusal))
         return
     # The team's traffic: through the gateway as the member's benchmark key, pinned to this
     # deployment; /metrics is still read from the engine (nothing is spent there).
-    config.base_url, config.api_key = settings.BENCHMARK_GATEWAY_URL, token
+    config.base_url, config.api_key, config.model = settings.BENCHMARK_GATEWAY_URL, token, model
     config.metrics_base_url, config.metrics_api_key = endpoint_url, api_key or None
     note = (
         f"Sent through the gateway as {key.name} of team {deployment.team.slug}: the team's quotas, "
@@ -205,9 +207,21 @@ def _through_gateway(run: BenchmarkRun) -> bool:
     return run.created_by is None or not run.created_by.is_staff
 
 
-def _member_gateway_key(run: BenchmarkRun, deployment: Deployment) -> tuple[ApiKey, str]:
+def _gateway_model_name(deployment: Deployment) -> str:
+    """The name the gateway routes to the deployment's version: its own, or a served name over it
+    when clients may not call the version by name (the pinned key still reaches only this replica)."""
+    name = model_version_gateway_name(deployment.model_version)
+    if name is None:
+        raise _Refused(
+            f"{deployment.model_version.name} is callable only through a served name, and no served "
+            "name gives it a share: the gateway has no name to route the run by"
+        )
+    return name
+
+
+def _member_gateway_key(run: BenchmarkRun, deployment: Deployment, model: str) -> tuple[ApiKey, str]:
     """The run's creator's benchmark key of the deployment's team, made on first use (as the
-    playground's key), with a fresh secret pinned to the deployment and its model."""
+    playground's key), with a fresh secret pinned to the deployment and allowed `model` only."""
     user, team = run.created_by, deployment.team
     if user is None:
         raise _Refused("the account that queued this run was deleted: no one's quota to run it on")
@@ -216,9 +230,7 @@ def _member_gateway_key(run: BenchmarkRun, deployment: Deployment) -> tuple[ApiK
             f"{user.get_username()} is no longer a member of {team.name}: the run would spend its quota"
         )
     key = member_key_for(team=team, user=user, purpose="benchmark")
-    token = api_key_new_secret(
-        api_key=key, allowed_models=[deployment.model_version.name], pinned_deployment_id=deployment.pk
-    )
+    token = api_key_new_secret(api_key=key, allowed_models=[model], pinned_deployment_id=deployment.pk)
     return key, token
 
 
