@@ -397,6 +397,11 @@ BENCHMARK_MEMBER_MAX_REQUESTS_PER_LEVEL = env_number(
 BENCHMARK_MEMBER_MAX_LEVEL_S = env_number(
     "BENCHMARK_MEMBER_MAX_LEVEL_S", default=600.0, minimum=1.0, maximum=86_400.0
 )
+# A running benchmark's lease (portal/benchmarks/services/execution.py): its job renews it every
+# half second; a run whose lease lapses has lost its worker, and the beat sweep
+# (benchmarks.expire_runs, every BENCHMARK_SWEEP_INTERVAL_S) ends it as failed (partial with levels).
+BENCHMARK_LEASE_S = env_number("BENCHMARK_LEASE_S", default=120, minimum=2, maximum=3600)
+BENCHMARK_SWEEP_INTERVAL_S = env_number("BENCHMARK_SWEEP_INTERVAL_S", default=30, minimum=1, maximum=3600)
 # Where benchmark workers reach the gateway: a member's run is that team's traffic and goes
 # through it (docs/decisions.md, "A member's benchmark is the team's traffic"). The web process.
 BENCHMARK_GATEWAY_URL = env.str("BENCHMARK_GATEWAY_URL", default="http://127.0.0.1:8000").strip().rstrip("/")
@@ -616,6 +621,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "benchmarks.expire_acceptances",
         "schedule": 60.0,
         "options": {"queue": "control", "expires": 60.0},
+    },
+    # A benchmark run whose worker died (its lease lapsed) is failed, never left running.
+    "benchmarks-expire-runs": {
+        "task": "benchmarks.expire_runs",
+        "schedule": BENCHMARK_SWEEP_INTERVAL_S,
+        "options": {"queue": "control", "expires": BENCHMARK_SWEEP_INTERVAL_S},
     },
     # Every node with GPUs samples their health (inventory.sample_gpu_health on its own queue).
     "inventory-gpu-health": {
