@@ -40,7 +40,7 @@ from .admission import (
 )
 from .auth import Caller, authenticate, ensure_not_blocked, ensure_usable
 from .config import gateway_settings
-from .errors import GatewayError, body_too_large, error_response, redis_required
+from .errors import GatewayError, body_too_large, error_response, redis_required, upstream_answer
 from .parsing import ParsedRequest, parse
 from .routing import Replica, Route, route_for, served_models, smallest_context
 from .sse import RelayResponse, RelayStream
@@ -494,11 +494,11 @@ def _account_json(ex: Exchange, content: bytes) -> None:
 
 
 def _passthrough(response: UpstreamResponse, content: bytes, request_id: str) -> HttpResponse:
-    out = HttpResponse(
-        content,
-        status=response.status_code,
-        content_type=response.headers.get("content-type", "application/json"),
+    """A whole upstream answer, passed on only as JSON (errors.upstream_answer)."""
+    status, content = upstream_answer(
+        response.status_code, content, response.headers.get("content-type", "application/json")
     )
+    out = HttpResponse(content, status=status, content_type="application/json")
     out["X-Request-Id"] = request_id
     return out
 
