@@ -158,3 +158,20 @@ def test_another_teams_member_without_an_allowed_list_gets_a_404_on_the_served_n
     client.force_login(charlie)
     assert client.get(f"/rollouts/served-models/{pair.served.name}/").status_code == 404
     assert pair.served.name not in client.get("/rollouts/served-models/").content.decode()
+
+
+def test_a_served_name_page_lists_only_the_members_own_replicas(pair, bob, client):
+    from portal.teams.models import Team
+    from tests.helpers.builders import serving_deployment
+
+    ads = Team.objects.create(name="Ads", slug="ads")
+    serving_deployment(
+        name="ads-private-chat",
+        team=ads,
+        model_version=pair.old.model_version,
+        endpoint_url="http://127.0.0.1:9",
+    )
+    client.force_login(bob)
+    page = client.get(f"/rollouts/served-models/{pair.served.name}/").content.decode()
+    assert pair.old.name in page
+    assert "ads-private-chat" not in page
