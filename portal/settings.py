@@ -398,6 +398,8 @@ BENCHMARK_MEMBER_MAX_REQUESTS_PER_LEVEL = env_number(
 BENCHMARK_MEMBER_MAX_LEVEL_S = env_number(
     "BENCHMARK_MEMBER_MAX_LEVEL_S", default=600.0, minimum=1.0, maximum=86_400.0
 )
+
+
 # Link-local and cloud-metadata addresses an adopted endpoint may use after all
 # (portal/deployments/endpoints.py refuses them by default): CIDR networks, comma-separated.
 def _networks(name: str, *, most: int = 32) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
