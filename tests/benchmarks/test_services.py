@@ -277,6 +277,17 @@ def test_it_leaves_a_running_run_whose_lease_is_live_to_its_worker(bob, deployme
     assert BenchmarkRun.objects.get(pk=run.pk).state == RunState.RUNNING
 
 
+def test_beat_ends_the_runs_whose_lease_lapsed_through_its_task(bob, deployment, settings):
+    from portal.benchmarks.tasks import expire_runs
+
+    run = create(bob, deployment)
+    lapsed = timezone.now() - timedelta(seconds=1)
+    BenchmarkRun.objects.filter(pk=run.pk).update(state=RunState.RUNNING, lease_expires_at=lapsed)
+    assert expire_runs() == [run.pk]
+    scheduled = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
+    assert "benchmarks.expire_runs" in scheduled
+
+
 def test_it_cancels_at_once_a_running_run_that_no_worker_holds(bob, deployment):
     run = create(bob, deployment)
     lapsed = timezone.now() - timedelta(seconds=1)
