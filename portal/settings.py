@@ -7,6 +7,7 @@ start instead of running with a silent default. The README lists every variable.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from collections.abc import Callable
@@ -397,6 +398,28 @@ BENCHMARK_MEMBER_MAX_REQUESTS_PER_LEVEL = env_number(
 BENCHMARK_MEMBER_MAX_LEVEL_S = env_number(
     "BENCHMARK_MEMBER_MAX_LEVEL_S", default=600.0, minimum=1.0, maximum=86_400.0
 )
+
+
+# Link-local and cloud-metadata addresses an adopted endpoint may use after all
+# (portal/deployments/endpoints.py refuses them by default): CIDR networks, comma-separated.
+def _networks(name: str, *, most: int = 32) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    raw = env.str(name, default="")
+    items = [item.strip() for item in raw.split(",") if item.strip()]
+    if len(items) > most:
+        raise ImproperlyConfigured(f"{name}={raw!r} lists {len(items)} networks; at most {most}")
+    try:
+        return tuple(ipaddress.ip_network(item, strict=True) for item in items)
+    except ValueError as error:
+        example = "write networks as 169.254.10.0/24 or fe80::/64"
+        raise ImproperlyConfigured(f"{name}={raw!r}: {error} ({example})") from None
+
+
+ADOPTED_ENDPOINT_ALLOWED_NETWORKS = _networks("ADOPTED_ENDPOINT_ALLOWED_NETWORKS")
+# A running benchmark's lease (portal/benchmarks/services/execution.py): its job renews it every
+# half second; a run whose lease lapses has lost its worker, and the beat sweep
+# (benchmarks.expire_runs, every BENCHMARK_SWEEP_INTERVAL_S) ends it as failed (partial with levels).
+BENCHMARK_LEASE_S = env_number("BENCHMARK_LEASE_S", default=120, minimum=2, maximum=3600)
+BENCHMARK_SWEEP_INTERVAL_S = env_number("BENCHMARK_SWEEP_INTERVAL_S", default=30, minimum=1, maximum=3600)
 # Where benchmark workers reach the gateway: a member's run is that team's traffic and goes
 # through it (docs/decisions.md, "A member's benchmark is the team's traffic"). The web process.
 BENCHMARK_GATEWAY_URL = env.str("BENCHMARK_GATEWAY_URL", default="http://127.0.0.1:8000").strip().rstrip("/")
@@ -619,6 +642,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "benchmarks.expire_acceptances",
         "schedule": 60.0,
         "options": {"queue": "control", "expires": 60.0},
+    },
+    # A benchmark run whose worker died (its lease lapsed) is failed, never left running.
+    "benchmarks-expire-runs": {
+        "task": "benchmarks.expire_runs",
+        "schedule": BENCHMARK_SWEEP_INTERVAL_S,
+        "options": {"queue": "control", "expires": BENCHMARK_SWEEP_INTERVAL_S},
     },
     # Every node with GPUs samples their health (inventory.sample_gpu_health on its own queue).
     "inventory-gpu-health": {

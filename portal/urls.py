@@ -8,8 +8,8 @@ from portal.core.views import favicon
 from portal.deployments.apis import DeploymentViewSet, PlanApi, ProfileViewSet, TeamViewSet
 from portal.gateway.not_found import unknown_path
 from portal.inventory.apis import GpuViewSet, NodeViewSet
-from portal.registry.apis import ConversionJobViewSet, ModelVersionViewSet, ServedModelViewSet
-from portal.rollouts.apis import RolloutViewSet
+from portal.registry.apis import ConversionJobViewSet, ModelVersionViewSet
+from portal.rollouts.apis import RolloutViewSet, ServedModelViewSet
 
 router = DefaultRouter()
 router.register("nodes", NodeViewSet, basename="node")

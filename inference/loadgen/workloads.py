@@ -28,6 +28,9 @@ MAX_BUCKETS = 32
 MAX_NAME_CHARS = 100
 # An inline JSON mix (the web pages and the API) is a short object, not a file's worth of text.
 MAX_INLINE_CHARS = 4096
+# A mix is an object of a list of objects of two-number lists: four levels. Deeper nesting is
+# refused before parsing, since Python's parser raises RecursionError (not a JSON error) on it.
+MAX_INLINE_DEPTH = 8
 
 
 @dataclass(frozen=True)
@@ -199,6 +202,29 @@ def mix_from_dict(data: object, *, default_name: str = "custom") -> Mix:
     return Mix(str(data.get("name") or default_name), tuple(buckets), shared_prefix_tokens=prefix)
 
 
+def json_depth(text: str) -> int:
+    """How deep the brackets of a JSON text nest (those inside strings do not count), read without
+    parsing it: a bound checked before `json.loads`."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
 def load_mix(spec: str, *, allow_files: bool = False) -> Mix:
     """A preset name, `fixed:<in>:<out>`, an inline JSON mix, or (`allow_files`) a path to a mix JSON file.
 
@@ -217,6 +243,8 @@ def load_mix(spec: str, *, allow_files: bool = False) -> Mix:
     if spec.startswith("{"):
         if len(spec) > MAX_INLINE_CHARS:
             raise InputError("mix", f"an inline JSON mix has at most {MAX_INLINE_CHARS} characters")
+        if json_depth(spec) > MAX_INLINE_DEPTH:
+            raise InputError("mix", f"an inline JSON mix nests at most {MAX_INLINE_DEPTH} levels deep")
         try:
             data = json.loads(spec)
         except json.JSONDecodeError as error:

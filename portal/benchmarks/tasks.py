@@ -37,3 +37,11 @@ def expire_acceptances() -> list[int]:
     from .acceptance.request import node_acceptances_expire
 
     return node_acceptances_expire()
+
+
+@shared_task(name="benchmarks.expire_runs")
+def expire_runs() -> list[int]:
+    """Beat: end the runs whose worker died (lease lapsed) as failed, or partial with saved levels."""
+    from .services import benchmark_runs_expire
+
+    return benchmark_runs_expire()

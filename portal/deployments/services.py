@@ -25,6 +25,7 @@ from portal.registry.models import ModelVersion
 from portal.teams.models import Team
 
 from .dispatch import send_to_control, send_to_node
+from .endpoints import check_adoptable_host
 from .models import (
     Deployment,
     DeploymentEvent,
@@ -473,6 +474,11 @@ def endpoint_url_from(url: str) -> str:
         path = path[: -len("/v1")]
     if path:
         raise ApplicationError(f"expected http://host:port or http://host:port/v1, got {url!r}", field="url")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as error:
+        raise ApplicationError(f"not a valid port in {url!r}", field="url") from error
+    check_adoptable_host(parts.hostname, port)
     return f"{parts.scheme}://{parts.netloc}"
 
 

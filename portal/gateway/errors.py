@@ -97,6 +97,29 @@ def database_unavailable() -> GatewayError:
     return GatewayError(503, message, code="database_unavailable", retry_after=2)
 
 
+def is_json_media(content_type: str) -> bool:
+    """`application/json` or a `+json` type, whatever its parameters."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def upstream_answer(status: int, content: bytes, content_type: str) -> tuple[int, bytes]:
+    """(status, JSON body) the client gets of an upstream's whole answer. An engine answers JSON
+    (its result, or its OpenAI error: passed on as is); anything else (an HTML error page of
+    whatever listens at that address, a proxy's or a metadata service's) never reaches the client
+    on the portal's origin: the gateway's own error for that status instead, 502 for a success."""
+    if is_json_media(content_type):
+        return status, content
+    media = content_type.split(";", 1)[0].strip() or "no content type"
+    log.warning("upstream answered %s with %s, not JSON: replaced by the gateway's error", status, media)
+    error = GatewayError(
+        status if 400 <= status < 500 else 502,
+        f"Upstream answered {status} with {media}, not JSON.",
+        code="upstream_error",
+    )
+    return error.status, error.payload()
+
+
 def error_response(error: GatewayError, *, request_id: str | None = None) -> HttpResponse:
     response = HttpResponse(error.payload(), status=error.status, content_type="application/json")
     if error.retry_after is not None:

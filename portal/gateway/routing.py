@@ -71,11 +71,17 @@ class Route:
             )
         return found
 
-    def pick(self, team_id: int, draw: random.Random | None = None) -> Route:
+    def pick(self, team_id: int, draw: random.Random | None = None, *, pinned: int | None = None) -> Route:
         """The version route that serves one request of `team_id` (itself when not a served name):
-        a draw weighted by share among the versions with a replica this team may use."""
+        a draw weighted by share among the versions with a replica this team may use. A key
+        `pinned` to one deployment (a member's benchmark) gets that deployment's version, never a
+        draw that would leave it no replica."""
         if not self.split:
             return self
+        if pinned is not None:
+            for _, route in self.split:
+                if any(r.id == pinned for r in route.for_team(team_id)):
+                    return route
         reachable = [(share, route) for share, route in self.split if route.for_team(team_id)]
         if not reachable:
             return self  # no version is serving for this team: the caller answers 503 no_replica

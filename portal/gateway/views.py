@@ -41,7 +41,7 @@ from .admission import (
 )
 from .auth import Caller, authenticate, ensure_not_blocked, ensure_usable
 from .config import gateway_settings
-from .errors import GatewayError, body_too_large, error_response, redis_required
+from .errors import GatewayError, body_too_large, error_response, redis_required, upstream_answer
 from .parsing import ParsedRequest, parse
 from .routing import Replica, Route, route_for, served_models, smallest_context
 from .sse import RelayResponse, RelayStream
@@ -228,7 +228,7 @@ async def _route(parsed: ParsedRequest, caller: Caller) -> tuple[Route, tuple[Re
     if route.split:
         # A served name: this request's version, drawn by share; it goes upstream under the
         # version's name (what vLLM serves), and the answer names the version, as an alias does.
-        route = route.pick(caller.team_id)
+        route = route.pick(caller.team_id, pinned=caller.pinned_deployment_id)
         parsed.body["model"] = route.model
     replicas = route.for_team(caller.team_id)  # other teams' unshared replicas do not exist here
     if caller.pinned_deployment_id is not None:  # a member's benchmark measures its one deployment
@@ -511,11 +511,11 @@ def _account_json(ex: Exchange, content: bytes) -> None:
 
 
 def _passthrough(response: UpstreamResponse, content: bytes, request_id: str) -> HttpResponse:
-    out = HttpResponse(
-        content,
-        status=response.status_code,
-        content_type=response.headers.get("content-type", "application/json"),
+    """A whole upstream answer, passed on only as JSON (errors.upstream_answer)."""
+    status, content = upstream_answer(
+        response.status_code, content, response.headers.get("content-type", "application/json")
     )
+    out = HttpResponse(content, status=status, content_type="application/json")
     out["X-Request-Id"] = request_id
     return out
 

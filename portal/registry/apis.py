@@ -13,6 +13,7 @@ from portal.core.errors import ApplicationError
 from portal.inventory.models import Node
 
 from .models import ConversionJob, ModelVersion, ServedModel
+from .selectors import model_version_source_for
 from .services import (
     DERIVED_FIELDS,
     conversion_job_start,
@@ -40,6 +41,13 @@ class ModelVersionSerializer(serializers.ModelSerializer):
             "created_at",
         ]
         read_only_fields = DERIVED_FIELDS
+
+    def to_representation(self, instance: ModelVersion) -> dict:
+        data = super().to_representation(instance)
+        request = self.context.get("request")
+        if request is not None:  # where an adopted engine listens: staff only (selectors)
+            data["source"] = model_version_source_for(request.user, instance)
+        return data
 
     def create(self, validated_data):
         return model_version_create(**validated_data)

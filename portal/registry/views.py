@@ -13,7 +13,7 @@ from portal.core.errors import ApplicationError
 from portal.inventory.models import Node
 
 from .models import ConversionJob, ModelVersion, WeightDtype
-from .selectors import model_versions_listed
+from .selectors import model_versions_listed, model_versions_shown_to
 from .services import conversion_job_start, model_version_request_hashes
 
 
@@ -41,7 +41,7 @@ def model_list(request):
     """Model versions; node acceptance's reference models only with ?acceptance=show."""
     acceptance = request.GET.get("acceptance") == "show"
     context = {
-        "models": model_versions_listed(acceptance=acceptance),
+        "models": model_versions_shown_to(request.user, model_versions_listed(acceptance=acceptance)),
         "acceptance": acceptance,
         "acceptance_count": 0 if acceptance else model_versions_listed(acceptance=True).count(),
     }
@@ -50,7 +50,7 @@ def model_list(request):
 
 @login_required
 def model_detail(request, name: str):
-    model = get_object_or_404(ModelVersion, name=name)
+    (model,) = model_versions_shown_to(request.user, [get_object_or_404(ModelVersion, name=name)])
     context = {"model": model, "conversions": model.conversions.select_related("result", "node")[:10]}
     if request.user.is_staff and model.path and not model.weights_sha256:
         context["hash_form"] = HashForm(initial=_only_node_initial())

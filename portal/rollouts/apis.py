@@ -10,12 +10,13 @@ from rest_framework.response import Response
 
 from portal.core.errors import ApplicationError
 from portal.deployments.models import Deployment
+from portal.registry import apis as registry_apis
 from portal.registry.models import ServedModel
 
 from . import services
 from .models import Rollout, RolloutEvent
 from .placement import GpuChoice
-from .selectors import rollouts_visible_to
+from .selectors import rollout_deployments_shown, rollouts_visible_to, served_models_visible_to
 
 
 class RolloutEventSerializer(serializers.ModelSerializer):
@@ -59,6 +60,16 @@ class RolloutSerializer(serializers.ModelSerializer):
             "events",
         ]
         read_only_fields = fields
+
+    def to_representation(self, rollout: Rollout) -> dict:
+        data = super().to_representation(rollout)
+        request = self.context.get("request")
+        if request is not None:  # another team's deployment is named to nobody else (selectors)
+            shown = rollout_deployments_shown(request.user, rollout)
+            for field in ("from_deployment", "to_deployment", "freed_deployment"):
+                if getattr(rollout, f"{field}_id") not in shown:
+                    data[field] = None
+        return data
 
     def get_shares_percent(self, rollout: Rollout) -> dict[str, float]:
         rows = rollout.served_model.versions.values_list("model_version__name", "share_bp")
@@ -121,7 +132,7 @@ class RolloutViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         return Response(RolloutSerializer(rollout).data, status=status.HTTP_201_CREATED)
 
     def _done(self, rollout: Rollout) -> Response:
-        return Response(RolloutSerializer(self.get_queryset().get(pk=rollout.pk)).data)
+        return Response(self.get_serializer(self.get_queryset().get(pk=rollout.pk)).data)
 
     @extend_schema(request=None, responses={200: RolloutSerializer})
     @action(detail=True, methods=["post"])
@@ -147,3 +158,13 @@ class RolloutViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
             rollout=self.get_object(), actor=request.user, reason=data.validated_data.get("reason", "")
         )
         return self._done(rollout)
+
+
+class ServedModelViewSet(registry_apis.ServedModelViewSet):
+    """`/api/v1/served-models/`: the registry's viewset, showing a member only the names over a
+    deployment of their team (which only deployments know: `served_models_visible_to`)."""
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return ServedModel.objects.none()
+        return served_models_visible_to(self.request.user)

@@ -16,7 +16,13 @@ from portal.core.errors import ApplicationError
 from . import services
 from .forms import RolloutStartForm
 from .models import RolloutState
-from .selectors import active_rollout_of, rollouts_visible_to, served_model_lines, served_models_visible_to
+from .selectors import (
+    active_rollout_of,
+    rollout_deployments_shown,
+    rollouts_visible_to,
+    served_model_lines,
+    served_models_visible_to,
+)
 
 ACTIONS = {
     "pause": services.rollout_pause,
@@ -73,6 +79,7 @@ def rollout_detail(request, pk: int):
         "rollouts/rollout_detail.html",
         {
             "rollout": rollout,
+            "shown": rollout_deployments_shown(request.user, rollout),
             "steps": steps,
             "shares": shares,
             "windows": windows,
@@ -114,15 +121,15 @@ def served_model_list(request):
 @login_required
 def served_model_detail(request, name: str):
     served = get_object_or_404(served_models_visible_to(request.user), name=name)
-    rollout = active_rollout_of(served)
+    rollout = active_rollout_of(served, request.user)
     return render(
         request,
         "rollouts/served_model_detail.html",
         {
             "served": served,
-            "lines": served_model_lines(served),
+            "lines": served_model_lines(served, request.user),
             "rollout": rollout,
-            "rollouts": served.rollouts.select_related("from_version", "to_version")[:50],
+            "rollouts": rollouts_visible_to(request.user).filter(served_model=served)[:50],
             "refresh_s": 15 if rollout is not None else 300,
         },
     )

@@ -38,6 +38,12 @@ def test_it_names_the_field_of_bad_input(bob, deployment):
     assert "unknown mix" in response.json()["mix"][0]
 
 
+def test_it_refuses_a_deeply_nested_inline_mix_naming_mix(bob, deployment):
+    response = start(bob, mix='{"buckets": ' + "[" * 1500 + "]" * 1500 + "}")  # 3 k characters
+    assert response.status_code == 400
+    assert "nests at most" in response.json()["mix"][0]
+
+
 def test_it_hides_runs_and_deployments_from_another_team(bob, charlie, deployment):
     run_id = start(bob).json()["id"]
     client = api_client(charlie)

@@ -136,3 +136,39 @@ def test_it_runs_staff_benchmarks_straight_to_the_engine(
     assert run.levels.get().results["total_output_tokens"] == 4 * 32
     assert not ApiKey.objects.filter(benchmark_user__isnull=False).exists()
     assert flushed_usage(team, at_least=1, deadline_s=1) == []
+
+
+def test_it_benchmarks_a_version_callable_only_through_a_served_name_through_that_name(
+    gateway, gw_redis, settings, bob, team, cpu_node, fake_server_factory
+):
+    from portal.registry.models import ModelVersion
+    from portal.registry.services import model_version_create, served_model_create
+    from tests.helpers.samples import bundled_config
+
+    settings.BENCHMARK_GATEWAY_URL = gateway.url
+    versions = [
+        model_version_create(name=f"m-{uuid.uuid4().hex[:8]}", config=bundled_config("llama-2-7b-chat-hf"))
+        for _ in range(2)
+    ]
+    ModelVersion.objects.filter(pk__in=[v.pk for v in versions]).update(callable_by_name=False)
+    servers = [fake_server_factory(model=version.name) for version in versions]
+    deployments = [
+        serving_deployment(team=team, node=cpu_node, version=version, url=server.url)
+        for version, server in zip(versions, servers, strict=True)
+    ]
+    # Half the name's traffic goes to each version: the run still reaches only the one measured.
+    served_model_create(name=f"chat-{uuid.uuid4().hex[:6]}", shares={v.name: 5000 for v in versions})
+
+    run = benchmark_run_create(
+        user=bob,
+        run_request=BenchmarkRunRequest(
+            deployment=deployments[0], mix="fixed:16:8", concurrencies=[2], requests_per_level=8
+        ),
+    )
+    benchmark_run_execute(run_id=run.pk)
+    run.refresh_from_db()
+
+    assert run.state == RunState.DONE, run.state_reason
+    level = run.levels.get().results
+    assert level["completed"] == 8 and level["failed"] == 0, level["errors"]
+    assert servers[0].server.received > 0 and servers[1].server.received == 0

@@ -364,3 +364,19 @@ def test_it_leaves_texts_without_an_address_as_they_are(text):
     from portal.benchmarks.selectors import redact_text
 
     assert redact_text(text, []) == text
+
+
+def test_it_lists_a_run_of_an_adopted_deployment_without_a_profile(client, bob, team, llama7b, fake_server):
+    from tests.helpers.builders import serving_deployment
+
+    adopted = serving_deployment(
+        name="adopted-7b", team=team, model_version=llama7b, endpoint_url=fake_server.url, adopted=True
+    )
+    benchmark_run_create(
+        user=bob,
+        run_request=BenchmarkRunRequest(deployment=adopted, mix="fixed:16:8", concurrencies=[2]),
+    )
+    client.force_login(bob)
+    response = client.get("/benchmarks/")
+    assert response.status_code == 200
+    assert "adopted-7b" in response.content.decode()

@@ -256,6 +256,46 @@ def test_it_cancels_a_queued_run_at_once(bob, deployment):
     assert not run.levels.exists()
 
 
+def test_it_fails_a_running_run_whose_lease_lapsed(bob, deployment):
+    from portal.benchmarks.services import benchmark_runs_expire
+
+    run = create(bob, deployment)
+    lapsed = timezone.now() - timedelta(seconds=1)
+    BenchmarkRun.objects.filter(pk=run.pk).update(state=RunState.RUNNING, lease_expires_at=lapsed)
+    assert benchmark_runs_expire() == [run.pk]
+    run.refresh_from_db()
+    assert run.state == RunState.FAILED and "lease" in run.state_reason and run.finished_at
+
+
+def test_it_leaves_a_running_run_whose_lease_is_live_to_its_worker(bob, deployment):
+    from portal.benchmarks.services import benchmark_runs_expire
+
+    run = create(bob, deployment)
+    live = timezone.now() + timedelta(seconds=60)
+    BenchmarkRun.objects.filter(pk=run.pk).update(state=RunState.RUNNING, lease_expires_at=live)
+    assert benchmark_runs_expire() == []
+    assert BenchmarkRun.objects.get(pk=run.pk).state == RunState.RUNNING
+
+
+def test_beat_ends_the_runs_whose_lease_lapsed_through_its_task(bob, deployment, settings):
+    from portal.benchmarks.tasks import expire_runs
+
+    run = create(bob, deployment)
+    lapsed = timezone.now() - timedelta(seconds=1)
+    BenchmarkRun.objects.filter(pk=run.pk).update(state=RunState.RUNNING, lease_expires_at=lapsed)
+    assert expire_runs() == [run.pk]
+    scheduled = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
+    assert "benchmarks.expire_runs" in scheduled
+
+
+def test_it_cancels_at_once_a_running_run_that_no_worker_holds(bob, deployment):
+    run = create(bob, deployment)
+    lapsed = timezone.now() - timedelta(seconds=1)
+    BenchmarkRun.objects.filter(pk=run.pk).update(state=RunState.RUNNING, lease_expires_at=lapsed)
+    run = benchmark_run_cancel(run=run)
+    assert run.state == RunState.CANCELLED and run.finished_at
+
+
 # Committed rows: the canceller thread has its own database connection.
 @pytest.mark.django_db(transaction=True)
 def test_it_stops_a_running_job_when_cancelled_and_keeps_finished_levels(

@@ -56,9 +56,7 @@ def run(*args: str, capsys) -> str:
     return capsys.readouterr().out
 
 
-def test_it_adopts_a_server_from_its_url_alone_recording_an_external_model_version(
-    vllm_server, team, capsys
-):
+def test_it_adopts_a_server_from_its_url_alone_recording_an_external_model_version(vllm_server, team, capsys):
     out = run("--url", f"{vllm_server}/v1", capsys=capsys)
     version = ModelVersion.objects.get(name="qwen-ext")
     assert version.external and version.max_position_embeddings == 4096 and version.source == vllm_server
@@ -132,3 +130,61 @@ def test_it_shows_an_external_version_as_such_on_the_model_pages(vllm_server, te
     assert "unknown (external)" in client.get("/models/").content.decode()
     page = client.get("/models/qwen-ext/").content.decode()
     assert "only its name and\nmax model length (4096) are known" in page
+
+
+def register(user, url: str, name: str = "ext"):
+    from tests.helpers.clients import api_client
+
+    body = {"name": name, "team": "search", "model_version": "metadata-model", "url": url}
+    return api_client(user).post("/api/v1/deployments/register-endpoint/", body, format="json")
+
+
+@pytest.fixture
+def metadata_model(db):
+    from portal.registry.services import model_version_record_external
+
+    return model_version_record_external(name="metadata-model", max_model_len=4096, source="")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://169.254.169.254/v1",
+        "http://169.254.10.20:8000",
+        "http://[fe80::1]:8000/v1",
+        "http://[fd00:ec2::254]/v1",
+        "http://[::ffff:169.254.169.254]:80",
+        "http://metadata.google.internal/v1",
+    ],
+)
+def test_it_refuses_to_adopt_a_link_local_or_metadata_address(alice, team, metadata_model, url):
+    response = register(alice, url)
+    assert response.status_code == 400, response.json()
+    assert "metadata" in response.json()["url"][0]
+    assert not Deployment.objects.filter(name="ext").exists()
+
+
+def test_it_refuses_a_name_that_resolves_to_a_link_local_address(alice, team, metadata_model, monkeypatch):
+    import socket
+
+    # DNS is not something a test can point at 169.254.x for real: this name resolves there.
+    real = socket.getaddrinfo
+
+    def resolve(host, *args, **kwargs):
+        if host == "engine.example.internal":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("169.254.7.7", 8000))]
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    response = register(alice, "http://engine.example.internal:8000/v1")
+    assert response.status_code == 400
+    assert "169.254.7.7" in response.json()["url"][0]
+
+
+def test_it_adopts_a_link_local_engine_whose_network_is_allowed(alice, team, metadata_model, settings):
+    import ipaddress
+
+    settings.ADOPTED_ENDPOINT_ALLOWED_NETWORKS = (ipaddress.ip_network("169.254.10.0/24"),)
+    assert register(alice, "http://169.254.10.20:8000").status_code == 201
+    refused = register(alice, "http://169.254.169.254/v1", name="ext-2")  # outside the allowed network
+    assert refused.status_code == 400 and "metadata" in refused.json()["url"][0]

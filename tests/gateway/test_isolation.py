@@ -131,3 +131,45 @@ def test_usage_is_billed_to_the_callers_team_only(gateway, serving, other_team, 
     ours = Usage.objects.filter(team=serving.team)
     assert {u.api_key_id for u in ours} == {serving.key.pk}
     assert {u.api_key_id for u in Usage.objects.filter(team=other_team)} == {theirs.key.pk}
+
+
+@pytest.fixture
+def html_upstream():
+    """Whatever else listens where an engine was adopted (a proxy, a metadata service): every
+    request gets an HTML page, `status` of the test's choosing."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    state = {"status": 403}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            body = b"<html><body><script>alert(document.cookie)</script>Forbidden</body></html>"
+            self.send_response(state["status"])
+            self.send_header("content-type", "text/html; charset=utf-8")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield state, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.parametrize("status", [400, 200])
+def test_an_upstreams_html_page_never_reaches_the_client_as_is(
+    gateway, team, cpu_node, html_upstream, gw_redis, status
+):
+    state, url = html_upstream
+    state["status"] = status
+    setup = make_setup(team=team, node=cpu_node, upstream=url)
+    response = _call(gateway, setup.token, setup.model)
+    assert response.status_code == (400 if status == 400 else 502)
+    assert response.headers["content-type"] == "application/json"
+    assert b"<script>" not in response.content
+    assert _error(response)["code"] == "upstream_error"

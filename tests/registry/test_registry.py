@@ -165,3 +165,23 @@ def test_a_member_cannot_ask_for_hashes(tmp_path, bob, client):
     assert "Record release hashes" not in client.get(f"/models/{version.name}/").content.decode()
     response = client.post(f"/models/{version.name}/hash/", {"node": "x"})
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+@pytest.fixture
+def adopted_version(db):
+    from portal.registry.services import model_version_record_external
+
+    return model_version_record_external(name="private-7b", max_model_len=4096, source="http://10.9.8.7:8001")
+
+
+def test_a_member_does_not_read_an_adopted_engines_url_through_the_api(bob, adopted_version):
+    listed = api_client(bob).get("/api/v1/model-versions/").json()
+    one = api_client(bob).get("/api/v1/model-versions/private-7b/").json()
+    assert "10.9.8.7" not in json.dumps(listed)
+    assert one["source"] == ""
+
+
+def test_a_member_does_not_read_an_adopted_engines_url_on_the_model_pages(client, bob, adopted_version):
+    client.force_login(bob)
+    assert "10.9.8.7" not in client.get("/models/").content.decode()
+    assert "10.9.8.7" not in client.get("/models/private-7b/").content.decode()

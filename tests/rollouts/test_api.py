@@ -78,10 +78,10 @@ def test_a_rollout_of_a_name_the_team_may_not_call_is_a_404(pair, alice, charlie
     outsider = api_client(charlie)
     assert outsider.get(f"{URL}{rollout.pk}/").status_code == 404
     assert outsider.get(URL).json()["results"] == []
-    # Allowed the served name: the rollout appears.
+    # Allowed the served name, but none of the rollout's deployments is the team's: still nothing.
     other.allowed_models = [pair.served.name]
     other.save()
-    assert outsider.get(f"{URL}{rollout.pk}/").status_code == 200
+    assert outsider.get(f"{URL}{rollout.pk}/").status_code == 404
     # Nobody signed in: nothing at all.
     assert api_client().get(URL).status_code in (401, 403)
 
@@ -133,3 +133,40 @@ def test_staff_register_a_version_callable_only_through_served_names(alice):
     )
     assert response.status_code == 201, response.content
     assert ModelVersion.objects.get(name="chat-v9").callable_by_name is False
+
+
+def test_another_teams_member_without_an_allowed_list_gets_a_404_on_its_rollout(pair, alice, charlie):
+    from portal.rollouts.services import rollout_start
+    from portal.teams.models import Team
+
+    rollout = rollout_start(served_model=pair.served, to_deployment=pair.new, actor=alice)
+    Team.objects.create(name="Ads", slug="ads").members.add(charlie)  # may call every name
+    outsider = api_client(charlie)
+    assert outsider.get(f"{URL}{rollout.pk}/").status_code == 404
+    assert outsider.get(URL).json()["results"] == []
+
+
+def test_another_teams_member_without_an_allowed_list_gets_a_404_on_its_served_name(pair, charlie):
+    from portal.teams.models import Team
+
+    Team.objects.create(name="Ads", slug="ads").members.add(charlie)
+    outsider = api_client(charlie)
+    assert outsider.get(f"/api/v1/served-models/{pair.served.name}/").status_code == 404
+    assert outsider.get("/api/v1/served-models/").json()["results"] == []
+
+
+def test_a_member_reads_no_name_of_another_teams_deployment_in_a_rollout(pair, alice, bob):
+    from portal.rollouts.services import rollout_start
+    from portal.teams.models import Team
+    from tests.helpers.builders import serving_deployment
+
+    ads = Team.objects.create(name="Ads", slug="ads")
+    private = serving_deployment(
+        name="ads-chat", team=ads, model_version=pair.old.model_version, endpoint_url="http://127.0.0.1:9"
+    )
+    rollout = rollout_start(
+        served_model=pair.served, to_deployment=pair.new, from_deployment=private, actor=alice
+    )
+    data = api_client(bob).get(f"{URL}{rollout.pk}/").json()
+    assert data["to_deployment"] == pair.new.name
+    assert data["from_deployment"] is None

@@ -134,3 +134,44 @@ def test_the_served_model_pages_list_names_versions_live_shares_and_the_rollout(
     client.force_login(bob)
     assert pair.served.name not in client.get("/rollouts/served-models/").content.decode()
     assert client.get(f"/rollouts/served-models/{pair.served.name}/").status_code == 404
+
+
+def test_another_teams_member_without_an_allowed_list_gets_a_404_on_the_rollout_page(
+    pair, alice, charlie, client
+):
+    from portal.rollouts.services import rollout_start
+    from portal.teams.models import Team
+
+    rollout = rollout_start(served_model=pair.served, to_deployment=pair.new, actor=alice)
+    Team.objects.create(name="Ads", slug="ads").members.add(charlie)  # may call every name
+    client.force_login(charlie)
+    assert client.get(f"/rollouts/{rollout.pk}/").status_code == 404
+    assert pair.served.name not in client.get("/rollouts/").content.decode()
+
+
+def test_another_teams_member_without_an_allowed_list_gets_a_404_on_the_served_name_page(
+    pair, charlie, client
+):
+    from portal.teams.models import Team
+
+    Team.objects.create(name="Ads", slug="ads").members.add(charlie)
+    client.force_login(charlie)
+    assert client.get(f"/rollouts/served-models/{pair.served.name}/").status_code == 404
+    assert pair.served.name not in client.get("/rollouts/served-models/").content.decode()
+
+
+def test_a_served_name_page_lists_only_the_members_own_replicas(pair, bob, client):
+    from portal.teams.models import Team
+    from tests.helpers.builders import serving_deployment
+
+    ads = Team.objects.create(name="Ads", slug="ads")
+    serving_deployment(
+        name="ads-private-chat",
+        team=ads,
+        model_version=pair.old.model_version,
+        endpoint_url="http://127.0.0.1:9",
+    )
+    client.force_login(bob)
+    page = client.get(f"/rollouts/served-models/{pair.served.name}/").content.decode()
+    assert pair.old.name in page
+    assert "ads-private-chat" not in page

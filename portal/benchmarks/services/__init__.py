@@ -10,7 +10,7 @@
 Node acceptance, a benchmark of a node rather than of a deployment, is `portal/benchmarks/acceptance/`.
 """
 
-from .execution import benchmark_run_execute
+from .execution import benchmark_run_end_unheld, benchmark_run_execute, benchmark_runs_expire
 from .limits import (
     MAX_CONCURRENCY,
     MAX_LEVEL_S,
@@ -37,8 +37,10 @@ __all__ = [
     "benchmark_run_apply_sla_cap",
     "benchmark_run_cancel",
     "benchmark_run_create",
+    "benchmark_run_end_unheld",
     "benchmark_run_execute",
     "benchmark_run_pick_sla",
+    "benchmark_runs_expire",
     "deployment_snapshot",
     "deployment_tokenizer_path",
     "parse_table",

@@ -26,6 +26,7 @@ from inference.loadgen.loadgen import BenchConfig, LevelPlan, SweepResult, run_s
 from inference.loadgen.sla import Sla
 from inference.loadgen.workloads import mix_from_dict
 from portal.deployments.models import Deployment, DeploymentState
+from portal.registry.selectors import model_version_gateway_name
 from portal.teams.models import ApiKey
 from portal.teams.services import api_key_new_secret, member_key_for
 
@@ -35,8 +36,12 @@ from .snapshot import roofline_share, server_version
 
 logger = logging.getLogger(__name__)
 
-LEASE = timedelta(minutes=2)
 PROGRESS_EVERY_S = 0.5
+
+
+def _lease() -> timedelta:
+    """How long a run stays claimed without a renewal (BENCHMARK_LEASE_S)."""
+    return timedelta(seconds=settings.BENCHMARK_LEASE_S)
 
 
 class _QueueHooks:
@@ -66,7 +71,7 @@ def _claim(run_id: int) -> bool:
     return bool(
         BenchmarkRun.objects.filter(pk=run_id)
         .filter(Q(state=RunState.QUEUED) | Q(state=RunState.RUNNING, lease_expires_at__lt=now))
-        .update(state=RunState.RUNNING, started_at=now, lease_expires_at=now + LEASE)
+        .update(state=RunState.RUNNING, started_at=now, lease_expires_at=now + _lease())
     )
 
 
@@ -180,13 +185,14 @@ def _execute(run: BenchmarkRun) -> None:
         _sweep(run, config, first)  # staff: straight to the engine
         return
     try:
-        key, token = _member_gateway_key(run, deployment)
+        model = _gateway_model_name(deployment)
+        key, token = _member_gateway_key(run, deployment, model)
     except _Refused as refusal:
         _finish(run, RunState.PARTIAL if saved else RunState.FAILED, str(refusal))
         return
     # The team's traffic: through the gateway as the member's benchmark key, pinned to this
     # deployment; /metrics is still read from the engine (nothing is spent there).
-    config.base_url, config.api_key = settings.BENCHMARK_GATEWAY_URL, token
+    config.base_url, config.api_key, config.model = settings.BENCHMARK_GATEWAY_URL, token, model
     config.metrics_base_url, config.metrics_api_key = endpoint_url, api_key or None
     note = (
         f"Sent through the gateway as {key.name} of team {deployment.team.slug}: the team's quotas, "
@@ -205,9 +211,21 @@ def _through_gateway(run: BenchmarkRun) -> bool:
     return run.created_by is None or not run.created_by.is_staff
 
 
-def _member_gateway_key(run: BenchmarkRun, deployment: Deployment) -> tuple[ApiKey, str]:
+def _gateway_model_name(deployment: Deployment) -> str:
+    """The name the gateway routes to the deployment's version: its own, or a served name over it
+    when clients may not call the version by name (the pinned key still reaches only this replica)."""
+    name = model_version_gateway_name(deployment.model_version)
+    if name is None:
+        raise _Refused(
+            f"{deployment.model_version.name} is callable only through a served name, and no served "
+            "name gives it a share: the gateway has no name to route the run by"
+        )
+    return name
+
+
+def _member_gateway_key(run: BenchmarkRun, deployment: Deployment, model: str) -> tuple[ApiKey, str]:
     """The run's creator's benchmark key of the deployment's team, made on first use (as the
-    playground's key), with a fresh secret pinned to the deployment and its model."""
+    playground's key), with a fresh secret pinned to the deployment and allowed `model` only."""
     user, team = run.created_by, deployment.team
     if user is None:
         raise _Refused("the account that queued this run was deleted: no one's quota to run it on")
@@ -216,9 +234,7 @@ def _member_gateway_key(run: BenchmarkRun, deployment: Deployment) -> tuple[ApiK
             f"{user.get_username()} is no longer a member of {team.name}: the run would spend its quota"
         )
     key = member_key_for(team=team, user=user, purpose="benchmark")
-    token = api_key_new_secret(
-        api_key=key, allowed_models=[deployment.model_version.name], pinned_deployment_id=deployment.pk
-    )
+    token = api_key_new_secret(api_key=key, allowed_models=[model], pinned_deployment_id=deployment.pk)
     return key, token
 
 
@@ -259,11 +275,13 @@ def _sweep(run: BenchmarkRun, config: BenchConfig, first: int) -> None:
             now = time.monotonic()
             if kind in ("level", "end", "start") or now - last_write >= PROGRESS_EVERY_S:
                 last_write = now
-                # One write publishes progress, renews the lease and reads a cancel request.
-                BenchmarkRun.objects.filter(pk=run.pk).update(
-                    progress=progress, lease_expires_at=timezone.now() + LEASE
+                # One write publishes progress, renews the lease and reads a cancel request. A run
+                # no longer running was ended without this job (the sweep, a cancel while the
+                # lease had lapsed): stop measuring for it.
+                held = BenchmarkRun.objects.filter(pk=run.pk, state=RunState.RUNNING).update(
+                    progress=progress, lease_expires_at=timezone.now() + _lease()
                 )
-                if BenchmarkRun.objects.filter(pk=run.pk, cancel_requested=True).exists():
+                if not held or BenchmarkRun.objects.filter(pk=run.pk, cancel_requested=True).exists():
                     cancel.set()
             if kind == "end":
                 ended = True
@@ -293,13 +311,61 @@ def _sweep(run: BenchmarkRun, config: BenchConfig, first: int) -> None:
         _finish(run, RunState.DONE, "")
 
 
-def _finish(run: BenchmarkRun, state: str, reason: str) -> None:
+def _finish(run: BenchmarkRun, state: str, reason: str) -> bool:
+    """End the running run; False when it was ended meanwhile without this job (by the sweep, or a
+    cancel while its lease had lapsed): whoever ends a run first decides its state."""
     concurrency, why = benchmark_run_pick_sla(run)
-    BenchmarkRun.objects.filter(pk=run.pk).update(
-        state=state,
-        state_reason=reason,
-        finished_at=timezone.now(),
-        lease_expires_at=None,
-        sla_concurrency=concurrency,
-        sla_reason=why,
+    return bool(
+        BenchmarkRun.objects.filter(pk=run.pk, state=RunState.RUNNING).update(
+            state=state,
+            state_reason=reason,
+            finished_at=timezone.now(),
+            lease_expires_at=None,
+            sla_concurrency=concurrency,
+            sla_reason=why,
+        )
     )
+
+
+def _unheld(now) -> Q:
+    """Running, and no worker holds it: the lease lapsed (or was never written)."""
+    return Q(state=RunState.RUNNING) & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+
+
+def benchmark_run_end_unheld(*, run: BenchmarkRun, state: str, reason: str) -> bool:
+    """End `run` as `state` if it is running and no worker holds its lease; False otherwise (a
+    worker renewed it meanwhile: the job keeps its run). One claim, checked again in the update."""
+    now = timezone.now()
+    if not BenchmarkRun.objects.filter(_unheld(now), pk=run.pk).update(
+        state=state, state_reason=reason, finished_at=now, lease_expires_at=None
+    ):
+        return False
+    run.refresh_from_db()
+    concurrency, why = benchmark_run_pick_sla(run)
+    BenchmarkRun.objects.filter(pk=run.pk).update(sla_concurrency=concurrency, sla_reason=why)
+    return True
+
+
+def benchmark_runs_expire() -> list[int]:
+    """Beat: end every run whose lease lapsed (its worker was killed, or lost the database) as
+    failed, or partial when levels were saved (kept); cancelled when a cancel was asked. Returns
+    their ids.
+
+    The redelivered job cannot do this: it arrives while the dead worker's lease still looks live,
+    drops itself as a duplicate, and nothing else would ever end the run (docs/concurrency.md).
+    """
+    ended = []
+    for run in BenchmarkRun.objects.filter(_unheld(timezone.now())).order_by("pk"):
+        if run.cancel_requested:
+            state, reason = RunState.CANCELLED, "cancelled; no worker held the run"
+        else:
+            state = RunState.PARTIAL if run.levels.exists() else RunState.FAILED
+            reason = (
+                "its worker stopped renewing the run's lease (killed, or cut off from the database); "
+                "levels saved before are kept"
+            )
+        lapsed_at = run.lease_expires_at
+        if benchmark_run_end_unheld(run=run, state=state, reason=reason):
+            logger.warning("benchmark run %s ended %s: its lease lapsed at %s", run.pk, state, lapsed_at)
+            ended.append(run.pk)
+    return ended

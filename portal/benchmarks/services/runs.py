@@ -21,6 +21,7 @@ from portal.core.errors import ApplicationError
 from portal.deployments.models import Deployment, DeploymentState
 
 from ..models import BenchmarkRun, RunKind, RunState
+from .execution import benchmark_run_end_unheld
 from .limits import check_bounds, level_plans, plan_to_dict
 from .snapshot import deployment_snapshot, deployment_tokenizer_path
 
@@ -167,7 +168,8 @@ def benchmark_run_create(*, user, run_request: BenchmarkRunRequest) -> Benchmark
 
 
 def benchmark_run_cancel(*, run: BenchmarkRun) -> BenchmarkRun:
-    """Ask a running job to stop (it keeps finished levels); a queued run is cancelled at once."""
+    """Ask a running job to stop (it keeps finished levels); a queued run, or a running one that no
+    worker holds (its lease lapsed: nobody would read the request), is cancelled at once."""
     if run.finished:
         raise ApplicationError(f"run {run.pk} already finished ({run.state})", field="state")
     claimed = BenchmarkRun.objects.filter(pk=run.pk, state=RunState.QUEUED).update(
@@ -178,5 +180,10 @@ def benchmark_run_cancel(*, run: BenchmarkRun) -> BenchmarkRun:
     )
     if not claimed:
         BenchmarkRun.objects.filter(pk=run.pk).update(cancel_requested=True)
+        benchmark_run_end_unheld(
+            run=run,
+            state=RunState.CANCELLED,
+            reason="cancelled; no worker held the run (its lease had lapsed)",
+        )
     run.refresh_from_db()
     return run
