@@ -74,6 +74,14 @@ class Exchange:
     finished: bool = False
     leases: list[tuple[list[str], str]] = field(default_factory=list)  # (zsets, member) renewed
     upstream: object | None = None  # the open UpstreamResponse, closed when the exchange finishes
+    # The most the upstream's usage may bill (`bill_upstream`): the prompt's ceiling (its count, or
+    # its body's bytes if more: a tokenizer's token covers at least one byte) and the output's
+    # (max_tokens of every sequence). 0 until admission knows them: nothing is bounded yet.
+    prompt_ceiling: int = 0
+    completion_ceiling: int = 0
+    replica_name: str = ""  # the replica answering now, named when its usage numbers are refused
+    usage_doubted: bool = False  # an upstream's usage was out of bounds (logged once per request)
+    answer_deadline: float = 0.0  # loop time by which a whole (non-streamed) answer must be in
 
     def admitted(self, admission: Admission) -> None:
         """Known before the request queues, so a client leaving the queue still gets its slots
@@ -96,6 +104,53 @@ class Exchange:
         for member in members or [self.request_id]:
             self.keeper.drop(zsets, member)
         await self.keeper.settled()
+
+    def bill_upstream(self, usage: object, *, completion_estimate: int | None = None) -> None:
+        """Take the upstream's `usage` object as what is billed, within bounds: 0 ≤ each count ≤
+        its ceiling. A count that is not a whole number (a string, a list, a negative) is not
+        believed: the prompt keeps the gateway's own count, the completion its `completion_estimate`
+        (events streamed) or, with none, its ceiling. A breach is logged once per request."""
+        usage = usage if isinstance(usage, dict) else {}
+        prompt = self._bounded("prompt_tokens", usage.get("prompt_tokens"), self.prompt_ceiling)
+        if prompt:  # absent or 0: the gateway's own count stands
+            self.prompt_tokens = prompt
+        completion = self._bounded(
+            "completion_tokens", usage.get("completion_tokens"), self.completion_ceiling
+        )
+        if completion is None:
+            if completion_estimate is not None:
+                completion = completion_estimate
+            elif "completion_tokens" in usage and usage["completion_tokens"] is not None:
+                completion = self.completion_ceiling  # a broken count of an answer that did run
+            else:
+                completion = 0
+            if self.completion_ceiling:
+                completion = min(max(completion, 0), self.completion_ceiling)
+        self.completion_tokens = max(completion, 0)
+
+    def _bounded(self, name: str, value: object, ceiling: int) -> int | None:
+        """`value` as a count in [0, ceiling] (ceiling 0: unbounded above); None if absent or no count."""
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            self._doubt(name, value)
+            return None
+        if ceiling and value > ceiling:
+            self._doubt(name, value)
+            return ceiling
+        return value
+
+    def _doubt(self, name: str, value: object) -> None:
+        if self.usage_doubted:
+            return
+        self.usage_doubted = True
+        log.warning(
+            "gateway request %s: replica %s reported %s=%.40r, out of bounds; billed within what it reserved",
+            self.request_id,
+            self.replica_name or self.tried_deployment_id,
+            name,
+            value,
+        )
 
     def mark_first_byte(self) -> None:
         self.ttft_ms = (time.perf_counter() - self.started_mono) * 1000
