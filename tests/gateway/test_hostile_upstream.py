@@ -11,7 +11,7 @@ import select
 import pytest
 
 from portal.gateway import upstream
-from tests.helpers.hostile import HostileUpstream, answer, own_answer
+from tests.helpers.hostile import CLOSE, HostileUpstream, answer, own_answer
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 EARLY_HINTS = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
@@ -174,3 +174,52 @@ def test_a_whole_answer_over_its_size_cap_is_refused_and_its_connection_closed()
     error, idle = _run(work)
     assert error.code == "upstream_too_large"
     assert idle == []
+
+
+def test_a_connection_idle_past_its_limit_is_not_reused(settings):
+    settings.GATEWAY_UPSTREAM_IDLE_S = 4.0  # under uvicorn's (vLLM's) 5 s keep-alive
+
+    async def work():
+        async with HostileUpstream(lambda rid, n: own_answer(rid)) as server:
+            await _ask(server.url, "team-a-0")
+            _idle(server.url)[0].idle_since -= 4.5  # idle 4.5 s: the engine is about to close it
+            await _ask(server.url, "team-a-1")
+            return server.connections
+
+    assert _run(work) == 2
+
+
+def test_a_reused_connection_closed_before_any_byte_is_retried_once_on_a_fresh_one():
+    async def work():
+        # The server drops its kept connection as the second request arrives, as an engine whose
+        # keep-alive ran out at that moment does: it never processed that request.
+        async with HostileUpstream(lambda rid, n: own_answer(rid) if n == 1 else b"") as server:
+            await _ask(server.url, "team-a-0")
+            status, content = await _ask(server.url, "team-b-1")
+            return status, content, server.connections
+
+    status, content, connections = _run(work)
+    assert (status, json.loads(content)) == (200, {"answers": "team-b-1"})
+    assert connections == 2
+
+
+def test_a_reused_connection_that_failed_after_a_byte_of_its_answer_is_not_retried():
+    async def work():
+        script = {1: None, 2: [b"HTTP/1.1 200 OK\r\n", CLOSE]}  # closed mid-head
+        async with HostileUpstream(lambda rid, n: script[n] or own_answer(rid)) as server:
+            await _ask(server.url, "team-a-0")
+            with pytest.raises(upstream.UpstreamError):
+                await _ask(server.url, "team-b-1")
+            return server.requests
+
+    assert _run(work) == ["team-a-0", "team-b-1"]
+
+
+def test_a_fresh_connection_closed_before_any_byte_is_not_retried():
+    async def work():
+        async with HostileUpstream(lambda rid, n: b"") as server:
+            with pytest.raises(upstream.UpstreamError):
+                await _ask(server.url, "team-a-0")
+            return server.requests
+
+    assert _run(work) == ["team-a-0"]

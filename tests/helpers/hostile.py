@@ -7,8 +7,8 @@ switch, an endless head).
         response = await upstream.open_stream(server.url, body, "team-a-1")
 
 `answer(request_id, number)` gets the request's `X-Request-Id` and its number on its connection
-(1, 2, …) and returns what to write: bytes, or a list of bytes and pauses (floats, seconds); an
-empty result closes the connection without a byte.
+(1, 2, …) and returns what to write: bytes, or a list of bytes, pauses (floats, seconds) and
+CLOSE (the connection is closed there); an empty result closes it without a byte.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import asyncio
 import threading
 from collections.abc import Callable
 
-Script = bytes | list[bytes | float]
+CLOSE = "close"
+Script = bytes | list[bytes | float | str]
 Answer = Callable[[str, int], Script]
 
 
@@ -51,6 +52,7 @@ class HostileUpstream:
 
         def serve() -> None:
             self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
             self._server = self._loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
             started.set()
             self._loop.run_forever()
@@ -92,6 +94,8 @@ class HostileUpstream:
                 if not script:
                     return
                 for part in [script] if isinstance(script, bytes) else script:
+                    if part == CLOSE:
+                        return
                     if isinstance(part, float):
                         await asyncio.sleep(part)
                     else:
