@@ -266,6 +266,8 @@ async def _admit(
         timing.lap("counting")
     parsed.bound_by_context(context_len=smallest_context(replicas), longest_prompt=count.longest)
     long_prompt = ex.prompt_tokens > gateway_settings().long_prompt_tokens
+    # Before the reservation is taken: a process killed from here on leaves an `interrupted` record.
+    await ex.open(reserved_tokens=ex.prompt_tokens + parsed.reserved_output_tokens)
     ex.admission, placement = await admit_and_place(
         ex.limiter,
         request_id=ex.request_id,

@@ -222,6 +222,9 @@ class UsageStatus(models.TextChoices):
     UPSTREAM_ERROR = "upstream_error", "upstream error"
     REJECTED = "rejected", "rejected"
     TIMEOUT = "timeout", "timeout"
+    # The gateway process serving it died (killed, crashed): billed its reservation, as its daily
+    # counters still hold it (docs/concurrency.md, "Requests whose gateway process died").
+    INTERRUPTED = "interrupted", "interrupted"
 
 
 class Usage(models.Model):
