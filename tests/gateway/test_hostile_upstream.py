@@ -8,9 +8,11 @@ import asyncio
 import json
 import select
 
+import httpx
 import pytest
 
 from portal.gateway import upstream
+from tests.helpers.gateway import chat_body, make_setup
 from tests.helpers.hostile import CLOSE, HostileUpstream, answer, own_answer
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -223,3 +225,45 @@ def test_a_fresh_connection_closed_before_any_byte_is_not_retried():
             return server.requests
 
     assert _run(work) == ["team-a-0"]
+
+
+# --- through the gateway: what the client sees, what is recorded ------------------------------
+
+
+@pytest.fixture
+def hostile_replica(request):
+    """A hostile upstream serving `request.param` (an Answer), outside any test loop."""
+    server = HostileUpstream(request.param).start()
+    yield server
+    server.stop()
+
+
+MANY_HEADERS = answer(b"{}", extra_head=b"".join(b"X-H%d: 1\r\n" % i for i in range(150)))
+SWITCH = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("hostile_replica", "code"),
+    [
+        (lambda rid, n: MANY_HEADERS, "upstream_head_too_large"),
+        (lambda rid, n: [SWITCH, own_answer(rid)], "upstream_protocol_error"),
+    ],
+    ids=["a head of 150 headers", "a protocol switch"],
+    indirect=["hostile_replica"],
+)
+def test_the_gateway_refuses_a_replicas_unrelayable_answer_with_a_502_naming_it(
+    gateway, team, cpu_node, gw_redis, hostile_replica, code
+):
+    from portal.teams.models import Usage
+    from portal.teams.services import usage_flush
+
+    setup = make_setup(team=team, node=cpu_node, upstream=hostile_replica.base_url)
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions", headers=setup.headers, json=chat_body(setup.model), timeout=30
+    )
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == code
+    usage_flush()
+    [row] = Usage.objects.filter(team=team)
+    assert (row.status, row.http_status, row.error_code) == ("upstream_error", 502, code)

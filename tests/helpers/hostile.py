@@ -48,6 +48,13 @@ class HostileUpstream:
         self._thread: threading.Thread | None = None
 
     async def __aenter__(self) -> HostileUpstream:
+        return self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> HostileUpstream:
+        """Serve from a thread of its own (also usable outside an event loop: a gateway's replica)."""
         started = threading.Event()
 
         def serve() -> None:
@@ -71,9 +78,14 @@ class HostileUpstream:
         self.url = f"http://127.0.0.1:{port}/v1/chat/completions"
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    def stop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+    @property
+    def base_url(self) -> str:
+        """The server's root, as a replica's endpoint URL."""
+        return self.url.removesuffix("/v1/chat/completions")
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
