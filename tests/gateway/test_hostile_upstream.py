@@ -12,8 +12,9 @@ import httpx
 import pytest
 
 from portal.gateway import upstream
-from tests.helpers.gateway import chat_body, make_setup
+from tests.helpers.gateway import chat_body, make_setup, start_gateway
 from tests.helpers.hostile import CLOSE, HostileUpstream, answer, own_answer
+from tests.helpers.processes import stop
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 EARLY_HINTS = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
@@ -267,3 +268,42 @@ def test_the_gateway_refuses_a_replicas_unrelayable_answer_with_a_502_naming_it(
     usage_flush()
     [row] = Usage.objects.filter(team=team)
     assert (row.status, row.http_status, row.error_code) == ("upstream_error", 502, code)
+
+
+@pytest.fixture
+def strict_gateway(tmp_path):
+    """A gateway of its own with small whole-answer limits: 2 s, 64 KiB."""
+    found, process = start_gateway(
+        tmp_path / "gateway.log", GATEWAY_ANSWER_TIMEOUT_S="2", GATEWAY_UPSTREAM_MAX_ANSWER_BYTES="65536"
+    )
+    yield found
+    stop(process)
+
+
+TRICKLE = [
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n",
+    *[piece for _ in range(100) for piece in (0.2, b" ")],  # 20 s, never silent for a read timeout
+]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("hostile_replica", "status", "code"),
+    [
+        (lambda rid, n: TRICKLE, 504, "upstream_timeout"),
+        (lambda rid, n: answer(b"x" * 200_000), 502, "upstream_too_large"),
+    ],
+    ids=["an answer trickled past its deadline", "an answer over its size cap"],
+    indirect=["hostile_replica"],
+)
+def test_the_gateway_bounds_a_whole_answers_time_and_size(
+    strict_gateway, team, cpu_node, gw_redis, hostile_replica, status, code
+):
+    setup = make_setup(team=team, node=cpu_node, upstream=hostile_replica.base_url)
+    response = httpx.post(
+        f"{strict_gateway.url}/v1/chat/completions",
+        headers=setup.headers,
+        json=chat_body(setup.model),
+        timeout=30,
+    )
+    assert (response.status_code, response.json()["error"]["code"]) == (status, code)
