@@ -9,7 +9,9 @@ completed, disconnected, in_flight, in_prefill: before the first chunk). A
 prompt containing `FAKE ` directives changes one request's behaviour, e.g.
 `FAKE status=500`, `FAKE delay=3` (seconds before the first chunk),
 `FAKE chunks=200 interval=20`, `FAKE die_after=3` (drop the connection after 3
-chunks). A misconfigured replica, for every request: `--status 401` answers that
+chunks), `FAKE bad_usage=1` (usage reports `completion_tokens` as "three"; 2: `[3]`;
+3: -1000; 4: 10**9, for the gateway's distrust of upstream numbers). A misconfigured replica, for
+every request: `--status 401` answers that
 status; `--empty` answers 200 and closes with no bytes.
 """
 
@@ -24,6 +26,12 @@ import time
 from aiohttp import web
 
 DIRECTIVE = re.compile(r"FAKE((?:\s+\w+=[\d.]+)+)")
+# What `FAKE bad_usage=N` reports as completion_tokens: what a broken or hostile engine might.
+BAD_USAGE = {1: "three", 2: [3], 3: -1000, 4: 10**9}
+
+
+def completion_usage(n: int, d: dict[str, float]) -> object:
+    return BAD_USAGE[int(d["bad_usage"])] if "bad_usage" in d else n
 
 
 def directives(body: dict) -> dict[str, float]:
@@ -133,7 +141,7 @@ class Fake:
                     "choices": [choice],
                     "usage": {
                         "prompt_tokens": prompt_len(body),
-                        "completion_tokens": n,
+                        "completion_tokens": completion_usage(n, d),
                         "total_tokens": prompt_len(body) + n,
                     },
                 }
@@ -169,7 +177,8 @@ class Fake:
             await response.write(last)
             if (body.get("stream_options") or {}).get("include_usage"):
                 p = prompt_len(body)
-                usage = {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+                completion = completion_usage(n, d)
+                usage = {"prompt_tokens": p, "completion_tokens": completion, "total_tokens": p + n}
                 await response.write(
                     f'data: {{"id":"chatcmpl-fake","object":"{kind}","created":{created},"model":"{model}",'
                     f'"choices":[],"usage":{json.dumps(usage, separators=(",", ":"))}}}\n\n'.encode()

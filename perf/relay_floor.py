@@ -17,8 +17,16 @@ import os
 
 from django.conf import settings
 
-if not settings.configured:  # the upstream client reads its three limits from Django's settings
-    settings.configure(GATEWAY_MAX_CONNECTIONS=1024, GATEWAY_CONNECT_TIMEOUT_S=5, GATEWAY_READ_TIMEOUT_S=60)
+if not settings.configured:  # the upstream client reads its limits from Django's settings
+    settings.configure(
+        GATEWAY_MAX_CONNECTIONS=1024,
+        GATEWAY_CONNECT_TIMEOUT_S=5,
+        GATEWAY_READ_TIMEOUT_S=60,
+        GATEWAY_UPSTREAM_IDLE_S=4.0,
+        GATEWAY_UPSTREAM_MAX_HEAD_BYTES=64 * 1024,
+        GATEWAY_UPSTREAM_MAX_HEADERS=100,
+        GATEWAY_UPSTREAM_HEAD_TIMEOUT_S=10.0,
+    )
 
 from portal.gateway.upstream import open_stream
 

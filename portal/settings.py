@@ -528,6 +528,26 @@ GATEWAY_FIRST_TOKEN_TIMEOUT_LONG_S = env_number(
 GATEWAY_READ_TIMEOUT_S = env_number("GATEWAY_READ_TIMEOUT_S", default=60.0, minimum=0.1, maximum=3600.0)
 GATEWAY_CONNECT_TIMEOUT_S = env_number("GATEWAY_CONNECT_TIMEOUT_S", default=5.0, minimum=0.01, maximum=300.0)
 GATEWAY_MAX_CONNECTIONS = env_number("GATEWAY_MAX_CONNECTIONS", default=1000, minimum=1, maximum=100_000)
+# What an upstream may send (docs/decisions.md, "What the upstream client accepts"): a head's size,
+# header count and time from its first byte; a whole non-streamed answer's size and time.
+GATEWAY_UPSTREAM_MAX_HEAD_BYTES = env_number(
+    "GATEWAY_UPSTREAM_MAX_HEAD_BYTES", default=64 * 1024, minimum=1024, maximum=1024 * 1024
+)
+GATEWAY_UPSTREAM_MAX_HEADERS = env_number(
+    "GATEWAY_UPSTREAM_MAX_HEADERS", default=100, minimum=10, maximum=1000
+)
+GATEWAY_UPSTREAM_HEAD_TIMEOUT_S = env_number(
+    "GATEWAY_UPSTREAM_HEAD_TIMEOUT_S", default=10.0, minimum=0.1, maximum=300.0
+)
+GATEWAY_UPSTREAM_MAX_ANSWER_BYTES = env_number(
+    "GATEWAY_UPSTREAM_MAX_ANSWER_BYTES",
+    default=16 * 1024 * 1024,
+    minimum=64 * 1024,
+    maximum=1024 * 1024 * 1024,
+)
+GATEWAY_ANSWER_TIMEOUT_S = env_number("GATEWAY_ANSWER_TIMEOUT_S", default=600.0, minimum=1.0, maximum=3600.0)
+# Idle pooled connections are dropped before the engine drops them (uvicorn: 5 s keep-alive).
+GATEWAY_UPSTREAM_IDLE_S = env_number("GATEWAY_UPSTREAM_IDLE_S", default=4.0, minimum=0.1, maximum=300.0)
 GATEWAY_SLOT_LEASE_S = env_number("GATEWAY_SLOT_LEASE_S", default=30.0, minimum=0.3, maximum=3600.0)
 # Priority classes (docs/decisions.md): a batch request takes a replica slot only while the
 # replica's in-flight count is below this share of its cap, and waits in its own queue this long.

@@ -94,11 +94,9 @@ class SseRelay:
         rest, self._buffer = self._buffer, b""
         return rest
 
-    def completion_tokens(self) -> int:
-        """From upstream's usage; else the number of token events seen (one token each, as vLLM
-        streams them): a stream cut mid-way (no usage chunk, no `[DONE]`) is billed what it got."""
-        if self.usage is not None:
-            return int(self.usage.get("completion_tokens") or 0)
+    def estimated_completion_tokens(self) -> int:
+        """The number of token events seen (one token each, as vLLM streams them): what a stream
+        cut mid-way (no usage chunk, no `[DONE]`), or one whose usage is not believed, is billed."""
         return max(0, self.events - self.non_token_events)
 
 
@@ -170,13 +168,16 @@ class RelayStream:
             return
         self._done = True
         ex = self.exchange
-        usage = self.relay.usage or {}
-        if usage.get("prompt_tokens"):
-            ex.prompt_tokens = int(usage["prompt_tokens"])
-        ex.completion_tokens = self.relay.completion_tokens()
-        if timing.ON:
-            timing.skip()
-        await ex.finish(status, http_status, code)  # shielded itself: a cancellation cannot cut it
+        try:
+            # The upstream's numbers are not trusted (Exchange.bill_upstream bounds them); whatever
+            # they hold, the exchange finishes below, or its slots would be renewed for ever.
+            ex.bill_upstream(self.relay.usage, completion_estimate=self.relay.estimated_completion_tokens())
+            if timing.ON:
+                timing.skip()
+        except Exception:
+            log.exception("usage of request %s could not be read", ex.request_id)
+        finally:
+            await ex.finish(status, http_status, code)  # shielded itself: a cancellation cannot cut it
         if timing.ON:
             timing.lap("accounting")
             timing.done()

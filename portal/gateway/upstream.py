@@ -17,13 +17,22 @@ upstream client"); this module does it with the llhttp parser uvicorn already us
 
 Limits: GATEWAY_MAX_CONNECTIONS connections per process, idle ones included (when all are
 taken, an idle one to another replica is closed to make room; else a request waits for one at
-most GATEWAY_CONNECT_TIMEOUT_S); idle ones kept KEEPALIVE_S.
+most GATEWAY_CONNECT_TIMEOUT_S); idle ones kept GATEWAY_UPSTREAM_IDLE_S, under the engine's own
+keep-alive (uvicorn's 5 s), and a reused one that fails before any byte of its answer is retried
+once on a fresh connection (docs/decisions.md, "Stale pooled connections").
+
+An upstream is not trusted to speak well (docs/decisions.md, "What the upstream client accepts"):
+interim answers (1xx) are skipped, a `101` fails the request, an answer nobody asked for closes
+its connection, and a head past GATEWAY_UPSTREAM_MAX_HEAD_BYTES / _MAX_HEADERS or slower than
+GATEWAY_UPSTREAM_HEAD_TIMEOUT_S fails the request and closes its connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import logging
+import select
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -34,13 +43,34 @@ from urllib.parse import urlsplit
 import httptools
 from django.conf import settings
 
-KEEPALIVE_S = 30.0  # an idle connection older than this is closed rather than reused
+log = logging.getLogger("portal.gateway")
+
 # Body bytes buffered before reading from the socket pauses: a slow client slows the read.
 HIGH_WATER = 64 * 1024
 
 
 class UpstreamError(ConnectionError):
     """The replica failed us: refused, reset, closed early or spoke broken HTTP."""
+
+    code = "upstream_error"  # the error code the client sees when no other replica answers
+
+
+class UpstreamProtocolError(UpstreamError):
+    """The replica answered what a pass-through cannot relay: `101 Switching Protocols`."""
+
+    code = "upstream_protocol_error"
+
+
+class UpstreamTooLarge(UpstreamError):
+    """The replica's head or whole answer is over its cap."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Stop(Exception):
+    """Stops httptools mid-feed: the reason is on the connection (`error`, `unsolicited`)."""
 
 
 class ConnectTimeout(TimeoutError):
@@ -53,6 +83,10 @@ class PoolTimeout(TimeoutError):
 
 class ReadTimeout(TimeoutError):
     """Upstream sent nothing for GATEWAY_READ_TIMEOUT_S."""
+
+
+class HeadTimeout(ReadTimeout):
+    """Upstream's head took longer than GATEWAY_UPSTREAM_HEAD_TIMEOUT_S from its first byte."""
 
 
 # Errors that mean "this replica failed us" (OSError covers refused and reset connections).
@@ -105,6 +139,10 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.busy = True  # a request is on it; an idle one that receives bytes is broken
         self.idle_since = 0.0
+        self.reused = False  # taken from the pool (not opened for this request)
+        # Bytes arrived after the answer was complete: they belong to no request, so the
+        # connection is never used again (its next answer could be this one's leftover).
+        self.unsolicited = False
         self._reset()
 
     def _reset(self) -> None:
@@ -118,6 +156,12 @@ class _Connection(asyncio.Protocol):
         self.waiter: asyncio.Future | None = None
         self.paused = False
         self.write_ready: asyncio.Future | None = None
+        self.received = False  # any byte of this request's answer (its interim heads included)
+        self.interim = False  # parsing a 1xx head, which precedes the answer and is skipped
+        self.head_bytes = 0
+        self.header_count = 0  # headers and their bytes, interim heads' included
+        self.header_bytes = 0
+        self.head_started = 0.0
         if self.watchdog is not None:
             self.watchdog.cancel()
             self.watchdog = None
@@ -131,12 +175,34 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
             self.closed = True
             return
-        self.heard_at = self.loop.time()
+        self.heard_at = now = self.loop.time()
+        if not self.head_done:
+            if not self.received:
+                self.received = True
+                self.head_started = now
+            self.head_bytes += len(data)
         try:
             self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(UpstreamProtocolError("upstream switched protocols (101)"))
         except httptools.HttpParserError as error:
-            self._fail(UpstreamError(f"upstream spoke broken HTTP: {error}"))
+            if self.error is None and not self.unsolicited:
+                self._fail(UpstreamError(f"upstream spoke broken HTTP: {error}"))
+        if not self.head_done and self.error is None:
+            # Every byte counted so far is head (the head is still open): bound its size and time.
+            pool = self.pool
+            if self.head_bytes > pool.max_head_bytes:
+                self._fail(
+                    UpstreamTooLarge(
+                        f"upstream's response head is over {pool.max_head_bytes} bytes",
+                        code="upstream_head_too_large",
+                    )
+                )
+            elif now - self.head_started > pool.head_timeout_s:
+                self._fail(HeadTimeout(f"upstream's response head took over {pool.head_timeout_s} s"))
+        if (self.error is not None or self.unsolicited) and not self.closed:
             self.transport.close()
+            self.closed = True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -154,10 +220,39 @@ class _Connection(asyncio.Protocol):
         self.write_ready = None
 
     # --- httptools -----------------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self.complete:  # a second answer to one request: whoever asks next must not get it
+            self.unsolicited = True
+            log.warning(
+                "upstream %s:%s sent an answer nobody asked for; connection closed", *self.address[:2]
+            )
+            raise _Stop
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        # A head read in one piece is whole before `data_received` can measure it: counted here too.
+        self.header_count += 1
+        self.header_bytes += len(name) + len(value) + 4
+        pool = self.pool
+        if self.header_count > pool.max_headers or self.header_bytes > pool.max_head_bytes:
+            self._fail(
+                UpstreamTooLarge(
+                    f"upstream's head is over {pool.max_headers} headers or {pool.max_head_bytes} bytes",
+                    code="upstream_head_too_large",
+                )
+            )
+            raise _Stop
         self.headers[name.decode("latin1").lower()] = value.decode("latin1")
 
     def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if status < 200:
+            if status == 101:  # the connection would now speak another protocol: never relayed
+                self._fail(UpstreamProtocolError("upstream switched protocols (101)"))
+                raise _Stop
+            # 100 Continue, 103 Early Hints…: an interim head (RFC 9110 §15.2); the answer follows.
+            self.interim = True
+            self.headers = {}
+            return
         self.head_done = True
         self.keep_alive = self.parser.should_keep_alive()
         self._wake()
@@ -171,6 +266,9 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self.interim:  # the end of an interim head, not of the answer
+            self.interim = False
+            return
         self.complete = True
         self._wake()
 
@@ -247,10 +345,23 @@ class UpstreamResponse:
                 return b""
         return conn.take()
 
-    async def aread(self) -> bytes:
-        """The whole body."""
+    async def aread(self, max_bytes: int | None = None) -> bytes:
+        """The whole body; past `max_bytes` an UpstreamTooLarge, and the connection is closed."""
         parts = []
+        size = 0
         while chunk := await self.read():
+            size += len(chunk)
+            if max_bytes is not None and size > max_bytes:
+                self._conn.unsolicited = True  # never pooled: the rest of the answer is still coming
+                self._release()
+                log.warning(
+                    "upstream %s:%s answered over %s bytes; connection closed",
+                    *self._conn.address[:2],
+                    max_bytes,
+                )
+                raise UpstreamTooLarge(
+                    f"upstream's answer is over {max_bytes} bytes", code="upstream_too_large"
+                )
             parts.append(chunk)
         return b"".join(parts)
 
@@ -267,20 +378,36 @@ class UpstreamResponse:
 class _Pool:
     """The connections of one event loop: idle ones by address, and a bound on how many exist."""
 
-    def __init__(self, *, max_connections: int, connect_timeout_s: float, read_timeout_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        max_connections: int,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        idle_s: float = 4.0,
+        max_head_bytes: int = 64 * 1024,
+        max_headers: int = 100,
+        head_timeout_s: float = 10.0,
+    ) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
+        self.idle_s = idle_s
+        self.max_head_bytes = max_head_bytes
+        self.max_headers = max_headers
+        self.head_timeout_s = head_timeout_s
         self.idle: dict[tuple[str, int, bool], list[_Connection]] = {}
         self.slots = asyncio.Semaphore(max_connections)
         self._tls: ssl.SSLContext | None = None
 
-    async def acquire(self, address: tuple[str, int, bool]) -> _Connection:
+    async def acquire(self, address: tuple[str, int, bool], *, fresh: bool = False) -> _Connection:
+        """A connection to `address`: the most recently idle one, else a new one (`fresh`: new)."""
         idle = self.idle.get(address)
         now = time.monotonic()
-        while idle:
+        while idle and not fresh:
             conn = idle.pop()
-            if not conn.closed and now - conn.idle_since < KEEPALIVE_S:
+            if not conn.closed and now - conn.idle_since < self.idle_s and _quiet(conn):
                 conn.busy = True
+                conn.reused = True
                 return conn
             self._discard(conn)
         if self.slots.locked():
@@ -327,7 +454,8 @@ class _Pool:
         return self._tls
 
     def release(self, conn: _Connection) -> None:
-        if not (conn.complete and conn.keep_alive and conn.error is None and not conn.closed):
+        reusable = conn.complete and conn.keep_alive and conn.error is None
+        if not (reusable and not conn.closed and not conn.unsolicited):
             if not conn.closed:
                 conn.transport.close()
                 conn.closed = True
@@ -337,6 +465,22 @@ class _Pool:
         conn.busy = False
         conn.idle_since = time.monotonic()
         self.idle.setdefault(conn.address, []).append(conn)
+
+
+def _quiet(conn: _Connection) -> bool:
+    """No byte and no EOF waits on an idle connection's socket (one poll, once per reuse).
+
+    The loop reads an idle connection's bytes on its next turn (and then closes it), so bytes
+    that arrived since its last turn are still in the socket: a leftover answer, or the server's
+    close. Either way the connection is not taken."""
+    sock = conn.transport.get_extra_info("socket")
+    if sock is None:
+        return True
+    try:
+        readable, _, _ = select.select([sock.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
 
 
 _pools: dict[int, tuple[asyncio.AbstractEventLoop, _Pool]] = {}
@@ -351,6 +495,10 @@ def _pool() -> _Pool:
         max_connections=settings.GATEWAY_MAX_CONNECTIONS,
         connect_timeout_s=settings.GATEWAY_CONNECT_TIMEOUT_S,
         read_timeout_s=settings.GATEWAY_READ_TIMEOUT_S,
+        idle_s=settings.GATEWAY_UPSTREAM_IDLE_S,
+        max_head_bytes=settings.GATEWAY_UPSTREAM_MAX_HEAD_BYTES,
+        max_headers=settings.GATEWAY_UPSTREAM_MAX_HEADERS,
+        head_timeout_s=settings.GATEWAY_UPSTREAM_HEAD_TIMEOUT_S,
     )
     _pools[id(loop)] = (loop, pool)
     return pool
@@ -360,7 +508,10 @@ async def open_stream(url: str, body: bytes, request_id: str, api_key: str = "")
     """POST `body` (JSON) to upstream; returns once its status and headers are in (body not read).
 
     `api_key` is the replica's own server key (the client's gateway key never goes upstream).
-    A connection error or timeout before that closes the connection; a cancellation too.
+    A connection error or timeout before that closes the connection; a cancellation too. A
+    connection taken from the pool that fails (write error, reset, EOF) before any byte of the
+    answer is tried once more on a fresh one: the server closed it idle, so it never saw the
+    request (RFC 9112 §9.3.1; docs/decisions.md, "Stale pooled connections").
     """
     where = target(url)
     if "\r" in api_key or "\n" in api_key:
@@ -371,10 +522,22 @@ async def open_stream(url: str, body: bytes, request_id: str, api_key: str = "")
         f"X-Request-Id: {request_id}\r\n{extra}\r\n"
     )
     pool = _pool()
+    request = where.head + head.encode("latin1") + body
     conn = await pool.acquire(where.address)
+    try:
+        return await _exchange(pool, conn, request)
+    except OSError as error:
+        if isinstance(error, TimeoutError) or not conn.reused or conn.received:
+            raise
+    # The reused connection died unanswered: the only case where sending again is safe.
+    return await _exchange(pool, await pool.acquire(where.address, fresh=True), request)
+
+
+async def _exchange(pool: _Pool, conn: _Connection, request: bytes) -> UpstreamResponse:
+    """Write `request` on `conn` and wait for the answer's head; on any failure the connection is closed."""
     response = None
     try:
-        conn.transport.write(where.head + head.encode("latin1") + body)
+        conn.transport.write(request)
         if conn.write_ready is not None:  # a large body filled the socket's buffer
             await conn.write_ready
         await conn.wait(lambda: conn.head_done, pool.read_timeout_s)

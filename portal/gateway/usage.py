@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -21,6 +22,7 @@ from django.db import Error as DatabaseError
 from django.db import close_old_connections
 
 from portal.core.redis.ratelimit import Admission, LeaseKeeper, RateLimiter, Scope
+from portal.core.redis.scripts import USAGE_OPEN, UsageOpenCall
 from portal.observability import prometheus
 from portal.teams import selectors
 from portal.teams.models import UNBILLED_STATUSES, PriorityClass, UsageStatus
@@ -44,6 +46,17 @@ async def tokens_billed_on_day(kind: str, id: int | str, day: int) -> int:
         return await sync_to_async(_billed_on_day)(kind, id, day)
     except DatabaseError:
         raise database_unavailable() from None
+
+
+_open_scripts: dict[int, tuple[RateLimiter, object]] = {}
+
+
+def _usage_open(limiter: RateLimiter):
+    """USAGE_OPEN on the limiter's script connection, registered once per limiter (one per loop)."""
+    found = _open_scripts.get(id(limiter))
+    if found is None or found[0] is not limiter:
+        found = _open_scripts[id(limiter)] = (limiter, limiter.scripts.register_script(USAGE_OPEN))
+    return found[1]
 
 
 @dataclass
@@ -74,6 +87,15 @@ class Exchange:
     finished: bool = False
     leases: list[tuple[list[str], str]] = field(default_factory=list)  # (zsets, member) renewed
     upstream: object | None = None  # the open UpstreamResponse, closed when the exchange finishes
+    # The most the upstream's usage may bill (`bill_upstream`): the prompt's ceiling (its count, or
+    # its body's bytes if more: a tokenizer's token covers at least one byte) and the output's
+    # (max_tokens of every sequence). 0 until admission knows them: nothing is bounded yet.
+    prompt_ceiling: int = 0
+    completion_ceiling: int = 0
+    replica_name: str = ""  # the replica answering now, named when its usage numbers are refused
+    usage_doubted: bool = False  # an upstream's usage was out of bounds (logged once per request)
+    answer_deadline: float = 0.0  # loop time by which a whole (non-streamed) answer must be in
+    opened: bool = False  # its `interrupted` record waits in Redis (`open`) until it finishes
 
     def admitted(self, admission: Admission) -> None:
         """Known before the request queues, so a client leaving the queue still gets its slots
@@ -97,8 +119,76 @@ class Exchange:
             self.keeper.drop(zsets, member)
         await self.keeper.settled()
 
+    def bill_upstream(self, usage: object, *, completion_estimate: int | None = None) -> None:
+        """Take the upstream's `usage` object as what is billed, within bounds: 0 ≤ each count ≤
+        its ceiling. A count that is not a whole number (a string, a list, a negative) is not
+        believed: the prompt keeps the gateway's own count, the completion its `completion_estimate`
+        (events streamed) or, with none, its ceiling. A breach is logged once per request."""
+        usage = usage if isinstance(usage, dict) else {}
+        prompt = self._bounded("prompt_tokens", usage.get("prompt_tokens"), self.prompt_ceiling)
+        if prompt:  # absent or 0: the gateway's own count stands
+            self.prompt_tokens = prompt
+        completion = self._bounded(
+            "completion_tokens", usage.get("completion_tokens"), self.completion_ceiling
+        )
+        if completion is None:
+            if completion_estimate is not None:
+                completion = completion_estimate
+            elif "completion_tokens" in usage and usage["completion_tokens"] is not None:
+                completion = self.completion_ceiling  # a broken count of an answer that did run
+            else:
+                completion = 0
+            if self.completion_ceiling:
+                completion = min(max(completion, 0), self.completion_ceiling)
+        self.completion_tokens = max(completion, 0)
+
+    def _bounded(self, name: str, value: object, ceiling: int) -> int | None:
+        """`value` as a count in [0, ceiling] (ceiling 0: unbounded above); None if absent or no count."""
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            self._doubt(name, value)
+            return None
+        if ceiling and value > ceiling:
+            self._doubt(name, value)
+            return ceiling
+        return value
+
+    def _doubt(self, name: str, value: object) -> None:
+        if self.usage_doubted:
+            return
+        self.usage_doubted = True
+        log.warning(
+            "gateway request %s: replica %s reported %s=%.40r, out of bounds; billed within what it reserved",
+            self.request_id,
+            self.replica_name or self.tried_deployment_id,
+            name,
+            value,
+        )
+
     def mark_first_byte(self) -> None:
         self.ttft_ms = (time.perf_counter() - self.started_mono) * 1000
+
+    async def open(self, *, reserved_tokens: int) -> None:
+        """Leave in Redis the record this request leaves if this process dies before `finish`: an
+        `interrupted` one billing its reservation (`reserved_tokens`, its prompt's count included),
+        which the daily counters then still hold. Its lease is renewed with the request's slots; the
+        usage flush queues it once the lease lapsed (docs/concurrency.md, "Requests whose gateway
+        process died"). One Redis call per request, none per chunk."""
+        record = self._record(UsageStatus.INTERRUPTED, 500, "gateway_interrupted")
+        completion = max(0, reserved_tokens - self.prompt_tokens)
+        record = dataclasses.replace(record, completion_tokens=completion, duration_ms=0.0)
+        keys = self.limiter.keys
+        call = UsageOpenCall(
+            open=keys.usage_open,
+            open_leases=keys.usage_open_leases,
+            request_id=self.request_id,
+            record=record.to_json(),
+            lease_ms=self.limiter.lease_ms,
+        )
+        await _usage_open(self.limiter)(keys=call.keys(), args=call.args())
+        self.opened = True
+        self.hold([keys.usage_open_leases])
 
     async def finish(self, status: UsageStatus, http_status: int, error_code: str = "") -> None:
         """Close upstream, leave the slots, correct tokens, queue the record: once, and whole.
@@ -121,7 +211,34 @@ class Exchange:
                 await self.upstream.aclose()
         if self.caller is None:
             return
-        record = UsageRecord(
+        record = self._record(status, http_status, error_code)
+        billed = self.placed and status not in UNBILLED_STATUSES
+        used = self.prompt_tokens + self.completion_tokens if billed else 0
+        try:
+            await self.limiter.finish(
+                request_id=self.request_id,
+                team=self.team,
+                key=self.key,
+                admission=self.admission,
+                used_tokens=used,
+                deployment_id=self.deployment_id,
+                usage=record.to_dict(),  # the limiter (inference/, no portal types) takes JSON-ready data
+                replica_slots=self.replica_slots,
+            )
+            if self.opened:  # after its own record is queued: a death between leaves both, stored once
+                keys = self.limiter.keys
+                async with self.limiter.redis.pipeline(transaction=False) as pipe:
+                    pipe.hdel(keys.usage_open, self.request_id)
+                    pipe.zrem(keys.usage_open_leases, self.request_id)
+                    await pipe.execute()
+        except Exception:
+            # Redis unreachable: the slots expire with their leases; the record is lost, so say so.
+            log.exception(
+                "usage not recorded for request %s (team %s)", self.request_id, self.caller.team_slug
+            )
+
+    def _record(self, status: UsageStatus, http_status: int, error_code: str) -> UsageRecord:
+        return UsageRecord(
             request_id=uuid.UUID(self.request_id),
             created_at=dt.datetime.fromtimestamp(self.started, tz=dt.UTC),
             team_id=self.caller.team_id,
@@ -139,21 +256,3 @@ class Exchange:
             ttft_ms=self.ttft_ms,
             duration_ms=(time.perf_counter() - self.started_mono) * 1000,
         )
-        billed = self.placed and status not in UNBILLED_STATUSES
-        used = self.prompt_tokens + self.completion_tokens if billed else 0
-        try:
-            await self.limiter.finish(
-                request_id=self.request_id,
-                team=self.team,
-                key=self.key,
-                admission=self.admission,
-                used_tokens=used,
-                deployment_id=self.deployment_id,
-                usage=record.to_dict(),  # the limiter (inference/, no portal types) takes JSON-ready data
-                replica_slots=self.replica_slots,
-            )
-        except Exception:
-            # Redis unreachable: the slots expire with their leases; the record is lost, so say so.
-            log.exception(
-                "usage not recorded for request %s (team %s)", self.request_id, self.caller.team_slug
-            )

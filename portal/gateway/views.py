@@ -51,7 +51,10 @@ from .upstream import (
     ConnectTimeout,
     PoolTimeout,
     Read,
+    UpstreamError,
+    UpstreamProtocolError,
     UpstreamResponse,
+    UpstreamTooLarge,
     open_stream,
 )
 from .usage import Exchange, tokens_billed_on_day
@@ -266,10 +269,13 @@ async def _admit(
             parsed.body, chat=parsed.chat, tokenizer_path=route.tokenizer_path
         )
     ex.prompt_tokens = count.total
+    ex.prompt_ceiling = max(count.total, body_bytes)
     if timing.ON:
         timing.lap("counting")
     parsed.bound_by_context(context_len=smallest_context(replicas), longest_prompt=count.longest)
     long_prompt = ex.prompt_tokens > gateway_settings().long_prompt_tokens
+    # Before the reservation is taken: a process killed from here on leaves an `interrupted` record.
+    await ex.open(reserved_tokens=ex.prompt_tokens + parsed.reserved_output_tokens)
     ex.admission, placement = await admit_and_place(
         ex.limiter,
         request_id=ex.request_id,
@@ -293,6 +299,7 @@ async def _admit(
             sequences=parsed.slots,
         )
     check_admission(ex.admission)
+    ex.completion_ceiling = parsed.reserved_output_tokens  # bound_by_context above: what was reserved
     if timing.ON:
         timing.lap("admission")
     return placement, long_prompt
@@ -352,9 +359,13 @@ async def _relay(
             failure = _unreachable(parsed.model)
             await _leave(ex, replica.id)
             continue
-        except UPSTREAM_ERRORS:
+        except UPSTREAM_ERRORS as exc:
             # Retry on another replica only before the first byte.
-            failure = _unreachable(parsed.model)
+            if isinstance(exc, UpstreamProtocolError | UpstreamTooLarge):
+                failure = _refused(exc)
+                log.warning("gateway request %s: replica %s: %s", ex.request_id, replica.name, exc)
+            else:
+                failure = _unreachable(parsed.model)
             await _leave(ex, replica.id)
             continue
 
@@ -403,13 +414,13 @@ async def _answer(
         return _closed_empty()
     if status != 200:
         # Upstream refused the request itself (e.g. prompt over the context): its OpenAI error, as is.
-        content = await _read(response)
+        content = await _read(ex, response)
         await ex.finish(UsageStatus.REJECTED, status, f"upstream_{status}")
         return _passthrough(response, content, ex.request_id)
     if not parsed.stream:
         # No time to first token: the whole answer arrives at once, so such a request counts
         # toward end-to-end latency only, never toward TTFT and TPOT (docs/decisions.md).
-        content = await _read(response)
+        content = await _read(ex, response)
         if not content:
             return _closed_empty()
         _account_json(ex, content)
@@ -423,6 +434,7 @@ def _occupy(ex: Exchange, replica: Replica, placement: SlotGrant) -> None:
     ex.placed = True
     ex.deployment_id, ex.replica_slots = replica.id, placement.slots
     ex.tried_deployment_id = replica.id
+    ex.replica_name = replica.name
     ex.hold([ex.limiter.inflight_key(replica.id)], slot_members(ex.request_id, ex.replica_slots))
     ex.hold([ex.limiter.long_key(replica.id)])
 
@@ -433,7 +445,9 @@ async def _open(
     """The one upstream call: (the response, the reader of its body past the first chunk, the first chunk).
     A stream's status and first chunk must come within the first-token timeout; a whole answer's
     status within the client's timeouts (upstream.py)."""
-    async with asyncio.timeout(first_token_timeout if stream else None):
+    # A whole answer's head comes with its end: both within GATEWAY_ANSWER_TIMEOUT_S (`_read`).
+    ex.answer_deadline = asyncio.get_running_loop().time() + settings.GATEWAY_ANSWER_TIMEOUT_S
+    async with asyncio.timeout(first_token_timeout if stream else settings.GATEWAY_ANSWER_TIMEOUT_S):
         url = replica.chat_url if chat else replica.completions_url
         ex.upstream = response = await open_stream(url, body, ex.request_id, replica.api_key)
         if timing.ON:
@@ -472,9 +486,13 @@ async def _stream_response(
     return out
 
 
-async def _read(response: UpstreamResponse) -> bytes:
+async def _read(ex: Exchange, response: UpstreamResponse) -> bytes:
+    """A whole answer, at most GATEWAY_UPSTREAM_MAX_ANSWER_BYTES, by the exchange's answer deadline."""
     try:
-        return await response.aread()
+        async with asyncio.timeout_at(ex.answer_deadline):
+            return await response.aread(settings.GATEWAY_UPSTREAM_MAX_ANSWER_BYTES)
+    except UpstreamTooLarge as exc:
+        raise _refused(exc) from None
     except TimeoutError:
         raise GatewayError(
             504, "Upstream did not finish in time.", code="upstream_timeout", usage_status=UsageStatus.TIMEOUT
@@ -503,11 +521,10 @@ async def _leave(ex: Exchange, deployment_id: int) -> None:
 
 def _account_json(ex: Exchange, content: bytes) -> None:
     try:
-        usage = json.loads(content).get("usage") or {}
-    except (ValueError, AttributeError):
+        usage = json.loads(content).get("usage")
+    except (ValueError, AttributeError, RecursionError):
         return
-    ex.prompt_tokens = int(usage.get("prompt_tokens") or ex.prompt_tokens)
-    ex.completion_tokens = int(usage.get("completion_tokens") or 0)
+    ex.bill_upstream(usage)  # bounded: the upstream's numbers are not trusted
 
 
 def _passthrough(response: UpstreamResponse, content: bytes, request_id: str) -> HttpResponse:
@@ -525,6 +542,16 @@ def _closed_empty() -> GatewayError:
         502,
         "Upstream closed without an answer.",
         code="upstream_error",
+        usage_status=UsageStatus.UPSTREAM_ERROR,
+    )
+
+
+def _refused(exc: UpstreamError) -> GatewayError:
+    """A replica whose answer the gateway will not relay (over a cap, a protocol switch)."""
+    return GatewayError(
+        502,
+        f"Upstream's answer was refused: {exc}.",
+        code=exc.code,
         usage_status=UsageStatus.UPSTREAM_ERROR,
     )
 

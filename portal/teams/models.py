@@ -226,6 +226,9 @@ class UsageStatus(models.TextChoices):
     REJECTED = "rejected", "refused (quota, rate limit, bad request)"
     TIMEOUT = "timeout", "timeout"
     UNAVAILABLE = "unavailable", "outage (no replica or the portal unavailable)"
+    # The gateway process serving it died (killed, crashed): billed its reservation, as its daily
+    # counters still hold it (docs/concurrency.md, "Requests whose gateway process died").
+    INTERRUPTED = "interrupted", "interrupted"
 
 
 # Outcomes in which nothing ran on an engine: their tokens are never billed, counted toward a daily

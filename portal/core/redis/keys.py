@@ -142,6 +142,18 @@ class RedisKeys:
         return f"{self.gateway}usage:taken:{flusher}"
 
     @property
+    def usage_open(self) -> str:
+        """Hash: request id → the record a request would leave if its gateway process died (an
+        `interrupted` record billing its reservation), from admission until it finishes."""
+        return f"{self.gateway}usage:open"
+
+    @property
+    def usage_open_leases(self) -> str:
+        """Sorted set: the request ids of `usage_open`, scored by when their lease ends (ms); the
+        process serving one renews it with its slots."""
+        return f"{self.gateway}usage:open:leases"
+
+    @property
     def usage_hours(self) -> str:
         """Set: the UTC hours (epoch seconds) the flush stored records in since the hourly rollup last ran."""
         return f"{self.gateway}usage:hours"

@@ -642,6 +642,61 @@ return #raws
 """,
 )
 
+
+@dataclass(frozen=True)
+class UsageOpenCall(ScriptCall):
+    LUA_PREFIX = "OPEN"
+    open: str = field(metadata=KEY)
+    open_leases: str = field(metadata=KEY)
+    request_id: str = field(metadata=ARG)
+    record: str = field(metadata=ARG)
+    lease_ms: int = field(metadata=ARG)
+
+
+# Leaves the record a request would leave if its gateway process died, under a lease by Redis's clock
+# (renewed with the request's slots, `LeaseKeeper`), until the request finishes and removes it.
+USAGE_OPEN = _script(
+    UsageOpenCall,
+    body="""
+redis.call('HSET', KEYS[OPEN_K_OPEN], ARGV[OPEN_A_REQUEST_ID], ARGV[OPEN_A_RECORD])
+redis.call('ZADD', KEYS[OPEN_K_OPEN_LEASES], now + tonumber(ARGV[OPEN_A_LEASE_MS]), ARGV[OPEN_A_REQUEST_ID])
+return 1
+""",
+)
+
+
+@dataclass(frozen=True)
+class UsageCloseLapsedCall(ScriptCall):
+    LUA_PREFIX = "LAPSED"
+    open: str = field(metadata=KEY)
+    open_leases: str = field(metadata=KEY)
+    usage: str = field(metadata=KEY)
+    batch_size: int = field(metadata=ARG)
+
+
+# In one step, queues the open record of each request whose lease lapsed (its gateway process died:
+# a live one renews it) as its usage record, as the gateway wrote it, and forgets it. Returns how
+# many it queued. The record is not re-encoded: cjson would round `created_at`, which with the request
+# id makes a record unique (a record the request also queued itself is then stored once).
+USAGE_CLOSE_LAPSED = _script(
+    UsageCloseLapsedCall,
+    body="""
+local ids = redis.call('ZRANGEBYSCORE', KEYS[LAPSED_K_OPEN_LEASES], '-inf', now, 'LIMIT', 0,
+  tonumber(ARGV[LAPSED_A_BATCH_SIZE]))
+local queued = 0
+for _, id in ipairs(ids) do
+  local raw = redis.call('HGET', KEYS[LAPSED_K_OPEN], id)
+  if raw then
+    redis.call('RPUSH', KEYS[LAPSED_K_USAGE], raw)
+    queued = queued + 1
+  end
+  redis.call('HDEL', KEYS[LAPSED_K_OPEN], id)
+  redis.call('ZREM', KEYS[LAPSED_K_OPEN_LEASES], id)
+end
+return queued
+""",
+)
+
 # In one step, moves every dead-lettered record back to the queue except those of the kept reason,
 # which stay dead-lettered (`UsageReplayCall`). Returns {replayed, kept}.
 USAGE_REPLAY = _script(

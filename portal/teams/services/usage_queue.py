@@ -25,9 +25,11 @@ from django.db.models import Q
 from portal.core.redis.client import gateway_redis, redis_keys
 from portal.core.redis.keys import USAGE_DEAD_LETTERS, RedisKeys
 from portal.core.redis.scripts import (
+    USAGE_CLOSE_LAPSED,
     USAGE_GIVE_BACK,
     USAGE_REPLAY,
     USAGE_TAKE,
+    UsageCloseLapsedCall,
     UsageGiveBackCall,
     UsageReplayCall,
     UsageTakeCall,
@@ -135,6 +137,7 @@ def usage_flush(*, batch: int = 1000) -> int:
     """
     client = gateway_redis()
     keys = redis_keys()
+    usage_close_lapsed(client, keys)
     take = client.register_script(USAGE_TAKE)
     give_back = client.register_script(USAGE_GIVE_BACK)
     _usage_requeue_abandoned(client, keys, give_back)
@@ -184,6 +187,25 @@ def usage_flush(*, batch: int = 1000) -> int:
         if dead:
             log.warning("usage flush: %d record(s) dead-lettered: %s", len(dead), Counter(r for _, r in dead))
         total += stored
+
+
+def usage_close_lapsed(client: redis.Redis, keys: RedisKeys, *, batch: int = 1000) -> int:
+    """Queue the `interrupted` record of every request whose gateway process died mid-way (its open
+    record's lease lapsed: a live process renews it with the request's slots); returns how many.
+    Each bills the request's reservation, which its daily counters still hold, so the database and
+    the counters agree (docs/concurrency.md, "Requests whose gateway process died")."""
+    close = client.register_script(USAGE_CLOSE_LAPSED)
+    total = 0
+    while True:
+        call = UsageCloseLapsedCall(
+            open=keys.usage_open, open_leases=keys.usage_open_leases, usage=keys.usage, batch_size=batch
+        )
+        queued = int(close(keys=call.keys(), args=call.args()))
+        total += queued
+        if queued < batch:
+            if total:
+                log.warning("usage: %d request(s) whose gateway process died recorded as interrupted", total)
+            return total
 
 
 def _dead_entry(raw: bytes, reason: str, at: float) -> str:
