@@ -19,7 +19,16 @@ from django.db.models import Max, Sum
 from django.utils import timezone
 
 from inference.errors import InputError
-from inference.rollout import DEFAULT_STEPS, Decision, Policy, Window, judge, parse_steps, split_share
+from inference.rollout import (
+    DEFAULT_STEPS,
+    Decision,
+    Evaluation,
+    Policy,
+    Window,
+    judge,
+    parse_steps,
+    split_share,
+)
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError
 from portal.deployments.models import Deployment, DeploymentState, DesiredState
@@ -201,6 +210,10 @@ def _policy(rollout: Rollout) -> Policy:
         min_requests=rollout.min_requests,
         max_error_rate_increase=settings.ROLLOUT_MAX_ERROR_RATE_INCREASE,
         max_latency_ratio=settings.ROLLOUT_MAX_LATENCY_RATIO,
+        latency_margin_sla_fraction=settings.ROLLOUT_LATENCY_MARGIN_SLA_FRACTION,
+        latency_margin_min_ms=settings.ROLLOUT_LATENCY_MARGIN_MIN_MS,
+        max_error_rate=settings.ROLLOUT_MAX_ERROR_RATE,
+        compare_sla_only=rollout.compare_sla_only,
     )
 
 
@@ -212,22 +225,24 @@ def _window(rows) -> Window:
 
 
 def step_windows(rollout: Rollout, *, now: dt.datetime) -> tuple[Window, Window]:
-    """(new, old): each version's gateway measurements over the same minutes, from the minute the
-    step began up to now (the worst minute's P95; counts summed)."""
+    """(new, old): each version's gateway measurements from the minute the step began up to now
+    (the worst minute's P95; counts summed). The old version's are taken over the same minutes as
+    the new one's only: a quiet or a busy minute on one side alone is no comparison."""
     since = rollout.step_started_at.replace(second=0, microsecond=0)
     minutes = LatencyMinute.objects.filter(minute__gte=since, minute__lte=now)
-    new = _window(minutes.filter(deployment_id=rollout.to_deployment_id))
+    new_rows = minutes.filter(deployment_id=rollout.to_deployment_id)
     old_rows = (
         minutes.filter(deployment_id=rollout.from_deployment_id)
         if rollout.from_deployment_id
         else minutes.filter(deployment__model_version_id=rollout.from_version_id)
     )
-    return new, _window(old_rows)
+    return _window(new_rows), _window(old_rows.filter(minute__in=new_rows.values("minute")))
 
 
 def _enter_step(
-    rollout: Rollout, index: int, *, now: dt.datetime, from_states, from_step, actor=None
+    rollout: Rollout, index: int, *, now: dt.datetime, from_states, from_step, actor=None, data=None
 ) -> bool:
+    """`data`: the evaluation that passed the step before (kept for the page and the timeline)."""
     step = rollout.step_list()[index]
     with transaction.atomic():
         if not _claim(
@@ -238,6 +253,7 @@ def _enter_step(
             current_step=index,
             step_started_at=now,
             evaluated_at=None,
+            **({"measurements": data} if data else {}),
         ):
             return False
         _set_new_share(
@@ -249,7 +265,7 @@ def _enter_step(
             f"step {index + 1} of {len(rollout.steps)}: {rollout.to_version.name} takes "
             f"{step.share_percent} % for {step.describe()}",
             actor=actor,
-            data={"step": index, "share_percent": step.share_percent},
+            data={"step": index, "share_percent": step.share_percent, **({"passed": data} if data else {})},
         )
     return True
 
@@ -358,6 +374,24 @@ def _fail(rollout: Rollout, reason: str) -> bool:
     return True
 
 
+def _pause_outage(rollout: Rollout, *, reason: str, data: dict, step: int) -> bool:
+    """Both versions fail: hold the shares where they are and say it is an outage. Neither advancing
+    (onto a version that fails) nor rolling back (onto one that fails as well) would help; an
+    operator resumes once the cause is fixed."""
+    with transaction.atomic():
+        if not _claim(
+            rollout,
+            states=[RolloutState.STEPPING],
+            step=step,
+            state=RolloutState.PAUSED,
+            reason=f"paused in step {step + 1}, {reason}",
+            measurements=data,
+        ):
+            return False
+        _event(rollout, "outage", f"paused in step {step + 1}, {reason}", data=data)
+    return True
+
+
 def rollout_evaluate(*, rollout: Rollout, now: dt.datetime | None = None) -> str:
     """One evaluation of one rollout by the task; returns what it did (for logs and tests)."""
     now = now or timezone.now()
@@ -387,8 +421,22 @@ def rollout_evaluate(*, rollout: Rollout, now: dt.datetime | None = None) -> str
     index = rollout.current_step
     new, old = step_windows(rollout, now=now)
     elapsed = (now - rollout.step_started_at).total_seconds()
-    verdict = judge(new=new, old=old, policy=_policy(rollout), step=steps[index], elapsed_s=elapsed)
-    data = {"step": index, "new": new.as_dict(), "old": old.as_dict(), "elapsed_s": round(elapsed)}
+    policy = _policy(rollout)
+    verdict = judge(new=new, old=old, policy=policy, step=steps[index], elapsed_s=elapsed)
+    data = Evaluation(
+        step=index,
+        elapsed_s=round(elapsed),
+        new=new,
+        old=old,
+        decision=verdict.decision,
+        rule=verdict.rule,
+        reasons=verdict.reasons,
+        sla_p95_ttft_ms=policy.sla_p95_ttft_ms,
+        sla_p95_tpot_ms=policy.sla_p95_tpot_ms,
+        compare_sla_only=policy.compare_sla_only,
+    ).as_dict()
+    if verdict.decision == Decision.PAUSE:
+        return "outage" if _pause_outage(rollout, reason=verdict.reasons[0], data=data, step=index) else "-"
     if verdict.decision == Decision.ROLL_BACK:
         done = _roll_back(
             rollout,
@@ -406,7 +454,7 @@ def rollout_evaluate(*, rollout: Rollout, now: dt.datetime | None = None) -> str
                 else "-"
             )
         advanced = _enter_step(
-            rollout, index + 1, now=now, from_states=[RolloutState.STEPPING], from_step=index
+            rollout, index + 1, now=now, from_states=[RolloutState.STEPPING], from_step=index, data=data
         )
         return "advanced" if advanced else "-"
     # Hold: keep the latest numbers for the page (the same row, the same step: harmless if two write).

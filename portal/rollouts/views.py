@@ -11,6 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from inference.rollout import Evaluation
 from portal.core.errors import ApplicationError
 
 from . import services
@@ -79,9 +80,16 @@ def rollout_detail(request, pk: int):
             "sla_ttft_ms": rollout.to_deployment.sla_p95_ttft_s * 1000,
             "sla_tpot_ms": rollout.to_deployment.sla_p95_tpot_s * 1000,
             "events": rollout.events.all(),
+            "last_evaluation": _last_evaluation(rollout),
             "refresh_s": 15 if rollout.is_active else 300,
         },
     )
+
+
+def _last_evaluation(rollout) -> str:
+    """The last judgement as a sentence (an evaluation stored before rules were recorded: none)."""
+    found = Evaluation.from_dict(rollout.measurements or {})
+    return found.describe() if found is not None else ""
 
 
 @login_required

@@ -134,3 +134,21 @@ def test_the_served_model_pages_list_names_versions_live_shares_and_the_rollout(
     client.force_login(bob)
     assert pair.served.name not in client.get("/rollouts/served-models/").content.decode()
     assert client.get(f"/rollouts/served-models/{pair.served.name}/").status_code == 404
+
+
+def test_the_rollout_page_tells_the_last_judgement_in_words(pair, alice, client):
+    from portal.rollouts.services import rollout_evaluate, rollout_start
+
+    rollout = rollout_start(
+        served_model=pair.served, to_deployment=pair.new, from_deployment=pair.old, steps=[[10, 5], [100, 5]]
+    )
+    t0 = timezone.now()
+    rollout_evaluate(rollout=rollout, now=t0 - dt.timedelta(seconds=1))
+    measured(pair.new, t0, requests=38, errors=38)
+    measured(pair.old, t0, requests=146, errors=146)
+    rollout_evaluate(rollout=rollout, now=t0 + dt.timedelta(seconds=20))
+    client.force_login(alice)
+    page = client.get(f"/rollouts/{rollout.pk}/").content.decode()
+    assert "Last evaluation: Step 1 after 21 s: pause — both versions failing pauses the rollout" in page
+    assert "New: 38 requests, 38 errors (100.0%)" in page
+    assert "{&#x27;" not in page and "{'" not in page  # no raw dict
