@@ -40,6 +40,12 @@ class RolloutStartForm(forms.Form):
         min_value=1,
         help_text="Requests a step needs before it may pass (blank: ROLLOUT_MIN_REQUESTS).",
     )
+    compare_sla_only = forms.BooleanField(
+        required=False,
+        label="Compare against the SLA only",
+        help_text="Leave the old version out of the judgement: for a new deployment on other GPUs, "
+        "another GPU count or tensor-parallel size, whose latencies differ whatever the version.",
+    )
 
     gpu_choice = forms.ChoiceField(
         choices=[

@@ -75,3 +75,8 @@ def served_model_lines(served: ServedModel) -> list[VersionLine]:
 
 def active_rollout_of(served: ServedModel) -> Rollout | None:
     return served.rollouts.filter(state__in=list(ACTIVE_ROLLOUT_STATES)).first()
+
+
+def rollout_warnings(rollout: Rollout) -> list[str]:
+    """What the start warned about (other hardware than the old version's), oldest first."""
+    return list(rollout.events.filter(kind="warning").values_list("message", flat=True))

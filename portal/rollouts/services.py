@@ -40,7 +40,7 @@ from portal.registry.services import served_model_set_shares
 from portal.teams.services import usage_flush
 
 from .models import ACTIVE_ROLLOUT_STATES, Rollout, RolloutEvent, RolloutState
-from .placement import GpuChoice, check_gpus, check_plan, check_release
+from .placement import GpuChoice, check_gpus, check_plan, check_release, hardware_warning, old_deployment_of
 
 log = logging.getLogger(__name__)
 MAX_INTERVAL_S = 3600
@@ -100,6 +100,7 @@ def rollout_start(
     gpu_choice: str = "",
     interval_s: int | None = None,
     min_requests: int | None = None,
+    compare_sla_only: bool = False,
     actor=None,
 ) -> Rollout:
     """Roll `served_model` over to `to_deployment`'s version in `steps` (default 5/25/50/100 %, ten
@@ -108,7 +109,9 @@ def rollout_start(
     if it is not running, and gets no traffic until it serves. Where its GPUs are held by the old
     version, the error offers the ways to free them and `gpu_choice` picks one (placement.GpuChoice).
     `interval_s` and `min_requests` set the rollout's own pace (default ROLLOUT_TICK_S and
-    ROLLOUT_MIN_REQUESTS)."""
+    ROLLOUT_MIN_REQUESTS). Where the new deployment's GPU kind, count or tensor-parallel size differs
+    from the old one's, the timeline starts with a `warning` (the latencies compare hardware, not
+    versions); `compare_sla_only` judges the new version on the SLA and the error ceiling alone."""
     try:
         parsed = parse_steps([list(s) for s in DEFAULT_STEPS] if steps is None else steps)
     except InputError as error:
@@ -151,6 +154,9 @@ def rollout_start(
     check_plan(to_deployment)
     freeing = check_gpus(deployment=to_deployment, from_version=from_version, choice=gpu_choice)
     freed = Deployment.objects.get(name=freeing.deployment) if freeing is not None else None
+    warning = hardware_warning(
+        old=old_deployment_of(from_deployment=from_deployment, from_version=from_version), new=to_deployment
+    )
     with transaction.atomic():
         try:
             with transaction.atomic():
@@ -164,6 +170,7 @@ def rollout_start(
                     freed_deployment=freed,
                     interval_s=interval_s,
                     min_requests=min_requests,
+                    compare_sla_only=compare_sla_only,
                     downtime_s=freeing.downtime_s if freeing is not None else None,
                     created_by=actor,
                 )
@@ -193,9 +200,12 @@ def rollout_start(
             "start",
             f"rollout of {served_model.name} from {from_version.name} to {to_version.name} "
             f"on {to_deployment.name}: steps "
-            + ", ".join(f"{s.share_percent} % × {s.describe()}" for s in parsed),
+            + ", ".join(f"{s.share_percent} % × {s.describe()}" for s in parsed)
+            + ("; judged against the SLA only" if compare_sla_only else ""),
             actor=actor,
         )
+        if warning:
+            _event(rollout, "warning", warning, actor=actor)
     return rollout
 
 

@@ -17,7 +17,13 @@ from portal.core.errors import ApplicationError
 from . import services
 from .forms import RolloutStartForm
 from .models import RolloutState
-from .selectors import active_rollout_of, rollouts_visible_to, served_model_lines, served_models_visible_to
+from .selectors import (
+    active_rollout_of,
+    rollout_warnings,
+    rollouts_visible_to,
+    served_model_lines,
+    served_models_visible_to,
+)
 
 ACTIONS = {
     "pause": services.rollout_pause,
@@ -48,6 +54,8 @@ def rollout_new(request):
             gpu_choices = error.extra.get("choices", [])
         else:
             messages.success(request, "Rollout started: the new version gets traffic once it serves")
+            for warning in rollout_warnings(rollout):
+                messages.warning(request, warning)
             return redirect(reverse("rollouts:rollout-detail", args=[rollout.pk]))
     return render(request, "rollouts/rollout_new.html", {"form": form, "gpu_choices": gpu_choices})
 

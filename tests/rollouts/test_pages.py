@@ -6,7 +6,7 @@ import datetime as dt
 
 from django.utils import timezone
 
-from tests.helpers.rollouts import measured
+from tests.helpers.rollouts import measured, on_eight_gpus
 
 
 def test_the_rollout_page_shows_steps_shares_measurements_and_buttons(pair, alice, client):
@@ -152,3 +152,22 @@ def test_the_rollout_page_tells_the_last_judgement_in_words(pair, alice, client)
     assert "Last evaluation: Step 1 after 21 s: pause — both versions failing pauses the rollout" in page
     assert "New: 38 requests, 38 errors (100.0%)" in page
     assert "{&#x27;" not in page and "{'" not in page  # no raw dict
+
+
+def test_the_start_form_warns_of_other_hardware_and_offers_the_sla_only(pair, alice, client):
+    from portal.rollouts.models import Rollout
+
+    on_eight_gpus(pair.old)
+    client.force_login(alice)
+    form = client.get("/rollouts/new/").content.decode()
+    assert "Compare against the SLA only" in form
+    response = client.post(
+        "/rollouts/new/",
+        {"served_model": pair.served.name, "to_deployment": pair.new.name, "from_deployment": pair.old.name,
+         "steps": "10x5, 100x5", "compare_sla_only": "on"},
+        follow=True,
+    )  # fmt: skip
+    page = response.content.decode()
+    assert "runs on other hardware than" in page
+    assert "judged against the SLA only, not the old version" in page
+    assert Rollout.objects.get(served_model=pair.served).compare_sla_only is True
