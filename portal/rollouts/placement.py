@@ -44,10 +44,16 @@ def check_release(version: ModelVersion) -> None:
             "release hashes to roll it out.",
             field="to_deployment",
         )
-    if not (version.weights_sha256 and version.tokenizer_sha256):
+    missing = [
+        what
+        for what, digest in (("weights", version.weights_sha256), ("tokenizer", version.tokenizer_sha256))
+        if not digest
+    ]
+    if missing:
         raise ApplicationError(
-            f"`{version.name}` has no release hashes: hash its weights and tokenizer first "
-            "(its page's Hash files, or `manage.py hash_model`), so the start can verify them.",
+            f"`{version.name}` has no release hashes for its {' and '.join(missing)}: hash its files "
+            "first (the Hash files button on its model version page, or `manage.py hash_model <dir> "
+            f"--model {version.name}`), so the start can verify them.",
             field="to_deployment",
         )
 

@@ -135,7 +135,7 @@ def test_staff_ask_the_node_holding_the_files_to_record_the_release_hashes(
     )
     client.force_login(alice)
     page = client.get(f"/models/{version.name}/").content.decode()
-    assert "Record release hashes" in page and "not hashed" in page
+    assert "Hash files" in page and "not hashed" in page
 
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post(f"/models/{version.name}/hash/", {"node": node.name}, follow=True)
@@ -150,7 +150,7 @@ def test_staff_ask_the_node_holding_the_files_to_record_the_release_hashes(
     version.refresh_from_db()
     assert "model-00001-of-00001.safetensors" in version.weight_files
     page = client.get(f"/models/{version.name}/").content.decode()
-    assert version.weights_sha256 in page and "Record release hashes" not in page
+    assert version.weights_sha256 in page and "Hash files" not in page
     # Release hashes are never overwritten from the page.
     response = client.post(f"/models/{version.name}/hash/", {"node": node.name}, follow=True)
     assert "already has release hashes" in response.content.decode()
@@ -162,6 +162,35 @@ def test_a_member_cannot_ask_for_hashes(tmp_path, bob, client):
         name="llama-local", config=bundled_config("llama-2-7b-chat-hf"), path=str(tmp_path)
     )
     client.force_login(bob)
-    assert "Record release hashes" not in client.get(f"/models/{version.name}/").content.decode()
+    assert "Hash files" not in client.get(f"/models/{version.name}/").content.decode()
     response = client.post(f"/models/{version.name}/hash/", {"node": "x"})
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+def test_it_refuses_release_hashes_typed_into_the_api_with_400_naming_the_button(alice):
+    response = api_client(alice).post(
+        "/api/v1/model-versions/",
+        {"name": "m1", "config": bundled_config("qwen2.5-7b-instruct"), "weights_sha256": "a" * 64,
+         "weight_files": {"model.safetensors": "a" * 64}},
+        format="json",
+    )  # fmt: skip
+    assert response.status_code == 400
+    body = response.json()
+    assert set(body) == {"weights_sha256", "weight_files"}
+    assert "Hash files" in body["weights_sha256"][0]
+    assert not ModelVersion.objects.exists()
+
+
+def test_hash_model_warns_of_a_directory_without_a_tokenizer(tmp_path, llama7b, capsys):
+    model_dir = _fake_model_dir(tmp_path)
+    (model_dir / "tokenizer.json").unlink()
+    call_command("hash_model", str(model_dir), "--model", llama7b.name)
+    err = capsys.readouterr().err
+    assert "warning: no tokenizer files" in err
+    assert "a rollout needs release hashes of both the weights and the tokenizer" in err
+
+
+def test_hash_model_names_both_missing_parts_of_an_empty_directory(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(CommandError, match="missing weights and tokenizer"):
+        call_command("hash_model", str(tmp_path))

@@ -170,3 +170,15 @@ def test_a_freed_deployment_whose_gpus_were_taken_meanwhile_is_reported_not_rest
     assert old.desired_state == "stopped"
     restart = rollout.events.get(kind="restart")
     assert "could not be started again" in restart.message and other.name in restart.message
+
+
+def test_its_refusal_names_the_missing_tokenizer_and_the_real_button(pair):
+    from portal.core.errors import ApplicationError
+    from portal.registry.models import ModelVersion
+
+    ModelVersion.objects.filter(pk=pair.new.model_version_id).update(tokenizer_sha256="")
+    pair.new.refresh_from_db()
+    with pytest.raises(ApplicationError) as refused:
+        _start(pair.served, pair.new, pair.old)
+    assert "has no release hashes for its tokenizer:" in refused.value.message
+    assert "the Hash files button on its model version page" in refused.value.message
