@@ -182,6 +182,26 @@ def model_version_hash_files(*, model_version: ModelVersion, path: str | None = 
     return model_version_record_hashes(model_version=model_version, hashes=hashes)
 
 
+def model_version_mark_simulated_release(*, model_version: ModelVersion, actor=None) -> ModelVersion:
+    """Mark a version without release hashes as release-checked for simulated nodes only: the
+    simulator reads nothing but the stored config.json, so there are no files to pin. A real engine
+    still refuses it (rollouts: placement.check_release; starts: the agent's hash check)."""
+    if model_version.external:
+        raise ApplicationError(f"{model_version.name} was recorded from a running server", field="name")
+    if model_version.weights_sha256:
+        raise ApplicationError(f"{model_version.name} already has release hashes", field="name")
+    if model_version.simulated_release_at is None:
+        model_version.simulated_release_at = timezone.now()
+        model_version.save(update_fields=["simulated_release_at"])
+        audit_event_record(
+            action="model_version.simulated_release",
+            target=model_version,
+            changes={"simulated_release_at": model_version.simulated_release_at.isoformat()},
+            actor=actor,
+        )
+    return model_version
+
+
 def model_version_request_hashes(*, model_version: ModelVersion, node) -> None:
     """Ask `node`'s agent to hash the files at the version's path and record them as the release.
 

@@ -35,13 +35,22 @@ class FreeingOption:
         return {**asdict(self), "choice": str(self.choice)}
 
 
-def check_release(version: ModelVersion) -> None:
+def check_release(version: ModelVersion, deployment: Deployment | None = None) -> None:
     """A rollout only moves traffic to a version whose files are pinned by release hashes: the
     agent checks the files against them before it starts the server."""
     if version.external:
         raise ApplicationError(
             f"`{version.name}` was recorded from a running server: register it with its files and "
             "release hashes to roll it out.",
+            field="to_deployment",
+        )
+    if version.simulated_release_at is not None and not version.weights_sha256:
+        if deployment is not None and deployment.effective_engine == "sim":
+            return  # release-checked for simulated nodes only, and this is one
+        raise ApplicationError(
+            f"`{version.name}` is release-checked for simulated nodes only; "
+            f"{deployment.name if deployment is not None else 'this deployment'} runs a real engine: "
+            "hash its files first (the Hash files button on its model version page).",
             field="to_deployment",
         )
     missing = [

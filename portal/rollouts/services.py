@@ -150,7 +150,7 @@ def rollout_start(
         raise ApplicationError(
             f"a step needs 1 to 1000000 requests, not {min_requests}", field="min_requests"
         )
-    check_release(to_version)
+    check_release(to_version, to_deployment)
     check_plan(to_deployment)
     freeing = check_gpus(deployment=to_deployment, from_version=from_version, choice=gpu_choice)
     freed = Deployment.objects.get(name=freeing.deployment) if freeing is not None else None

@@ -66,10 +66,13 @@ def sm_list(gpus: Iterable[Gpu]) -> str:
 def model_dir_check(deployment: Deployment, engine: str, run_dir: Path, has_files: bool) -> tuple[Path, str]:
     """The directory to pass as --model, after checking its files against the release hashes."""
     version = deployment.model_version
-    if not has_files:
+    simulated_release = engine == "sim" and version.simulated_release_at and not version.weights_sha256
+    if not has_files or simulated_release:
         if engine == "sim":
             # The simulator needs only the architecture: give it the stored config.json.
             (run_dir / "config.json").write_text(json.dumps(version.config, indent=2))
+            if has_files:
+                return run_dir, "release-checked for simulated nodes only: the simulator reads config.json"
             return run_dir, "no model files on this node: the simulator reads the stored config.json"
         where = version.path or "(no path recorded)"
         raise StepFailed(
