@@ -171,3 +171,38 @@ def test_the_start_form_warns_of_other_hardware_and_offers_the_sla_only(pair, al
     assert "runs on other hardware than" in page
     assert "judged against the SLA only, not the old version" in page
     assert Rollout.objects.get(served_model=pair.served).compare_sla_only is True
+
+
+def test_staff_create_a_served_name_and_change_its_shares_from_the_pages(pair, alice, client):
+    from portal.registry.models import ServedModel
+
+    old, new = pair.old.model_version.name, pair.new.model_version.name
+    client.force_login(alice)
+    assert "New served name" in client.get("/rollouts/served-models/").content.decode()
+    created = client.post(
+        "/rollouts/served-models/new/", {"name": "assistant", "shares": f"{old}=100"}, follow=True
+    )
+    assert created.redirect_chain[-1][0] == "/rollouts/served-models/assistant/"
+    page = created.content.decode()
+    assert old in page and "100.00 %" in page and "Set shares" in page
+
+    client.post("/rollouts/served-models/assistant/shares/", {"shares": f"{old}=90, {new}=10"})
+    served = ServedModel.objects.get(name="assistant")
+    assert dict(served.versions.values_list("model_version__name", "share_bp")) == {old: 9_000, new: 1_000}
+    page = client.get("/rollouts/served-models/assistant/").content.decode()
+    assert "90.00 %" in page and "10.00 %" in page
+
+    refused = client.post(
+        "/rollouts/served-models/assistant/shares/", {"shares": f"{old}=90, {new}=20"}, follow=True
+    ).content.decode()
+    assert "Shares not set" in refused
+    bad = client.post("/rollouts/served-models/new/", {"name": "x", "shares": f"{old}=abc"}).content.decode()
+    assert "is not version=percent" in bad
+
+
+def test_members_get_no_served_name_forms_and_cannot_post_them(pair, bob, client):
+    client.force_login(bob)
+    assert "New served name" not in client.get("/rollouts/served-models/").content.decode()
+    assert client.post("/rollouts/served-models/new/", {"name": "x", "shares": "a=100"}).status_code == 403
+    response = client.post(f"/rollouts/served-models/{pair.served.name}/shares/", {"shares": "a=100"})
+    assert response.status_code == 403
