@@ -206,3 +206,16 @@ def test_members_get_no_served_name_forms_and_cannot_post_them(pair, bob, client
     assert client.post("/rollouts/served-models/new/", {"name": "x", "shares": "a=100"}).status_code == 403
     response = client.post(f"/rollouts/served-models/{pair.served.name}/shares/", {"shares": "a=100"})
     assert response.status_code == 403
+
+
+def test_members_see_the_served_names_they_may_call_on_their_front_page_and_key_form(pair, team, bob, client):
+    from portal.registry.models import ModelVersion
+
+    old_version = pair.old.model_version.name
+    ModelVersion.objects.filter(name=old_version).update(callable_by_name=False)  # only via the served name
+    client.force_login(bob)
+    home = client.get("/").content.decode()
+    assert f"<code>{pair.served.name}</code>" in home
+    assert f"<code>{old_version}</code>" not in home
+    keys = client.get(f"/teams/{team.slug}/keys/").content.decode()
+    assert f"served names {pair.served.name}" in keys
