@@ -54,6 +54,8 @@ def model_detail(request, name: str):
     context = {"model": model, "conversions": model.conversions.select_related("result", "node")[:10]}
     if request.user.is_staff and model.path and not model.weights_sha256:
         context["hash_form"] = HashForm(initial=_only_node_initial())
+    # The page follows a Hash files job while it runs (the agent writes its progress as it goes).
+    context["hashing"] = model.hash_status.startswith(("queued", "hashing"))
     context["can_mark_simulated"] = (
         request.user.is_staff
         and not model.external

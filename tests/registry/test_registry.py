@@ -194,3 +194,36 @@ def test_hash_model_names_both_missing_parts_of_an_empty_directory(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(CommandError, match="missing weights and tokenizer"):
         call_command("hash_model", str(tmp_path))
+
+
+def test_the_version_page_follows_a_hash_files_job_from_queued_to_done_or_why_not(
+    tmp_path, alice, client, django_capture_on_commit_callbacks
+):
+    from portal.inventory.services import node_create
+    from portal.registry.tasks import hash_model_version
+
+    node = node_create(name="hash-node-2", hostname="127.0.0.1")
+    model_dir = _fake_model_dir(tmp_path)
+    version = model_version_create(
+        name="llama-job", config=bundled_config("llama-2-7b-chat-hf"), path=str(model_dir)
+    )
+    client.force_login(alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(f"/models/{version.name}/hash/", {"node": node.name})
+    page = client.get(f"/models/{version.name}/").content.decode()
+    assert "Last hashing job: queued on hash-node-2" in page
+    assert '<meta http-equiv="refresh" content="5">' in page  # it follows the job
+
+    hash_model_version(version.pk)
+    version.refresh_from_db()
+    assert version.hash_status == "hashed: 3 files"
+    page = client.get(f"/models/{version.name}/").content.decode()
+    assert "Last hashing job: hashed: 3 files" in page and 'content="5"' not in page
+
+    empty = model_version_create(
+        name="llama-empty", config=bundled_config("llama-2-7b-chat-hf"), path=str(tmp_path / "none")
+    )
+    (tmp_path / "none").mkdir()
+    hash_model_version(empty.pk)
+    page = client.get(f"/models/{empty.name}/").content.decode()
+    assert "Last hashing job: not hashed: missing weights and tokenizer" in page
