@@ -434,3 +434,14 @@ def test_a_node_whose_name_does_not_resolve_is_never_shown_serving_and_says_why(
     assert "does not resolve" in deployment.state_reason
     assert "fix the node's hostname" in deployment.state_reason
     assert deployment.pid is None
+
+
+def test_supervision_checks_the_gateways_address_and_says_when_its_name_stops_resolving(deployment):
+    from portal.inventory.models import Node
+
+    assert _start(deployment) == "serving"
+    Node.objects.filter(pk=deployment.node_id).update(hostname="renamed-node.invalid")
+    assert deployment_supervise(deployment.pk, owner="beat") == "unhealthy"
+    failed = deployment.events.filter(step="health", status="failed").last()
+    assert "/health did not answer at http://renamed-node.invalid:" in failed.message
+    assert "does not resolve" in failed.message
