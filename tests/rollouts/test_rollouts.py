@@ -260,7 +260,16 @@ def test_the_beat_task_is_scheduled_bounded_and_evaluates_active_rollouts(pair):
     assert advance_all() == {str(rollout.pk): "hold"}
 
 
-@pytest.mark.parametrize("name, value", [("ROLLOUT_TICK_S", "0"), ("ROLLOUT_MAX_LATENCY_RATIO", "0.5")])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("ROLLOUT_TICK_S", "0"),
+        ("ROLLOUT_MAX_LATENCY_RATIO", "0.5"),
+        ("ROLLOUT_MAX_ERROR_RATE", "0"),
+        ("ROLLOUT_LATENCY_MARGIN_SLA_FRACTION", "2"),
+        ("ROLLOUT_LATENCY_MARGIN_MIN_MS", "-1"),
+    ],
+)
 def test_rollout_settings_are_bounded(name, value, monkeypatch):
     import subprocess
     import sys
