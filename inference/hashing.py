@@ -149,7 +149,14 @@ def hash_model_dir(path: str | Path, progress: ProgressCallback | None = None) -
         if kind is not None:
             groups[kind].append(relpath)
     if not any(_is_tensor_file(p) for p in groups["weights"]):
-        raise InputError("path", f"no weight files ({', '.join('*' + s for s in WEIGHT_SUFFIXES)}) in {root}")
+        # Name everything that is missing at once: fixing the weights only to learn of the
+        # tokenizer next is a second download.
+        also = "" if groups["tokenizer"] else " and no tokenizer files (tokenizer.json, tokenizer.model, …)"
+        raise InputError(
+            "path",
+            f"missing weights{' and tokenizer' if also else ''}: no weight files "
+            f"({', '.join('*' + s for s in WEIGHT_SUFFIXES)}){also} in {root}",
+        )
 
     todo = groups["weights"] + groups["tokenizer"]
     try:

@@ -2,7 +2,8 @@
 and during one that breaks the SLA (rolled back on its own).
 
     .venv/bin/python -m perf.rollout_bench [--clients 4] [--max-tokens 8] [--steps 25x30s,50x30s,100x30s]
-        [--interval-s 10] [--min-requests 10] [--bucket-s 60] [--slow-speedup 0.05] [--json out.json]
+        [--interval-s 10] [--min-requests 10] [--bucket-s 60] [--slow-speedup 0.05] [--promotions 1]
+        [--json out.json]
 
 A throwaway world on 127.0.0.1 in a temporary directory (the machine's PostgreSQL and Redis are not
 touched): a migrated SQLite portal, a private `redis-server`, a gateway process (uvicorn, routes and
@@ -73,7 +74,7 @@ def parse_steps(text: str) -> list[dict]:
     return steps
 
 
-def build_portal(directory: Path, sims: dict[str, str]) -> tuple[str, dict]:
+def build_portal(directory: Path, sims: dict[str, str], promotions: int = 1) -> tuple[str, dict]:
     """Migrate; a team, a key for the served names, a node, one deployment per simulated version
     (with release hashes and the bench's SLA). Returns the key and version name → deployment."""
     import django
@@ -107,10 +108,23 @@ def build_portal(directory: Path, sims: dict[str, str]) -> tuple[str, dict]:
             profile=DeploymentProfile.objects.create(name=f"p-{name}", model_version=version),
             state="serving", endpoint_url=url, sla_p95_ttft_s=SLA_TTFT_S, sla_p95_tpot_s=SLA_TPOT_S,
         )  # fmt: skip
-    served_model_create(name="chat-promote", shares={"v1": 10_000})
-    served_model_create(name="chat-rollback", shares={"v1": 10_000})
-    _, token = api_key_create(team=team, name="bench", allowed_models=["chat-promote", "chat-rollback"])
+    names = [promote_name(i) for i in range(promotions)] + ["chat-rollback"]
+    for name in names:
+        served_model_create(name=name, shares={"v1": 10_000})
+    _, token = api_key_create(team=team, name="bench", allowed_models=names)
     return token, deployments
+
+
+def promote_name(index: int) -> str:
+    return "chat-promote" if index == 0 else f"chat-promote-{index + 1}"
+
+
+def serve_again(deployment) -> None:
+    """After a promotion the old deployment was asked to stop; with no agent here it still runs, and
+    the next repetition needs it serving again (as an operator's restart would leave it)."""
+    from portal.deployments.models import Deployment
+
+    Deployment.objects.filter(pk=deployment.pk).update(desired_state="running", state="serving")
 
 
 class ControlLoop:
@@ -275,6 +289,14 @@ def main() -> None:
     parser.add_argument("--bucket-s", type=int, default=60, help="the report's window (a minute)")
     parser.add_argument("--tail-s", type=float, default=5, help="load kept on after the verdict")
     parser.add_argument("--slow-speedup", type=float, default=0.05, help="the bad version's clock speed")
+    parser.add_argument(
+        "--promotions",
+        type=int,
+        default=1,
+        choices=range(1, 21),
+        metavar="1..20",
+        help="rollouts to an identical version, one after another (each must be promoted)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     parse_steps(args.steps)
@@ -286,12 +308,12 @@ def main() -> None:
     try:
         redis_url = start_private_redis(directory, processes)
         use_throwaway_portal(directory, redis_url, label="rollout-bench", GATEWAY_CACHE_S="1",
-                             CELERY_TASK_ALWAYS_EAGER="false", ROLLOUT_MAX_LATENCY_RATIO="100")  # fmt: skip
+                             CELERY_TASK_ALWAYS_EAGER="false")  # fmt: skip
         sims = {}
         for name, speedup in (("v1", 1.0), ("v2-good", 1.0), ("v2-slow", args.slow_speedup)):
             sims[name], process = spawn_sim(name, directory / f"sim-{name}.log", speedup=speedup)
             processes.append(process)
-        token, deployments = build_portal(directory, sims)
+        token, deployments = build_portal(directory, sims, args.promotions)
         port = free_port()
         gateway = start(
             ["-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
@@ -303,11 +325,15 @@ def main() -> None:
         wait_up(f"{url}/v1/models", gateway)
         control = ControlLoop().start()
         results = []
-        for name, served, new in (("promotion", "chat-promote", "v2-good"),
-                                  ("automatic roll-back", "chat-rollback", "v2-slow")):  # fmt: skip
+        plan = [(f"promotion {i + 1} (identical version)", promote_name(i), "v2-good")
+                for i in range(args.promotions)]  # fmt: skip
+        plan.append(("automatic roll-back", "chat-rollback", "v2-slow"))
+        for name, served, new in plan:
             scenario = run_scenario(name, served=served, new=new, control=control, gateway=url, token=token,
                                     deployments=deployments, args=args)  # fmt: skip
             results.append(report(scenario, args.bucket_s))
+            serve_again(deployments["v1"])
+        print("\noutcomes: " + ", ".join(f"{r['scenario']}: {r['state']}" for r in results))
         print(
             f"\nsteps {args.steps}, measured every {args.interval_s} s, {args.clients} clients, "
             f"{args.max_tokens} tokens each, SLA P95 TTFT {SLA_TTFT_S:g} s / TPOT {SLA_TPOT_S * 1000:g} ms"

@@ -616,6 +616,17 @@ ROLLOUT_MAX_ERROR_RATE_INCREASE = env_number(
 )
 # The new version's P95 TTFT and TPOT may be at most this many times the old version's.
 ROLLOUT_MAX_LATENCY_RATIO = env_number("ROLLOUT_MAX_LATENCY_RATIO", default=1.5, minimum=1.0, maximum=100.0)
+# ... and only when it is also slower by more than the larger of this fraction of the SLA and this many
+# ms: a ratio alone turns a busy node's tens of ms into a roll-back (docs/decisions.md, issue 37).
+ROLLOUT_LATENCY_MARGIN_SLA_FRACTION = env_number(
+    "ROLLOUT_LATENCY_MARGIN_SLA_FRACTION", default=0.1, minimum=0.0, maximum=1.0
+)
+ROLLOUT_LATENCY_MARGIN_MIN_MS = env_number(
+    "ROLLOUT_LATENCY_MARGIN_MIN_MS", default=50.0, minimum=0.0, maximum=600_000.0
+)
+# An error rate at or above this fails a step whatever the old version does; both versions at or
+# above it pause the rollout as an outage.
+ROLLOUT_MAX_ERROR_RATE = env_number("ROLLOUT_MAX_ERROR_RATE", default=0.05, minimum=0.001, maximum=1.0)
 # A new deployment not serving this long after the rollout started fails the rollout.
 ROLLOUT_WARMUP_TIMEOUT_S = env_number("ROLLOUT_WARMUP_TIMEOUT_S", default=1800, minimum=60, maximum=86_400)
 

@@ -20,6 +20,7 @@ from portal.core.redis.client import redis_keys
 from portal.deployments.models import Deployment, DeploymentState, MetricsSample
 from portal.deployments.selectors import (
     CallableModel,
+    callable_names,
     gpus_held_per_node,
     models_callable_by,
     served_replicas,
@@ -161,9 +162,10 @@ def team_fronts(user) -> list[TeamFront]:
     }
     in_flight = _team_in_flight([t.pk for t in teams])
     out = []
+    names = callable_names()
     for team in teams:
         clamp = team.max_tokens_clamp
-        callable_models = models_callable_by(team, replicas)
+        callable_models = models_callable_by(team, replicas, names)
         models = [ModelToCall(m, m.max_tokens(clamp), m.context_bound(clamp)) for m in callable_models]
         row = usage.get(team.pk, {})
         out.append(

@@ -10,10 +10,11 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-from django.db.models import Q, QuerySet
+from django.db.models import Q, QuerySet, Value
 from django.shortcuts import get_object_or_404
 
 from portal.inventory.models import ACCEPTANCE_TEAM_SLUG, Node
+from portal.registry.models import ModelVersion, ServedModelVersion
 from portal.registry.selectors import acceptance_model_q
 from portal.teams.models import Team
 
@@ -110,19 +111,50 @@ class CallableModel:
         return bool(self.context_len) and self.context_len <= clamp
 
 
-def models_callable_by(team: Team, replicas: list[ServedReplica]) -> list[CallableModel]:
-    """The models the team's keys reach, by name, within the team's allowed models if it has any."""
+@dataclass(frozen=True)
+class CallableNames:
+    """What turns replicas' versions into the names a key calls (read once per page)."""
+
+    hidden: frozenset[str]  # versions callable only through a served name
+    served_by_version: dict[str, list[str]]  # version → the served names that give it a share
+
+
+def callable_names() -> CallableNames:
+    """One query: the versions hidden by name, and those behind a served name with a share."""
+    served: dict[str, list[str]] = defaultdict(list)
+    hidden = set()
+    rows = ServedModelVersion.objects.filter(share_bp__gt=0).values_list(
+        "model_version__name", "served_model__name"
+    )
+    hidden_rows = ModelVersion.objects.filter(callable_by_name=False).values_list("name", Value(""))
+    for version, name in rows.union(hidden_rows, all=True):
+        if name:
+            served[version].append(name)
+        else:
+            hidden.add(version)
+    return CallableNames(frozenset(hidden), dict(served))
+
+
+def models_callable_by(
+    team: Team, replicas: list[ServedReplica], names: CallableNames | None = None
+) -> list[CallableModel]:
+    """The names the team's keys reach, as the gateway's /v1/models lists them (gateway.routing):
+    each served name where one of its versions with a share has a replica the team reaches, and
+    each version by its own name unless it is callable only through a served name; within the
+    team's allowed models if it has any. `names`: `callable_names()`, read once for many teams."""
+    names = names or callable_names()
     allowed = set(team.allowed_models)
     found: dict[str, list[ServedReplica]] = defaultdict(list)
     for replica in replicas:
-        if team_reaches(team.pk, owner_team_id=replica.team_id, shared=replica.shared) and (
-            not allowed or replica.model in allowed
-        ):
+        if not team_reaches(team.pk, owner_team_id=replica.team_id, shared=replica.shared):
+            continue
+        if replica.model not in names.hidden:
             found[replica.model].append(replica)
+        for served in names.served_by_version.get(replica.model, ()):
+            found[served].append(replica)
+    found = {name: mine for name, mine in found.items() if not allowed or name in allowed}
     return [
-        CallableModel(
-            name, len(mine), min((r.context_len for r in mine if r.context_len), default=None)
-        )
+        CallableModel(name, len(mine), min((r.context_len for r in mine if r.context_len), default=None))
         for name, mine in sorted(found.items())
     ]
 

@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ipaddress
 import logging
 import select
+import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -43,7 +45,9 @@ from urllib.parse import urlsplit
 import httptools
 from django.conf import settings
 
-log = logging.getLogger("portal.gateway")
+from portal.observability import prometheus
+
+log = logging.getLogger(__name__)
 
 # Body bytes buffered before reading from the socket pauses: a slow client slows the read.
 HIGH_WATER = 64 * 1024
@@ -71,6 +75,10 @@ class UpstreamTooLarge(UpstreamError):
 
 class _Stop(Exception):
     """Stops httptools mid-feed: the reason is on the connection (`error`, `unsolicited`)."""
+
+
+class NameNotResolved(UpstreamError):
+    """The replica's host name does not resolve (socket.gaierror): it is unreachable from here."""
 
 
 class ConnectTimeout(TimeoutError):
@@ -441,8 +449,13 @@ class _Pool:
         conn = _Connection(self, address)
         try:
             async with asyncio.timeout(self.connect_timeout_s):
+                ip = await _resolve(loop, host, port)
                 await loop.create_connection(
-                    lambda: conn, host, port, ssl=self._tls_context() if tls else None
+                    lambda: conn,
+                    ip,
+                    port,
+                    ssl=self._tls_context() if tls else None,
+                    server_hostname=host if tls else None,
                 )
         except TimeoutError:
             raise ConnectTimeout(f"no connection to {host}:{port} in time") from None
@@ -481,6 +494,59 @@ def _quiet(conn: _Connection) -> bool:
     except (OSError, ValueError):
         return False
     return not readable
+
+
+# A replica whose name does not resolve fails every request sent to it: its error is logged once per
+# replica per interval (and counted every time), not once per request.
+NAME_ERROR_LOG_INTERVAL_S = 60.0
+_name_errors_logged: dict[str, float] = {}
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    """Read a finished lookup's outcome, so a lookup abandoned by a timeout never leaves a
+    "Future exception was never retrieved" behind."""
+    if not future.cancelled():
+        future.exception()
+
+
+async def _resolve(loop: asyncio.AbstractEventLoop, host: str, port: int) -> str:
+    """The address to connect to: the name resolved here, its failure as NameNotResolved (logged
+    once per replica per NAME_ERROR_LOG_INTERVAL_S, counted in portal_gateway_upstream_connect_errors)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        return host
+    lookup = asyncio.ensure_future(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+    lookup.add_done_callback(_retrieve)
+    try:
+        found = await lookup
+    except socket.gaierror as error:
+        _name_error(host, port, error)
+        raise NameNotResolved(f"{host} does not resolve: {error.strerror or error}") from None
+    if not found:
+        raise NameNotResolved(f"{host} resolves to no address")
+    return found[0][4][0]
+
+
+def _name_error(host: str, port: int, error: socket.gaierror) -> None:
+    now = time.monotonic()
+    if now - _name_errors_logged.get(host, -NAME_ERROR_LOG_INTERVAL_S) >= NAME_ERROR_LOG_INTERVAL_S:
+        _name_errors_logged[host] = now
+        log.warning(
+            "replica %s:%s is unreachable: its name does not resolve (%s); logged once per %g s",
+            host,
+            port,
+            error.strerror or error,
+            NAME_ERROR_LOG_INTERVAL_S,
+        )
+    try:
+        prometheus.recorder.add(
+            {(prometheus.UPSTREAM_CONNECT_ERRORS, host, "name_resolution"): 1}, {}, at=time.time()
+        )
+    except Exception:  # counting never fails a request
+        log.exception("upstream connect error not counted")
 
 
 _pools: dict[int, tuple[asyncio.AbstractEventLoop, _Pool]] = {}

@@ -172,6 +172,11 @@ class PortalCollector:
                 "portal_gateway_upstream_errors", "Upstream failures and timeouts, by error code.",
                 labels=["model", "reason"],
             ),
+            m.UPSTREAM_CONNECT_ERRORS: CounterMetricFamily(
+                "portal_gateway_upstream_connect_errors",
+                "Connections to a replica that failed before a request was sent, by replica host and reason.",
+                labels=["host", "reason"],
+            ),
             m.CELERY: CounterMetricFamily(
                 "portal_celery_tasks", "Celery task outcomes.", labels=["task", "outcome"]
             ),

@@ -43,6 +43,7 @@ REQUESTS = "requests"  # (model, endpoint, status, http code)
 TOKENS = "tokens"  # (model, kind)
 REJECTIONS = "rejections"  # (reason)
 UPSTREAM_ERRORS = "upstream_errors"  # (model, reason)
+UPSTREAM_CONNECT_ERRORS = "upstream_connect_errors"  # (replica host, reason): e.g. its name does not resolve
 DURATION = "duration"  # histogram parts: (model, "b", bucket index) | (model, "sum") | (model, "count")
 TTFT = "ttft"
 CELERY = "celery"  # (task, outcome)

@@ -22,6 +22,8 @@ from .services import (
     served_model_set_shares,
 )
 
+HASH_FIELDS = ("weights_sha256", "tokenizer_sha256", "weight_files", "tokenizer_files", "hashed_at")
+
 
 class ModelVersionSerializer(serializers.ModelSerializer):
     config = serializers.JSONField(help_text="The model's Hugging Face config.json; the facts come from it.")
@@ -48,6 +50,21 @@ class ModelVersionSerializer(serializers.ModelSerializer):
         if request is not None:  # where an adopted engine listens: staff only (selectors)
             data["source"] = model_version_source_for(request.user, instance)
         return data
+
+    def validate(self, attrs):
+        # Release hashes are what a start checks the node's files against, so they come from the
+        # files themselves (the version page's Hash files, `manage.py hash_model --model`); typed in
+        # they were silently dropped (read-only), which left a version looking registered but unready.
+        typed = [name for name in HASH_FIELDS if name in self.initial_data]
+        if typed:
+            raise serializers.ValidationError(
+                {
+                    name: "release hashes are recorded from the files, not sent: use the model version "
+                    "page's Hash files button or `manage.py hash_model <dir> --model <name>`"
+                    for name in typed
+                }
+            )
+        return attrs
 
     def create(self, validated_data):
         return model_version_create(**validated_data)

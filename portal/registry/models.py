@@ -72,6 +72,16 @@ class ModelVersion(models.Model):
     weight_files = models.JSONField(default=dict, blank=True, help_text="Relative path → SHA-256.")
     tokenizer_files = models.JSONField(default=dict, blank=True, help_text="Relative path → SHA-256.")
     hashed_at = models.DateTimeField(null=True, blank=True)
+    # The last Hash files job (the node's agent): queued, its progress, done, or why it stopped.
+    hash_status = models.CharField(max_length=300, blank=True)
+    hash_status_at = models.DateTimeField(null=True, blank=True)
+    # A version with no files to hash (the simulator reads only its config.json) may be marked
+    # release-checked by staff: it may then be started and rolled out on simulated nodes only.
+    simulated_release_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Marked release-checked for simulated nodes only (no files, no release hashes).",
+    )
 
     external = models.BooleanField(
         default=False,

@@ -170,16 +170,47 @@ def model_version_record_hashes(*, model_version: ModelVersion, hashes: ModelHas
     return model_version
 
 
-def model_version_hash_files(*, model_version: ModelVersion, path: str | None = None) -> ModelVersion:
-    """Hash the weights and tokenizer under `path` (default: the version's path) and record them."""
+def model_version_hash_status(*, model_version: ModelVersion, status: str) -> None:
+    """What the page says of the last Hash files job (one UPDATE: the agent writes it as it goes)."""
+    model_version.hash_status, model_version.hash_status_at = status[:300], timezone.now()
+    ModelVersion.objects.filter(pk=model_version.pk).update(
+        hash_status=model_version.hash_status, hash_status_at=model_version.hash_status_at
+    )
+
+
+def model_version_hash_files(
+    *, model_version: ModelVersion, path: str | None = None, progress: Callable | None = None
+) -> ModelVersion:
+    """Hash the weights and tokenizer under `path` (default: the version's path) and record them;
+    `progress(relpath, bytes_done, bytes_total)` as inference.hashing calls it."""
     directory = path or model_version.path
     if not directory:
         raise ApplicationError("the model version has no path to hash", field="path")
     try:
-        hashes = hash_model_dir(directory)
+        hashes = hash_model_dir(directory, progress=progress)
     except InputError as error:
         raise ApplicationError.from_input_error(error) from error
     return model_version_record_hashes(model_version=model_version, hashes=hashes)
+
+
+def model_version_mark_simulated_release(*, model_version: ModelVersion, actor=None) -> ModelVersion:
+    """Mark a version without release hashes as release-checked for simulated nodes only: the
+    simulator reads nothing but the stored config.json, so there are no files to pin. A real engine
+    still refuses it (rollouts: placement.check_release; starts: the agent's hash check)."""
+    if model_version.external:
+        raise ApplicationError(f"{model_version.name} was recorded from a running server", field="name")
+    if model_version.weights_sha256:
+        raise ApplicationError(f"{model_version.name} already has release hashes", field="name")
+    if model_version.simulated_release_at is None:
+        model_version.simulated_release_at = timezone.now()
+        model_version.save(update_fields=["simulated_release_at"])
+        audit_event_record(
+            action="model_version.simulated_release",
+            target=model_version,
+            changes={"simulated_release_at": model_version.simulated_release_at.isoformat()},
+            actor=actor,
+        )
+    return model_version
 
 
 def model_version_request_hashes(*, model_version: ModelVersion, node) -> None:
@@ -194,6 +225,7 @@ def model_version_request_hashes(*, model_version: ModelVersion, node) -> None:
         # The release hashes are what a start checks the files against: never overwrite them
         # from whatever the files are now (`manage.py hash_model --model` can, deliberately).
         raise ApplicationError(f"{model_version.name} already has release hashes", field="path")
+    model_version_hash_status(model_version=model_version, status=f"queued on {node.name}")
     send_to_node(node, "registry.hash_model_version", args=[model_version.pk])
 
 

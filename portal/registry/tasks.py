@@ -6,6 +6,8 @@ from celery import shared_task
 
 from portal.core.tasking import skip_missing_row
 
+HASH_PROGRESS_WRITE_S = 0.5
+
 
 # acks_late: a message whose worker vanished (kill -9, node reboot) is delivered
 # again after the broker's visibility timeout. The run is safe to repeat: it
@@ -30,14 +32,33 @@ def hash_model_version(version_id: int) -> str | None:
     Send it with `queue=node.queue` of the node holding the files. A missing directory is
     returned (and logged by the worker), not raised: there is nothing to retry.
     """
+    import time
+
     from portal.core.errors import ApplicationError
 
     from .models import ModelVersion
-    from .services import model_version_hash_files
+    from .services import model_version_hash_files, model_version_hash_status
 
     version = ModelVersion.objects.get(pk=version_id)
+    last = [0.0]
+
+    def progress(relpath: str, done: int, total: int) -> None:
+        # At most two writes a second: a 70B model is thousands of reads, the page refreshes in seconds.
+        now = time.monotonic()
+        if now - last[0] >= HASH_PROGRESS_WRITE_S or done >= total:
+            last[0] = now
+            percent = 100 * done / total if total else 100
+            model_version_hash_status(model_version=version, status=f"hashing: {percent:.0f} % ({relpath})")
+
+    model_version_hash_status(model_version=version, status="hashing: 0 %")
     try:
-        version = model_version_hash_files(model_version=version)
+        version = model_version_hash_files(model_version=version, progress=progress)
     except ApplicationError as error:
+        model_version_hash_status(model_version=version, status=f"not hashed: {error.message}")
         return f"not hashed: {error.message}"
+    files = len(version.weight_files) + len(version.tokenizer_files)
+    done = f"hashed: {files} files"
+    if not version.tokenizer_sha256:
+        done += "; no tokenizer files, so it cannot be rolled out"
+    model_version_hash_status(model_version=version, status=done)
     return version.weights_sha256

@@ -14,7 +14,7 @@ from portal.inventory.models import Node
 
 from .models import ConversionJob, ModelVersion, WeightDtype
 from .selectors import model_versions_listed, model_versions_shown_to
-from .services import conversion_job_start, model_version_request_hashes
+from .services import conversion_job_start, model_version_mark_simulated_release, model_version_request_hashes
 
 
 class ConvertForm(forms.Form):
@@ -54,6 +54,14 @@ def model_detail(request, name: str):
     context = {"model": model, "conversions": model.conversions.select_related("result", "node")[:10]}
     if request.user.is_staff and model.path and not model.weights_sha256:
         context["hash_form"] = HashForm(initial=_only_node_initial())
+    # The page follows a Hash files job while it runs (the agent writes its progress as it goes).
+    context["hashing"] = model.hash_status.startswith(("queued", "hashing"))
+    context["can_mark_simulated"] = (
+        request.user.is_staff
+        and not model.external
+        and not model.weights_sha256
+        and model.simulated_release_at is None
+    )
     if request.user.is_staff and model.weight_dtype == WeightDtype.BFLOAT16 and not model.quantization:
         context["convert_form"] = ConvertForm(initial=_only_node_initial())
     return render(request, "registry/model_detail.html", context)
@@ -97,6 +105,19 @@ def model_hash(request, name: str):
         messages.error(request, f"Not hashed: {error.message}")
     else:
         messages.info(request, f"The agent on {node.name} is hashing {model.path}: reload in a moment.")
+    return redirect(model)
+
+
+@require_POST
+@staff_member_required
+def model_mark_simulated(request, name: str):
+    model = get_object_or_404(ModelVersion, name=name)
+    try:
+        model_version_mark_simulated_release(model_version=model, actor=request.user)
+    except ApplicationError as error:
+        messages.error(request, f"Not marked: {error.message}")
+    else:
+        messages.success(request, f"{model.name} is release-checked for simulated nodes only.")
     return redirect(model)
 
 

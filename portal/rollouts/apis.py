@@ -34,6 +34,9 @@ class RolloutSerializer(serializers.ModelSerializer):
     freed_deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
     shares_percent = serializers.SerializerMethodField(help_text="The served name's live shares, by version.")
     events = RolloutEventSerializer(many=True, read_only=True)
+    warnings = serializers.SerializerMethodField(
+        help_text="What the start warned about: a new deployment on other hardware than the old one's."
+    )
 
     class Meta:
         model = Rollout
@@ -53,6 +56,8 @@ class RolloutSerializer(serializers.ModelSerializer):
             "downtime_s",
             "interval_s",
             "min_requests",
+            "compare_sla_only",
+            "warnings",
             "shares_percent",
             "created_at",
             "step_started_at",
@@ -70,6 +75,9 @@ class RolloutSerializer(serializers.ModelSerializer):
                 if getattr(rollout, f"{field}_id") not in shown:
                     data[field] = None
         return data
+
+    def get_warnings(self, rollout: Rollout) -> list[str]:
+        return [e.message for e in rollout.events.all() if e.kind == "warning"]  # prefetched
 
     def get_shares_percent(self, rollout: Rollout) -> dict[str, float]:
         rows = rollout.served_model.versions.values_list("model_version__name", "share_bp")
@@ -92,6 +100,11 @@ class RolloutStartSerializer(serializers.Serializer):
     )
     min_requests = serializers.IntegerField(
         required=False, help_text="Requests a step needs before it may pass (default ROLLOUT_MIN_REQUESTS)."
+    )
+    compare_sla_only = serializers.BooleanField(
+        required=False,
+        help_text="Judge the new version on the SLA and the error ceiling only, not against the old one "
+        "(for other hardware: the start warns when GPU kind, count or tensor-parallel size differ).",
     )
     gpu_choice = serializers.ChoiceField(
         choices=[c.value for c in GpuChoice],

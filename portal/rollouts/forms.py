@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal, InvalidOperation
 
 from django import forms
 
@@ -40,6 +41,12 @@ class RolloutStartForm(forms.Form):
         min_value=1,
         help_text="Requests a step needs before it may pass (blank: ROLLOUT_MIN_REQUESTS).",
     )
+    compare_sla_only = forms.BooleanField(
+        required=False,
+        label="Compare against the SLA only",
+        help_text="Leave the old version out of the judgement: for a new deployment on other GPUs, "
+        "another GPU count or tensor-parallel size, whose latencies differ whatever the version.",
+    )
 
     gpu_choice = forms.ChoiceField(
         choices=[
@@ -63,3 +70,54 @@ class RolloutStartForm(forms.Form):
             else:
                 steps.append([int(found[1]), int(found[2])])
         return steps  # bounds are the service's (inference.rollout.parse_steps)
+
+
+MAX_SHARE_LINES = 50
+SHARE_ITEM = re.compile(r"^\s*([^=\s]{1,100})\s*=\s*([0-9]{1,3}(?:\.[0-9]{1,2})?)\s*%?\s*$")
+
+
+class SharesField(forms.CharField):
+    """ "chat-v1=70, chat-v2=30": percent per version (two decimals at most) → basis points; the
+    sum and the versions' existence are the service's to check (registry.services)."""
+
+    def __init__(self, **kwargs) -> None:
+        kwargs.setdefault("max_length", 2000)
+        kwargs.setdefault(
+            "help_text", "version=percent, comma separated, adding up to 100 (e.g. chat-v1=90, chat-v2=10)."
+        )
+        super().__init__(**kwargs)
+
+    def to_python(self, value) -> dict[str, int]:
+        text = super().to_python(value)
+        parts = [part for part in text.split(",") if part.strip()]
+        if not parts:
+            raise forms.ValidationError("Name at least one version and its share.")
+        if len(parts) > MAX_SHARE_LINES:
+            raise forms.ValidationError(f"At most {MAX_SHARE_LINES} versions.")
+        shares: dict[str, int] = {}
+        for part in parts:
+            found = SHARE_ITEM.match(part)
+            if found is None:
+                raise forms.ValidationError(f"“{part.strip()}” is not version=percent (e.g. chat-v1=90).")
+            try:
+                percent = Decimal(found[2])
+            except InvalidOperation:
+                raise forms.ValidationError(f"“{found[2]}” is not a percentage.") from None
+            if percent > 100:
+                raise forms.ValidationError(f"A share is 0 to 100 %, not {percent}.")
+            if found[1] in shares:
+                raise forms.ValidationError(f"`{found[1]}` is named twice.")
+            shares[found[1]] = int(percent * 100)
+        return shares
+
+
+class ServedModelCreateForm(forms.Form):
+    name = forms.CharField(max_length=100, help_text="The stable name clients call.")
+    description = forms.CharField(max_length=200, required=False)
+    shares = SharesField()
+
+
+class SharesForm(forms.Form):
+    shares = SharesField(
+        help_text="version=percent, comma separated, adding up to 100; a version left out leaves."
+    )

@@ -45,7 +45,9 @@ class Rollout(models.Model):
     )
     state = models.CharField(max_length=12, choices=RolloutState.choices, default=RolloutState.WARMING)
     reason = models.TextField(blank=True, help_text="Why it ended (or paused), with the numbers.")
-    measurements = models.JSONField(default=dict, blank=True, help_text="The last evaluation's windows.")
+    measurements = models.JSONField(
+        default=dict, blank=True, help_text="The last evaluation: the numbers and the rule that decided."
+    )
     # The deployment that left the traffic (the new one on a roll-back, the old one on promotion) is
     # asked to stop one gateway route-cache interval later: until every gateway process has seen its
     # share at 0, requests may still reach it, and a stopped server would fail them.
@@ -66,6 +68,11 @@ class Rollout(models.Model):
     # a step is judged, and the requests a step needs before it may pass.
     interval_s = models.PositiveIntegerField(default=15, help_text="Seconds between two measurements.")
     min_requests = models.PositiveIntegerField(default=20)
+    compare_sla_only = models.BooleanField(
+        default=False,
+        help_text="Judge the new version on the SLA and the error ceiling only, not against the old "
+        "version (for a canary on other hardware).",
+    )
     evaluated_at = models.DateTimeField(
         null=True, blank=True, help_text="The current step's last measurement."
     )

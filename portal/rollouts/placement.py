@@ -35,7 +35,7 @@ class FreeingOption:
         return {**asdict(self), "choice": str(self.choice)}
 
 
-def check_release(version: ModelVersion) -> None:
+def check_release(version: ModelVersion, deployment: Deployment | None = None) -> None:
     """A rollout only moves traffic to a version whose files are pinned by release hashes: the
     agent checks the files against them before it starts the server."""
     if version.external:
@@ -44,10 +44,25 @@ def check_release(version: ModelVersion) -> None:
             "release hashes to roll it out.",
             field="to_deployment",
         )
-    if not (version.weights_sha256 and version.tokenizer_sha256):
+    if version.simulated_release_at is not None and not version.weights_sha256:
+        if deployment is not None and deployment.effective_engine == "sim":
+            return  # release-checked for simulated nodes only, and this is one
         raise ApplicationError(
-            f"`{version.name}` has no release hashes: hash its weights and tokenizer first "
-            "(its page's Hash files, or `manage.py hash_model`), so the start can verify them.",
+            f"`{version.name}` is release-checked for simulated nodes only; "
+            f"{deployment.name if deployment is not None else 'this deployment'} runs a real engine: "
+            "hash its files first (the Hash files button on its model version page).",
+            field="to_deployment",
+        )
+    missing = [
+        what
+        for what, digest in (("weights", version.weights_sha256), ("tokenizer", version.tokenizer_sha256))
+        if not digest
+    ]
+    if missing:
+        raise ApplicationError(
+            f"`{version.name}` has no release hashes for its {' and '.join(missing)}: hash its files "
+            "first (the Hash files button on its model version page, or `manage.py hash_model <dir> "
+            f"--model {version.name}`), so the start can verify them.",
             field="to_deployment",
         )
 
@@ -163,4 +178,64 @@ def check_gpus(
         message,
         field="gpu_choice" if options else "to_deployment",
         extra={"no_free_gpus": True, "choices": [o.as_dict() for o in options]},
+    )
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What a deployment runs on, as far as a latency comparison between two versions is concerned."""
+
+    gpu_kind: str  # the GPUs' names as the node reports them (else the profile's target); "" unknown
+    gpu_count: int
+    tensor_parallel_size: int
+
+    def describe(self) -> str:
+        kind = self.gpu_kind or "unknown GPU"
+        return f"{self.gpu_count} × {kind}, TP {self.tensor_parallel_size}"
+
+
+def hardware_of(deployment: Deployment) -> Hardware:
+    names = sorted(
+        set(deployment.node.gpus.filter(index__in=deployment.gpu_indices).values_list("name", flat=True))
+    )
+    profile = deployment.profile
+    kind = ", ".join(names) or (profile.target_gpu_name if profile is not None else "")
+    return Hardware(
+        gpu_kind=kind,
+        gpu_count=deployment.gpu_count or (profile.target_gpu_count if profile is not None else 0),
+        tensor_parallel_size=profile.tensor_parallel_size if profile is not None else 1,
+    )
+
+
+def old_deployment_of(*, from_deployment: Deployment | None, from_version: ModelVersion) -> Deployment | None:
+    """The deployment the new version is compared with: the one named, else one running the old version."""
+    if from_deployment is not None:
+        return from_deployment
+    return (
+        Deployment.objects.filter(model_version=from_version, state=DeploymentState.SERVING)
+        .select_related("node", "profile")
+        .order_by("pk")
+        .first()
+    )
+
+
+def hardware_warning(*, old: Deployment | None, new: Deployment) -> str:
+    """Why comparing the two versions' latencies would judge the hardware, not the version ("" if
+    the GPU kind, count and tensor-parallel size are the same, or the old one is unknown)."""
+    if old is None:
+        return ""
+    mine, theirs = hardware_of(new), hardware_of(old)
+    differs = []
+    if mine.gpu_kind and theirs.gpu_kind and mine.gpu_kind != theirs.gpu_kind:
+        differs.append("GPU kind")
+    if mine.gpu_count != theirs.gpu_count:
+        differs.append("GPU count")
+    if mine.tensor_parallel_size != theirs.tensor_parallel_size:
+        differs.append("tensor-parallel size")
+    if not differs:
+        return ""
+    return (
+        f"{new.name} runs on other hardware than {old.name} ({', '.join(differs)}: "
+        f"{mine.describe()} against {theirs.describe()}): its latencies will differ whatever the "
+        "version; consider comparing against the SLA only"
     )

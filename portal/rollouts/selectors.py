@@ -99,3 +99,8 @@ def active_rollout_of(served: ServedModel, user) -> Rollout | None:
     return (
         rollouts_visible_to(user).filter(served_model=served, state__in=list(ACTIVE_ROLLOUT_STATES)).first()
     )
+
+
+def rollout_warnings(rollout: Rollout) -> list[str]:
+    """What the start warned about (other hardware than the old version's), oldest first."""
+    return list(rollout.events.filter(kind="warning").values_list("message", flat=True))

@@ -19,7 +19,16 @@ from django.db.models import Max, Sum
 from django.utils import timezone
 
 from inference.errors import InputError
-from inference.rollout import DEFAULT_STEPS, Decision, Policy, Window, judge, parse_steps, split_share
+from inference.rollout import (
+    DEFAULT_STEPS,
+    Decision,
+    Evaluation,
+    Policy,
+    Window,
+    judge,
+    parse_steps,
+    split_share,
+)
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError
 from portal.deployments.models import Deployment, DeploymentState, DesiredState
@@ -31,7 +40,7 @@ from portal.registry.services import served_model_set_shares
 from portal.teams.services import usage_flush
 
 from .models import ACTIVE_ROLLOUT_STATES, Rollout, RolloutEvent, RolloutState
-from .placement import GpuChoice, check_gpus, check_plan, check_release
+from .placement import GpuChoice, check_gpus, check_plan, check_release, hardware_warning, old_deployment_of
 
 log = logging.getLogger(__name__)
 MAX_INTERVAL_S = 3600
@@ -91,6 +100,7 @@ def rollout_start(
     gpu_choice: str = "",
     interval_s: int | None = None,
     min_requests: int | None = None,
+    compare_sla_only: bool = False,
     actor=None,
 ) -> Rollout:
     """Roll `served_model` over to `to_deployment`'s version in `steps` (default 5/25/50/100 %, ten
@@ -99,7 +109,9 @@ def rollout_start(
     if it is not running, and gets no traffic until it serves. Where its GPUs are held by the old
     version, the error offers the ways to free them and `gpu_choice` picks one (placement.GpuChoice).
     `interval_s` and `min_requests` set the rollout's own pace (default ROLLOUT_TICK_S and
-    ROLLOUT_MIN_REQUESTS)."""
+    ROLLOUT_MIN_REQUESTS). Where the new deployment's GPU kind, count or tensor-parallel size differs
+    from the old one's, the timeline starts with a `warning` (the latencies compare hardware, not
+    versions); `compare_sla_only` judges the new version on the SLA and the error ceiling alone."""
     try:
         parsed = parse_steps([list(s) for s in DEFAULT_STEPS] if steps is None else steps)
     except InputError as error:
@@ -138,10 +150,13 @@ def rollout_start(
         raise ApplicationError(
             f"a step needs 1 to 1000000 requests, not {min_requests}", field="min_requests"
         )
-    check_release(to_version)
+    check_release(to_version, to_deployment)
     check_plan(to_deployment)
     freeing = check_gpus(deployment=to_deployment, from_version=from_version, choice=gpu_choice)
     freed = Deployment.objects.get(name=freeing.deployment) if freeing is not None else None
+    warning = hardware_warning(
+        old=old_deployment_of(from_deployment=from_deployment, from_version=from_version), new=to_deployment
+    )
     with transaction.atomic():
         try:
             with transaction.atomic():
@@ -155,6 +170,7 @@ def rollout_start(
                     freed_deployment=freed,
                     interval_s=interval_s,
                     min_requests=min_requests,
+                    compare_sla_only=compare_sla_only,
                     downtime_s=freeing.downtime_s if freeing is not None else None,
                     created_by=actor,
                 )
@@ -184,9 +200,12 @@ def rollout_start(
             "start",
             f"rollout of {served_model.name} from {from_version.name} to {to_version.name} "
             f"on {to_deployment.name}: steps "
-            + ", ".join(f"{s.share_percent} % × {s.describe()}" for s in parsed),
+            + ", ".join(f"{s.share_percent} % × {s.describe()}" for s in parsed)
+            + ("; judged against the SLA only" if compare_sla_only else ""),
             actor=actor,
         )
+        if warning:
+            _event(rollout, "warning", warning, actor=actor)
     return rollout
 
 
@@ -201,6 +220,10 @@ def _policy(rollout: Rollout) -> Policy:
         min_requests=rollout.min_requests,
         max_error_rate_increase=settings.ROLLOUT_MAX_ERROR_RATE_INCREASE,
         max_latency_ratio=settings.ROLLOUT_MAX_LATENCY_RATIO,
+        latency_margin_sla_fraction=settings.ROLLOUT_LATENCY_MARGIN_SLA_FRACTION,
+        latency_margin_min_ms=settings.ROLLOUT_LATENCY_MARGIN_MIN_MS,
+        max_error_rate=settings.ROLLOUT_MAX_ERROR_RATE,
+        compare_sla_only=rollout.compare_sla_only,
     )
 
 
@@ -212,22 +235,24 @@ def _window(rows) -> Window:
 
 
 def step_windows(rollout: Rollout, *, now: dt.datetime) -> tuple[Window, Window]:
-    """(new, old): each version's gateway measurements over the same minutes, from the minute the
-    step began up to now (the worst minute's P95; counts summed)."""
+    """(new, old): each version's gateway measurements from the minute the step began up to now
+    (the worst minute's P95; counts summed). The old version's are taken over the same minutes as
+    the new one's only: a quiet or a busy minute on one side alone is no comparison."""
     since = rollout.step_started_at.replace(second=0, microsecond=0)
     minutes = LatencyMinute.objects.filter(minute__gte=since, minute__lte=now)
-    new = _window(minutes.filter(deployment_id=rollout.to_deployment_id))
+    new_rows = minutes.filter(deployment_id=rollout.to_deployment_id)
     old_rows = (
         minutes.filter(deployment_id=rollout.from_deployment_id)
         if rollout.from_deployment_id
         else minutes.filter(deployment__model_version_id=rollout.from_version_id)
     )
-    return new, _window(old_rows)
+    return _window(new_rows), _window(old_rows.filter(minute__in=new_rows.values("minute")))
 
 
 def _enter_step(
-    rollout: Rollout, index: int, *, now: dt.datetime, from_states, from_step, actor=None
+    rollout: Rollout, index: int, *, now: dt.datetime, from_states, from_step, actor=None, data=None
 ) -> bool:
+    """`data`: the evaluation that passed the step before (kept for the page and the timeline)."""
     step = rollout.step_list()[index]
     with transaction.atomic():
         if not _claim(
@@ -238,6 +263,7 @@ def _enter_step(
             current_step=index,
             step_started_at=now,
             evaluated_at=None,
+            **({"measurements": data} if data else {}),
         ):
             return False
         _set_new_share(
@@ -249,7 +275,7 @@ def _enter_step(
             f"step {index + 1} of {len(rollout.steps)}: {rollout.to_version.name} takes "
             f"{step.share_percent} % for {step.describe()}",
             actor=actor,
-            data={"step": index, "share_percent": step.share_percent},
+            data={"step": index, "share_percent": step.share_percent, **({"passed": data} if data else {})},
         )
     return True
 
@@ -358,6 +384,24 @@ def _fail(rollout: Rollout, reason: str) -> bool:
     return True
 
 
+def _pause_outage(rollout: Rollout, *, reason: str, data: dict, step: int) -> bool:
+    """Both versions fail: hold the shares where they are and say it is an outage. Neither advancing
+    (onto a version that fails) nor rolling back (onto one that fails as well) would help; an
+    operator resumes once the cause is fixed."""
+    with transaction.atomic():
+        if not _claim(
+            rollout,
+            states=[RolloutState.STEPPING],
+            step=step,
+            state=RolloutState.PAUSED,
+            reason=f"paused in step {step + 1}, {reason}",
+            measurements=data,
+        ):
+            return False
+        _event(rollout, "outage", f"paused in step {step + 1}, {reason}", data=data)
+    return True
+
+
 def rollout_evaluate(*, rollout: Rollout, now: dt.datetime | None = None) -> str:
     """One evaluation of one rollout by the task; returns what it did (for logs and tests)."""
     now = now or timezone.now()
@@ -387,8 +431,22 @@ def rollout_evaluate(*, rollout: Rollout, now: dt.datetime | None = None) -> str
     index = rollout.current_step
     new, old = step_windows(rollout, now=now)
     elapsed = (now - rollout.step_started_at).total_seconds()
-    verdict = judge(new=new, old=old, policy=_policy(rollout), step=steps[index], elapsed_s=elapsed)
-    data = {"step": index, "new": new.as_dict(), "old": old.as_dict(), "elapsed_s": round(elapsed)}
+    policy = _policy(rollout)
+    verdict = judge(new=new, old=old, policy=policy, step=steps[index], elapsed_s=elapsed)
+    data = Evaluation(
+        step=index,
+        elapsed_s=round(elapsed),
+        new=new,
+        old=old,
+        decision=verdict.decision,
+        rule=verdict.rule,
+        reasons=verdict.reasons,
+        sla_p95_ttft_ms=policy.sla_p95_ttft_ms,
+        sla_p95_tpot_ms=policy.sla_p95_tpot_ms,
+        compare_sla_only=policy.compare_sla_only,
+    ).as_dict()
+    if verdict.decision == Decision.PAUSE:
+        return "outage" if _pause_outage(rollout, reason=verdict.reasons[0], data=data, step=index) else "-"
     if verdict.decision == Decision.ROLL_BACK:
         done = _roll_back(
             rollout,
@@ -406,7 +464,7 @@ def rollout_evaluate(*, rollout: Rollout, now: dt.datetime | None = None) -> str
                 else "-"
             )
         advanced = _enter_step(
-            rollout, index + 1, now=now, from_states=[RolloutState.STEPPING], from_step=index
+            rollout, index + 1, now=now, from_states=[RolloutState.STEPPING], from_step=index, data=data
         )
         return "advanced" if advanced else "-"
     # Hold: keep the latest numbers for the page (the same row, the same step: harmless if two write).

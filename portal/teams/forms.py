@@ -38,14 +38,26 @@ class ApiKeyCreateForm(forms.Form):
         "longer queue wait (for offline jobs).",
     )
 
-    def __init__(self, *args, model_names: list[str], **kwargs) -> None:
-        """`model_names`: the registered models the team may call (a key's models must be among them)."""
+    def __init__(
+        self, *args, model_names: list[str], served_names: list[str] | None = None, **kwargs
+    ) -> None:
+        """`model_names`: the registered models the team may call (a key's models must be among them);
+        `served_names`: those of them that are served names, offered first (what clients should call)."""
         super().__init__(*args, **kwargs)
         self.model_names = model_names
-        shown = ", ".join(model_names) if model_names else "none registered yet"
-        self.fields["models"].help_text = (
-            f"Comma-separated model names, from: {shown} (blank: every model the team may use)."
-        )
+        served = [name for name in model_names if name in set(served_names or ())]
+        versions = [name for name in model_names if name not in set(served)]
+        if not model_names:
+            shown = "none registered yet"
+        elif served:
+            shown = f"served names {', '.join(served)}" + (
+                f"; model versions by their own name {', '.join(versions)}" if versions else ""
+            )
+        else:
+            shown = ", ".join(model_names)
+        self.fields[
+            "models"
+        ].help_text = f"Comma-separated model names, from: {shown} (blank: every model the team may use)."
 
     def clean_models(self) -> list[str]:
         """The names, each one the team can call: a typo would make a key that can call nothing."""

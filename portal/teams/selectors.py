@@ -47,6 +47,14 @@ def model_names_for_team(team: Team) -> list[str]:
     return sorted(names)
 
 
+def served_names_for_team(team: Team) -> list[str]:
+    """The served names among `model_names_for_team`: the stable names clients should call."""
+    names = set(ServedModel.objects.values_list("name", flat=True))
+    if team.allowed_models:
+        names &= set(team.allowed_models)
+    return sorted(names)
+
+
 def api_keys_of(team: Team) -> QuerySet[ApiKey]:
     """The team's keys, without the playground's and the benchmarks' (their secrets exist nowhere,
     so there is nothing to manage; staff see them in the admin)."""

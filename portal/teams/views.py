@@ -18,6 +18,7 @@ from .selectors import (
     api_key_get_for_team,
     api_keys_of,
     model_names_for_team,
+    served_names_for_team,
     team_get_for_user,
     team_in_flight,
     usage_by_priority_class,
@@ -37,7 +38,8 @@ def team_keys(request, slug: str):
     new_token = None
     context = {}
     model_names = model_names_for_team(team)
-    form = ApiKeyCreateForm(request.POST or None, model_names=model_names)
+    served_names = served_names_for_team(team)
+    form = ApiKeyCreateForm(request.POST or None, model_names=model_names, served_names=served_names)
     if request.method == "POST" and form.is_valid():
         try:
             key, new_token = api_key_create(team=team, created_by=request.user, **form.service_kwargs())
@@ -45,7 +47,7 @@ def team_keys(request, slug: str):
             field = {"allowed_models": "models"}.get(error.field, error.field)
             form.add_error(field if field in form.fields else None, error.message)
         else:
-            form = ApiKeyCreateForm(model_names=model_names)
+            form = ApiKeyCreateForm(model_names=model_names, served_names=served_names)
             # A model the key may call, for the snippets; without a list any served one will do.
             models = key.allowed_models or team.allowed_models
             context = {

@@ -119,7 +119,7 @@ def test_ops_journey(page: Page, stack, reap_deployments, alice, team, tiny_mode
     page.get_by_role("link", name="View on site").click()
     expect(page.locator("h1")).to_have_text("tiny-llama")
     page.select_option("#id_node", label="local")
-    page.get_by_role("button", name="Record release hashes").click()
+    page.get_by_role("button", name="Hash files").click()
     expect(page.locator("ul.messages")).to_contain_text("The agent on local is hashing")
     weights = page.locator("tr").filter(has_text="Weights SHA-256")
     reload_until(page, weights, re.compile(r"[0-9a-f]{64}"), timeout_s=120)

@@ -260,7 +260,8 @@ def test_the_team_front_page_costs_the_same_queries_for_more_teams_and_keys(
         extra.members.add(bob)
         for _ in range(3):
             api_key_create(team=extra)
-    with django_assert_max_num_queries(7), CaptureQueriesContext(connection) as large:
+    # 8: the names a key calls (served names, versions hidden by name) are one query more (issue 37).
+    with django_assert_max_num_queries(8), CaptureQueriesContext(connection) as large:
         page = client.get("/").content.decode()
     assert page.count("<section") == 6
     assert len(large) == len(small)

@@ -79,6 +79,7 @@ def test_it_records_every_step_on_the_timeline_in_order(deployment):
         "quota",
         "environment",
         "hashes",
+        "address",
         "port",
         "command",
         "launch",
@@ -410,3 +411,37 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def test_the_engine_listens_on_the_nodes_address_and_is_checked_there(deployment):
+    from portal.inventory.models import Node
+
+    Node.objects.filter(pk=deployment.node_id).update(hostname="127.0.0.2")  # not the agent's loopback
+    assert _start(deployment) == "serving"
+    assert deployment.command[deployment.command.index("--host") + 1] == "127.0.0.2"
+    assert deployment.endpoint_url == f"http://127.0.0.2:{deployment.port}"
+    assert "the gateway reaches the server at 127.0.0.2" in deployment.events.get(step="address").message
+    assert supervisor.check_health(deployment.endpoint_url)
+
+
+def test_a_node_whose_name_does_not_resolve_is_never_shown_serving_and_says_why(deployment):
+    from portal.inventory.models import Node
+
+    Node.objects.filter(pk=deployment.node_id).update(hostname="node-that-does-not-resolve.invalid")
+    _start(deployment)
+    assert deployment.state == "failed"
+    assert deployment.failure_code == "unreachable"
+    assert "does not resolve" in deployment.state_reason
+    assert "fix the node's hostname" in deployment.state_reason
+    assert deployment.pid is None
+
+
+def test_supervision_checks_the_gateways_address_and_says_when_its_name_stops_resolving(deployment):
+    from portal.inventory.models import Node
+
+    assert _start(deployment) == "serving"
+    Node.objects.filter(pk=deployment.node_id).update(hostname="renamed-node.invalid")
+    assert deployment_supervise(deployment.pk, owner="beat") == "unhealthy"
+    failed = deployment.events.filter(step="health", status="failed").last()
+    assert "/health did not answer at http://renamed-node.invalid:" in failed.message
+    assert "does not resolve" in failed.message

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from portal.core.redis.client import redis_keys
 from portal.gateway import upstream
 from tests.helpers.gateway import upstream_reset, upstream_stats
 from tests.helpers.processes import free_port
@@ -237,3 +238,41 @@ def test_a_full_pool_closes_an_idle_connection_to_another_replica_to_make_room(f
 
     first, second = _run(work)
     assert first == 200 and second == (200, b"{}")
+
+
+def test_a_replica_whose_name_does_not_resolve_is_logged_once_counted_and_leaves_no_stray_future(caplog):
+    from portal.observability import prometheus
+
+    url = "http://replica-that-does-not-resolve.invalid:8000/v1/chat/completions"
+    upstream._name_errors_logged.clear()
+    key = (prometheus.UPSTREAM_CONNECT_ERRORS, "replica-that-does-not-resolve.invalid", "name_resolution")
+
+    def counted() -> float:
+        prometheus.recorder.flush()
+        stored = prometheus.client().hget(redis_keys().metrics_counters, prometheus.encode_field(key))
+        return float(stored or 0)
+
+    before = counted()
+    stray = []
+
+    async def work():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: stray.append(context))
+        failures = []
+        for _ in range(3):
+            with pytest.raises(upstream.NameNotResolved) as raised:
+                await upstream.open_stream(url, _body(), "req-1")
+            failures.append(raised.value)
+        import gc
+
+        gc.collect()  # an unretrieved future's complaint is made when it is collected
+        await asyncio.sleep(0)
+        return failures
+
+    with caplog.at_level("WARNING", logger="portal.gateway.upstream"):
+        failures = _run(work)
+    assert "does not resolve" in str(failures[0])
+    assert isinstance(failures[0], OSError)  # the gateway's "replica failed" errors: another is tried
+    logged = [r for r in caplog.records if "does not resolve" in r.getMessage()]
+    assert len(logged) == 1
+    assert counted() - before == 3
+    assert stray == []

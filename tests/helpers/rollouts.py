@@ -137,3 +137,16 @@ class Control:
             f"== {p.name} ==\n" + p.read_text(errors="replace")[-3000:]
             for p in sorted(self.directory.glob("*.log"))
         )
+
+
+def on_eight_gpus(deployment):
+    """Move `deployment` onto a profile of 8 GPUs in tensor parallel (other hardware than a 1-GPU one)."""
+    from portal.deployments.models import Deployment, DeploymentProfile
+
+    profile = DeploymentProfile.objects.create(
+        name=f"tp8-{deployment.name}", model_version=deployment.model_version,
+        target_gpu_count=8, tensor_parallel_size=8,
+    )  # fmt: skip
+    Deployment.objects.filter(pk=deployment.pk).update(profile=profile)
+    deployment.refresh_from_db()
+    return deployment

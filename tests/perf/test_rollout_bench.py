@@ -22,7 +22,7 @@ def test_a_tiny_rollout_bench_promotes_one_version_and_rolls_the_slow_one_back_w
         cwd=ROOT, capture_output=True, text=True, timeout=400,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "## promotion: v1 → v2-good on chat-promote: promoted" in run.stdout
+    assert "## promotion 1 (identical version): v1 → v2-good on chat-promote: promoted" in run.stdout
     assert "## automatic roll-back: v1 → v2-slow on chat-rollback: rolled_back" in run.stdout
     assert "| window" in run.stdout and "new share set" in run.stdout
     promotion, rollback = json.loads(out.read_text())["results"]

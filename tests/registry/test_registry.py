@@ -135,7 +135,7 @@ def test_staff_ask_the_node_holding_the_files_to_record_the_release_hashes(
     )
     client.force_login(alice)
     page = client.get(f"/models/{version.name}/").content.decode()
-    assert "Record release hashes" in page and "not hashed" in page
+    assert "Hash files" in page and "not hashed" in page
 
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post(f"/models/{version.name}/hash/", {"node": node.name}, follow=True)
@@ -150,7 +150,7 @@ def test_staff_ask_the_node_holding_the_files_to_record_the_release_hashes(
     version.refresh_from_db()
     assert "model-00001-of-00001.safetensors" in version.weight_files
     page = client.get(f"/models/{version.name}/").content.decode()
-    assert version.weights_sha256 in page and "Record release hashes" not in page
+    assert version.weights_sha256 in page and "Hash files" not in page
     # Release hashes are never overwritten from the page.
     response = client.post(f"/models/{version.name}/hash/", {"node": node.name}, follow=True)
     assert "already has release hashes" in response.content.decode()
@@ -162,7 +162,7 @@ def test_a_member_cannot_ask_for_hashes(tmp_path, bob, client):
         name="llama-local", config=bundled_config("llama-2-7b-chat-hf"), path=str(tmp_path)
     )
     client.force_login(bob)
-    assert "Record release hashes" not in client.get(f"/models/{version.name}/").content.decode()
+    assert "Hash files" not in client.get(f"/models/{version.name}/").content.decode()
     response = client.post(f"/models/{version.name}/hash/", {"node": "x"})
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
 
@@ -185,3 +185,65 @@ def test_a_member_does_not_read_an_adopted_engines_url_on_the_model_pages(client
     client.force_login(bob)
     assert "10.9.8.7" not in client.get("/models/").content.decode()
     assert "10.9.8.7" not in client.get("/models/private-7b/").content.decode()
+
+
+def test_it_refuses_release_hashes_typed_into_the_api_with_400_naming_the_button(alice):
+    response = api_client(alice).post(
+        "/api/v1/model-versions/",
+        {"name": "m1", "config": bundled_config("qwen2.5-7b-instruct"), "weights_sha256": "a" * 64,
+         "weight_files": {"model.safetensors": "a" * 64}},
+        format="json",
+    )  # fmt: skip
+    assert response.status_code == 400
+    body = response.json()
+    assert set(body) == {"weights_sha256", "weight_files"}
+    assert "Hash files" in body["weights_sha256"][0]
+    assert not ModelVersion.objects.exists()
+
+
+def test_hash_model_warns_of_a_directory_without_a_tokenizer(tmp_path, llama7b, capsys):
+    model_dir = _fake_model_dir(tmp_path)
+    (model_dir / "tokenizer.json").unlink()
+    call_command("hash_model", str(model_dir), "--model", llama7b.name)
+    err = capsys.readouterr().err
+    assert "warning: no tokenizer files" in err
+    assert "a rollout needs release hashes of both the weights and the tokenizer" in err
+
+
+def test_hash_model_names_both_missing_parts_of_an_empty_directory(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(CommandError, match="missing weights and tokenizer"):
+        call_command("hash_model", str(tmp_path))
+
+
+def test_the_version_page_follows_a_hash_files_job_from_queued_to_done_or_why_not(
+    tmp_path, alice, client, django_capture_on_commit_callbacks
+):
+    from portal.inventory.services import node_create
+    from portal.registry.tasks import hash_model_version
+
+    node = node_create(name="hash-node-2", hostname="127.0.0.1")
+    model_dir = _fake_model_dir(tmp_path)
+    version = model_version_create(
+        name="llama-job", config=bundled_config("llama-2-7b-chat-hf"), path=str(model_dir)
+    )
+    client.force_login(alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(f"/models/{version.name}/hash/", {"node": node.name})
+    page = client.get(f"/models/{version.name}/").content.decode()
+    assert "Last hashing job: queued on hash-node-2" in page
+    assert '<meta http-equiv="refresh" content="5">' in page  # it follows the job
+
+    hash_model_version(version.pk)
+    version.refresh_from_db()
+    assert version.hash_status == "hashed: 3 files"
+    page = client.get(f"/models/{version.name}/").content.decode()
+    assert "Last hashing job: hashed: 3 files" in page and 'content="5"' not in page
+
+    empty = model_version_create(
+        name="llama-empty", config=bundled_config("llama-2-7b-chat-hf"), path=str(tmp_path / "none")
+    )
+    (tmp_path / "none").mkdir()
+    hash_model_version(empty.pk)
+    page = client.get(f"/models/{empty.name}/").content.decode()
+    assert "Last hashing job: not hashed: missing weights and tokenizer" in page

@@ -4,7 +4,7 @@ team may call, and anyone else's is a 404 (the isolation contract)."""
 from __future__ import annotations
 
 from tests.helpers.clients import api_client
-from tests.helpers.rollouts import shares_of
+from tests.helpers.rollouts import on_eight_gpus, shares_of
 
 URL = "/api/v1/rollouts/"
 
@@ -170,3 +170,30 @@ def test_a_member_reads_no_name_of_another_teams_deployment_in_a_rollout(pair, a
     data = api_client(bob).get(f"{URL}{rollout.pk}/").json()
     assert data["to_deployment"] == pair.new.name
     assert data["from_deployment"] is None
+
+
+def test_a_start_on_other_hardware_warns_and_may_compare_against_the_sla_only(pair, alice):
+    on_eight_gpus(pair.old)
+    body = api_client(alice).post(
+        URL,
+        {"served_model": pair.served.name, "to_deployment": pair.new.name,
+         "from_deployment": pair.old.name, "compare_sla_only": True},
+        format="json",
+    ).json()  # fmt: skip
+    assert body["compare_sla_only"] is True
+    assert len(body["warnings"]) == 1
+    assert (
+        "GPU count, tensor-parallel size: 1 × unknown GPU, TP 1 against 8 × unknown GPU, TP 8"
+        in (body["warnings"][0])
+    )
+    assert [e["kind"] for e in body["events"]] == ["start", "warning"]
+    assert "judged against the SLA only" in body["events"][0]["message"]
+
+
+def test_a_start_on_the_same_hardware_warns_of_nothing(pair, alice):
+    body = (
+        api_client(alice)
+        .post(URL, {"served_model": pair.served.name, "to_deployment": pair.new.name}, format="json")
+        .json()
+    )
+    assert body["warnings"] == [] and body["compare_sla_only"] is False

@@ -6,7 +6,7 @@ import datetime as dt
 
 from django.utils import timezone
 
-from tests.helpers.rollouts import measured
+from tests.helpers.rollouts import measured, on_eight_gpus
 
 
 def test_the_rollout_page_shows_steps_shares_measurements_and_buttons(pair, alice, client):
@@ -175,3 +175,88 @@ def test_a_served_name_page_lists_only_the_members_own_replicas(pair, bob, clien
     page = client.get(f"/rollouts/served-models/{pair.served.name}/").content.decode()
     assert pair.old.name in page
     assert "ads-private-chat" not in page
+
+
+def test_the_rollout_page_tells_the_last_judgement_in_words(pair, alice, client):
+    from portal.rollouts.services import rollout_evaluate, rollout_start
+
+    rollout = rollout_start(
+        served_model=pair.served, to_deployment=pair.new, from_deployment=pair.old, steps=[[10, 5], [100, 5]]
+    )
+    t0 = timezone.now()
+    rollout_evaluate(rollout=rollout, now=t0 - dt.timedelta(seconds=1))
+    measured(pair.new, t0, requests=38, errors=38)
+    measured(pair.old, t0, requests=146, errors=146)
+    rollout_evaluate(rollout=rollout, now=t0 + dt.timedelta(seconds=20))
+    client.force_login(alice)
+    page = client.get(f"/rollouts/{rollout.pk}/").content.decode()
+    assert "Last evaluation: Step 1 after 21 s: pause — both versions failing pauses the rollout" in page
+    assert "New: 38 requests, 38 errors (100.0%)" in page
+    assert "{&#x27;" not in page and "{'" not in page  # no raw dict
+
+
+def test_the_start_form_warns_of_other_hardware_and_offers_the_sla_only(pair, alice, client):
+    from portal.rollouts.models import Rollout
+
+    on_eight_gpus(pair.old)
+    client.force_login(alice)
+    form = client.get("/rollouts/new/").content.decode()
+    assert "Compare against the SLA only" in form
+    response = client.post(
+        "/rollouts/new/",
+        {"served_model": pair.served.name, "to_deployment": pair.new.name, "from_deployment": pair.old.name,
+         "steps": "10x5, 100x5", "compare_sla_only": "on"},
+        follow=True,
+    )  # fmt: skip
+    page = response.content.decode()
+    assert "runs on other hardware than" in page
+    assert "judged against the SLA only, not the old version" in page
+    assert Rollout.objects.get(served_model=pair.served).compare_sla_only is True
+
+
+def test_staff_create_a_served_name_and_change_its_shares_from_the_pages(pair, alice, client):
+    from portal.registry.models import ServedModel
+
+    old, new = pair.old.model_version.name, pair.new.model_version.name
+    client.force_login(alice)
+    assert "New served name" in client.get("/rollouts/served-models/").content.decode()
+    created = client.post(
+        "/rollouts/served-models/new/", {"name": "assistant", "shares": f"{old}=100"}, follow=True
+    )
+    assert created.redirect_chain[-1][0] == "/rollouts/served-models/assistant/"
+    page = created.content.decode()
+    assert old in page and "100.00 %" in page and "Set shares" in page
+
+    client.post("/rollouts/served-models/assistant/shares/", {"shares": f"{old}=90, {new}=10"})
+    served = ServedModel.objects.get(name="assistant")
+    assert dict(served.versions.values_list("model_version__name", "share_bp")) == {old: 9_000, new: 1_000}
+    page = client.get("/rollouts/served-models/assistant/").content.decode()
+    assert "90.00 %" in page and "10.00 %" in page
+
+    refused = client.post(
+        "/rollouts/served-models/assistant/shares/", {"shares": f"{old}=90, {new}=20"}, follow=True
+    ).content.decode()
+    assert "Shares not set" in refused
+    bad = client.post("/rollouts/served-models/new/", {"name": "x", "shares": f"{old}=abc"}).content.decode()
+    assert "is not version=percent" in bad
+
+
+def test_members_get_no_served_name_forms_and_cannot_post_them(pair, bob, client):
+    client.force_login(bob)
+    assert "New served name" not in client.get("/rollouts/served-models/").content.decode()
+    assert client.post("/rollouts/served-models/new/", {"name": "x", "shares": "a=100"}).status_code == 403
+    response = client.post(f"/rollouts/served-models/{pair.served.name}/shares/", {"shares": "a=100"})
+    assert response.status_code == 403
+
+
+def test_members_see_the_served_names_they_may_call_on_their_front_page_and_key_form(pair, team, bob, client):
+    from portal.registry.models import ModelVersion
+
+    old_version = pair.old.model_version.name
+    ModelVersion.objects.filter(name=old_version).update(callable_by_name=False)  # only via the served name
+    client.force_login(bob)
+    home = client.get("/").content.decode()
+    assert f"<code>{pair.served.name}</code>" in home
+    assert f"<code>{old_version}</code>" not in home
+    keys = client.get(f"/teams/{team.slug}/keys/").content.decode()
+    assert f"served names {pair.served.name}" in keys

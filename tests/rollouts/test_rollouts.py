@@ -260,7 +260,16 @@ def test_the_beat_task_is_scheduled_bounded_and_evaluates_active_rollouts(pair):
     assert advance_all() == {str(rollout.pk): "hold"}
 
 
-@pytest.mark.parametrize("name, value", [("ROLLOUT_TICK_S", "0"), ("ROLLOUT_MAX_LATENCY_RATIO", "0.5")])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("ROLLOUT_TICK_S", "0"),
+        ("ROLLOUT_MAX_LATENCY_RATIO", "0.5"),
+        ("ROLLOUT_MAX_ERROR_RATE", "0"),
+        ("ROLLOUT_LATENCY_MARGIN_SLA_FRACTION", "2"),
+        ("ROLLOUT_LATENCY_MARGIN_MIN_MS", "-1"),
+    ],
+)
 def test_rollout_settings_are_bounded(name, value, monkeypatch):
     import subprocess
     import sys
@@ -286,3 +295,48 @@ def test_a_stepping_rollout_is_measured_at_its_own_interval(pair):
     assert rollouts_advance_all(now=t0 + dt.timedelta(seconds=1)) == {rollout.pk: "hold"}  # first measurement
     assert rollouts_advance_all(now=t0 + dt.timedelta(seconds=10)) == {}  # not due: 9 s of its 20
     assert rollouts_advance_all(now=t0 + dt.timedelta(seconds=21)) == {rollout.pk: "hold"}
+
+
+def test_two_versions_both_failing_pause_the_rollout_as_an_outage(pair):
+    from portal.rollouts.services import rollout_evaluate
+
+    t0 = timezone.now()
+    rollout = _start(pair)
+    rollout_evaluate(rollout=rollout, now=t0)
+    measured(pair.new, t0, requests=38, errors=38)
+    measured(pair.old, t0, requests=146, errors=146)
+    assert rollout_evaluate(rollout=rollout, now=t0 + dt.timedelta(minutes=2)) == "outage"
+    rollout.refresh_from_db()
+    assert rollout.state == "paused" and rollout.current_step == 0
+    assert "outage: both versions fail" in rollout.reason
+    assert shares_of(pair.served)[pair.new.model_version.name] == 1_000  # held where it was
+    assert rollout.measurements["rule"] == "outage"
+    assert _kinds(rollout)[-1] == "outage"
+
+
+def test_a_step_that_is_tens_of_ms_slower_against_a_seconds_sla_advances(pair):
+    from portal.rollouts.services import rollout_evaluate
+
+    t0 = timezone.now()
+    rollout = _start(pair)
+    rollout_evaluate(rollout=rollout, now=t0)
+    measured(pair.new, t0, requests=40, ttft_ms=103.9)
+    measured(pair.old, t0, requests=360, ttft_ms=60.0)
+    assert rollout_evaluate(rollout=rollout, now=t0 + dt.timedelta(minutes=1, seconds=1)) == "advanced"
+    rollout.refresh_from_db()
+    assert rollout.measurements["rule"] == "step_passed"
+    assert rollout.measurements["new"]["p95_ttft_ms"] == 103.9
+
+
+def test_the_old_version_is_measured_over_the_new_versions_minutes_only(pair):
+    from portal.rollouts.services import rollout_evaluate, step_windows
+
+    t0 = timezone.now().replace(second=30)
+    rollout = _start(pair)
+    rollout_evaluate(rollout=rollout, now=t0)
+    measured(pair.old, t0, requests=200, ttft_ms=900)  # before the new version had any traffic
+    measured(pair.new, t0 + dt.timedelta(minutes=1), requests=40, ttft_ms=120)
+    measured(pair.old, t0 + dt.timedelta(minutes=1), requests=200, ttft_ms=110)
+    rollout.refresh_from_db()
+    new, old = step_windows(rollout, now=t0 + dt.timedelta(minutes=1))
+    assert (new.requests, old.requests, old.p95_ttft_ms) == (40, 200, 110)

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from inference.errors import InputError
-from inference.rollout import Decision, Policy, Step, Window, judge, parse_steps, split_share
+from inference.rollout import (
+    Decision,
+    Evaluation,
+    Policy,
+    Rule,
+    Step,
+    Window,
+    judge,
+    parse_steps,
+    split_share,
+)
 
 POLICY = Policy(
     sla_p95_ttft_ms=3000,
@@ -81,3 +93,69 @@ def test_a_step_may_last_seconds_for_tests_and_benchmarks():
     assert (
         judge(new=good, old=Window(), policy=policy, step=steps[0], elapsed_s=20).decision == Decision.ADVANCE
     )
+
+
+def test_it_ignores_a_ratio_that_is_tens_of_ms_against_a_seconds_sla():
+    new = Window(requests=80, p95_ttft_ms=103.9, p95_tpot_ms=41)
+    old = Window(requests=300, p95_ttft_ms=60.0, p95_tpot_ms=40)
+    verdict = judge(new=new, old=old, policy=POLICY, step=STEP, elapsed_s=600)
+    assert verdict.decision == Decision.ADVANCE
+    assert verdict.rule == Rule.STEP_PASSED
+
+
+def test_it_rolls_back_slower_than_the_old_version_beyond_both_the_ratio_and_the_margin():
+    new = Window(requests=80, p95_ttft_ms=900, p95_tpot_ms=40)
+    verdict = judge(new=new, old=GOOD_OLD, policy=POLICY, step=STEP, elapsed_s=1)
+    assert verdict.decision == Decision.ROLL_BACK
+    assert verdict.rule == Rule.SLOWER_THAN_OLD
+    assert verdict.reasons == (
+        "P95 TTFT 900.0 ms > 1.5 × old version's 500.0 ms and 400.0 ms over it > margin 300 ms",
+    )
+
+
+def test_an_error_rate_over_the_ceiling_rolls_back_whatever_the_old_version_does():
+    new = Window(requests=40, errors=2, p95_ttft_ms=500, p95_tpot_ms=40)  # within a point of the old one
+    old = Window(requests=300, errors=13, p95_ttft_ms=500, p95_tpot_ms=40)  # 4.3 %: under the ceiling
+    verdict = judge(new=new, old=old, policy=POLICY, step=STEP, elapsed_s=600)
+    assert verdict.decision == Decision.ROLL_BACK
+    assert verdict.rule == Rule.ERROR_CEILING
+    assert verdict.reasons == ("error rate 5.0% (2/40) ≥ ceiling 5.0%",)
+
+
+def test_both_versions_failing_is_an_outage_that_pauses_not_a_verdict():
+    new = Window(requests=38, errors=38)
+    old = Window(requests=146, errors=146)
+    verdict = judge(new=new, old=old, policy=POLICY, step=STEP, elapsed_s=600)
+    assert verdict.decision == Decision.PAUSE
+    assert verdict.rule == Rule.OUTAGE
+    assert "outage: both versions fail" in verdict.reasons[0]
+
+
+def test_an_error_increase_needs_enough_requests_on_the_old_side_too():
+    new = Window(requests=40, errors=1, p95_ttft_ms=500, p95_tpot_ms=40)  # 2.5 %: under the ceiling
+    quiet_old = Window(requests=5, errors=0, p95_ttft_ms=500, p95_tpot_ms=40)
+    verdict = judge(new=new, old=quiet_old, policy=POLICY, step=STEP, elapsed_s=600)
+    assert verdict.decision == Decision.ADVANCE
+
+
+def test_sla_only_leaves_the_old_version_out_of_the_judgement():
+    sla_only = dataclasses.replace(POLICY, compare_sla_only=True)
+    new = Window(requests=40, errors=0, p95_ttft_ms=2500, p95_tpot_ms=90)  # 5× slower, within the SLA
+    verdict = judge(new=new, old=GOOD_OLD, policy=sla_only, step=STEP, elapsed_s=600)
+    assert verdict.decision == Decision.ADVANCE
+
+
+def test_an_evaluation_reads_back_from_its_stored_form_as_a_sentence():
+    verdict = judge(new=Window(requests=38, errors=38), old=Window(requests=146, errors=146),
+                    policy=POLICY, step=STEP, elapsed_s=30)  # fmt: skip
+    evaluation = Evaluation(
+        step=0, elapsed_s=30, new=Window(requests=38, errors=38), old=Window(requests=146, errors=146),
+        decision=verdict.decision, rule=verdict.rule, reasons=verdict.reasons,
+        sla_p95_ttft_ms=3000, sla_p95_tpot_ms=100,
+    )  # fmt: skip
+    stored = Evaluation.from_dict(evaluation.as_dict())
+    assert stored == evaluation
+    text = stored.describe()
+    assert text.startswith("Step 1 after 30 s: pause — both versions failing pauses the rollout")
+    assert "New: 38 requests, 38 errors (100.0%)" in text and "{" not in text
+    assert Evaluation.from_dict({"step": 0, "new": {}, "old": {}}) is None

@@ -170,3 +170,41 @@ def test_a_freed_deployment_whose_gpus_were_taken_meanwhile_is_reported_not_rest
     assert old.desired_state == "stopped"
     restart = rollout.events.get(kind="restart")
     assert "could not be started again" in restart.message and other.name in restart.message
+
+
+def test_its_refusal_names_the_missing_tokenizer_and_the_real_button(pair):
+    from portal.core.errors import ApplicationError
+    from portal.registry.models import ModelVersion
+
+    ModelVersion.objects.filter(pk=pair.new.model_version_id).update(tokenizer_sha256="")
+    pair.new.refresh_from_db()
+    with pytest.raises(ApplicationError) as refused:
+        _start(pair.served, pair.new, pair.old)
+    assert "has no release hashes for its tokenizer:" in refused.value.message
+    assert "the Hash files button on its model version page" in refused.value.message
+
+
+def test_a_simulator_only_version_rolls_out_on_a_simulated_node_and_nowhere_else(pair, alice, client):
+    from portal.core.errors import ApplicationError
+    from portal.deployments.models import DeploymentProfile
+    from portal.registry.models import ModelVersion
+
+    version = pair.new.model_version
+    ModelVersion.objects.filter(pk=version.pk).update(weights_sha256="", tokenizer_sha256="")
+    client.force_login(alice)
+    page = client.get(version.get_absolute_url()).content.decode()
+    assert "Mark release-checked for simulated nodes only" in page
+    client.post(f"/models/{version.name}/simulated-release/")
+    version.refresh_from_db()
+    assert version.simulated_release_at is not None
+    assert (
+        "Release-checked for <strong>simulated nodes only</strong>"
+        in client.get(version.get_absolute_url()).content.decode()
+    )
+
+    pair.new.refresh_from_db()
+    with pytest.raises(ApplicationError, match=r"release-checked for simulated nodes only; .* real engine"):
+        _start(pair.served, pair.new, pair.old)
+    DeploymentProfile.objects.filter(pk=pair.new.profile_id).update(engine="sim")
+    pair.new.refresh_from_db()
+    assert _start(pair.served, pair.new, pair.old).state == "warming"

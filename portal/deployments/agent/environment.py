@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -65,10 +66,13 @@ def sm_list(gpus: Iterable[Gpu]) -> str:
 def model_dir_check(deployment: Deployment, engine: str, run_dir: Path, has_files: bool) -> tuple[Path, str]:
     """The directory to pass as --model, after checking its files against the release hashes."""
     version = deployment.model_version
-    if not has_files:
+    simulated_release = engine == "sim" and version.simulated_release_at and not version.weights_sha256
+    if not has_files or simulated_release:
         if engine == "sim":
             # The simulator needs only the architecture: give it the stored config.json.
             (run_dir / "config.json").write_text(json.dumps(version.config, indent=2))
+            if has_files:
+                return run_dir, "release-checked for simulated nodes only: the simulator reads config.json"
             return run_dir, "no model files on this node: the simulator reads the stored config.json"
         where = version.path or "(no path recorded)"
         raise StepFailed(
@@ -101,11 +105,32 @@ def model_dir_check(deployment: Deployment, engine: str, run_dir: Path, has_file
 
 
 def server_hosts(node: Node) -> tuple[str, str]:
-    """(address vLLM binds, address the portal and gateway reach it at)."""
+    """(address the server binds, address the gateway reaches it at): the same one, the node
+    record's. Binding every interface (0.0.0.0) exposed the server beyond what the record says, and
+    checking it on 127.0.0.1 showed it healthy while the gateway could not reach it (issue 37)."""
     host = node.hostname or "127.0.0.1"
-    if host in ("127.0.0.1", "localhost"):
+    if host == "localhost":
         return "127.0.0.1", "127.0.0.1"
-    return "0.0.0.0", host  # noqa: S104 - a remote node's server must be reachable by the gateway
+    return host, host
+
+
+def address_check(node: Node) -> str:
+    """The node's address resolved here, as the gateway will need it to be; StepFailed names the
+    record to fix where it does not resolve."""
+    _, host = server_hosts(node)
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise StepFailed(
+            "address",
+            f"the node's hostname {host!r} does not resolve ({error.strerror or error}): the gateway "
+            "reaches the server at that name, so it could not either; fix the node's hostname",
+            "unreachable",
+        ) from None
+    addresses = sorted({info[4][0] for info in found})
+    return f"the gateway reaches the server at {host}" + (
+        f" ({', '.join(addresses)})" if addresses != [host] else ""
+    )
 
 
 def port_choose(deployment: Deployment, bind_host: str) -> tuple[int, str]:
@@ -120,8 +145,9 @@ def port_choose(deployment: Deployment, bind_host: str) -> tuple[int, str]:
 
 
 def local_url(deployment: Deployment) -> str:
-    bind_host, _ = server_hosts(deployment.node)
-    host = "127.0.0.1" if bind_host == "0.0.0.0" else bind_host  # noqa: S104
+    """Where the agent checks the server: the address the gateway uses, so "healthy" means the
+    gateway can reach it."""
+    _, host = server_hosts(deployment.node)
     return f"http://{host}:{deployment.port}"
 
 

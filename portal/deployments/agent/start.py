@@ -22,7 +22,14 @@ from ..models import Deployment, DeploymentState, DesiredState, EventStatus
 from ..placement import holding_problems
 from ..selectors import gpus_held_by_team
 from ..services import deployment_plan, engine_api_key_new
-from .environment import environment_check, model_dir_check, port_choose, portal_on_path, server_hosts
+from .environment import (
+    address_check,
+    environment_check,
+    model_dir_check,
+    port_choose,
+    portal_on_path,
+    server_hosts,
+)
 from .lease import NO_PROCESS, Lease, LeaseLost, deployment_load, lease_acquire, process_identity
 from .steps import StepFailed, event, step
 
@@ -154,6 +161,8 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
         model_dir, result["message"] = model_dir_check(deployment, engine, run_dir, has_files)
 
     bind_host, public_host = server_hosts(node)
+    with step(did, "address") as result:
+        result["message"] = address_check(node)
     with step(did, "port") as result:
         port, result["message"] = port_choose(deployment, bind_host)
 
@@ -211,7 +220,7 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
         result["message"] = f"pid {launched.pid} (its own process group), log {log_path}"
 
     base_url = f"http://{public_host}:{port}"
-    local_url = f"http://{'127.0.0.1' if bind_host in ('0.0.0.0', '') else bind_host}:{port}"  # noqa: S104
+    local_url = base_url  # checked where the gateway will reach it, not on a loopback of its own
 
     def keep_going() -> None:
         lease.renew()

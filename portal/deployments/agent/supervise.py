@@ -12,7 +12,7 @@ from django.utils import timezone
 from inference import server_log, supervisor
 
 from ..models import Deployment, DeploymentState, DesiredState, EventStatus, MetricsSample
-from .environment import local_url
+from .environment import address_check, local_url
 from .lease import Lease, LeaseLost, deployment_load, lease_acquire, process_identity
 from .restart_policy import pending_rescue_s, planned_restart, restart_schedule, start_enqueue
 from .start import LOG_NAME
@@ -68,6 +68,15 @@ def _supervise(lease: Lease, deployment: Deployment) -> str:
     return _check_serving(lease, deployment)
 
 
+def _address_problem(deployment: Deployment) -> str:
+    """Why the gateway's address may not answer, where the name is the reason ("" otherwise)."""
+    try:
+        address_check(deployment.node)
+    except StepFailed as failure:
+        return f": {failure.message}"
+    return ""
+
+
 def _check_serving(lease: Lease, deployment: Deployment) -> str:
     did = deployment.pk
     if not supervisor.process_alive(deployment.pid, process_identity(deployment)):
@@ -95,7 +104,12 @@ def _check_serving(lease: Lease, deployment: Deployment) -> str:
         lease.write(health_failures=failures, last_checked_at=now)
         if failures >= settings.DEPLOYMENT_HEALTH_FAILURES:
             return restart_schedule(lease, deployment, f"/health failed {failures} times in a row (hung)")
-        event(did, "health", EventStatus.FAILED, f"/health did not answer ({failures} in a row)")
+        event(
+            did,
+            "health",
+            EventStatus.FAILED,
+            f"/health did not answer at {base} ({failures} in a row){_address_problem(deployment)}",
+        )
         return "unhealthy"
     updates = {
         "health_failures": 0,

@@ -41,6 +41,13 @@ class Command(BaseCommand):
         self.stdout.write(f"tokenizer sha256 {tokenizer}  ({len(hashes.tokenizer_files)} files)")
         if version is not None:
             self.stdout.write(f"recorded on model version {version.name}")
+        if not hashes.tokenizer_sha256:
+            # Recorded or not, a version without a tokenizer hash cannot be rolled out: say so now
+            # rather than at the rollout's start.
+            self.stderr.write(
+                f"warning: no tokenizer files in {options['path']} (tokenizer.json, tokenizer.model, …): "
+                "a rollout needs release hashes of both the weights and the tokenizer"
+            )
 
     def _progress(self, name: str, done: int, total: int) -> None:
         # Progress goes to stderr so stdout stays clean for --json.
