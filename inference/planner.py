@@ -176,6 +176,8 @@ class Placement:
     gpu_count: int = 1  # GPUs available to the deployment
     # True: the TP group is linked by NVLink; False: PCIe only; None: unknown.
     nvlink_connected: bool | None = None
+    # The node's vLLM version as its probe found it ("": unknown; the newest line is assumed).
+    engine_version: str = ""
 
     def __post_init__(self) -> None:
         _check_int("gpu_count", self.gpu_count, MAX_GPU_COUNT)

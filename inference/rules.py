@@ -111,6 +111,7 @@ TITLES = {
     "batched_tokens_below_max_len": "batched tokens below max length",
     "chunked_prefill_on_volta": "chunked prefill on Volta",
     "prefix_caching_on_volta": "prefix caching on Volta",
+    "engine_version_lacks_flag": "the node's vLLM lacks a flag",
 }
 
 
@@ -494,6 +495,20 @@ def _prefix_caching_on_volta(
     )
 
 
+def _engine_version_lacks_flag(
+    model: ModelArch, profile: ProfileSettings, placement: Placement, numbers: Sizing
+) -> Finding | None:
+    """A profile whose command line the node's vLLM version cannot parse (inference/engines.py)."""
+    if not placement.engine_version:
+        return None
+    from inference.vllm_args import version_problems  # vllm_args imports the planner, which imports us
+
+    problems = version_problems(profile, placement.engine_version)
+    if not problems:
+        return None
+    return Finding("error", "engine_version_lacks_flag", "; ".join(problems))
+
+
 RULES = (
     _bf16_unsupported,
     _bf16_weights_auto_dtype,
@@ -514,6 +529,7 @@ RULES = (
     _long_context_on_volta,
     _chunked_prefill_on_volta,
     _prefix_caching_on_volta,
+    _engine_version_lacks_flag,
 )
 
 

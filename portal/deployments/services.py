@@ -154,7 +154,12 @@ def node_placement(*, node: Node, gpu_indices: list[int]) -> Placement | None:
     specs: list[GpuSpec] = [gpu.spec() for gpu in chosen]
     if len({(s.key, s.memory_gib) for s in specs}) > 1:
         raise ApplicationError("a deployment's GPUs must all be the same model", field="gpu_indices")
-    return Placement(gpu=specs[0], gpu_count=len(chosen), nvlink_connected=_nvlink_connected(chosen))
+    return Placement(
+        gpu=specs[0],
+        gpu_count=len(chosen),
+        nvlink_connected=_nvlink_connected(chosen),
+        engine_version=node.vllm_version if node.engine == "vllm" else "",
+    )
 
 
 def _nvlink_connected(gpus) -> bool | None:

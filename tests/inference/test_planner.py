@@ -339,3 +339,11 @@ def test_it_treats_a_plan_with_only_warnings_as_ok():
         findings=(Finding("warning", "w", "watch out"), Finding("info", "i", "fyi")),
     )
     assert plan.ok is True
+
+
+def test_it_finds_a_profile_the_nodes_vllm_version_cannot_parse_before_launch():
+    placement = Placement(gpu=V100_32, gpu_count=1, engine_version="0.26.0")
+    plan = plan_deployment(llama2_7b(), ProfileSettings(swap_space_gb=8), placement)
+    finding = next(f for f in plan.findings if f.code == "engine_version_lacks_flag")
+    assert finding.level == "error" and "vLLM 0.26–0.31 has no --swap-space" in finding.message
+    assert not plan.ok
