@@ -112,6 +112,8 @@ TITLES = {
     "chunked_prefill_on_volta": "chunked prefill on Volta",
     "prefix_caching_on_volta": "prefix caching on Volta",
     "engine_version_lacks_flag": "the node's vLLM lacks a flag",
+    "v1_attention_on_volta": "V1 attention on Volta",
+    "v0_engine_on_volta": "V0 engine on Volta",
 }
 
 
@@ -509,6 +511,35 @@ def _engine_version_lacks_flag(
     return Finding("error", "engine_version_lacks_flag", "; ".join(problems))
 
 
+def _attention_path_on_volta(
+    model: ModelArch, profile: ProfileSettings, placement: Placement, numbers: Sizing
+) -> Finding | None:
+    """Which attention the node's vLLM runs on Volta (inference/engines.py): V1 lines have no
+    FlashAttention there and fall back to FlexAttention/Triton (vllm#25528, #36357), while the
+    simulator's V100 figures come from V0 runs (docs/simulator.md)."""
+    if not placement.engine_version or placement.gpu.cc_tuple >= (8, 0):
+        return None
+    from inference.engines import EngineGeneration, engine_line
+
+    line = engine_line(placement.engine_version)
+    if line is None or line.engine_on_volta is None:
+        return None  # no sm_70 kernels at all: the launch is refused at the environment step
+    if line.engine_on_volta == EngineGeneration.V1:
+        return Finding(
+            "warning",
+            "v1_attention_on_volta",
+            f"{line.label()} runs the V1 engine, whose attention on Volta is {line.volta_attention}; "
+            "the planner's and simulator's V100 figures come from the V0 engine, so expect slower "
+            "prefill and decode than planned. The 0.8.5 line runs V0 (XFormers) on Volta.",
+        )
+    return Finding(
+        "info",
+        "v0_engine_on_volta",
+        f"{line.label()} runs the V0 engine on Volta ({line.volta_attention}), the path the "
+        "simulator's V100 figures were measured on.",
+    )
+
+
 RULES = (
     _bf16_unsupported,
     _bf16_weights_auto_dtype,
@@ -530,6 +561,7 @@ RULES = (
     _chunked_prefill_on_volta,
     _prefix_caching_on_volta,
     _engine_version_lacks_flag,
+    _attention_path_on_volta,
 )
 
 
