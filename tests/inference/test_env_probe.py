@@ -2,7 +2,13 @@
 
 from pathlib import Path
 
-from inference.env_probe import build_advice, fatbin_archs, probe_environment, vllm_kernel_archs
+from inference.env_probe import (
+    build_advice,
+    fatbin_archs,
+    missing_kernels,
+    probe_environment,
+    vllm_kernel_archs,
+)
 from tests.helpers.vllm_install import fake_vllm_install, fatbin_elf
 
 
@@ -37,3 +43,9 @@ def test_it_advises_an_installable_volta_combination_with_its_command():
     advice = build_advice(["sm_70"])
     assert "vLLM 0.19.1 with torch 2.10" in advice and "0.8.5" in advice
     assert "pip install vllm==0.19.1" in advice
+
+
+def test_it_counts_a_cubin_for_later_gpus_of_its_major_version_only():
+    # vLLM 0.19.1's _C_stable_libtorch.abi3.so carries sm_80 but no sm_86 and no PTX: it runs on an A10.
+    assert missing_kernels(["sm_70", "sm_80", "sm_90"], ["8.6", "7.0"]) == []
+    assert missing_kernels(["sm_75", "sm_80"], ["7.0", "9.0"]) == ["sm_70", "sm_90"]
