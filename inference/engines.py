@@ -45,6 +45,11 @@ class EngineLine:
     sources: tuple[str, ...]
 
     @property
+    def error_nested(self) -> bool:
+        """Whether an error answer's body is `{"error": {...}}` (else the flat V0-era object)."""
+        return self.error_shape == _NESTED_ERROR
+
+    @property
     def runs_on_volta(self) -> bool:
         return "sm_70" in self.wheel_archs
 

@@ -95,6 +95,13 @@ def test_it_runs_the_whole_lifecycle_on_this_vllm_version(
         tokens = httpx.post(f"{url}/tokenize", json={"model": model, "prompt": "hi"}, headers=_bearer(key))
         assert tokens.status_code == 200 and tokens.json()["count"] > 0
 
+        # An error answer has the shape the engine table gives this line.
+        missing = httpx.post(
+            f"{url}/v1/completions", json={"model": "no-such-model", "prompt": "x"}, headers=_bearer(key)
+        )
+        assert missing.status_code == 404
+        assert isinstance(missing.json().get("error"), dict) == engine_line(version).error_nested
+
         # Metrics: the name the engine table gives this line is the one the server reports.
         text = httpx.get(f"{url}/metrics").text
         assert engine_line(version).kv_cache_metric in text
