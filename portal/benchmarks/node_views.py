@@ -15,7 +15,8 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from inference.env_probe import build_advice, missing_kernels
+from inference.engines import servable_lines
+from inference.env_probe import build_advice, missing_kernels, missing_vllm_kernels
 from portal.core.charts import Line, safe_svg, time_series_svg
 from portal.deployments.selectors import gpus_held_on_node
 from portal.inventory.selectors import gpu_samples_since, node_list
@@ -35,6 +36,7 @@ def node_detail(request, name: str, *, accept_form: forms.Form | None = None, st
         "node": node,
         "gpus": gpus,
         "kernel_warnings": _kernel_warnings(node, [g for g, _ in gpus]),
+        "servable_engines": servable_lines([g.compute_capability for g, _ in gpus]) if gpus else [],
         "accept_form": accept_form or AcceptanceForm(node=node),
         **_acceptance_context(node),
         "gpu_health": _gpu_health(node, held),
@@ -113,10 +115,19 @@ def _kernel_warnings(node, gpus) -> list[str]:
     (docs/v100-field-guide.md#software-stack)."""
     if not gpus or not node.torch_cuda_version:
         return []
-    missing = missing_kernels(node.torch_arch_list, [g.compute_capability for g in gpus])
-    if not missing:
-        return []
-    return [f"torch {node.torch_version} has no {', '.join(missing)} kernels: {build_advice(missing)}"]
+    ccs = [g.compute_capability for g in gpus]
+    warnings = []
+    missing = missing_kernels(node.torch_arch_list, ccs)
+    if missing:
+        warnings.append(
+            f"torch {node.torch_version} has no {', '.join(missing)} kernels: {build_advice(missing)}"
+        )
+    lacking = missing_vllm_kernels(node.vllm_kernel_archs, ccs)
+    if lacking:
+        warnings.append(
+            f"vLLM {node.vllm_version}'s own kernels have no {', '.join(lacking)}: {build_advice(lacking)}"
+        )
+    return warnings
 
 
 def _acceptance_context(node) -> dict:

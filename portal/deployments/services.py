@@ -156,8 +156,9 @@ def node_placement(*, node: Node, gpu_indices: list[int]) -> Placement | None:
     specs: list[GpuSpec] = [gpu.spec() for gpu in chosen]
     if len({(s.key, s.memory_gib) for s in specs}) > 1:
         raise ApplicationError("a deployment's GPUs must all be the same model", field="gpu_indices")
+    engine_version = node.vllm_version if node.engine == "vllm" else ""
     if len(chosen) < 2:
-        return Placement(gpu=specs[0], gpu_count=1)
+        return Placement(gpu=specs[0], gpu_count=1, engine_version=engine_version)
     topology = node_topology(node, list(gpus.values()))
     return Placement(
         gpu=specs[0],
@@ -165,6 +166,7 @@ def node_placement(*, node: Node, gpu_indices: list[int]) -> Placement | None:
         # An NCCL ring on NVLink: a direct link for a pair, a cycle through all of a larger group.
         nvlink_connected=has_nvlink_ring(topology, gpu_indices),
         topology_findings=tuple(advise_tp_group(topology, gpu_indices)),
+        engine_version=engine_version,
     )
 
 

@@ -67,6 +67,7 @@ SOFTWARE_FIELDS = (
     "torch_version",
     "torch_cuda_version",
     "torch_arch_list",
+    "vllm_kernel_archs",
     "software_python",
     "software_probed_at",
     "software_error",

@@ -69,6 +69,11 @@ class Node(models.Model):
     torch_arch_list = models.JSONField(
         default=list, blank=True, help_text="torch.cuda.get_arch_list(): the GPU kernels the build ships."
     )
+    vllm_kernel_archs = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="vLLM's compiled ops (e.g. _C.abi3.so) → the sm_XY their fatbinaries carry; empty: none.",
+    )
     software_python = models.CharField(max_length=500, blank=True, help_text="The Python probed.")
     software_probed_at = models.DateTimeField(null=True, blank=True)
     software_error = models.TextField(blank=True, help_text="Why the last probe failed.")

@@ -258,6 +258,7 @@ def node_record_software(*, node: Node, facts: EnvFacts | None, python: str, err
             torch_version=facts.torch_version,
             torch_cuda_version=facts.torch_cuda_version,
             torch_arch_list=facts.arch_list,
+            vllm_kernel_archs=facts.kernel_archs,
         )
     Node.objects.filter(pk=node.pk).update(**values)
     for name, value in values.items():

@@ -880,3 +880,23 @@ def test_it_records_healthy_readings_and_goes_on(sim_node, tmp_path, monkeypatch
     health = [e for e in acceptance.progress if e["step"] == "gpu-health-start"]
     assert health[-1]["status"] == "ok" and health[-1]["message"] == "8 GPUs healthy, hottest 61 °C"
     assert set(acceptance.gpu_health["start"]["states"].values()) == {"healthy"}
+
+
+# --- A node whose vLLM cannot run on its GPUs ------------------------------------------------------
+
+
+def test_it_fails_a_v100_node_at_the_probe_naming_the_vllm_to_install(dgx, tmp_path, monkeypatch):
+    from tests.helpers.vllm_install import fake_vllm_install
+
+    # No nvidia-smi here: the two GPU steps before the probe stand in, as on a V100 node that passes them.
+    monkeypatch.setattr(acceptance_module, "discover_gpus", lambda node: "8 × Tesla V100-SXM2-32GB")
+    monkeypatch.setattr(acceptance_module, "read_health", lambda run, node, moment: "8 GPUs healthy")
+    python = fake_vllm_install(tmp_path, vllm_version="0.26.0", kernel_archs=["sm_75", "sm_80", "sm_90"])
+    Node.objects.filter(pk=dgx.pk).update(vllm_python=str(python))
+    acceptance = node_acceptance_request(node=dgx, send=False, shape="tiny")
+    acceptance = node_acceptance_run(acceptance_id=acceptance.pk)
+
+    assert acceptance.state == AcceptanceState.FAILED
+    assert acceptance.error.startswith("probe: vLLM 0.26.0's _C.abi3.so has no sm_70 kernels")
+    assert "pip install vllm==0.19.1" in acceptance.error
+    assert "model" not in [e["step"] for e in acceptance.progress]  # nothing written, nothing launched

@@ -29,6 +29,7 @@ from portal.registry.services import model_version_create
 from tests.helpers import builders
 from tests.helpers.builders import cpu_node_with, make_deployment
 from tests.helpers.samples import bundled_config
+from tests.helpers.vllm_install import fake_vllm_install
 from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
@@ -240,6 +241,21 @@ def test_it_refuses_gpus_whose_kernels_the_nodes_torch_lacks(team, llama7b, prof
     assert deployment.failure_code == "no_kernel_image"
     assert "has no sm_70 kernels" in deployment.state_reason
     assert "cu126" in deployment.state_reason
+
+
+def test_it_refuses_a_v100_when_vllms_own_kernels_lack_sm_70_though_torch_has_it(
+    team, llama7b, profile_tp1, dgx, reap_servers, tmp_path
+):
+    python = fake_vllm_install(tmp_path, vllm_version="0.26.0", kernel_archs=["sm_75", "sm_80", "sm_90"])
+    dgx.vllm_python = str(python)
+    dgx.save()
+    deployment = make_deployment(team, llama7b, profile_tp1, dgx, gpus=[0])
+    assert _start(deployment) == "failed"
+    assert deployment.failure_code == "no_kernel_image"
+    assert "vLLM 0.26.0's _C.abi3.so has no sm_70 kernels" in deployment.state_reason
+    assert "torch" not in deployment.state_reason.split(" for ")[0]  # torch itself has sm_70
+    assert "vLLM 0.19.1 with torch 2.10" in deployment.state_reason
+    assert "pip install vllm==0.19.1" in deployment.state_reason
 
 
 def test_it_restarts_a_killed_engine_with_backoff(deployment, django_capture_on_commit_callbacks):

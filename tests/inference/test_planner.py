@@ -339,3 +339,25 @@ def test_it_treats_a_plan_with_only_warnings_as_ok():
         findings=(Finding("warning", "w", "watch out"), Finding("info", "i", "fyi")),
     )
     assert plan.ok is True
+
+
+def test_it_finds_a_profile_the_nodes_vllm_version_cannot_parse_before_launch():
+    placement = Placement(gpu=V100_32, gpu_count=1, engine_version="0.26.0")
+    plan = plan_deployment(llama2_7b(), ProfileSettings(swap_space_gb=8), placement)
+    finding = next(f for f in plan.findings if f.code == "engine_version_lacks_flag")
+    assert finding.level == "error" and "vLLM 0.26–0.31 has no --swap-space" in finding.message
+    assert not plan.ok
+
+
+def test_it_warns_that_a_v1_line_on_volta_runs_slower_attention_than_planned():
+    plan = plan_deployment(llama2_7b(), ProfileSettings(), Placement(gpu=V100_32, engine_version="0.19.1"))
+    finding = next(f for f in plan.findings if f.code == "v1_attention_on_volta")
+    assert finding.level == "warning" and "FlexAttention" in finding.message and "0.8.5" in finding.message
+
+
+def test_it_says_a_v0_line_on_volta_runs_the_path_the_figures_were_measured_on():
+    plan = plan_deployment(
+        llama2_7b(), ProfileSettings(), Placement(gpu=V100_32, engine_version="0.8.5.post1")
+    )
+    assert [f.level for f in plan.findings if f.code == "v0_engine_on_volta"] == ["info"]
+    assert not any(f.code == "v1_attention_on_volta" for f in plan.findings)

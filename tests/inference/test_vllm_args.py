@@ -129,3 +129,40 @@ def test_it_runs_the_simulator_with_the_same_flags_plus_the_hardware():
     assert argv[3:-2] == args
     assert argv[-2:] == ["--hardware", "v100-sxm2-32gb"]
     assert "--hardware" not in sim_command("/usr/bin/python3", args, hardware=None)
+
+
+@pytest.mark.parametrize(
+    ("extra", "reads_as"),
+    [
+        (["--hos", "10.0.0.9"], "--host"),
+        (["--por=9000"], "--port"),
+        (["--served_model_name", "other"], "--served-model-name"),
+        (["--served_model_name=other"], "--served-model-name"),
+        (["--api_key", "k"], "--api-key"),
+        (["--api-key=k"], "--api-key"),
+        (["--middleware", "my.module.app"], "--middleware"),
+        (["--root-path", "/v"], "--root-path"),
+        (["--root_path=/v"], "--root-path"),
+    ],
+)
+def test_it_refuses_extra_args_that_set_a_portal_flag_in_any_spelling_vllm_accepts(extra, reads_as):
+    with pytest.raises(InputError, match="is set by the portal") as error:
+        vllm_args(ProfileSettings(), SERVER, extra_args=extra)
+    assert error.value.field == "extra_args" and reads_as in error.value.message
+
+
+@pytest.mark.parametrize("version", ["0.8.5.post2", "0.19.1", "0.26.0", "0.32.0"])
+def test_it_keeps_prefix_caching_and_chunked_prefill_off_on_every_engine_line(version):
+    args = vllm_args(ProfileSettings(), SERVER, engine_version=version)
+    assert "--no-enable-prefix-caching" in args and "--no-enable-chunked-prefill" in args
+
+
+def test_it_refuses_a_swap_space_the_nodes_vllm_no_longer_has():
+    with pytest.raises(InputError, match="has no --swap-space") as error:
+        vllm_args(ProfileSettings(swap_space_gb=8), SERVER, engine_version="0.19.1")
+    assert error.value.field == "profile" and "0.8.5 line" in error.value.message
+
+
+def test_it_writes_swap_space_for_the_v0_line_that_has_it():
+    args = vllm_args(ProfileSettings(swap_space_gb=8), SERVER, engine_version="0.8.5.post2")
+    assert flag(args, "--swap-space") == "8"

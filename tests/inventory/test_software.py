@@ -67,6 +67,25 @@ def test_it_shows_the_facts_and_warns_when_torch_lacks_the_gpus_kernels(client, 
     assert "has no sm_70 kernels" in page and "cu126" in page
 
 
+def test_it_shows_which_vllm_lines_the_nodes_gpus_can_run_and_why(client, bob, dgx):
+    _with_facts(dgx, CU126, cuda="12.6", torch="2.11.0+cu126")
+    client.force_login(bob)
+    page = client.get(dgx.get_absolute_url()).content.decode()
+    assert "vLLM 0.19.x</th><td class=\"verdict ok\">can serve" in page
+    assert "vLLM 0.8.5</th><td class=\"verdict ok\">can serve" in page and "XFormers" in page
+    assert "vLLM 0.26–0.31</th><td class=\"verdict refused\">cannot serve" in page
+    assert "its stock wheels carry no sm_70 kernels" in page
+
+
+def test_it_warns_when_vllms_own_kernels_lack_the_gpus_sm(client, bob, dgx):
+    _with_facts(dgx, CU126, cuda="12.6", torch="2.11.0+cu126")
+    dgx.vllm_kernel_archs = {"_C.abi3.so": ["sm_75", "sm_80"]}
+    dgx.save()
+    client.force_login(bob)
+    page = client.get(dgx.get_absolute_url()).content.decode()
+    assert "vLLM 0.32.0&#x27;s own kernels have no sm_70" in page and "pip install vllm==0.19.1" in page
+
+
 def test_it_shows_no_warning_for_a_build_with_volta_kernels(client, bob, dgx):
     _with_facts(dgx, CU126, cuda="12.6", torch="2.11.0+cu126")
     client.force_login(bob)

