@@ -195,15 +195,18 @@ class Hardware:
 
 
 def hardware_of(deployment: Deployment) -> Hardware:
-    names = sorted(
-        set(deployment.node.gpus.filter(index__in=deployment.gpu_indices).values_list("name", flat=True))
+    """0 GPUs or TP 0: unknown (an adopted engine has neither a node nor a profile)."""
+    node, profile = deployment.node, deployment.profile
+    names = (
+        sorted(set(node.gpus.filter(index__in=deployment.gpu_indices).values_list("name", flat=True)))
+        if node is not None
+        else []
     )
-    profile = deployment.profile
     kind = ", ".join(names) or (profile.target_gpu_name if profile is not None else "")
     return Hardware(
         gpu_kind=kind,
         gpu_count=deployment.gpu_count or (profile.target_gpu_count if profile is not None else 0),
-        tensor_parallel_size=profile.tensor_parallel_size if profile is not None else 1,
+        tensor_parallel_size=profile.tensor_parallel_size if profile is not None else 0,
     )
 
 
@@ -228,9 +231,11 @@ def hardware_warning(*, old: Deployment | None, new: Deployment) -> str:
     differs = []
     if mine.gpu_kind and theirs.gpu_kind and mine.gpu_kind != theirs.gpu_kind:
         differs.append("GPU kind")
-    if mine.gpu_count != theirs.gpu_count:
+    if mine.gpu_count and theirs.gpu_count and mine.gpu_count != theirs.gpu_count:
         differs.append("GPU count")
-    if mine.tensor_parallel_size != theirs.tensor_parallel_size:
+    if mine.tensor_parallel_size and theirs.tensor_parallel_size and (
+        mine.tensor_parallel_size != theirs.tensor_parallel_size
+    ):
         differs.append("tensor-parallel size")
     if not differs:
         return ""
