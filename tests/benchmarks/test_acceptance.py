@@ -119,6 +119,10 @@ def test_it_sorts_the_levels():
     assert parse_levels("64, 1,16") == [1, 16, 64]
 
 
+def test_it_reads_levels_separated_by_spaces():
+    assert parse_levels("1 16 64") == [1, 16, 64]
+
+
 def _level(concurrency, tok_s, tpot_ms):
     return {"concurrency": concurrency, "output_throughput": tok_s, "mean_tpot_ms": tpot_ms}
 

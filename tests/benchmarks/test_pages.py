@@ -364,3 +364,21 @@ def test_it_leaves_texts_without_an_address_as_they_are(text):
     from portal.benchmarks.selectors import redact_text
 
     assert redact_text(text, []) == text
+
+
+def test_it_reads_levels_separated_by_spaces_as_separate_levels(client, bob, deployment):
+    client.force_login(bob)
+    data = {"deployment": "search-7b", "mix": "short-qa", "concurrencies": "4 8  16", "seed": 1}
+    client.post("/benchmarks/new/", {**data, "requests_per_level": 16})
+    run = BenchmarkRun.objects.get()
+    assert [lv["concurrency"] for lv in run.config["levels"]] == [4, 8, 16]
+
+
+def test_a_queued_run_says_it_waits_for_the_benchmarks_worker(client, bob, deployment):
+    run = benchmark_run_create(
+        user=bob, run_request=BenchmarkRunRequest(deployment=deployment, concurrencies=[4])
+    )
+    client.force_login(bob)
+    page = client.get(run.get_absolute_url()).content.decode()
+    assert "Waiting for the benchmarks worker" in page
+    assert "control worker" not in page

@@ -3,6 +3,8 @@ names it gives what it makes (the reference model and deployment)."""
 
 from __future__ import annotations
 
+import re
+
 from inference.tiny_model import TINY_SHAPE
 from portal.core.errors import ApplicationError
 from portal.deployments.models import DeploymentProfile
@@ -44,7 +46,7 @@ def requests_per_level_default(concurrency: int) -> int:
 def parse_levels(value: str | list[int] | tuple[int, ...]) -> list[int]:
     """2–4 distinct concurrency levels, each 1…1024, ascending; else ApplicationError on `concurrency`."""
     if isinstance(value, str):
-        parts = [p.strip() for p in value.split(",") if p.strip()]
+        parts = [p for p in re.split(r"[,\s]+", value.strip()) if p]  # commas, spaces or both
         if not all(p.isdigit() for p in parts):
             raise ApplicationError(
                 f"write the levels as whole numbers separated by commas, got {value!r}", field="concurrency"
