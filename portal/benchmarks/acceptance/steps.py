@@ -17,7 +17,7 @@ from inference.loadgen.loadgen import BenchConfig, LevelPlan, run_blocking, run_
 from inference.loadgen.sla import Sla, operating_point
 from inference.loadgen.workloads import load_mix
 from inference.nvidia_smi import discover_local
-from inference.tiny_model import resolve_shape, write_model_atomically
+from inference.tiny_model import llama_config, resolve_shape, write_model_atomically
 from portal.core.errors import ApplicationError, clean_or_raise
 from portal.deployments import predict  # by module: its sweeps are looked up when called (tests stand in)
 from portal.deployments.agent.lease import agent_owner
@@ -139,6 +139,8 @@ def probe_software(run: RunningAcceptance, node: Node) -> str:
 
 def write_model(run: RunningAcceptance, context: AcceptanceContext) -> str:
     acceptance = run.acceptance
+    if acceptance.node.engine == "sim":
+        return _register_config_only(run, context)
     name = model_name_for(acceptance)
     directory = Path(settings.ACCEPTANCE_MODEL_DIR) / name
     _, shape = resolve_shape(acceptance.shape, layers=acceptance.layers)
@@ -174,6 +176,31 @@ def write_model(run: RunningAcceptance, context: AcceptanceContext) -> str:
     return (
         f"{name}: {version.num_layers} layers, hidden {version.hidden_size}, vocab {version.vocab_size}, "
         f"{size / 1e9:.2f} GB {acceptance.dtype}, {written}"
+    )
+
+
+def _register_config_only(run: RunningAcceptance, context: AcceptanceContext) -> str:
+    """A simulated node runs the simulator, which reads only the architecture (the stored config,
+    portal/deployments/agent/environment.py): no weights are written (issue 38: 13 GB of random
+    weights for a 7B shape). Its own name, so a real node's acceptance of the shape, whose version
+    has files and hashes, is never taken for this one."""
+    acceptance = run.acceptance
+    name = f"{model_name_for(acceptance)}-sim"
+    _, shape = resolve_shape(acceptance.shape, layers=acceptance.layers)
+    version = ModelVersion.objects.filter(name=name).first()
+    if version is None:
+        config = llama_config(shape, bos_token_id=1, eos_token_id=2, dtype=acceptance.dtype)
+        try:
+            version = model_version_create(
+                name=name, config=config, source=f"node acceptance ({acceptance.shape}, simulated node)"
+            )
+        except ApplicationError as error:
+            raise AcceptanceStepFailed(f"cannot register {name}: {error.message}") from error
+    run.write(model_name=name)
+    context.version = version
+    return (
+        f"{name}: {version.num_layers} layers, hidden {version.hidden_size}: no weights written "
+        "(a simulated node reads only the config)"
     )
 
 
