@@ -40,6 +40,7 @@ from .options import (
     model_name_for,
     probed_features,
     reference_deployment_name,
+    reference_profile_values,
     requests_per_level_default,
 )
 from .record import AcceptanceContext, AcceptanceStepFailed, RunningAcceptance
@@ -205,41 +206,14 @@ def _register_config_only(run: RunningAcceptance, context: AcceptanceContext) ->
 
 
 def _profile_values(acceptance: NodeAcceptance, version: ModelVersion) -> dict:
-    """The reference profile: vLLM's defaults on a GPU; README's `cpu-tiny-llama` settings on a CPU;
-    with a deployment profile (`--profile`), its launch flags over those, its max_model_len capped
-    by the reference model's positions. The dtype stays the acceptance's; a CPU is always eager."""
-    values = _default_profile_values(acceptance, version)
-    if acceptance.profile_flags:
-        values |= {
-            flag: acceptance.profile_flags[flag] for flag in LAUNCH_FLAGS if flag in acceptance.profile_flags
-        }
-        positions = version.max_position_embeddings
-        values["max_model_len"] = min(values["max_model_len"] or positions, positions)
-        values["enforce_eager"] = values["enforce_eager"] or not acceptance.gpu_indices
-    return values
-
-
-def _default_profile_values(acceptance: NodeAcceptance, version: ModelVersion) -> dict:
-    most = max(acceptance.concurrency)
-    if not acceptance.gpu_indices:
-        return {
-            "dtype": "float32",
-            "max_model_len": min(512, version.max_position_embeddings),
-            "gpu_memory_utilization": 0.2,  # on CPU: the share of host memory for the KV cache
-            "max_num_seqs": max(8, most),
-            "block_size": 128,  # vLLM's CPU attention wants a multiple of 32
-            "enable_chunked_prefill": True,
-            "enforce_eager": True,
-        }
-    return {
-        "dtype": "float16",
-        "max_model_len": min(4096, version.max_position_embeddings),
-        "gpu_memory_utilization": 0.9,
-        "max_num_seqs": max(256, most),
-        "block_size": 16,
-        "enable_chunked_prefill": True,
-        "enforce_eager": acceptance.enforce_eager,
-    }
+    """The reference profile (options.reference_profile_values). The dtype stays the acceptance's."""
+    return reference_profile_values(
+        cpu=not acceptance.gpu_indices,
+        positions=version.max_position_embeddings,
+        most_users=max(acceptance.concurrency),
+        enforce_eager=acceptance.enforce_eager,
+        flags=acceptance.profile_flags,
+    )
 
 
 def _reference_team() -> Team:
