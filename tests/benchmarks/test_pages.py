@@ -382,3 +382,18 @@ def test_a_queued_run_says_it_waits_for_the_benchmarks_worker(client, bob, deplo
     page = client.get(run.get_absolute_url()).content.decode()
     assert "Waiting for the benchmarks worker" in page
     assert "control worker" not in page
+
+
+def test_it_leaves_acceptance_reference_deployments_and_profiles_out_of_the_filters(client, alice, dgx, team):
+    from portal.inventory.models import ACCEPTANCE_SOURCE_PREFIX
+    from tests.helpers import builders
+
+    version = builders.model_version("accept-tiny-fp16", source=f"{ACCEPTANCE_SOURCE_PREFIX} (tiny)")
+    profile = builders.profile(version, name="accept-dgx-v100-01-1")
+    builders.deployment(
+        name="accept-dgx-v100-01-1", team=team, model_version=version, profile=profile, node=dgx
+    )
+    client.force_login(alice)
+    context = client.get("/benchmarks/").context
+    assert "accept-dgx-v100-01-1" not in [d.name for d in context["deployments"]]
+    assert "accept-dgx-v100-01-1" not in [p.name for p in context["profiles"]]
