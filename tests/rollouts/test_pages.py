@@ -134,3 +134,18 @@ def test_the_served_model_pages_list_names_versions_live_shares_and_the_rollout(
     client.force_login(bob)
     assert pair.served.name not in client.get("/rollouts/served-models/").content.decode()
     assert client.get(f"/rollouts/served-models/{pair.served.name}/").status_code == 404
+
+
+def test_the_start_form_offers_no_acceptance_reference_deployment(pair, alice, client, team, dgx):
+    from portal.inventory.models import ACCEPTANCE_SOURCE_PREFIX
+    from tests.helpers import builders
+
+    version = builders.model_version("accept-tiny-fp16", source=f"{ACCEPTANCE_SOURCE_PREFIX} (tiny)")
+    profile = builders.profile(version, name="accept-dgx-v100-01-1")
+    builders.deployment(
+        name="accept-dgx-v100-01-1", team=team, model_version=version, profile=profile, node=dgx
+    )
+    client.force_login(alice)
+    form = client.get("/rollouts/new/").context["form"]
+    for field in ("to_deployment", "from_deployment"):
+        assert "accept-dgx-v100-01-1" not in [d.name for d in form.fields[field].queryset]
