@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -338,3 +339,27 @@ def gpu_mark_healthy(*, gpu: Gpu, user=None) -> Gpu:
         changes={"health_state": [before, GpuHealth.HEALTHY]},
     )
     return gpu
+
+
+class AgentRequest(enum.StrEnum):
+    """What the node page's buttons (and the API's actions) ask a node's agent for."""
+
+    DISCOVER = "discover"  # read the GPUs with nvidia-smi
+    PROBE_ENGINE = "probe-engine"  # report the vLLM environment (vLLM, torch, CUDA, kernels)
+
+
+_AGENT_TASKS = {
+    AgentRequest.DISCOVER: ("inventory.discover_gpus", "node.discover"),
+    AgentRequest.PROBE_ENGINE: ("inventory.probe_software", "node.probe_software"),
+}
+
+
+def node_ask_agent(*, node: Node, request: AgentRequest, user=None) -> str:
+    """Send `request` to the node's agent (audited); returns the task id. The answer lands on the
+    node's page when the agent has run it."""
+    from .dispatch import send_to_node
+
+    task, action = _AGENT_TASKS[request]
+    task_id = send_to_node(node, task, args=[node.name])
+    audit_event_record(action=action, target=node, actor=user, changes={"task_id": task_id})
+    return task_id
