@@ -86,3 +86,10 @@ def test_the_form_offers_the_max_model_length_a_refusal_names(client, alice, pci
     response = client.post(f"/nodes/{pcie_box.name}/accept/", {**data, "max_model_len": "4096"})
     assert response.status_code == 400
     assert "max_model_len" in response.context["accept_form"].errors
+
+
+def test_the_command_names_the_planners_refusal_and_the_flag_to_change(pcie_box):
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="max_model_len: the planner refuses"):
+        call_command("accept_node", pcie_box.name, "--shape", "llama-2-7b-chat-hf", "--max-model-len", "4096")
