@@ -2,13 +2,13 @@ from django import forms
 from django.contrib import admin, messages
 
 from portal.core.errors import ApplicationError
-from portal.core.forms import EmptyJSONIsDefaultAdmin
+from portal.core.forms import EmptyJSONIsDefaultAdmin, LabelledTabularInline
 
 from .models import Gpu, Node, NodeAcceptance
 from .services import node_apply_nvidia_smi_text, nvidia_smi_text_parse
 
 
-class GpuInline(admin.TabularInline):
+class GpuInline(LabelledTabularInline, admin.TabularInline):
     model = Gpu
     extra = 0
     fields = [
