@@ -31,4 +31,3 @@ def test_members_get_no_buttons_and_cannot_post(client, bob, dgx):
     client.force_login(bob)
     assert "ask/discover/" not in client.get(f"/nodes/{dgx.name}/").content.decode()
     assert client.post(f"/nodes/{dgx.name}/ask/discover/").status_code == 403
-
