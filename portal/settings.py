@@ -422,7 +422,19 @@ BENCHMARK_LEASE_S = env_number("BENCHMARK_LEASE_S", default=120, minimum=2, maxi
 BENCHMARK_SWEEP_INTERVAL_S = env_number("BENCHMARK_SWEEP_INTERVAL_S", default=30, minimum=1, maximum=3600)
 # Where benchmark workers reach the gateway: a member's run is that team's traffic and goes
 # through it (docs/decisions.md, "A member's benchmark is the team's traffic"). The web process.
-BENCHMARK_GATEWAY_URL = env.str("BENCHMARK_GATEWAY_URL", default="http://127.0.0.1:8000").strip().rstrip("/")
+# Unset, it is this portal itself: the port `make run` and the Procfile serve on (PORTAL_PORT), so
+# a portal on 8100 does not send members' runs to whatever listens on 8000 (issue 38).
+PORTAL_PORT = env_number("PORTAL_PORT", default=8000, minimum=1, maximum=65535)
+_PORTAL_HOST = env.str("PORTAL_HOST", default="127.0.0.1").strip() or "127.0.0.1"
+# A wildcard listen address is not one a client can dial; the loopback address reaches it.
+_PORTAL_DIAL_HOST = "127.0.0.1" if _PORTAL_HOST in ("0.0.0.0", "::", "[::]") else _PORTAL_HOST  # noqa: S104
+if ":" in _PORTAL_DIAL_HOST and not _PORTAL_DIAL_HOST.startswith("["):
+    _PORTAL_DIAL_HOST = f"[{_PORTAL_DIAL_HOST}]"
+BENCHMARK_GATEWAY_URL_DERIVED = not env.str("BENCHMARK_GATEWAY_URL", default="").strip()
+BENCHMARK_GATEWAY_URL = (
+    env.str("BENCHMARK_GATEWAY_URL", default="").strip().rstrip("/")
+    or f"http://{_PORTAL_DIAL_HOST}:{PORTAL_PORT}"
+)
 if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", BENCHMARK_GATEWAY_URL):
     raise ImproperlyConfigured(
         f"BENCHMARK_GATEWAY_URL={BENCHMARK_GATEWAY_URL!r} must be an http(s) URL, e.g. http://127.0.0.1:8000"

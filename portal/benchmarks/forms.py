@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from django import forms
 
 from inference.loadgen.workloads import MAX_INLINE_CHARS, PRESETS
@@ -10,8 +12,9 @@ from .services import FIELD_GUIDE_7B_TABLE, MAX_SEED
 
 
 def _numbers(text: str, kind, field: str) -> list:
+    # Commas, spaces or both: "8 32 128" is three levels, not 832128 (issue 38).
     try:
-        values = [kind(part) for part in text.replace(" ", "").split(",") if part]
+        values = [kind(part) for part in re.split(r"[,\s]+", text.strip()) if part]
     except ValueError as error:
         raise forms.ValidationError(f"write {field} as a comma-separated list, e.g. 16,32") from error
     if any(v <= 0 for v in values):

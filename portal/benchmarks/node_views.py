@@ -11,6 +11,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
@@ -20,7 +21,7 @@ from inference.env_probe import build_advice, missing_kernels, missing_vllm_kern
 from portal.core.charts import Line, safe_svg, time_series_svg
 from portal.deployments.selectors import gpus_held_on_node
 from portal.inventory.selectors import gpu_samples_since, node_list
-from portal.inventory.services import gpu_mark_healthy
+from portal.inventory.services import AgentRequest, gpu_mark_healthy, node_ask_agent
 
 from .acceptance.forms import AcceptanceForm
 from .acceptance.plots import acceptance_plots
@@ -108,6 +109,24 @@ def gpu_mark_healthy_view(request, name: str, index: int):
     gpu_mark_healthy(gpu=gpu, user=request.user)
     messages.success(request, f"GPU {gpu.index} of {node.name} marked healthy; the next sample judges it")
     return redirect(f"{node.get_absolute_url()}#gpu-health")
+
+
+@login_required
+@require_POST
+def node_agent_request_view(request, name: str, what: str):
+    """Staff: the node page's *Discover GPUs* and *Probe engine* buttons (the API's discover and
+    probe-software actions)."""
+    if not request.user.is_staff:
+        raise PermissionDenied
+    node = get_object_or_404(node_list(), name=name)
+    try:
+        asked = AgentRequest(what)
+    except ValueError as error:
+        raise Http404(f"no such request: {what}") from error
+    node_ask_agent(node=node, request=asked, user=request.user)
+    said = "read its GPUs" if asked is AgentRequest.DISCOVER else "report its engine (vLLM, torch, CUDA)"
+    messages.success(request, f"asked the agent on {node.name} to {said}; reload this page in a moment")
+    return redirect(node)
 
 
 def _kernel_warnings(node, gpus) -> list[str]:

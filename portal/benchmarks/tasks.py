@@ -4,6 +4,7 @@ node acceptance to the node's own queue."""
 from __future__ import annotations
 
 from celery import shared_task
+from celery.signals import worker_ready
 
 from portal.core.tasking import skip_missing_row
 
@@ -45,3 +46,19 @@ def expire_runs() -> list[int]:
     from .services import benchmark_runs_expire
 
     return benchmark_runs_expire()
+
+
+@worker_ready.connect
+def check_gateway_on_start(sender=None, **_kwargs) -> None:
+    """The worker that runs members' benchmarks says at start whether BENCHMARK_GATEWAY_URL reaches
+    this portal's gateway (issue 38: a portal on 8100 sent every member's run to port 8000)."""
+    from portal.celery import BENCHMARK_QUEUE
+
+    try:
+        queues = [queue.name for queue in sender.task_consumer.queues]
+    except AttributeError:
+        return
+    if BENCHMARK_QUEUE in queues:
+        from .services.gateway_check import benchmark_gateway_check_at_start
+
+        benchmark_gateway_check_at_start()

@@ -17,7 +17,12 @@ from inference.loadgen.workloads import PRESETS
 from portal.core.charts import histogram, run_plots, safe_svg
 from portal.core.errors import ApplicationError
 from portal.deployments.models import DeploymentProfile
-from portal.deployments.selectors import deployment_get_for_user, deployments_visible_to
+from portal.deployments.selectors import (
+    acceptance_deployment_q,
+    acceptance_profile_q,
+    deployment_get_for_user,
+    deployments_visible_to,
+)
 
 from . import services
 from .forms import ImportForm, RunForm
@@ -56,8 +61,9 @@ def run_list(request, deployment: str = "", profile: str = ""):
             "filters": filters,
             "fixed_deployment": deployment,
             "fixed_profile": profile,
-            "deployments": deployments_visible_to(request.user),
-            "profiles": DeploymentProfile.objects.all(),
+            # Node acceptances' reference deployments and profiles are not filters a person picks.
+            "deployments": deployments_visible_to(request.user).exclude(acceptance_deployment_q()),
+            "profiles": DeploymentProfile.objects.exclude(acceptance_profile_q()),
             "mixes": sorted(PRESETS),
             "states": RunState.choices,
             "kinds": RunKind.choices,

@@ -1,8 +1,11 @@
 from django import forms
 from django.contrib import admin, messages
+from django.http import HttpResponseRedirect
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from portal.core.errors import ApplicationError
+from portal.core.forms import EmptyJSONIsDefaultAdmin
 
 from . import services
 from .forms import GpuIndicesField
@@ -25,7 +28,7 @@ def _findings_html(compute_plan) -> str:
 
 
 @admin.register(DeploymentProfile)
-class DeploymentProfileAdmin(admin.ModelAdmin):
+class DeploymentProfileAdmin(EmptyJSONIsDefaultAdmin, admin.ModelAdmin):
     list_display = [
         "name",
         "model_version",
@@ -58,6 +61,13 @@ class DeploymentProfileAdmin(admin.ModelAdmin):
         if not profile.pk:
             return "Save the profile to see the planner's findings."
         return _findings_html(lambda: services.profile_plan(profile))
+
+    # After "Save", the profile's own page (its plan, its deployments), not the admin's list.
+    def response_post_save_add(self, request, obj: DeploymentProfile) -> HttpResponseRedirect:
+        return HttpResponseRedirect(reverse("deployments:profile-detail", args=[obj.name]))
+
+    def response_post_save_change(self, request, obj: DeploymentProfile) -> HttpResponseRedirect:
+        return HttpResponseRedirect(reverse("deployments:profile-detail", args=[obj.name]))
 
 
 # The SLA production latency is judged by (portal/observability), editable on create and change.

@@ -195,9 +195,26 @@ async def ensure_not_blocked(caller: Caller, limiter: RateLimiter) -> None:
     team_block, key_block = await limiter.redis.mget(
         limiter.blocked_key("team", caller.team_id), limiter.blocked_key("key", caller.key_id)
     )
+    if _says_revoked(key_block):
+        raise GatewayError(401, "This API key has been revoked.", code="revoked_api_key")
     if key_block is not None or team_block is not None:
         status = 401 if key_block is not None else 403
         raise GatewayError(status, "This API key or its team is disabled.", code="key_disabled")
+
+
+def _says_revoked(block: bytes | str | None) -> bool:
+    """A block's value is its reason (portal/teams/services/blocks.py); revoking writes "revoked"."""
+    return (block.decode() if isinstance(block, bytes) else block) == "revoked"
+
+
+async def ensure_not_revoked(reason: str, caller: Caller, limiter: RateLimiter) -> None:
+    """Admission refused the key as blocked (`reason` "key_blocked"): when the block is a revocation,
+    say so ("revoked"), not "disabled", which reads as something that ends (issue 38). The cached
+    key row does not know yet; the block's reason does."""
+    if reason != "key_blocked":
+        return
+    if _says_revoked(await limiter.redis.get(limiter.blocked_key("key", caller.key_id))):
+        raise GatewayError(401, "This API key has been revoked.", code="revoked_api_key")
 
 
 def caller_for_key(key: ApiKey) -> Caller:

@@ -39,7 +39,7 @@ from .admission import (
     place,
     without_rpm,
 )
-from .auth import Caller, authenticate, ensure_not_blocked, ensure_usable
+from .auth import Caller, authenticate, ensure_not_blocked, ensure_not_revoked, ensure_usable
 from .config import gateway_settings
 from .errors import GatewayError, body_too_large, error_response, redis_required, upstream_answer
 from .parsing import ParsedRequest, parse
@@ -263,7 +263,9 @@ async def _admit(
         count = prompt_count(parsed.body, chat=parsed.chat, tokenizer_path=route.tokenizer_path)
     else:
         # Blocks and requests per minute first (taking the minute's slot), then the count, off the loop.
-        check_admission(await gate(ex.limiter, request_id=ex.request_id, team=ex.team, key=ex.key))
+        gated = await gate(ex.limiter, request_id=ex.request_id, team=ex.team, key=ex.key)
+        await ensure_not_revoked(gated.reason, caller, ex.limiter)
+        check_admission(gated)
         ex.team, ex.key = without_rpm(ex.team), without_rpm(ex.key)
         count = await prompt_count_off_loop(
             parsed.body, chat=parsed.chat, tokenizer_path=route.tokenizer_path
@@ -289,6 +291,7 @@ async def _admit(
         slots=parsed.slots,
         batch=caller.is_batch,
     )
+    await ensure_not_revoked(ex.admission.reason, caller, ex.limiter)
     if ex.admission.reason.endswith("_tpd"):
         await check_daily_quota(
             ex.limiter,

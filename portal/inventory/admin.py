@@ -2,12 +2,13 @@ from django import forms
 from django.contrib import admin, messages
 
 from portal.core.errors import ApplicationError
+from portal.core.forms import EmptyJSONIsDefaultAdmin, LabelledTabularInline
 
 from .models import Gpu, Node, NodeAcceptance
 from .services import node_apply_nvidia_smi_text, nvidia_smi_text_parse
 
 
-class GpuInline(admin.TabularInline):
+class GpuInline(LabelledTabularInline, admin.TabularInline):
     model = Gpu
     extra = 0
     fields = [
@@ -89,7 +90,7 @@ class NodeAdmin(admin.ModelAdmin):
 
 
 @admin.register(Gpu)
-class GpuAdmin(admin.ModelAdmin):
+class GpuAdmin(EmptyJSONIsDefaultAdmin, admin.ModelAdmin):
     list_display = [
         "__str__",
         "catalog_key",
@@ -114,7 +115,7 @@ class GpuAdmin(admin.ModelAdmin):
 
 
 @admin.register(NodeAcceptance)
-class NodeAcceptanceAdmin(admin.ModelAdmin):
+class NodeAcceptanceAdmin(EmptyJSONIsDefaultAdmin, admin.ModelAdmin):
     """Read-only: an acceptance is written by its run (the node page's button or `accept_node`)."""
 
     list_display = ["id", "node", "state", "shape", "enforce_eager", "engine_start_s", "started_at"]

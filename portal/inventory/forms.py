@@ -5,6 +5,7 @@ from __future__ import annotations
 from django import forms
 
 from .models import Node
+from .services import nvidia_smi_text_problems
 
 QUERY_COMMAND = (
     "nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,compute_cap,driver_version --format=csv"
@@ -46,3 +47,13 @@ class NodeCreateForm(forms.Form):
         if name == "new":
             raise forms.ValidationError("'new' is the address of this page; choose another name.")
         return name
+
+    def clean(self) -> dict:
+        # The pasted texts are checked here too, so every error shows on the first submit (issue 38).
+        data = super().clean()
+        problems = nvidia_smi_text_problems(
+            query_csv=data.get("nvidia_smi_query") or "", topology_text=data.get("nvidia_smi_topology") or ""
+        )
+        for field, message in problems.items():
+            self.add_error(field, message)
+        return data

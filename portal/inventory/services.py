@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from inference.env_probe import EnvFacts, probe_environment
 from inference.errors import InputError
 from inference.gpu_health import GpuContext, GpuVerdict, HealthThresholds, Sample, evaluate, is_sick
 from inference.hardware import match_gpu
+from inference.nvidia_smi import QUERY_COMMAND as NVIDIA_SMI_QUERY_COMMAND
 from inference.nvidia_smi import (
     Discovery,
     GpuReading,
@@ -173,9 +175,44 @@ def node_apply_driver_discovery(*, node: Node, discovery: Discovery) -> list[Gpu
     )
 
 
+def _is_nvidia_smi_table(text: str) -> bool:
+    """Plain `nvidia-smi` (its boxed table), pasted where the CSV of the query belongs (issue 38)."""
+    return "NVIDIA-SMI" in text or any(line.lstrip().startswith(("+---", "|=")) for line in text.splitlines())
+
+
+def nvidia_smi_text_problems(*, query_csv: str, topology_text: str = "") -> dict[str, str]:
+    """Every part of pasted nvidia-smi output that does not parse, by form field, so the page shows
+    them all at once rather than one per submit (issue 38). Empty: both parse (or neither is given)."""
+    problems: dict[str, str] = {}
+    if query_csv.strip():
+        try:
+            nvidia_smi_text_parse(query_csv=query_csv)
+        except ApplicationError as error:
+            problems[error.field or "nvidia_smi_query"] = error.message
+    if topology_text.strip():
+        if not query_csv.strip():
+            problems["nvidia_smi_topology"] = (
+                "the topology needs the GPU list (CSV) beside it; paste both or leave it out"
+            )
+        else:
+            try:
+                parse_topology(topology_text)
+            except InputError as error:
+                problems["nvidia_smi_topology"] = (
+                    f"topology (`nvidia-smi topo -m`): {error.message}; fix it or leave it out"
+                )
+    return problems
+
+
 def nvidia_smi_text_parse(*, query_csv: str, topology_text: str = "") -> tuple[list[GpuReading], Topology]:
     """Parse pasted nvidia-smi output, naming the part that failed: `nvidia_smi_query` (the CSV,
     including a GPU the catalog lacks) or `nvidia_smi_topology` (`topo -m`). Nothing is written."""
+    if _is_nvidia_smi_table(query_csv):
+        raise ApplicationError(
+            "GPU list (CSV): this is `nvidia-smi`'s table, not its CSV; run "
+            f"`{' '.join(NVIDIA_SMI_QUERY_COMMAND)}` on the node and paste what it prints",
+            field="nvidia_smi_query",
+        )
     try:
         readings = parse_query_csv(query_csv)
         gpus_from_readings(readings, Topology(links={}))  # every GPU must be in the catalog
@@ -417,3 +454,27 @@ def gpu_mark_healthy(*, gpu: Gpu, user=None) -> Gpu:
         changes={"health_state": [before, GpuHealth.HEALTHY]},
     )
     return gpu
+
+
+class AgentRequest(enum.StrEnum):
+    """What the node page's buttons (and the API's actions) ask a node's agent for."""
+
+    DISCOVER = "discover"  # read the GPUs with nvidia-smi
+    PROBE_ENGINE = "probe-engine"  # report the vLLM environment (vLLM, torch, CUDA, kernels)
+
+
+_AGENT_TASKS = {
+    AgentRequest.DISCOVER: ("inventory.discover_gpus", "node.discover"),
+    AgentRequest.PROBE_ENGINE: ("inventory.probe_software", "node.probe_software"),
+}
+
+
+def node_ask_agent(*, node: Node, request: AgentRequest, user=None) -> str:
+    """Send `request` to the node's agent (audited); returns the task id. The answer lands on the
+    node's page when the agent has run it."""
+    from .dispatch import send_to_node
+
+    task, action = _AGENT_TASKS[request]
+    task_id = send_to_node(node, task, args=[node.name])
+    audit_event_record(action=action, target=node, actor=user, changes={"task_id": task_id})
+    return task_id

@@ -17,6 +17,7 @@ from django.views.decorators.http import require_POST
 from portal.gateway.auth import caller_for_key
 from portal.gateway.errors import GatewayError, error_response
 from portal.gateway.views import proxy_as
+from portal.registry.selectors import random_weight_model_names
 
 from . import payload
 from .selectors import playground_models, playground_team_for
@@ -39,6 +40,7 @@ def playground(request, slug: str):
             "team": team,
             "models": models,
             "first_max_tokens": models[0]["max_tokens"] if models else clamp,
+            "random_weight_models": random_weight_model_names([m["name"] for m in models]),
             "gateway_url": request.build_absolute_uri("/v1"),
             "max_messages": payload.MAX_MESSAGES,
             "max_message_chars": payload.MAX_MESSAGE_CHARS,

@@ -5,6 +5,7 @@ from django.contrib import admin
 from django.utils.html import format_html
 
 from portal.core.errors import ApplicationError
+from portal.core.forms import EmptyJSONIsDefaultAdmin
 
 from .models import ConversionJob, ModelVersion
 from .services import DERIVED_FIELDS, arch_fields, parse_config
@@ -66,7 +67,7 @@ class ModelVersionAdmin(admin.ModelAdmin):
 
 
 @admin.register(ConversionJob)
-class ConversionJobAdmin(admin.ModelAdmin):
+class ConversionJobAdmin(EmptyJSONIsDefaultAdmin, admin.ModelAdmin):
     """Read-only: jobs are started from the model page or the API, and written by their runner."""
 
     list_display = [

@@ -56,3 +56,14 @@ def model_version_gateway_name(version: ModelVersion) -> str | None:
         .first()
     )
     return served
+
+
+# The `source` make_tiny_model (and `make run`'s demo) registers its generated models with.
+TINY_MODEL_SOURCE = "make_tiny_model"
+
+
+def random_weight_model_names(names: list[str]) -> list[str]:
+    """Those of `names` whose weights are random (the demo's generated model, a node acceptance's
+    reference models): they answer gibberish, which a person should be told (issue 38)."""
+    random = Q(source=TINY_MODEL_SOURCE) | acceptance_model_q()
+    return sorted(ModelVersion.objects.filter(random, name__in=names).values_list("name", flat=True))

@@ -8,6 +8,7 @@ from decimal import Decimal, InvalidOperation
 from django import forms
 
 from portal.deployments.models import Deployment
+from portal.deployments.selectors import acceptance_deployment_q
 from portal.registry.models import ServedModel
 
 from .placement import GpuChoice
@@ -18,12 +19,12 @@ STEP_TEXT = re.compile(r"^\s*(\d{1,3})\s*%?\s*[x×]\s*(\d{1,5})\s*(min|s)?\s*$")
 class RolloutStartForm(forms.Form):
     served_model = forms.ModelChoiceField(queryset=ServedModel.objects.all(), to_field_name="name")
     to_deployment = forms.ModelChoiceField(
-        queryset=Deployment.objects.select_related("model_version"),
+        queryset=Deployment.objects.exclude(acceptance_deployment_q()).select_related("model_version"),
         to_field_name="name",
         label="New deployment",
     )
     from_deployment = forms.ModelChoiceField(
-        queryset=Deployment.objects.select_related("model_version"),
+        queryset=Deployment.objects.exclude(acceptance_deployment_q()).select_related("model_version"),
         to_field_name="name",
         required=False,
         label="Old deployment (stopped on promotion)",

@@ -6,6 +6,7 @@ from django.contrib.admin.widgets import FilteredSelectMultiple
 from django.utils import timezone
 
 from portal.core.charts import bar_chart_svg
+from portal.core.forms import EmptyJSONIsDefaultAdmin
 from portal.registry.models import ModelVersion, ServedModel
 
 from .models import ApiKey, Team, Usage, UsageDaily, UsageHourly
@@ -51,7 +52,7 @@ class TeamAdmin(admin.ModelAdmin):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(EmptyJSONIsDefaultAdmin, admin.ModelAdmin):
     """Keys are created by their team (page or `create_key`), so the secret is shown once, to them.
     The digest is never shown."""
 

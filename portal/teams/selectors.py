@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from portal.core.redis.client import gateway_redis, redis_keys
 from portal.registry.models import ModelVersion, ServedModel
+from portal.registry.selectors import acceptance_model_q
 
 from .models import (
     BILLED,
@@ -39,8 +40,9 @@ def team_get_for_user(user, slug: str) -> Team:
 
 
 def model_names_for_team(team: Team) -> list[str]:
-    """Registered model and served names the team may call (its allowed list, else every one)."""
-    names = set(ModelVersion.objects.values_list("name", flat=True))
+    """Registered model and served names the team may call (its allowed list, else every one);
+    never a node acceptance's random-weight reference model (issue 38: they filled the key form)."""
+    names = set(ModelVersion.objects.exclude(acceptance_model_q()).values_list("name", flat=True))
     names |= set(ServedModel.objects.values_list("name", flat=True))
     if team.allowed_models:
         names &= set(team.allowed_models)
@@ -53,6 +55,17 @@ def served_names_for_team(team: Team) -> list[str]:
     if team.allowed_models:
         names &= set(team.allowed_models)
     return sorted(names)
+
+
+def example_model_for_key(team: Team, allowed_models: list[str]) -> str:
+    """A model for a new key's snippets that the key may call: the first of its own list, else of its
+    team's, else a served name, else a registered model the team may use; "MODEL" with none at all."""
+    listed = allowed_models or team.allowed_models
+    if listed:
+        return listed[0]
+    names = model_names_for_team(team)
+    served = set(ServedModel.objects.values_list("name", flat=True))
+    return next((name for name in names if name in served), names[0] if names else "MODEL")
 
 
 def api_keys_of(team: Team) -> QuerySet[ApiKey]:

@@ -17,6 +17,7 @@ from .forms import ApiKeyCreateForm
 from .selectors import (
     api_key_get_for_team,
     api_keys_of,
+    example_model_for_key,
     model_names_for_team,
     served_names_for_team,
     team_get_for_user,
@@ -48,12 +49,12 @@ def team_keys(request, slug: str):
             form.add_error(field if field in form.fields else None, error.message)
         else:
             form = ApiKeyCreateForm(model_names=model_names, served_names=served_names)
-            # A model the key may call, for the snippets; without a list any served one will do.
-            models = key.allowed_models or team.allowed_models
+            # A model the key may call, for the snippets (issue 38: they said "MODEL").
+            example = example_model_for_key(team, key.allowed_models)
             context = {
                 "base_url": request.build_absolute_uri("/v1"),
-                "example_model": models[0] if models else "MODEL",
-                "example_model_known": bool(models),
+                "example_model": example,
+                "example_model_known": example != "MODEL",
             }
     # The new key is rendered in this response only: never put in a message, the session or a redirect.
     return render(

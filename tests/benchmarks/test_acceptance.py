@@ -119,6 +119,10 @@ def test_it_sorts_the_levels():
     assert parse_levels("64, 1,16") == [1, 16, 64]
 
 
+def test_it_reads_levels_separated_by_spaces():
+    assert parse_levels("1 16 64") == [1, 16, 64]
+
+
 def _level(concurrency, tok_s, tpot_ms):
     return {"concurrency": concurrency, "output_throughput": tok_s, "mean_tpot_ms": tpot_ms}
 
@@ -439,7 +443,9 @@ SMALL = {"shape": "tiny", "concurrency": "1,2,4", "mix": "fixed:32:16", "request
 
 @pytest.mark.slow  # out of make test-fast: a calibration fit, seconds of work on 2 cores
 @pytest.mark.django_db(transaction=True)
-def test_it_accepts_a_simulated_node_end_to_end_and_stops_the_reference_server(sim_node, monkeypatch):
+def test_it_accepts_a_simulated_node_end_to_end_without_writing_weights_and_stops_the_reference_server(
+    sim_node, settings, monkeypatch
+):
     from portal.deployments import predict
     from portal.deployments.models import Deployment
 
@@ -480,7 +486,11 @@ def test_it_accepts_a_simulated_node_end_to_end_and_stops_the_reference_server(s
     assert acceptance.progress == steps
     deployment = Deployment.objects.get(name=acceptance.deployment_name)
     assert deployment.state == "stopped" and deployment.pgid is None
-    assert deployment.team.slug == "acceptance" and deployment.model_version.name == "accept-tiny-fp16"
+    assert deployment.team.slug == "acceptance" and deployment.model_version.name == "accept-tiny-fp16-sim"
+    # A simulated node reads only the config: no weights were written for it.
+    assert not Path(settings.ACCEPTANCE_MODEL_DIR).exists() or not any(
+        Path(settings.ACCEPTANCE_MODEL_DIR).iterdir()
+    )
 
 
 @pytest.mark.django_db(transaction=True)

@@ -380,3 +380,36 @@ def test_it_lists_a_run_of_an_adopted_deployment_without_a_profile(client, bob, 
     response = client.get("/benchmarks/")
     assert response.status_code == 200
     assert "adopted-7b" in response.content.decode()
+
+
+def test_it_reads_levels_separated_by_spaces_as_separate_levels(client, bob, deployment):
+    client.force_login(bob)
+    data = {"deployment": "search-7b", "mix": "short-qa", "concurrencies": "4 8  16", "seed": 1}
+    client.post("/benchmarks/new/", {**data, "requests_per_level": 16})
+    run = BenchmarkRun.objects.get()
+    assert [lv["concurrency"] for lv in run.config["levels"]] == [4, 8, 16]
+
+
+def test_a_queued_run_says_it_waits_for_the_benchmarks_worker(client, bob, deployment):
+    run = benchmark_run_create(
+        user=bob, run_request=BenchmarkRunRequest(deployment=deployment, concurrencies=[4])
+    )
+    client.force_login(bob)
+    page = client.get(run.get_absolute_url()).content.decode()
+    assert "Waiting for the benchmarks worker" in page
+    assert "control worker" not in page
+
+
+def test_it_leaves_acceptance_reference_deployments_and_profiles_out_of_the_filters(client, alice, dgx, team):
+    from portal.inventory.models import ACCEPTANCE_SOURCE_PREFIX
+    from tests.helpers import builders
+
+    version = builders.model_version("accept-tiny-fp16", source=f"{ACCEPTANCE_SOURCE_PREFIX} (tiny)")
+    profile = builders.profile(version, name="accept-dgx-v100-01-1")
+    builders.deployment(
+        name="accept-dgx-v100-01-1", team=team, model_version=version, profile=profile, node=dgx
+    )
+    client.force_login(alice)
+    context = client.get("/benchmarks/").context
+    assert "accept-dgx-v100-01-1" not in [d.name for d in context["deployments"]]
+    assert "accept-dgx-v100-01-1" not in [p.name for p in context["profiles"]]

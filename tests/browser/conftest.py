@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from tests.helpers.browser import check_accessibility_on_every_load
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -46,12 +48,15 @@ def browser() -> Browser:
 
 @pytest.fixture
 def page(browser: Browser) -> Page:
-    """A page in its own context, so cookies (the session) never leak between tests."""
+    """A page in its own context, so cookies (the session) never leak between tests. Every page it
+    loads is checked for contrast and name violations; any found fail the test at its end."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     context.set_default_timeout(TIMEOUT_MS)
     page = context.new_page()
+    violations = check_accessibility_on_every_load(page)
     yield page
     context.close()
+    assert not violations, "accessibility (axe-core):\n" + "\n".join(violations)
 
 
 @pytest.fixture(scope="module")

@@ -78,3 +78,16 @@ def test_it_hides_the_controls_from_a_team_member(page: Page, live_server, bob, 
     page.goto(f"{live_server.url}/deployments/llama7b-a/")
     expect(page.locator("h1")).to_contain_text("serving")
     expect(page.get_by_role("button", name="Stop")).to_have_count(0)
+
+
+def test_it_shows_the_stop_buttons_label_in_a_colour_a_person_can_read(
+    page: Page, live_server, alice, serving
+):
+    from tests.helpers.browser import accessibility_violations
+
+    login(page, live_server, "alice", "alice-password")
+    page.goto(f"{live_server.url}/deployments/llama7b-a/")
+    stop = page.get_by_role("button", name="Stop")
+    colours = stop.evaluate("b => [getComputedStyle(b).color, getComputedStyle(b).backgroundColor]")
+    assert colours[0] != colours[1]
+    assert accessibility_violations(page) == []

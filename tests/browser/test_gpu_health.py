@@ -4,6 +4,7 @@ which deployment holds it, and staff mark the GPU healthy after a reset."""
 from __future__ import annotations
 
 import datetime as dt
+import io
 
 import pytest
 from django.utils import timezone
@@ -62,3 +63,36 @@ def test_ops_find_a_degraded_gpu_see_its_node_charts_and_mark_it_healthy(
     page.get_by_role("button", name="Mark GPU 3 healthy (after a reset)").click()
     expect(page.locator('tr.gpu-health-row[data-gpu="3"]')).to_have_attribute("data-state", "healthy")
     expect(page.get_by_text("GPU 3 of dgx-v100-01 marked healthy")).to_be_visible()
+
+
+def test_ops_rehearse_a_gpu_failure_on_a_simulated_node_and_see_it_on_its_page(
+    page: Page, live_server, alice, dgx, team, llama7b, profile_tp1
+):
+    """README "Rehearsing a GPU failure": `manage.py inject_gpu_fault` beside `make run`, then the
+    control worker's drain decides the move of the deployment on the GPU, and the pages show both."""
+    from django.core.management import call_command
+
+    from portal.deployments.gpu_drain import node_drain_sick_gpus
+    from tests.helpers import builders
+
+    dgx.engine = "sim"
+    dgx.save(update_fields=["engine"])
+    builders.deployment(
+        name="chat-7b", team=team, model_version=llama7b, profile=profile_tp1, node=dgx, gpu_indices=[3],
+        desired_state="running", state="serving", endpoint_url="http://127.0.0.1:9",
+    )  # fmt: skip
+    call_command("inject_gpu_fault", "--node", dgx.name, "--gpu", "3", "--kind", "ecc", stdout=io.StringIO())
+    (decision,) = node_drain_sick_gpus(node=dgx)  # what `deployments.drain_sick_gpus` runs on control
+    assert decision.action == "move"
+
+    login(page, live_server, "alice", "alice-password")
+    listed = page.locator("table#gpu-health")
+    expect(listed).to_contain_text("dgx-v100-01:3")
+    listed.get_by_role("link", name="dgx-v100-01:3").click()
+    expect(page.locator('tr.gpu-health-row[data-gpu="3"]')).to_have_attribute("data-state", "degraded")
+    expect(page.locator("tr.gpu-findings")).to_contain_text("uncorrectable ECC errors")
+    page.goto(f"{live_server.url}/deployments/chat-7b/")
+    expect(page.locator("table.timeline")).to_contain_text("GPU 3 is degraded")
+    page.goto(f"{live_server.url}/nodes/{dgx.name}/")
+    page.get_by_role("button", name="Mark GPU 3 healthy (after a reset)").click()
+    expect(page.locator('tr.gpu-health-row[data-gpu="3"]')).to_have_attribute("data-state", "healthy")

@@ -20,6 +20,7 @@ def manage(tmp_path: Path, *args: str, **extra_env: str) -> subprocess.Completed
     env = {key: value for key, value in os.environ.items() if key not in ("SECRET_KEY", "DEBUG")}
     env.pop("DJANGO_SETTINGS_MODULE", None)
     env["DATABASE_URL"] = f"sqlite:///{tmp_path / 'fresh.sqlite3'}"
+    env["PORTAL_ENV_FILE"] = str(tmp_path / "no-make-run.env")  # not this checkout's var/.env
     env.update(extra_env)
     return subprocess.run(
         [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
@@ -72,3 +73,20 @@ def test_a_command_that_signs_or_stores_says_a_secret_is_missing_without_a_trace
     assert result.returncode == 2
     assert "SECRET_KEY must be set" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_readmes_register_model_works_as_written_beside_make_run(tmp_path):
+    # What `make run` writes before it starts (Makefile `run-env`); then the README's command, in a
+    # shell with neither SECRET_KEY nor DEBUG.
+    env_file = tmp_path / "run.env"
+    shell = {key: value for key, value in os.environ.items() if key not in ("SECRET_KEY", "DEBUG")}
+    make = ["make", "--no-print-directory", "run-env", f"RUN_ENV={env_file}"]
+    subprocess.run(make, cwd=ROOT, env=shell, check=True, capture_output=True)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(CONFIG.read_text())
+    assert manage(tmp_path, "migrate", PORTAL_ENV_FILE=str(env_file)).returncode == 0
+    args = ("--name", "llama-2-7b-chat-hf", "--path", str(model))
+    result = manage(tmp_path, "register_model", *args, PORTAL_ENV_FILE=str(env_file))
+    assert result.returncode == 0, result.stderr
+    assert "SECRET_KEY" not in result.stderr

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from portal.core.redis.keys import namespace_for_database
-from tests.helpers.manage import PRODUCTION, manage, settings_refusals
+from tests.helpers.manage import PRODUCTION, manage, settings_refusals, settings_values
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -124,6 +124,23 @@ def test_it_refuses_a_benchmark_gateway_url_that_is_not_an_http_url():
     refusals = settings_refusals(*({"BENCHMARK_GATEWAY_URL": value} for value in bad))
     for value, refusal in zip(bad, refusals, strict=True):
         assert "BENCHMARK_GATEWAY_URL" in refusal, (value, refusal)
+
+
+def test_it_sends_members_benchmarks_to_the_port_the_portal_serves_when_no_gateway_url_is_set():
+    derived, wildcard = settings_values(
+        ["BENCHMARK_GATEWAY_URL"],
+        {"PORTAL_PORT": "8100"},
+        {"PORTAL_PORT": "8200", "PORTAL_HOST": "0.0.0.0"},  # noqa: S104
+    )
+    assert derived["BENCHMARK_GATEWAY_URL"] == "http://127.0.0.1:8100"
+    assert wildcard["BENCHMARK_GATEWAY_URL"] == "http://127.0.0.1:8200"
+
+
+def test_it_warns_when_the_benchmark_gateway_url_is_this_machine_on_another_port_than_the_portal():
+    env = {**PRODUCTION, "PORTAL_PORT": "8100", "BENCHMARK_GATEWAY_URL": "http://127.0.0.1:8000"}
+    result = manage("check", env=env)
+    assert "portal.W001" in result.stdout + result.stderr
+    assert "PORTAL_PORT=8100" in result.stdout + result.stderr
 
 
 def test_it_refuses_a_trusted_proxy_count_out_of_bounds():

@@ -99,3 +99,12 @@ def test_it_splits_the_levels_table_so_each_part_fits_the_page():
     ]
     short = (["concurrency", "completed"], [["1", "2"]])
     assert _level_tables(*short) == [short]
+
+
+def test_it_points_the_planners_footer_at_the_new_deployment_page(admin_client, demo):
+    query = {"model": "llama-2-7b-chat-hf", "gpu": "v100-sxm2-32gb", "gpus": 1, "dtype": "float16",
+             "gpu_memory_utilization": 0.9, "max_num_seqs": 16, "block_size": 16,
+             "enforce_eager": "on"}  # fmt: skip
+    page = admin_client.get("/planner/", query).content.decode()
+    assert 'href="/deployments/new/"' in page
+    assert "Admin → Deployments" not in page

@@ -75,17 +75,18 @@ def test_it_corrects_the_token_reservation_to_actual_use(gateway, serving, gw_re
     assert int(gw_redis.get(redis_keys().tpd_prefix("team", serving.team.pk) + str(day))) == used
 
 
-def test_it_refuses_a_revoked_key_at_once_even_while_cached(gateway, serving, gw_redis):
+def test_it_refuses_a_revoked_key_at_once_even_while_cached_and_says_revoked(gateway, serving, gw_redis):
     from portal.teams.services import api_key_revoke
 
     assert post(gateway, serving, chat_body(serving.model)).status_code == 200  # the key row is now cached
     api_key_revoke(api_key=serving.key)
     response = post(gateway, serving, chat_body(serving.model))
     assert response.status_code == 401
-    assert response.json()["error"]["code"] == "key_disabled"
+    assert response.json()["error"]["code"] == "revoked_api_key"
+    assert "revoked" in response.json()["error"]["message"]
 
 
-def test_models_refuses_a_revoked_key_at_once_even_while_cached(gateway, serving, gw_redis):
+def test_models_refuses_a_revoked_key_at_once_even_while_cached_and_says_revoked(gateway, serving, gw_redis):
     """README: revocation takes effect at the next request; /v1/models answered for GATEWAY_CACHE_S."""
     from portal.teams.services import api_key_revoke
 
@@ -94,7 +95,7 @@ def test_models_refuses_a_revoked_key_at_once_even_while_cached(gateway, serving
     api_key_revoke(api_key=serving.key)
     response = httpx.get(url, headers=serving.headers)
     assert response.status_code == 401
-    assert response.json()["error"]["code"] == "key_disabled"
+    assert response.json()["error"]["code"] == "revoked_api_key"
 
 
 def test_it_refuses_an_expired_key(gateway, serving, gw_redis):

@@ -65,3 +65,37 @@ def settings_refusals(*changes: dict[str, str]) -> list[str]:
         check=True,
     )
     return json.loads(result.stdout)
+
+
+READ_EACH = """
+import json, os, runpy, sys
+base = dict(os.environ)
+names = json.loads(sys.argv[2])
+out = []
+for env in json.loads(sys.argv[1]):
+    os.environ.clear(); os.environ.update(base); os.environ.update(env)
+    loaded = runpy.run_path("portal/settings.py")
+    out.append({name: loaded[name] for name in names})
+print(json.dumps(out))
+"""
+
+
+def settings_values(names: list[str], *changes: dict[str, str]) -> list[dict]:
+    """Load portal/settings.py under production settings plus each of `changes`: the named values."""
+    inherited = ("SECURE_", "SESSION_COOKIE_", "CSRF_COOKIE_", "REDIS_URL", "DJANGO_ALLOW_ASYNC_UNSAFE")
+    strip = ("PORTAL_PORT", "PORTAL_HOST", "BENCHMARK_GATEWAY_URL")  # this shell's own, if any
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in PRODUCTION and k not in strip and not k.startswith(inherited)
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", READ_EACH, json.dumps(list(changes)), json.dumps(names)],
+        cwd=ROOT,
+        env={**clean, **PRODUCTION},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return json.loads(result.stdout)

@@ -91,3 +91,29 @@ def test_it_keeps_the_topology_headers_leading_tab_so_the_columns_line_up(client
     assert Node.objects.get(name="dgx-v100-02").topology_text == TOPO
     page = client.get("/nodes/dgx-v100-02/").content.decode()
     assert '<pre class="topology">\tGPU0\tGPU1' in page
+
+
+PLAIN_NVIDIA_SMI = """\
++-----------------------------------------------------------------------------------------+
+| NVIDIA-SMI 550.54.15              Driver Version: 550.54.15      CUDA Version: 12.4     |
+|-----------------------------------------+------------------------+----------------------+
+|   0  Tesla V100-SXM2-16GB           On  |   00000000:00:1E.0 Off |                    0 |
++-----------------------------------------+------------------------+----------------------+
+"""
+
+
+def test_it_names_the_command_to_run_when_plain_nvidia_smi_is_pasted(client, alice):
+    client.force_login(alice)
+    response = add(client, nvidia_smi_query=PLAIN_NVIDIA_SMI)
+    assert response.status_code == 400
+    message = response.context["form"].errors["nvidia_smi_query"][0]
+    assert "nvidia-smi --query-gpu=index,name" in message and "--format=csv" in message
+
+
+def test_it_shows_every_error_of_the_page_on_one_submit(client, alice):
+    client.force_login(alice)
+    response = client.post(
+        "/nodes/new/", {"name": "new", "nvidia_smi_query": "garbage", "nvidia_smi_topology": BROKEN_TOPO}
+    )
+    assert response.status_code == 400
+    assert set(response.context["form"].errors) == {"name", "nvidia_smi_query", "nvidia_smi_topology"}

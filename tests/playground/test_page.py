@@ -30,7 +30,6 @@ def good(**changes) -> dict:
 
 @pytest.fixture
 def served(team, llama7b, profile_tp1, cpu_node):
-
     return builders.deployment(
         name="chat", team=team, model_version=llama7b, profile=profile_tp1, node=cpu_node,
         desired_state="running", state="serving", endpoint_url="http://127.0.0.1:9", concurrency_cap=4,
@@ -215,3 +214,16 @@ def test_it_shows_todays_usage_per_key_with_the_playground_keys_name(client: Cli
         ("notebook", 1, 5),
     ]
     assert "playground (bob)" in response.content.decode()
+
+
+def test_it_says_a_generated_test_model_has_random_weights(client: Client, bob, team, cpu_node, served):
+    tiny = builders.model_version("tiny-llama", source="make_tiny_model")
+    profile = builders.profile(tiny, name="tiny-p")
+    builders.deployment(
+        name="tiny", team=team, model_version=tiny, profile=profile, node=cpu_node,
+        desired_state="running", state="serving", endpoint_url="http://127.0.0.1:9",
+    )  # fmt: skip
+    client.force_login(bob)
+    page = client.get("/teams/search/playground/").content.decode()
+    assert "tiny-llama: random weights" in page and "gibberish" in page
+    assert "llama-2-7b-chat-hf: random" not in page

@@ -260,3 +260,18 @@ def test_members_see_the_served_names_they_may_call_on_their_front_page_and_key_
     assert f"<code>{old_version}</code>" not in home
     keys = client.get(f"/teams/{team.slug}/keys/").content.decode()
     assert f"served names {pair.served.name}" in keys
+
+
+def test_the_start_form_offers_no_acceptance_reference_deployment(pair, alice, client, team, dgx):
+    from portal.inventory.models import ACCEPTANCE_SOURCE_PREFIX
+    from tests.helpers import builders
+
+    version = builders.model_version("accept-tiny-fp16", source=f"{ACCEPTANCE_SOURCE_PREFIX} (tiny)")
+    profile = builders.profile(version, name="accept-dgx-v100-01-1")
+    builders.deployment(
+        name="accept-dgx-v100-01-1", team=team, model_version=version, profile=profile, node=dgx
+    )
+    client.force_login(alice)
+    form = client.get("/rollouts/new/").context["form"]
+    for field in ("to_deployment", "from_deployment"):
+        assert "accept-dgx-v100-01-1" not in [d.name for d in form.fields[field].queryset]

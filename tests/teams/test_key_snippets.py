@@ -45,3 +45,20 @@ def test_it_shows_no_snippets_once_the_key_is_gone_from_the_page(bob, team):
     client = Client()
     client.force_login(bob)
     assert "snippet-curl" not in client.get(reverse("teams:keys", args=["search"])).content.decode()
+
+
+def test_it_shows_a_model_the_key_can_call_when_the_key_has_no_list(bob, team, llama7b):
+    _, page = create_key(bob)
+    assert '"model": "llama-2-7b-chat-hf"' in snippet(page, "curl")
+    assert 'model="MODEL"' not in snippet(page, "python")
+
+
+def test_it_leaves_acceptance_reference_models_out_of_the_key_forms_models(bob, team, llama7b):
+    from portal.inventory.models import ACCEPTANCE_SOURCE_PREFIX
+    from portal.teams.selectors import model_names_for_team
+    from tests.helpers import builders
+
+    builders.model_version(
+        "accept-tiny-fp16", config="llama-2-7b-chat-hf", source=f"{ACCEPTANCE_SOURCE_PREFIX} (tiny)"
+    )
+    assert model_names_for_team(team) == ["llama-2-7b-chat-hf"]

@@ -15,6 +15,7 @@ from .options import (
     MAX_REQUESTS_PER_LEVEL,
     default_shape_for,
 )
+from .request import fitting_defaults
 
 
 class AcceptanceForm(forms.Form):
@@ -41,6 +42,13 @@ class AcceptanceForm(forms.Form):
     requests_per_level = forms.IntegerField(
         min_value=1, max_value=MAX_REQUESTS_PER_LEVEL, required=False, help_text="blank: 4 per user"
     )
+    max_model_len = forms.IntegerField(
+        min_value=64,
+        max_value=1_048_576,
+        required=False,
+        label="max model length",
+        help_text="blank: 4096 (or the shape's positions); the planner checks it fits the GPU first",
+    )
     enforce_eager = forms.BooleanField(
         required=False,
         label="eager (no CUDA graphs)",
@@ -65,6 +73,9 @@ class AcceptanceForm(forms.Form):
         super().__init__(*args, **kwargs)
         if node is not None:
             self.fields["shape"].initial = default_shape_for(node)
+            # What fits this node (the planner's answer), so the default form is one that runs.
+            for name, value in fitting_defaults(node).items():
+                self.fields[name].initial = value
         if node is not None and node.is_cpu_only:
             self.fields["shape"].help_text += " A CPU node computes in float32: keep to tiny."
             self.fields["predict_gpu"].choices = [

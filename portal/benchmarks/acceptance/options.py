@@ -3,6 +3,8 @@ names it gives what it makes (the reference model and deployment)."""
 
 from __future__ import annotations
 
+import re
+
 from inference.tiny_model import TINY_SHAPE
 from portal.core.errors import ApplicationError
 from portal.deployments.models import DeploymentProfile
@@ -35,6 +37,40 @@ LAUNCH_FLAGS = (
 )
 
 
+def reference_profile_values(
+    *, cpu: bool, positions: int, most_users: int, enforce_eager: bool, flags: dict | None = None
+) -> dict:
+    """The reference server's vLLM settings: vLLM's defaults on a GPU; README's `cpu-tiny-llama`
+    settings on a CPU; `flags` (a deployment profile's LAUNCH_FLAGS, or only the ones the form
+    sets, such as max_model_len) over those, max_model_len capped by the model's positions. A CPU
+    is always eager. The request plans with these before anything is written; the run launches them."""
+    if cpu:
+        values = {
+            "dtype": "float32",
+            "max_model_len": min(512, positions),
+            "gpu_memory_utilization": 0.2,  # on CPU: the share of host memory for the KV cache
+            "max_num_seqs": max(8, most_users),
+            "block_size": 128,  # vLLM's CPU attention wants a multiple of 32
+            "enable_chunked_prefill": True,
+            "enforce_eager": True,
+        }
+    else:
+        values = {
+            "dtype": "float16",
+            "max_model_len": min(4096, positions),
+            "gpu_memory_utilization": 0.9,
+            "max_num_seqs": max(256, most_users),
+            "block_size": 16,
+            "enable_chunked_prefill": True,
+            "enforce_eager": enforce_eager,
+        }
+    if flags:
+        values |= {flag: flags[flag] for flag in LAUNCH_FLAGS if flag in flags}
+        values["max_model_len"] = min(values["max_model_len"] or positions, positions)
+        values["enforce_eager"] = values["enforce_eager"] or cpu
+    return values
+
+
 def requests_per_level_default(concurrency: int) -> int:
     """Four requests per user, at least eight: 1 user × 8 requests of a 7B in eager mode is
     about a minute on an H200, and 64 users × 4 fill the batch long enough to be steady."""
@@ -44,7 +80,7 @@ def requests_per_level_default(concurrency: int) -> int:
 def parse_levels(value: str | list[int] | tuple[int, ...]) -> list[int]:
     """2–4 distinct concurrency levels, each 1…1024, ascending; else ApplicationError on `concurrency`."""
     if isinstance(value, str):
-        parts = [p.strip() for p in value.split(",") if p.strip()]
+        parts = [p for p in re.split(r"[,\s]+", value.strip()) if p]  # commas, spaces or both
         if not all(p.isdigit() for p in parts):
             raise ApplicationError(
                 f"write the levels as whole numbers separated by commas, got {value!r}", field="concurrency"

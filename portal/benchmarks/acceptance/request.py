@@ -12,13 +12,15 @@ from django.utils import timezone
 
 from inference.errors import InputError
 from inference.hardware import get_gpu
+from inference.hf_config import arch_from_config
 from inference.loadgen.workloads import load_mix
-from inference.tiny_model import resolve_shape
+from inference.planner import Plan, plan_deployment
+from inference.tiny_model import llama_config, resolve_shape
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError
-from portal.deployments.models import Deployment, DesiredState
+from portal.deployments.models import Deployment, DeploymentProfile, DesiredState
 from portal.deployments.selectors import gpus_held_on_node
-from portal.deployments.services import deployment_request_stop
+from portal.deployments.services import deployment_request_stop, node_placement
 from portal.inventory.dispatch import send_to_node
 from portal.inventory.models import AcceptanceState, Node, NodeAcceptance
 
@@ -32,6 +34,7 @@ from .options import (
     profile_by_name,
     profile_launch_flags,
     reference_deployment_name,
+    reference_profile_values,
 )
 
 logger = logging.getLogger(__name__)
@@ -73,6 +76,76 @@ def node_acceptances_expire(*, node: Node | None = None) -> list[int]:
     return expired
 
 
+# Bounds what an operator types; the planner then checks it against the GPU and the shape.
+MAX_MODEL_LEN = 1_048_576
+
+
+def reference_plan(
+    *, node: Node, gpu_indices: list[int], shape, levels: list[int], enforce_eager: bool, flags: dict | None
+) -> Plan | None:
+    """The planner's verdict on the reference server this acceptance would start, before anything is
+    written: the shape's config, the settings the run launches (options.reference_profile_values),
+    on the node's GPU. None on a CPU node (the planner sizes GPUs)."""
+    placement = node_placement(node=node, gpu_indices=gpu_indices)
+    if placement is None:
+        return None
+    config = llama_config(shape, bos_token_id=1, eos_token_id=2, dtype="float16")
+    values = reference_profile_values(
+        cpu=False,
+        positions=shape.max_position_embeddings,
+        most_users=max(levels),
+        enforce_eager=enforce_eager,
+        flags=flags,
+    )
+    settings_ = DeploymentProfile(**values).settings()
+    return plan_deployment(arch_from_config(config), settings_, placement)
+
+
+# Tried in this order for the form's default max model length: the run's own default first.
+_FITTING_LENGTHS = (4096, 2048, 1024, 512)
+
+
+def fitting_defaults(node: Node) -> dict:
+    """What the node page's form starts from on this node: eager on Volta (what its deployments run
+    with), and the longest max model length the planner accepts for the default shape on its first
+    free GPU (none named: the run's own). Empty on a CPU node, or when nothing fits (the form then
+    says so when sent)."""
+    gpus = list(node.gpus.order_by("index"))
+    if not gpus:
+        return {}
+    held = gpus_held_on_node(node)
+    gpu = next((g for g in gpus if g.index not in held), gpus[0])
+    defaults: dict = {"enforce_eager": gpu.spec().is_volta}
+    try:
+        _, shape = resolve_shape(default_shape_for(node))
+    except InputError:
+        return defaults
+    for length in _FITTING_LENGTHS:
+        plan = reference_plan(
+            node=node, gpu_indices=[gpu.index], shape=shape, levels=list(DEFAULT_CONCURRENCY),
+            enforce_eager=defaults["enforce_eager"], flags={"max_model_len": length},
+        )  # fmt: skip
+        if plan is not None and plan.ok:
+            if length != _FITTING_LENGTHS[0]:
+                defaults["max_model_len"] = length
+            return defaults
+    return defaults
+
+
+def refusal_message(plan: Plan, *, node: Node) -> str:
+    errors = "; ".join(f.message for f in plan.findings if f.level == "error")
+    return (
+        f"the planner refuses the reference server on {node.name}'s {plan.gpu_key}, so nothing was "
+        f"written: {errors}. Lower “max model length”, choose a smaller shape, or fewer layers."
+    )
+
+
+def refusal_field(plan: Plan) -> str:
+    """The form field to show the refusal beside: the one its findings name, else the shape."""
+    text = " ".join(f"{f.code} {f.message}" for f in plan.findings if f.level == "error")
+    return "max_model_len" if "max_model_len" in text else "shape"
+
+
 def node_acceptance_request(
     *,
     node: Node,
@@ -86,6 +159,7 @@ def node_acceptance_request(
     gpu_index: int | None = None,
     predict_gpu: str = "",
     profile: str | None = None,
+    max_model_len: int | None = None,
     send: bool = True,
 ) -> NodeAcceptance:
     """Check the options, claim the node (one running acceptance per node), record who asked,
@@ -97,8 +171,12 @@ def node_acceptance_request(
     flags = profile_launch_flags(profile_by_name(profile)) if profile else None
     if flags is not None:
         enforce_eager = flags["enforce_eager"]
+    if max_model_len is not None:
+        if not 1 <= max_model_len <= MAX_MODEL_LEN:
+            raise ApplicationError(f"must be between 1 and {MAX_MODEL_LEN}", field="max_model_len")
+        flags = {**(flags or {}), "max_model_len": max_model_len}
     try:
-        shape, _ = resolve_shape(shape or default_shape_for(node), layers=layers)
+        shape, shape_spec = resolve_shape(shape or default_shape_for(node), layers=layers)
         load_mix(mix)
         if predict_gpu:
             predict_gpu = get_gpu(predict_gpu).key
@@ -126,6 +204,13 @@ def node_acceptance_request(
         gpu_index = free[0]
     gpu_indices = [gpu_index] if indices else []
     cpu = not gpu_indices
+    # Plan first: a refusal costs nothing yet (issue 38: 13 GB of weights written, then refused).
+    plan = reference_plan(
+        node=node, gpu_indices=gpu_indices, shape=shape_spec, levels=levels, enforce_eager=enforce_eager,
+        flags=flags,
+    )  # fmt: skip
+    if plan is not None and not plan.ok:
+        raise ApplicationError(refusal_message(plan, node=node), field=refusal_field(plan))
     try:
         with transaction.atomic():
             acceptance = NodeAcceptance.objects.create(

@@ -18,7 +18,7 @@ from inference.loadgen.loadgen import BenchConfig, LevelPlan, run_blocking, run_
 from inference.loadgen.sla import Sla, operating_point
 from inference.loadgen.workloads import load_mix
 from inference.nvidia_smi import discover_local
-from inference.tiny_model import resolve_shape, write_model_atomically
+from inference.tiny_model import llama_config, resolve_shape, write_model_atomically
 from portal.core.errors import ApplicationError, clean_or_raise
 from portal.deployments import predict  # by module: its sweeps are looked up when called (tests stand in)
 from portal.deployments.agent.environment import kernel_problem, problem_advice
@@ -42,6 +42,7 @@ from .options import (
     model_name_for,
     probed_features,
     reference_deployment_name,
+    reference_profile_values,
     requests_per_level_default,
 )
 from .record import AcceptanceContext, AcceptanceStepFailed, RunningAcceptance
@@ -153,6 +154,8 @@ def probe_software(run: RunningAcceptance, node: Node) -> str:
 
 def write_model(run: RunningAcceptance, context: AcceptanceContext) -> str:
     acceptance = run.acceptance
+    if acceptance.node.engine == "sim":
+        return _register_config_only(run, context)
     name = model_name_for(acceptance)
     directory = Path(settings.ACCEPTANCE_MODEL_DIR) / name
     _, shape = resolve_shape(acceptance.shape, layers=acceptance.layers)
@@ -191,42 +194,40 @@ def write_model(run: RunningAcceptance, context: AcceptanceContext) -> str:
     )
 
 
+def _register_config_only(run: RunningAcceptance, context: AcceptanceContext) -> str:
+    """A simulated node runs the simulator, which reads only the architecture (the stored config,
+    portal/deployments/agent/environment.py): no weights are written (issue 38: 13 GB of random
+    weights for a 7B shape). Its own name, so a real node's acceptance of the shape, whose version
+    has files and hashes, is never taken for this one."""
+    acceptance = run.acceptance
+    name = f"{model_name_for(acceptance)}-sim"
+    _, shape = resolve_shape(acceptance.shape, layers=acceptance.layers)
+    version = ModelVersion.objects.filter(name=name).first()
+    if version is None:
+        config = llama_config(shape, bos_token_id=1, eos_token_id=2, dtype=acceptance.dtype)
+        try:
+            version = model_version_create(
+                name=name, config=config, source=f"node acceptance ({acceptance.shape}, simulated node)"
+            )
+        except ApplicationError as error:
+            raise AcceptanceStepFailed(f"cannot register {name}: {error.message}") from error
+    run.write(model_name=name)
+    context.version = version
+    return (
+        f"{name}: {version.num_layers} layers, hidden {version.hidden_size}: no weights written "
+        "(a simulated node reads only the config)"
+    )
+
+
 def _profile_values(acceptance: NodeAcceptance, version: ModelVersion) -> dict:
-    """The reference profile: vLLM's defaults on a GPU; README's `cpu-tiny-llama` settings on a CPU;
-    with a deployment profile (`--profile`), its launch flags over those, its max_model_len capped
-    by the reference model's positions. The dtype stays the acceptance's; a CPU is always eager."""
-    values = _default_profile_values(acceptance, version)
-    if acceptance.profile_flags:
-        values |= {
-            flag: acceptance.profile_flags[flag] for flag in LAUNCH_FLAGS if flag in acceptance.profile_flags
-        }
-        positions = version.max_position_embeddings
-        values["max_model_len"] = min(values["max_model_len"] or positions, positions)
-        values["enforce_eager"] = values["enforce_eager"] or not acceptance.gpu_indices
-    return values
-
-
-def _default_profile_values(acceptance: NodeAcceptance, version: ModelVersion) -> dict:
-    most = max(acceptance.concurrency)
-    if not acceptance.gpu_indices:
-        return {
-            "dtype": "float32",
-            "max_model_len": min(512, version.max_position_embeddings),
-            "gpu_memory_utilization": 0.2,  # on CPU: the share of host memory for the KV cache
-            "max_num_seqs": max(8, most),
-            "block_size": 128,  # vLLM's CPU attention wants a multiple of 32
-            "enable_chunked_prefill": True,
-            "enforce_eager": True,
-        }
-    return {
-        "dtype": "float16",
-        "max_model_len": min(4096, version.max_position_embeddings),
-        "gpu_memory_utilization": 0.9,
-        "max_num_seqs": max(256, most),
-        "block_size": 16,
-        "enable_chunked_prefill": True,
-        "enforce_eager": acceptance.enforce_eager,
-    }
+    """The reference profile (options.reference_profile_values). The dtype stays the acceptance's."""
+    return reference_profile_values(
+        cpu=not acceptance.gpu_indices,
+        positions=version.max_position_embeddings,
+        most_users=max(acceptance.concurrency),
+        enforce_eager=acceptance.enforce_eager,
+        flags=acceptance.profile_flags,
+    )
 
 
 def _reference_team() -> Team:

@@ -39,6 +39,7 @@ def node_accept(request, name: str):
                 enforce_eager=values["enforce_eager"],
                 predict_gpu=values["predict_gpu"],
                 profile=values["profile"].name if values.get("profile") else None,
+                max_model_len=values.get("max_model_len"),
             )
         except ApplicationError as error:
             form.add_error(error.field if error.field in form.fields else None, error.message)

@@ -46,6 +46,9 @@ class Command(BaseCommand):
         parser.add_argument("--mix", default=DEFAULT_MIX, help="bench workload (preset or fixed:<in>:<out>)")
         parser.add_argument("--requests-per-level", type=int, default=None, help="default: 4 per user, ≥ 8")
         parser.add_argument("--eager", action="store_true", help="--enforce-eager (default: CUDA graphs)")
+        parser.add_argument(
+            "--max-model-len", type=int, default=None, help="the reference server's (default: 4096, capped)"
+        )
         parser.add_argument("--gpu-index", type=int, default=None, help="GPU to use (default: the first)")
         parser.add_argument(
             "--predict-gpu", default="", help="GPU catalog key to predict for (default: the node's GPU)"
@@ -76,6 +79,7 @@ class Command(BaseCommand):
                 gpu_index=options["gpu_index"],
                 predict_gpu=options["predict_gpu"],
                 profile=options["profile"],
+                max_model_len=options["max_model_len"],
                 send=options["agent"],
             )
         except ApplicationError as error:
