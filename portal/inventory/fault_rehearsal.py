@@ -31,8 +31,14 @@ class GpuFault(enum.StrEnum):
 
 def _healthy(gpu: Gpu) -> GpuTelemetry:
     """What a healthy, idle GPU answers; None where nothing is judged from it."""
-    names = [field.name for field in dataclasses.fields(GpuTelemetry)]
-    reading = dict.fromkeys(names)
+    # Readings without a default are unknown (None); the rest keep theirs (no unknown fields, no
+    # driver tokens).
+    names = [
+        field.name
+        for field in dataclasses.fields(GpuTelemetry)
+        if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+    ]
+    reading: dict = dict.fromkeys(names)
     reading.update(
         index=gpu.index,
         uuid=gpu.uuid,
