@@ -45,8 +45,6 @@ from urllib.parse import urlsplit
 import httptools
 from django.conf import settings
 
-from portal.observability import prometheus
-
 log = logging.getLogger(__name__)
 
 # Body bytes buffered before reading from the socket pauses: a slow client slows the read.
@@ -541,6 +539,10 @@ def _name_error(host: str, port: int, error: socket.gaierror) -> None:
             error.strerror or error,
             NAME_ERROR_LOG_INTERVAL_S,
         )
+    # Imported here: this module loads before Django's apps (perf/relay_floor.py), and the
+    # metrics module reads the usage models.
+    from portal.observability import prometheus
+
     try:
         prometheus.recorder.add(
             {(prometheus.UPSTREAM_CONNECT_ERRORS, host, "name_resolution"): 1}, {}, at=time.time()

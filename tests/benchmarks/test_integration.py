@@ -16,11 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
-from django.conf import settings
-from django.db import connection
 
 from portal.benchmarks.models import BenchmarkRun, RunState
 from tests.helpers import builders
+from tests.helpers.processes import worker_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,14 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def benchmarks_worker(transactional_db):
     """A real Celery worker on the benchmarks queue, using this test's database and broker."""
-    database = connection.settings_dict
-    env = dict(
-        os.environ,
-        DJANGO_SETTINGS_MODULE="tests.settings",
-        DATABASE_URL=f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}",
-        CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
-        CELERY_RESULT_BACKEND=settings.CELERY_RESULT_BACKEND,
-    )
+    env = worker_env()
     argv = [sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", "benchmarks", "--pool=solo",
             "--concurrency=1", "--without-heartbeat", "--without-mingle", "--without-gossip",
             "--loglevel=INFO", "-n", f"bench-test-{os.getpid()}@%h"]  # fmt: skip

@@ -21,12 +21,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import redis
 from django.conf import settings
-from django.db import connection
 
 from portal.benchmarks.models import BenchmarkRun, RunState
 from portal.benchmarks.services import BenchmarkRunRequest, benchmark_run_create, benchmark_runs_expire
@@ -34,7 +32,7 @@ from portal.celery import BENCHMARK_QUEUE
 from portal.core.redis.client import redis_keys
 from tests.helpers import ROOT
 from tests.helpers.builders import make_serving_deployment
-from tests.helpers.processes import stop
+from tests.helpers.processes import children_of, stop, worker_env
 from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -43,15 +41,7 @@ LEASE_S = 2
 
 
 def start_worker(log_path) -> subprocess.Popen:
-    database = connection.settings_dict
-    env = dict(
-        os.environ,
-        DJANGO_SETTINGS_MODULE="tests.settings",
-        DATABASE_URL=f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}",
-        CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
-        CELERY_RESULT_BACKEND=settings.CELERY_RESULT_BACKEND,
-        BENCHMARK_LEASE_S=str(LEASE_S),
-    )
+    env = worker_env(BENCHMARK_LEASE_S=str(LEASE_S))
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", BENCHMARK_QUEUE,
@@ -63,16 +53,7 @@ def start_worker(log_path) -> subprocess.Popen:
 
 def pool_process(pid: int) -> int:
     """The worker's one pool process (a child of its main process)."""
-    children = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                stat = Path(f"/proc/{entry.name}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                children.append(int(entry.name))
-    (child,) = children
+    (child,) = children_of(pid)
     return child
 
 

@@ -40,7 +40,7 @@ from portal.deployments.tasks import start_deployment, supervise_node
 from tests.helpers import ROOT
 from tests.helpers.builders import make_deployment
 from tests.helpers.deployments import FAKE_ENGINE
-from tests.helpers.processes import stop
+from tests.helpers.processes import children_of, stop
 from tests.helpers.waiting import wait_until
 
 from .conftest import shared_database_url
@@ -74,19 +74,6 @@ def start_agent(queue: str, run_dir: Path, log_path: Path) -> subprocess.Popen:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
-
-
-def pool_children(pid: int) -> list[int]:
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                stat = Path(f"/proc/{entry.name}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 def engine_groups(run_dir: Path) -> dict[int, list[int]]:
@@ -142,7 +129,7 @@ def test_a_start_interrupted_by_a_killed_agent_ends_with_exactly_one_engine(
             agent = start_agent(queue, run_dir, log_path)  # the agent comes back (systemd, honcho, a person)
         else:
             (child,) = [
-                p for p in pool_children(agent.pid) if b"celery" in Path(f"/proc/{p}/cmdline").read_bytes()
+                p for p in children_of(agent.pid) if b"celery" in Path(f"/proc/{p}/cmdline").read_bytes()
             ]
             os.kill(child, signal.SIGKILL)
         assert supervisor.group_alive(orphan)  # the half-started server outlived its agent

@@ -8,12 +8,13 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import httpx
 
 from perf._common import free_port
 
-__all__ = ["free_port", "run_async", "stop", "wait_until_up"]
+__all__ = ["children_of", "free_port", "run_async", "stop", "wait_until_up", "worker_env"]
 
 
 def run_async(coro):
@@ -45,3 +46,33 @@ def stop(process: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (a Celery worker's pool processes), read from /proc."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                stat = Path(f"/proc/{entry.name}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    """The environment of a Celery worker a test starts: this test's settings, database and broker."""
+    from django.conf import settings
+    from django.db import connection
+
+    database = connection.settings_dict
+    return dict(
+        os.environ,
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        DATABASE_URL=f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}",
+        CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
+        CELERY_RESULT_BACKEND=settings.CELERY_RESULT_BACKEND,
+        **extra,
+    )
