@@ -6,10 +6,11 @@ teams or keys (the tests bound them), plus one Redis pipeline for live figures.
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 from django.db.models import Count, F, Max, Q, Sum
@@ -122,6 +123,15 @@ class ModelToCall:
     context_bound: bool  # the context, not the team's clamp, bounds max_tokens
 
 
+@dataclass(frozen=True)
+class VersionServed:
+    """How many of a team's requests to a model name one version answered (last 24 h)."""
+
+    model: str  # the name the requests called (a served name shows one row per version)
+    version: str
+    requests: int
+
+
 @dataclass
 class TeamFront:
     team: Team
@@ -131,11 +141,12 @@ class TeamFront:
     tokens_today: int
     failed_today: int
     in_flight: int | None
+    served_by: list[VersionServed] = field(default_factory=list)  # busiest name first, then version
 
 
 def team_fronts(user) -> list[TeamFront]:
     """For each of the user's teams (never another's): callable models, keys, quotas, usage today.
-    Four queries and one Redis pipeline, whatever the number of teams and keys."""
+    Five queries and one Redis pipeline, whatever the number of teams and keys."""
     teams = list(Team.objects.filter(members=user).order_by("name"))
     if not teams:
         return []
@@ -160,6 +171,7 @@ def team_fronts(user) -> list[TeamFront]:
             failed=Count("id", filter=~Q(status__in=[UsageStatus.COMPLETED, UsageStatus.REJECTED])),
         )
     }
+    served_by = _versions_served(teams)
     in_flight = _team_in_flight([t.pk for t in teams])
     out = []
     names = callable_names()
@@ -177,7 +189,27 @@ def team_fronts(user) -> list[TeamFront]:
                 tokens_today=(row.get("prompt") or 0) + (row.get("completion") or 0),
                 failed_today=row.get("failed", 0),
                 in_flight=None if in_flight is None else in_flight[team.pk],
+                served_by=served_by[team.pk],
             )
+        )
+    return out
+
+
+def _versions_served(teams: list[Team]) -> dict[int, list[VersionServed]]:
+    """Per team, the versions that answered its requests in the last 24 hours, per name called
+    (issue 37: a member sees which version of a served name served them). One query; the version
+    is the recorded deployment's, so requests that reached no deployment are left out."""
+    since = timezone.now() - dt.timedelta(hours=24)
+    out: dict[int, list[VersionServed]] = defaultdict(list)
+    rows = (
+        Usage.objects.filter(team__in=teams, created_at__gte=since, deployment__isnull=False)
+        .values("team_id", "model", "deployment__model_version__name")
+        .annotate(requests=Count("id"))
+        .order_by("team_id", "model", "-requests", "deployment__model_version__name")
+    )
+    for row in rows:
+        out[row["team_id"]].append(
+            VersionServed(row["model"], row["deployment__model_version__name"], row["requests"])
         )
     return out
 

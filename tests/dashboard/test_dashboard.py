@@ -260,8 +260,9 @@ def test_the_team_front_page_costs_the_same_queries_for_more_teams_and_keys(
         extra.members.add(bob)
         for _ in range(3):
             api_key_create(team=extra)
-    # 8: the names a key calls (served names, versions hidden by name) are one query more (issue 37).
-    with django_assert_max_num_queries(8), CaptureQueriesContext(connection) as large:
+    # 8: the names a key calls (served names, versions hidden by name) are one query more (issue 37);
+    # 9: the versions that served each team's requests in the last 24 h, one query for all teams.
+    with django_assert_max_num_queries(9), CaptureQueriesContext(connection) as large:
         page = client.get("/").content.decode()
     assert page.count("<section") == 6
     assert len(large) == len(small)
@@ -283,3 +284,41 @@ def _rows(page: str, table_id: str) -> dict[str, str]:
         if first:
             rows[re.sub(r"<[^>]+>", "", first.group(1)).split()[0]] = row
     return rows
+
+
+def _served(team, deployment, count: int) -> None:
+    """`count` completed requests of `team` to the served name "chat" that `deployment` answered."""
+    for _ in range(count):
+        Usage.objects.create(
+            request_id=uuid.uuid4(), created_at=timezone.now(), team=team, model="chat",
+            deployment=deployment, status="completed", http_status=200, duration_ms=9,
+        )  # fmt: skip
+
+
+def test_a_member_sees_each_version_that_served_their_served_name_with_its_count(
+    client, bob, two_teams, llama7b, qwen_bf16
+):
+    team, *_ = two_teams
+    old, new = deploy("chat-old", team=team, model=llama7b), deploy("chat-new", team=team, model=qwen_bf16)
+    _served(team, new, 3)
+    _served(team, old, 2)
+    client.force_login(bob)
+    table = _section(client.get("/").content.decode(), f'id="served-by-{team.slug}"')
+    rows = re.findall(r"<tr><td>(.*?)</tr>", table, re.S)
+    assert [re.sub(r"<[^>]+>", " ", row).split() for row in rows] == [
+        ["chat", qwen_bf16.name, "3"],
+        ["chat", llama7b.name, "2"],
+    ]
+
+
+def test_a_member_of_another_team_sees_none_of_the_first_teams_version_counts(
+    client, bob, two_teams, llama7b, qwen_bf16
+):
+    team, ads, *_ = two_teams
+    _served(team, deploy("chat-search", team=team, model=llama7b), 2)
+    _served(ads, deploy("chat-ads", team=ads, model=qwen_bf16), 7)
+    client.force_login(bob)
+    page = client.get("/").content.decode()
+    rows = re.findall(r"<tr><td>(.*?)</tr>", _section(page, f'id="served-by-{team.slug}"'), re.S)
+    assert [re.sub(r"<[^>]+>", " ", row).split() for row in rows] == [["chat", llama7b.name, "2"]]
+    assert f'id="served-by-{ads.slug}"' not in page
