@@ -9,17 +9,10 @@ from tests.helpers import ROOT
 
 NVIDIA_SMI = ROOT / "inference" / "data" / "nvidia_smi"
 # Real outputs collected from public sources, each with its source URL on its first line.
-REAL_GPU = ROOT / "tests" / "fixtures" / "gpu" / "real"
 
 
 def nvidia_smi_sample(name: str) -> str:
     return (NVIDIA_SMI / name).read_text()
-
-
-def real_gpu_sample(name: str) -> str:
-    """A real capture as the driver printed it: the file without its first (source) line."""
-    text = (REAL_GPU / name).read_bytes().decode()  # bytes: CRLF kept as the source had it
-    return text.split("\n", 1)[1]
 
 
 def bundled_config(name: str) -> dict:

@@ -21,14 +21,15 @@ from inference.gpu_health import (
     read_health_table,
     read_sample,
 )
-from tests.helpers.samples import REAL_GPU, nvidia_smi_sample, real_gpu_sample
+from tests.helpers.real_gpu import REAL_GPU, real_gpu_output
+from tests.helpers.samples import nvidia_smi_sample
 
 AT = dt.datetime(2026, 12, 2, 3, 30, tzinfo=dt.UTC)
 
 
 def answering(at: dt.datetime, xids: tuple = ()) -> Sample:
     """A sample in which GPU 0 answered (the real H100 row), carrying these kernel-log events."""
-    return Sample(at=at, gpus=read_health_table(real_gpu_sample(H100)).gpus, xids=xids)
+    return Sample(at=at, gpus=read_health_table(real_gpu_output(H100)).gpus, xids=xids)
 
 
 H100 = "health-h100-wide-csv-r590-load.csv"
@@ -73,7 +74,7 @@ def wide_cell(text: str, column: str, value: str) -> str:
 
 
 def test_it_reads_a_wide_real_capture_where_index_sits_in_the_middle_of_212_columns():
-    (gpu,) = read_health_table(real_gpu_sample(H100)).gpus
+    (gpu,) = read_health_table(real_gpu_output(H100)).gpus
     assert (gpu.index, gpu.name, gpu.pci_bus_id) == (0, "NVIDIA H100 80GB HBM3", "00000000:00:09.0")
     assert (gpu.utilization_gpu_pct, gpu.memory_used_mib, gpu.power_draw_w) == (100, 19818, 631.95)
     assert (gpu.sm_clock_mhz, gpu.max_sm_clock_mhz, gpu.throttle_mask) == (1980, 1980, 0)
@@ -87,13 +88,13 @@ def test_it_reads_a_capture_kept_with_its_source_note_above_the_header():
 
 
 def test_it_reads_the_wide_capture_behind_a_utf8_bom():
-    text = "\ufeff" + real_gpu_sample(H100)  # derived: as an editor on Windows saves it
+    text = "\ufeff" + real_gpu_output(H100)  # derived: as an editor on Windows saves it
     (gpu,) = read_health_table(text).gpus
     assert gpu.index == 0 and gpu.temperature_c == 59
 
 
 def test_it_calls_mig_hidden_utilization_and_row_remapping_unknown_not_healthy():
-    (verdict,) = judged(real_gpu_sample(H100_MIG)).values()
+    (verdict,) = judged(real_gpu_output(H100_MIG)).values()
     assert verdict.state == HealthState.UNKNOWN
     (finding,) = verdict.findings
     assert finding.code == "readings_unknown" and "MIG" in finding.message
@@ -101,10 +102,10 @@ def test_it_calls_mig_hidden_utilization_and_row_remapping_unknown_not_healthy()
 
 
 def test_the_drivers_recovery_action_column_is_honoured_when_the_query_carries_it():
-    assert read_health_table(real_gpu_sample(H100)).gpus[0].recovery_action == "None"  # nothing to do
-    (verdict,) = judged(wide_cell(real_gpu_sample(H100), "gpu_recovery_action", "Reset")).values()  # derived
+    assert read_health_table(real_gpu_output(H100)).gpus[0].recovery_action == "None"  # nothing to do
+    (verdict,) = judged(wide_cell(real_gpu_output(H100), "gpu_recovery_action", "Reset")).values()  # derived
     assert verdict.state == HealthState.DEGRADED and verdict.findings[0].code == "driver_recovery_action"
-    (reboot,) = judged(wide_cell(real_gpu_sample(H100), "gpu_recovery_action", "Reboot")).values()
+    (reboot,) = judged(wide_cell(real_gpu_output(H100), "gpu_recovery_action", "Reboot")).values()
     assert reboot.state == HealthState.LOST
 
 
@@ -244,14 +245,14 @@ def test_a_field_the_driver_does_not_know_is_dropped_and_the_query_asked_again()
 
 
 def test_a_card_holding_its_power_limit_under_load_is_not_warned():
-    text = wide_cell(real_gpu_sample(H100), "clocks_event_reasons.active", "0x0000000000000004")
+    text = wide_cell(real_gpu_output(H100), "clocks_event_reasons.active", "0x0000000000000004")
     text = wide_cell(text, "power.draw [W]", "695.20 W")  # derived: sw_power_cap at 99 % of 700 W
     (verdict,) = judged(text, throttled_since=AT - dt.timedelta(minutes=30)).values()
     assert verdict.state == HealthState.HEALTHY and verdict.findings == () and verdict.throttled_since is None
 
 
 def test_a_power_brake_clamping_every_gpu_under_load_is_a_degraded_platform_fault_not_heat():
-    text = wide_cell(real_gpu_sample(H100), "clocks_event_reasons.active", "0x0000000000000088")
+    text = wide_cell(real_gpu_output(H100), "clocks_event_reasons.active", "0x0000000000000088")
     text = wide_cell(text, "clocks.current.sm [MHz]", "86 MHz")  # derived: the brake at 86 of 1,980 MHz
     text = wide_cell(text, "temperature.gpu", "29")
     (verdict,) = judged(text).values()
@@ -277,7 +278,7 @@ def test_a_power_brake_on_one_card_is_a_power_warning_once_sustained():
 
 
 def test_it_reads_dmesg_t_stamps_and_judges_application_xids_healthy_and_contained_ecc_a_warning():
-    events = parse_kernel_log(real_gpu_sample("xid-dmesg-T-akash-support-244.txt"))
+    events = parse_kernel_log(real_gpu_output("xid-dmesg-T-akash-support-244.txt"))
     assert [(x.pci_bus_id, x.code) for x in events] == [
         ("0000:00:05", 43), ("0000:00:05", 43), ("0000:00:07", 31), ("0000:00:08", 94),
     ]  # fmt: skip
@@ -293,7 +294,7 @@ def test_it_reads_dmesg_t_stamps_and_judges_application_xids_healthy_and_contain
 
 
 def test_it_places_seconds_since_boot_with_the_boot_time_and_ages_the_events_out():
-    log = real_gpu_sample("xid-dmesg-uptime-chia-gigahorse-301.txt")
+    log = real_gpu_output("xid-dmesg-uptime-chia-gigahorse-301.txt")
     assert {x.at for x in parse_kernel_log(log)} == {None}
     booted = dt.datetime(2024, 4, 7, 0, 0, tzinfo=dt.UTC)
     events = parse_kernel_log(log, boot_time=booted)
@@ -308,7 +309,7 @@ def test_it_places_seconds_since_boot_with_the_boot_time_and_ages_the_events_out
 
 
 def test_it_reads_mig_attributed_lines_and_honours_the_drivers_reset_flag():
-    events = parse_kernel_log(real_gpu_sample("xid-mig-94-95-open-gpu-kernel-modules-source.txt"))
+    events = parse_kernel_log(real_gpu_output("xid-mig-94-95-open-gpu-kernel-modules-source.txt"))
     assert [(x.code, x.gpu_instance) for x in events] == [(94, 5), (94, None), (95, None)]
     assert judge_xid(94, events[0].detail).level == "warning"
     rst = judge_xid(95, events[2].detail)
@@ -318,7 +319,7 @@ def test_it_reads_mig_attributed_lines_and_honours_the_drivers_reset_flag():
 def test_it_reads_the_old_format_without_pci_and_a_journal_stamp():
     """Derived from the real dmesg -T line of Xid 31: re-stamped as the journal prints it, and with the
     address as drivers before ~2015 printed it (no `PCI:`)."""
-    real = real_gpu_sample("xid-dmesg-T-akash-support-244.txt").splitlines()[7]
+    real = real_gpu_output("xid-dmesg-T-akash-support-244.txt").splitlines()[7]
     line = "Aug  5 03:54:13 node4 kernel: " + real.split("] ", 1)[1].replace(
         "(PCI:0000:00:07)", "(0000:00:07)"
     )
@@ -331,14 +332,14 @@ def test_it_reads_the_old_format_without_pci_and_a_journal_stamp():
 
 
 def test_the_drivers_xid_154_verdict_decides_and_an_nvlink_149_drains_the_peers():
-    (event,) = parse_kernel_log(real_gpu_sample("xid-talos-154-open-gpu-kernel-modules-446.txt"))
+    (event,) = parse_kernel_log(real_gpu_output("xid-talos-154-open-gpu-kernel-modules-446.txt"))
     assert event.at == dt.datetime(2026, 4, 22, 21, 30, 51, tzinfo=dt.UTC)
     sample = answering(event.at + dt.timedelta(minutes=1), (event,))
     verdict = evaluate(GpuContext(0, "00000000:0B:00.0"), sample)
     assert verdict.state == HealthState.DEGRADED and "GPU Reset Required" in verdict.findings[0].message
     reboot = "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"  # derived: 0x2
     assert judge_xid(154, reboot).level == "lost"
-    nvlink = parse_kernel_log(real_gpu_sample("xid-kmsg-149-gpud-1174.txt"))
+    nvlink = parse_kernel_log(real_gpu_output("xid-kmsg-149-gpud-1174.txt"))
     assert (
         judge_xid(149, nvlink[0].detail).level == "degraded" and "NVLink peers" in judge_xid(149, "").action
     )
