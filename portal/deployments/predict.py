@@ -63,14 +63,22 @@ def _engine_config(
     allow_paths: bool,
     host: HostCosts,
     settings_values: dict,
+    engine_version: str = "",
 ) -> EngineConfig:
-    placement = target_placement(gpu_key=gpu, gpu_count=gpus, nvlink_connected=nvlink)
+    placement = target_placement(
+        gpu_key=gpu, gpu_count=gpus, nvlink_connected=nvlink, engine_version=engine_version
+    )
     arch = resolve_model(model, allow_paths=allow_paths)
     if not settings_values.get("tensor_parallel_size"):
         settings_values["tensor_parallel_size"] = gpus
     profile = settings_from(**settings_values)
     return EngineConfig(
-        model=arch, profile=profile, gpu=placement.gpu, nvlink=placement.nvlink_connected, host=host
+        model=arch,
+        profile=profile,
+        gpu=placement.gpu,
+        nvlink=placement.nvlink_connected,
+        host=host,
+        engine_version=placement.engine_version,
     )
 
 
@@ -128,9 +136,13 @@ def predict_sweep(
     sla: Sla | None = None,
     calibration: dict[str, float] | None = None,
     time_budget_s: float | None = None,
+    engine_version: str = "",
     **settings_values,
 ) -> dict:
     """{"levels": [...], "sla_concurrency": N, "sla_reason": str, "calibration": {name: s}}.
+
+    `engine_version` is the node's vLLM ("": the newest line): a V1 line on Volta runs a slower
+    attention path (inference.engines.attention_slowdown).
 
     The tensor-parallel size defaults to all the GPUs, as the planner's does. `calibration`
     is a node's fitted host costs (names missing from it keep their defaults); None
@@ -146,6 +158,7 @@ def predict_sweep(
         allow_paths=allow_paths,
         host=host,
         settings_values=settings_values,
+        engine_version=engine_version,
     )
     try:
         workload = load_mix(mix, allow_files=allow_paths)
@@ -189,6 +202,7 @@ def calibrate_sweep(
     requests_per_level: int | None = None,
     seed: int = 0,
     sla: Sla | None = None,
+    engine_version: str = "",
     **settings_values,
 ) -> dict:
     """Fit the host costs to `measured` (a `manage.py bench --json` report), then predict.
@@ -208,6 +222,7 @@ def calibrate_sweep(
         allow_paths=allow_paths,
         host=host_costs(calibration),
         settings_values=dict(settings_values),
+        engine_version=engine_version,
     )
     try:
         levels = measured_levels(measured, only=fit_levels)
@@ -228,6 +243,7 @@ def calibrate_sweep(
         seed=seed,
         sla=sla,
         calibration=fit.host.as_dict(),
+        engine_version=engine_version,
         **settings_values,
     )
     result["fit"] = {"fitted": list(fit.fitted), "levels": fit.levels, "evaluations": fit.evaluations}

@@ -11,6 +11,7 @@ from django.db import DatabaseError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from inference.engines import LINES, engine_line
 from inference.errors import InputError
 from inference.hardware import GpuSpec, get_gpu
 from inference.hf_config import known_configs, resolve_model_config
@@ -96,8 +97,11 @@ def plan_for(*, model_version: ModelVersion, profile: DeploymentProfile, placeme
     return plan_deployment(planned_arch(model_version), profile_settings(profile), placement)
 
 
-def target_placement(*, gpu_key: str, gpu_count: int, nvlink_connected: bool | None = None) -> Placement:
-    """A placement on catalog GPUs (no node yet). SXM boards are assumed NVLinked, PCIe cards not."""
+def target_placement(
+    *, gpu_key: str, gpu_count: int, nvlink_connected: bool | None = None, engine_version: str = ""
+) -> Placement:
+    """A placement on catalog GPUs (no node yet). SXM boards are assumed NVLinked, PCIe cards not.
+    `engine_version`: the vLLM version the GPUs would run ("": the newest line)."""
     try:
         gpu = get_gpu(gpu_key)
     except InputError as error:
@@ -106,7 +110,15 @@ def target_placement(*, gpu_key: str, gpu_count: int, nvlink_connected: bool | N
         raise ApplicationError("must be at least 1", field="gpus")
     if nvlink_connected is None and gpu_count > 1:
         nvlink_connected = gpu.nvlink_gb_s is not None
-    return Placement(gpu=gpu, gpu_count=gpu_count, nvlink_connected=nvlink_connected)
+    if len(engine_version) > 50 or (engine_version and engine_line(engine_version) is None):
+        raise ApplicationError(
+            f"unknown vLLM version {engine_version[:50]!r}; known lines: "
+            + ", ".join(line.label() for line in LINES),
+            field="engine_version",
+        )
+    return Placement(
+        gpu=gpu, gpu_count=gpu_count, nvlink_connected=nvlink_connected, engine_version=engine_version
+    )
 
 
 def plan_on_catalog_gpus(
@@ -116,13 +128,16 @@ def plan_on_catalog_gpus(
     gpus: int,
     nvlink: bool | None = None,
     allow_paths: bool = False,
+    engine_version: str = "",
     **settings_values,
 ) -> Plan:
     """A plan from loose values: the plan command, the plan API and the planner page.
 
     The tensor-parallel size defaults to all the GPUs, as `plan` does (docs/architecture.md#contracts).
     """
-    placement = target_placement(gpu_key=gpu, gpu_count=gpus, nvlink_connected=nvlink)
+    placement = target_placement(
+        gpu_key=gpu, gpu_count=gpus, nvlink_connected=nvlink, engine_version=engine_version
+    )
     arch = resolve_model(model, allow_paths=allow_paths)
     if not settings_values.get("tensor_parallel_size"):
         settings_values["tensor_parallel_size"] = gpus

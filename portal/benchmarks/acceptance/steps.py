@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from inference.engines import VOLTA_ADVICE
+from inference.engines import VOLTA_ADVICE, engine_line
 from inference.errors import InputError
 from inference.gpu_health import read_sample
 from inference.loadgen.loadgen import BenchConfig, LevelPlan, run_blocking, run_sweep
@@ -409,6 +409,9 @@ def _sweep_kwargs(run: RunningAcceptance, context: AcceptanceContext) -> dict | 
     if not gpu_key:
         return None
     values = context.profile.settings_values()
+    # The node's own GPUs run the node's own vLLM (a V1 line on Volta: a slower attention path); a
+    # prediction for another GPU (a CPU node's `predict_gpu`) assumes the newest line there.
+    engine_version = "" if acceptance.predict_gpu else acceptance.versions.get("vllm", "")
     return {
         "model": context.version.name,
         "gpu": gpu_key,
@@ -416,6 +419,7 @@ def _sweep_kwargs(run: RunningAcceptance, context: AcceptanceContext) -> dict | 
         "mix": acceptance.mix,
         "concurrency": list(acceptance.concurrency),
         "seed": SEED,
+        "engine_version": engine_version if engine_line(engine_version) else "",
         **values,
     }
 

@@ -36,6 +36,11 @@ class Command(BaseCommand):
             "--nvlink", dest="nvlink", action="store_true", default=None, help="GPUs are NVLinked"
         )
         link.add_argument("--pcie", dest="nvlink", action="store_false", help="GPUs talk over PCIe only")
+        parser.add_argument(
+            "--engine-version",
+            default="",
+            help="the node's vLLM version, e.g. 0.19.1 or 0.8.5 (default: the newest line)",
+        )
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     def handle(self, *args, **options) -> None:
@@ -46,6 +51,7 @@ class Command(BaseCommand):
                 gpus=options["gpus"],
                 nvlink=options["nvlink"],
                 allow_paths=True,
+                engine_version=options["engine_version"],
                 dtype=options["dtype"],
                 tensor_parallel_size=options["tp"],
                 max_model_len=options["max_model_len"],

@@ -108,6 +108,7 @@ class Command(BaseCommand):
             mix=options["mix"],
             nvlink=options["nvlink"],
             allow_paths=True,
+            engine_version=options["engine_version"],
             requests_per_level=options["requests_per_level"],
             seed=options["seed"],
             calibration=calibration,
