@@ -1,7 +1,7 @@
 # The two commands: `make run` (the portal and its workers on embedded defaults)
 # and `make test` (everything CI checks). Both set themselves up from scratch.
 # `make test-fast` is the edit–test loop: lint and the tests that need no vLLM, no browser,
-# no fault injection and are not marked slow (README "Tests"); CI still runs `make test`.
+# no fault injection and are not marked slow (docs/development.md "Tests"); CI still runs `make test`.
 
 PYTHON ?= python3.11
 VENV := .venv
@@ -77,7 +77,7 @@ FAST_TESTS := not vllm and not engines and not browser and not faults and not sl
 # pytest-xdist workers, each with its own test database and Redis namespace (tests/settings.py):
 # most of these tests wait on PostgreSQL, Redis or a subprocess, so three keep two cores busy
 # (measured idle on 2026-12-01: 2 min 18 s with 3, 3 min 3 s with 2, 5 min 43 s with none;
-# later numbers in README "Tests": 1 min 58 s to 2 min 41 s with lint on 2026-12-02).
+# later numbers in docs/development.md "How long the tiers take": 1 min 58 s to 2 min 41 s with lint on 2026-12-02).
 FAST_WORKERS ?= 3
 
 test-fast: venv lint

@@ -19,7 +19,7 @@ def _unmigrated(error: Exception) -> bool:
 
 
 def _read_run_env() -> None:
-    """`make run` writes the settings it runs under (DEBUG, PORTAL_PORT) to var/.env, so the README's
+    """`make run` writes the settings it runs under (DEBUG, PORTAL_PORT) to var/.env, so the docs'
     `python manage.py …` beside it finds the same database and development key instead of stopping at
     "SECRET_KEY must be set". What the environment says wins; without the file nothing changes."""
     path = Path(os.environ.get("PORTAL_ENV_FILE") or Path(__file__).resolve().parent / "var" / ".env")
@@ -44,7 +44,7 @@ def main() -> None:
         execute_from_command_line(sys.argv)
     except ImproperlyConfigured as error:
         # A setting the operator must give (SECRET_KEY, a malformed URL): say which, not a traceback.
-        sys.stderr.write(f"Configuration: {error}. The README's \"Configuration\" lists every setting.\n")
+        sys.stderr.write(f"Configuration: {error}. docs/configuration.md lists every setting.\n")
         sys.exit(2)
     except DatabaseError as error:
         if not _unmigrated(error):

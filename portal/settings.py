@@ -2,7 +2,8 @@
 
 One module for every environment. Each variable is parsed strictly by
 django-environ: a typo in a boolean or a malformed URL stops the process at
-start instead of running with a silent default. The README lists every variable.
+start instead of running with a silent default. docs/configuration.md lists every variable
+(tests/core/test_configuration_doc.py checks).
 """
 
 from __future__ import annotations
@@ -617,7 +618,7 @@ RETENTION_GPU_SAMPLES_DAYS = env_retention_days("RETENTION_GPU_SAMPLES_DAYS", de
 # Rows per DELETE: short statements and transactions, however much has piled up.
 RETENTION_BATCH_SIZE = env_positive_int("RETENTION_BATCH_SIZE", default=5000, maximum=100_000)
 
-# --- Rollouts (README "Rollouts"; docs/decisions.md, "Rollouts: steps and what a breach is") --------
+# --- Rollouts (docs/operators.md "Rollouts"; docs/decisions.md, "Rollouts: steps and what a breach is")
 ROLLOUT_TICK_S = env_number("ROLLOUT_TICK_S", default=15, minimum=1, maximum=300)
 # Requests the new version must have served in a step before it may pass, and before error rates
 # and comparisons with the old version count (an SLA miss counts at once).

@@ -335,7 +335,7 @@ def start_redis(options: argparse.Namespace, stack: Stack, rec: Record) -> str:
 
 
 def portal_env(options: argparse.Namespace, work: Path, redis_url: str, plan: Plan) -> dict[str, str]:
-    """The settings of a one-node installation (README's settings table)."""
+    """The settings of a one-node installation (docs/configuration.md)."""
     return {
         **os.environ,
         **VLLM_ENV,

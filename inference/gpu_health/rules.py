@@ -54,7 +54,7 @@ CLAMPED_CLOCK_SHARE = 0.5
 
 @dataclass(frozen=True)
 class HealthThresholds:
-    """The settings the rules read (portal settings GPU_HEALTH_*; README's settings table)."""
+    """The settings the rules read (portal settings GPU_HEALTH_*; docs/configuration.md)."""
 
     throttle_minutes: float = 5.0  # thermal or power throttling this long in a row: warning
     temperature_warning_c: float = 85.0  # GPU core at or above this: warning

@@ -137,7 +137,7 @@ class PortalCollector:
         yield flight
         yield GaugeMetricFamily(
             "portal_usage_dead_letter_records",
-            "Usage records the flush could not store, kept in Redis for inspection (README, Operations).",
+            "Usage records the flush could not store, kept in Redis to inspect (docs/operators.md, Day-2).",
             value=dead_letters,
         )
 

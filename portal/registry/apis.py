@@ -207,7 +207,7 @@ class SharesSerializer(serializers.Serializer):
 
 
 class ServedModelViewSet(viewsets.ReadOnlyModelViewSet):
-    """Stable names clients call, each over model versions with traffic shares (README "Rollouts").
+    """Stable names clients call, each over model versions with traffic shares (docs/operators.md "Rollouts").
     Staff create them and set shares; a rollout moves the shares step by step."""
 
     serializer_class = ServedModelSerializer

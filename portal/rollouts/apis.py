@@ -119,7 +119,7 @@ class RollbackSerializer(serializers.Serializer):
 
 
 class RolloutViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Rollouts of a served name from one model version to another (README "Rollouts").
+    """Rollouts of a served name from one model version to another (docs/operators.md "Rollouts").
     Writes are staff only (the default permission); reads show a member the rollouts of the
     served names their team may call."""
 

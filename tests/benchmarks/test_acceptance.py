@@ -790,7 +790,7 @@ def test_a_real_vllm_cpu_node_passes_the_feature_probe_with_a_profiles_flags(cpu
 
     from portal.deployments.models import Deployment
 
-    # README's cpu-tiny-llama settings, with both features on and a budget a prompt can exceed.
+    # docs/operators.md's cpu-tiny-llama settings, with both features on and a budget a prompt can exceed.
     _launch_profile(
         "cpu-chunked-cached",
         max_model_len=512,

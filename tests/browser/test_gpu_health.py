@@ -68,7 +68,7 @@ def test_ops_find_a_degraded_gpu_see_its_node_charts_and_mark_it_healthy(
 def test_ops_rehearse_a_gpu_failure_on_a_simulated_node_and_see_it_on_its_page(
     page: Page, live_server, alice, dgx, team, llama7b, profile_tp1
 ):
-    """README "Rehearsing a GPU failure": `manage.py inject_gpu_fault` beside `make run`, then the
+    """docs/operators.md "Rehearsing a GPU failure": `manage.py inject_gpu_fault` beside `make run`, then the
     control worker's drain decides the move of the deployment on the GPU, and the pages show both."""
     from django.core.management import call_command
 

@@ -76,7 +76,7 @@ def test_a_command_that_signs_or_stores_says_a_secret_is_missing_without_a_trace
 
 
 def test_the_readmes_register_model_works_as_written_beside_make_run(tmp_path):
-    # What `make run` writes before it starts (Makefile `run-env`); then the README's command, in a
+    # What `make run` writes before it starts (Makefile `run-env`); then the docs' command, in a
     # shell with neither SECRET_KEY nor DEBUG.
     env_file = tmp_path / "run.env"
     shell = {key: value for key, value in os.environ.items() if key not in ("SECRET_KEY", "DEBUG")}

@@ -87,7 +87,7 @@ def test_it_refuses_a_revoked_key_at_once_even_while_cached_and_says_revoked(gat
 
 
 def test_models_refuses_a_revoked_key_at_once_even_while_cached_and_says_revoked(gateway, serving, gw_redis):
-    """README: revocation takes effect at the next request; /v1/models answered for GATEWAY_CACHE_S."""
+    """docs/teams.md: revocation takes effect at the next request; /v1/models answered for GATEWAY_CACHE_S."""
     from portal.teams.services import api_key_revoke
 
     url = f"{gateway.url}/v1/models"

@@ -40,7 +40,7 @@ LAUNCH_FLAGS = (
 def reference_profile_values(
     *, cpu: bool, positions: int, most_users: int, enforce_eager: bool, flags: dict | None = None
 ) -> dict:
-    """The reference server's vLLM settings: vLLM's defaults on a GPU; README's `cpu-tiny-llama`
+    """The reference server's vLLM settings: vLLM's defaults on a GPU; docs/operators.md's `cpu-tiny-llama`
     settings on a CPU; `flags` (a deployment profile's LAUNCH_FLAGS, or only the ones the form
     sets, such as max_model_len) over those, max_model_len capped by the model's positions. A CPU
     is always eager. The request plans with these before anything is written; the run launches them."""

@@ -1,6 +1,6 @@
 """`manage.py usage_dead_letters [--show N] [--replay | --purge]`
 
-Usage records the flush could not store (README, Operations): how many, why, the newest ones;
+Usage records the flush could not store (docs/operators.md, Day-2 operations): how many, why, the newest ones;
 `--replay` puts them back on the queue for the next flush (all but those of days retention has
 closed, which it names and leaves), `--purge` forgets them.
 """
