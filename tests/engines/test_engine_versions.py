@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from devtools import stop, wait_until
 from inference import supervisor
 from inference.engines import engine_line
 from inference.planner import ProfileSettings
@@ -32,8 +33,6 @@ from portal.registry.services import model_version_create, model_version_hash_fi
 from tests.helpers import builders
 from tests.helpers.engines import ENGINE_VENVS, require_engine
 from tests.helpers.gateway import start_gateway
-from tests.helpers.processes import stop
-from tests.helpers.waiting import wait_until
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
