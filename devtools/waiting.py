@@ -94,6 +94,7 @@ def wait_for_tcp(
     port: int,
     *,
     timeout_s: float = 30.0,
+    interval_s: float = 0.1,
     watch: Watched = None,
     what: str | None = None,
     details: Callable[[], str] | None = None,
@@ -103,7 +104,7 @@ def wait_for_tcp(
         lambda: tcp_answers(host, port),
         what=what or f"answering on {host}:{port}",
         timeout_s=timeout_s,
-        interval_s=0.1,
+        interval_s=interval_s,
         watch=watch,
         details=details,
     )
@@ -114,6 +115,7 @@ def wait_for_http(
     *,
     timeout_s: float = 30.0,
     status: int | None = None,
+    interval_s: float = 0.1,
     watch: Watched = None,
     what: str | None = None,
     details: Callable[[], str] | None = None,
@@ -123,7 +125,7 @@ def wait_for_http(
         lambda: http_answers(url, status=status),
         what=what or f"answering at {url}" + (f" with {status}" if status is not None else ""),
         timeout_s=timeout_s,
-        interval_s=0.1,
+        interval_s=interval_s,
         watch=watch,
         details=details,
     )

@@ -12,8 +12,7 @@ import time
 import pytest
 from playwright.sync_api import Page, expect
 
-from devtools import stop, wait_for_http
-from perf._common import free_port
+from devtools import free_port, stop, wait_for_http
 from tests.helpers import ROOT
 from tests.helpers.browser import login, shot
 from tests.helpers.gateway import REDIS_URL

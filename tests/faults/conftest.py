@@ -23,7 +23,7 @@ import httpx
 import pytest
 import redis
 
-from devtools import free_port, stop, wait_for_http, wait_until
+from devtools import NotReady, free_port, stop, wait_for_http, wait_until
 from tests.helpers import ROOT
 from tests.helpers.plugin import skip_or_fail_in_ci
 
@@ -210,10 +210,10 @@ def start_web(log_path: Path, env: dict[str, str]) -> Web:
         )  # fmt: skip
     web = Web(f"http://127.0.0.1:{port}", process, log_path)
     try:
-        wait_for_http(f"{web.url}/v1/models", watch=process)
-    except RuntimeError:
+        wait_for_http(f"{web.url}/v1/models", watch=process, details=lambda: web.log_text()[-3000:])
+    except NotReady:
         stop(process)
-        raise RuntimeError(web.log_text()[-3000:]) from None
+        raise
     return web
 
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import redis
 
-from devtools import free_port, stop, wait_for_http
+from devtools import NotReady, free_port, stop, wait_for_http
 from portal.core.redis.client import redis_keys
 from tests.helpers import ROOT, builders
 
@@ -107,10 +107,12 @@ def start_gateway(log_path: Path, **overrides: str) -> tuple[Gateway, subprocess
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for_http(f"{url}/v1/models", watch=process)
-    except RuntimeError:
+        wait_for_http(
+            f"{url}/v1/models", watch=process, details=lambda: log_path.read_text(errors="replace")[-3000:]
+        )
+    except NotReady:
         stop(process)
-        raise RuntimeError(log_path.read_text(errors="replace")[-3000:]) from None
+        raise
     return Gateway(url, log_path), process
 
 

@@ -77,7 +77,7 @@ def rollout_gateway(transactional_db, tmp_path):
 @pytest.fixture
 def sims(tmp_path):
     """Start simulated versions: `sims(name, speedup=1.0) -> url`; all stopped after the test."""
-    from perf._common import stop
+    from devtools import stop
     from perf.rollout_load import spawn_sim
 
     processes = []

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from perf._common import free_port
+from devtools import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
