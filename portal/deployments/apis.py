@@ -23,6 +23,7 @@ from portal.teams import apis as teams_apis
 from portal.teams.models import Team
 
 from . import services
+from .filters import DeploymentFilter, ProfileFilter
 from .models import (
     Deployment,
     DeploymentEvent,
@@ -74,6 +75,7 @@ class ProfileSerializer(ModelCleanMixin, serializers.ModelSerializer):
 
 
 class ProfileViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
+    filterset_class = ProfileFilter
     serializer_class = ProfileSerializer
     queryset = DeploymentProfile.objects.select_related("model_version")
     lookup_field = "name"
@@ -223,6 +225,7 @@ class DeploymentViewSet(viewsets.ModelViewSet):
     and `restart` actions, and its gateway concurrency cap through a benchmark run's
     `apply-cap` (`POST /api/v1/benchmark-runs/<id>/apply-cap/`).
     """
+    filterset_class = DeploymentFilter
 
     serializer_class = DeploymentSerializer
     lookup_field = "name"
