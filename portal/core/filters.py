@@ -35,6 +35,15 @@ class NameContainsFilter(django_filters.CharFilter):
         super().__init__(field_name=field_name, **kwargs)
 
 
+class ByNameFilter(django_filters.ModelChoiceFilter):
+    """One row named exactly (`to_field_name`, "name" unless told), typed into a text box: a list
+    page's select would name every row, node acceptance's artefacts and all, however many."""
+
+    def __init__(self, *, queryset, to_field_name: str = "name", **kwargs) -> None:
+        kwargs.setdefault("widget", forms.TextInput)
+        super().__init__(queryset=queryset, to_field_name=to_field_name, **kwargs)
+
+
 def filtered(
     filterset_class: type[django_filters.FilterSet],
     request: HttpRequest,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import django_filters
 
 from inference.planner import DTYPES, MAX_TENSOR_PARALLEL
-from portal.core.filters import IntegerFilter, NameContainsFilter, user_scoped
+from portal.core.filters import ByNameFilter, IntegerFilter, NameContainsFilter, user_scoped
 from portal.inventory.filters import CATALOG_CHOICES
 from portal.inventory.models import Node
 from portal.registry.models import ModelVersion
@@ -17,9 +17,7 @@ from .models import Deployment, DeploymentProfile, DeploymentState, DesiredState
 
 class ProfileFilter(django_filters.FilterSet):
     name = NameContainsFilter()
-    model_version = django_filters.ModelChoiceFilter(
-        queryset=ModelVersion.objects.all(), to_field_name="name"
-    )
+    model_version = ByNameFilter(queryset=ModelVersion.objects.all())
     target_gpu = django_filters.ChoiceFilter(choices=CATALOG_CHOICES)
     dtype = django_filters.ChoiceFilter(choices=[(d, d) for d in DTYPES])
     tensor_parallel_size = IntegerFilter(min_value=1, max_value=MAX_TENSOR_PARALLEL)
@@ -35,14 +33,10 @@ class DeploymentFilter(django_filters.FilterSet):
     state = django_filters.ChoiceFilter(choices=DeploymentState.choices)
     desired_state = django_filters.ChoiceFilter(choices=DesiredState.choices)
     # Only the teams the user belongs to (all, for staff): another team's slug is refused as unknown.
-    team = django_filters.ModelChoiceFilter(
-        queryset=user_scoped(teams_visible_to, Team), to_field_name="slug"
-    )
-    node = django_filters.ModelChoiceFilter(queryset=Node.objects.all(), to_field_name="name")
-    profile = django_filters.ModelChoiceFilter(queryset=DeploymentProfile.objects.all(), to_field_name="name")
-    model_version = django_filters.ModelChoiceFilter(
-        queryset=ModelVersion.objects.all(), to_field_name="name"
-    )
+    team = ByNameFilter(queryset=user_scoped(teams_visible_to, Team), to_field_name="slug")
+    node = ByNameFilter(queryset=Node.objects.all())
+    profile = ByNameFilter(queryset=DeploymentProfile.objects.all())
+    model_version = ByNameFilter(queryset=ModelVersion.objects.all())
 
     class Meta:
         model = Deployment

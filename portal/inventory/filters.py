@@ -5,7 +5,7 @@ from __future__ import annotations
 import django_filters
 
 from inference.hardware import GPU_CATALOG
-from portal.core.filters import IntegerFilter, NameContainsFilter
+from portal.core.filters import ByNameFilter, IntegerFilter, NameContainsFilter
 
 from .models import Gpu, GpuHealth, Interconnect, Node
 
@@ -27,7 +27,7 @@ class NodeFilter(django_filters.FilterSet):
 
 
 class GpuFilter(django_filters.FilterSet):
-    node = django_filters.ModelChoiceFilter(queryset=Node.objects.all(), to_field_name="name")
+    node = ByNameFilter(queryset=Node.objects.all())
     catalog_key = django_filters.ChoiceFilter(choices=CATALOG_CHOICES, label="Kind")
     health_state = django_filters.ChoiceFilter(choices=GpuHealth.choices)
     index = IntegerFilter(min_value=0, max_value=255)
