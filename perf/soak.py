@@ -103,7 +103,7 @@ class World:
 def build_world(world: World, directory: Path, args) -> None:
     """Redis, the simulator, the database, keys, the gateway and the flusher; processes go in
     `world.processes` as they start, so the caller stops whatever did start."""
-    from inference.vllm_args import SIM_MODULE, ServerArgs, vllm_args
+    from inference.vllm_args import SIM_MODULE, LaunchSettings, ServerArgs, vllm_args
 
     sim_port, gateway_port = free_port(), free_port()
     redis_url = start_private_redis(directory, world.processes)
@@ -111,7 +111,7 @@ def build_world(world: World, directory: Path, args) -> None:
 
     server = ServerArgs(model_path=MODEL, served_model_name=MODEL, host="127.0.0.1", port=sim_port)
     sim = start(
-        ["-m", SIM_MODULE, *vllm_args(profile(), server), "--hardware", args.hardware],
+        ["-m", SIM_MODULE, *vllm_args(LaunchSettings(profile()), server), "--hardware", args.hardware],
         stdout=log_file(directory, "sim"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     world.processes.append(sim)
