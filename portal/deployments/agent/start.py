@@ -170,11 +170,11 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
     with step(did, "command") as result:
         try:
             # The simulator takes the newest line's flags; vLLM, its own version's.
-            launch = launch_settings(
+            recipe = launch_settings(
                 deployment.profile, engine_version="" if engine == "sim" else node.vllm_version
             )
             args = vllm_args(
-                launch,
+                recipe,
                 ServerArgs(
                     model_path=str(model_dir),
                     served_model_name=model_version.name,
