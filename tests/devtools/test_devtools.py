@@ -145,3 +145,21 @@ def test_stop_all_signals_every_group_before_waiting_for_any():
 def test_log_tail_of_a_missing_log_says_so(tmp_path):
     assert log_tail(tmp_path / "never.log") == "(no log)"
     assert log_tail(None) == "(no log)"
+
+
+def test_nothing_the_portal_or_the_engine_side_runs_imports_devtools():
+    import ast
+
+    from tests.helpers import ROOT
+
+    offending = []
+    for top in ("portal", "inference"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = (
+                    [alias.name for alias in node.names] if isinstance(node, ast.Import)
+                    else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+                )  # fmt: skip
+                if any(name.split(".")[0] == "devtools" for name in names):
+                    offending.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offending == [], "devtools is for tests, perf and scripts only:\n" + "\n".join(offending)
