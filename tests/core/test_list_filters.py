@@ -187,3 +187,17 @@ def test_the_openapi_schema_lists_each_lists_filters(alice):
     assert {"deployment", "profile", "mix", "state", "kind"} <= parameters("/api/v1/benchmark-runs/")
     assert {"state", "served_model", "deployment"} <= parameters("/api/v1/rollouts/")
     assert {"tensor_parallel_size", "dtype"} <= parameters("/api/v1/profiles/")
+
+
+def test_the_keys_page_filters_a_teams_keys_and_refuses_an_unknown_class(bob, team):
+    from portal.teams.services import api_key_create, api_key_revoke
+
+    kept, _ = api_key_create(team=team, name="search-prod")
+    gone, _ = api_key_create(team=team, name="search-old")
+    api_key_revoke(api_key=gone)
+    client = page(bob)
+    body = client.get(f"/teams/{team.slug}/keys/", {"revoked": "true"}).content.decode()
+    assert gone.prefix in body and kept.prefix not in body
+    body = client.get(f"/teams/{team.slug}/keys/", {"name": "prod"}).content.decode()
+    assert kept.prefix in body and gone.prefix not in body
+    assert client.get(f"/teams/{team.slug}/keys/", {"priority_class": "platinum"}).status_code == 400
