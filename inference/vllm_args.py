@@ -125,17 +125,20 @@ def knob_args(profile: ProfileSettings) -> list[str]:
     return args
 
 
-def add_knob_arguments(parser: argparse.ArgumentParser, **overrides: dict[str, Any]) -> None:
-    """Every knob's flag on `parser` as vLLM's own parser takes it (vLLM's default where it differs
-    from the portal's), `dest` the knob's name; `overrides` by knob name (the simulator's dtype
-    spellings, say). What `python -m inference.sim` accepts follows the knob list by itself."""
+def add_knob_arguments(
+    parser: argparse.ArgumentParser, *, portal_defaults: bool = False, **overrides: dict[str, Any]
+) -> None:
+    """Every knob's flag on `parser`, `dest` the knob's name: as vLLM's own parser takes it (vLLM's
+    default where it differs from the portal's), or with `portal_defaults` the profile's defaults
+    (the `plan` and `simulate` commands). `overrides` by knob name replace argparse options; a
+    "flags" entry replaces the option strings (`plan`'s `--tp`). What `python -m inference.sim`
+    and the commands accept follows the knob list by itself."""
     for spec, knob in launch_knobs():
         kind, _ = knob_type(spec)
-        options: dict[str, Any] = {
-            "dest": spec.name,
-            "default": knob.engine_default if knob.engine_default is not None else spec.default,
-            "help": knob.help or None,
-        }
+        default = (
+            knob.engine_default if knob.engine_default is not None and not portal_defaults else spec.default
+        )
+        options: dict[str, Any] = {"dest": spec.name, "default": default, "help": knob.help or None}
         if knob.write is Write.BOTH_WAYS:
             options["action"] = argparse.BooleanOptionalAction
         elif knob.write is Write.WHEN_TRUE:
@@ -144,12 +147,19 @@ def add_knob_arguments(parser: argparse.ArgumentParser, **overrides: dict[str, A
             options["type"] = {"int": int, "float": float, "str": str}[kind]
             if knob.choices is not None:
                 options["choices"] = knob.choices
-        parser.add_argument(knob.flag, *knob.aliases, **(options | overrides.get(spec.name, {})))
+        options |= overrides.get(spec.name, {})
+        flags = options.pop("flags", (knob.flag, *knob.aliases))
+        parser.add_argument(*flags, **options)
+
+
+def knob_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The knobs' values from parsed options (a command's `options`, `vars(args)`), by name."""
+    return {spec.name: options[spec.name] for spec, _ in launch_knobs()}
 
 
 def settings_from_args(args: argparse.Namespace) -> ProfileSettings:
     """The knobs of parsed flags (`add_knob_arguments`); InputError for an impossible value."""
-    return ProfileSettings(**{spec.name: getattr(args, spec.name) for spec, _ in launch_knobs()})
+    return ProfileSettings(**knob_options(vars(args)))
 
 
 def profile_flags(profile: ProfileSettings) -> list[str]:

@@ -14,6 +14,7 @@ from inference.vllm_args import LaunchSettings, ServerArgs, knob_args, vllm_args
 from portal.core.errors import ApplicationError
 from portal.deployments.apis import PlanRequestSerializer, ProfileSerializer, _knob_serializer_fields
 from portal.deployments.launch import launch_settings
+from portal.deployments.management.commands.plan import Command as PlanCommand
 from portal.deployments.models import DeploymentProfile
 from tests.helpers import builders
 
@@ -30,12 +31,15 @@ OTHER = {
 
 @pytest.mark.parametrize("spec", fields(ProfileSettings), ids=lambda spec: spec.name)
 def test_every_knob_reaches_every_door(spec):
-    """Fails, naming the knob, when a knob is added to ProfileSettings and a door spells its own list."""
+    """Fails, naming the knob and the door, when a knob is added to ProfileSettings and a door spells
+    its own list."""
     flag = spec.metadata["knob"].flag
     assert spec.name in {f.name for f in DeploymentProfile._meta.get_fields()}, "a column of the profile"
     assert spec.name in ProfileSerializer.Meta.fields, "the profile API"
     assert spec.name in PlanRequestSerializer().fields, "the planner API"
     assert spec.name in vars(build_parser().parse_args(["--model", "m"])), "the simulator's flags"
+    plan = PlanCommand().create_parser("manage.py", "plan")
+    assert spec.name in {action.dest for action in plan._actions}, "the plan and simulate commands"
     assert flag in knob_args(ProfileSettings(**{spec.name: OTHER[spec.name]})), "the argv"
 
 
