@@ -12,8 +12,9 @@ Reported sizes are decimal GB (1e9 bytes); GPU capacity is `memory_gib` x 2**30.
 
 from __future__ import annotations
 
+import enum
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import Field, dataclass, field, fields, replace
 from typing import Any
 
 from inference.errors import InputError
@@ -110,6 +111,44 @@ def _check_choice(name: str, value: object, choices: tuple[Any, ...]) -> None:
         raise InputError(name, f"unknown value {value!r}; choose one of: {known}")
 
 
+class Write(enum.Enum):
+    """When `vllm_args` writes a knob's flag (docs/decisions.md, "One record from profile to argv")."""
+
+    ALWAYS = "always"  # `--flag value`, even at vLLM's default: the command line reads as the recipe
+    WHEN_SET = "when_set"  # `--flag value` unless the value is None or blank (vLLM decides then)
+    UNLESS_DEFAULT = "unless_default"  # only when it differs from the knob's default (a flag vLLM dropped)
+    WHEN_TRUE = "when_true"  # a bare `--flag` when true, nothing when false
+    BOTH_WAYS = "both_ways"  # `--flag` or `--no-flag`: vLLM's default for it changed across versions
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A launch setting as vLLM's command line spells it."""
+
+    flag: str
+    write: Write = Write.ALWAYS
+    aliases: tuple[str, ...] = ()  # vLLM's short spellings (the simulator's parser takes them too)
+    choices: tuple | None = None
+    engine_default: str | None = None  # vLLM's own default where it differs from the portal's
+    help: str = ""
+
+
+def knob(default: Any, flag: str, write: Write = Write.ALWAYS, **details: Any) -> Any:
+    """A ProfileSettings field that is a launch knob: its default and its Knob."""
+    return field(default=default, metadata={"knob": Knob(flag, write, **details)})
+
+
+def knob_type(spec: Field) -> tuple[str, bool]:
+    """A knob's value type by name ("int", "float", "str" or "bool") and whether it may be None."""
+    kind = spec.type if isinstance(spec.type, str) else spec.type.__name__
+    return kind.removesuffix(" | None"), kind.endswith(" | None")
+
+
+def launch_knobs() -> list[tuple[Field, Knob]]:
+    """Every launch knob, in ProfileSettings' order: the one list the other doors read."""
+    return [(f, f.metadata["knob"]) for f in fields(ProfileSettings)]
+
+
 @dataclass(frozen=True)
 class ProfileSettings:
     """The launch settings of one deployment, as vLLM's flags name them.
@@ -119,19 +158,31 @@ class ProfileSettings:
     model or GPU is reported by the rules as findings.
     """
 
-    dtype: str = "float16"
-    tensor_parallel_size: int = 1
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None  # None: see resolved_batched_tokens
-    block_size: int = 16
-    enable_prefix_caching: bool = False
-    enable_chunked_prefill: bool = False
-    enforce_eager: bool = False
-    quantization: str | None = None
-    swap_space_gb: float = 4.0
-    kv_cache_dtype: str = "auto"
+    # The launch knobs, listed once: each names its vLLM flag and when `vllm_args` writes it (Write),
+    # in the order the command line shows them. The argv, the simulator's parser and the planner API
+    # read this list; a new knob needs only its line here and DeploymentProfile's column
+    # (tests/deployments/test_launch_settings.py names any door that does not follow).
+    dtype: str = knob("float16", "--dtype", engine_default="auto")
+    tensor_parallel_size: int = knob(1, "--tensor-parallel-size", aliases=("-tp",))
+    gpu_memory_utilization: float = knob(0.9, "--gpu-memory-utilization")
+    max_num_seqs: int = knob(256, "--max-num-seqs")
+    block_size: int = knob(16, "--block-size", choices=BLOCK_SIZES)
+    max_model_len: int | None = knob(None, "--max-model-len", Write.WHEN_SET)  # None: the model's positions
+    # None: see resolved_batched_tokens
+    max_num_batched_tokens: int | None = knob(None, "--max-num-batched-tokens", Write.WHEN_SET)
+    enable_prefix_caching: bool = knob(
+        False, "--enable-prefix-caching", Write.BOTH_WAYS, help="reuse KV blocks of shared prompt prefixes"
+    )
+    enable_chunked_prefill: bool = knob(
+        False, "--enable-chunked-prefill", Write.BOTH_WAYS,
+        help="cut long prompts into chunks interleaved with decodes",
+    )  # fmt: skip
+    enforce_eager: bool = knob(
+        False, "--enforce-eager", Write.WHEN_TRUE, help="no CUDA graphs (the safe default on Volta)"
+    )
+    quantization: str | None = knob(None, "--quantization", Write.WHEN_SET, aliases=("-q",))
+    kv_cache_dtype: str = knob("auto", "--kv-cache-dtype", Write.UNLESS_DEFAULT)
+    swap_space_gb: float = knob(4.0, "--swap-space", Write.UNLESS_DEFAULT)
 
     def __post_init__(self) -> None:
         _check_choice("dtype", self.dtype, DTYPES)

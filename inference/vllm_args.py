@@ -15,13 +15,15 @@ page should read as the whole launch recipe.
 
 from __future__ import annotations
 
+import argparse
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from inference.engines import engine_line
 from inference.errors import InputError
-from inference.planner import ProfileSettings
+from inference.planner import Knob, ProfileSettings, Write, knob_type, launch_knobs
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 SIM_MODULE = "inference.sim"
@@ -59,30 +61,39 @@ class ServerArgs:
     port: int
 
 
-def vllm_args(
-    profile: ProfileSettings,
-    server: ServerArgs,
-    *,
-    extra_args: Sequence[str] = (),
-    engine_version: str = "",
-) -> list[str]:
-    """The flags after `-m vllm.entrypoints.openai.api_server` (or `-m inference.sim`).
+@dataclass(frozen=True)
+class LaunchSettings:
+    """Everything a deployment's server is launched with, checked: the profile's knobs, its free-form
+    extras and the node's engine version ("" for the simulator, which takes the newest line's flags).
 
-    `engine_version` is the node's vLLM (blank for the simulator, which takes every flag): a
-    profile needing a flag that version's parser lacks is refused here (InputError, field
-    "profile") with the reason, rather than by vLLM's "unrecognized arguments" after launch.
+    A deployment's is built in one place (`portal.deployments.launch.launch_settings`). One that
+    exists can be launched: construction refuses an extra that sets a flag the portal owns, and a
+    knob the engine version's parser lacks (InputError, field "extra_args" or "profile"), rather
+    than vLLM's "unrecognized arguments" after launch.
     """
-    check_extra_args(extra_args)
-    problems = version_problems(profile, engine_version)
-    if problems:
-        raise InputError("profile", "; ".join(problems))
+
+    profile: ProfileSettings = field(default_factory=ProfileSettings)
+    extra_args: tuple[str, ...] = ()
+    engine_version: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "extra_args", tuple(self.extra_args))
+        check_extra_args(self.extra_args)
+        problems = version_problems(self.profile, self.engine_version)
+        if problems:
+            raise InputError("profile", "; ".join(problems))
+
+
+def vllm_args(launch: LaunchSettings, server: ServerArgs) -> list[str]:
+    """The flags after `-m vllm.entrypoints.openai.api_server` (or `-m inference.sim`): where the
+    server listens and what it serves, every knob as its Knob says, then the profile's extras."""
     if not 0 < server.port < 65536:
         raise InputError("port", f"must be 1..65535, got {server.port}")
-    return _unchecked_args(profile, server) + list(extra_args)
+    return _server_args(server) + knob_args(launch.profile) + list(launch.extra_args)
 
 
-def _unchecked_args(profile: ProfileSettings, server: ServerArgs) -> list[str]:
-    args = [
+def _server_args(server: ServerArgs) -> list[str]:
+    return [
         "--model",
         server.model_path,
         "--served-model-name",
@@ -91,44 +102,70 @@ def _unchecked_args(profile: ProfileSettings, server: ServerArgs) -> list[str]:
         server.host,
         "--port",
         str(server.port),
-        "--dtype",
-        profile.dtype,
-        "--tensor-parallel-size",
-        str(profile.tensor_parallel_size),
-        "--gpu-memory-utilization",
-        _number(profile.gpu_memory_utilization),
-        "--max-num-seqs",
-        str(profile.max_num_seqs),
-        "--block-size",
-        str(profile.block_size),
     ]
-    if profile.max_model_len is not None:
-        args += ["--max-model-len", str(profile.max_model_len)]
-    if profile.max_num_batched_tokens is not None:
-        args += ["--max-num-batched-tokens", str(profile.max_num_batched_tokens)]
-    # vLLM's V1 engine turns prefix caching and chunked prefill on by default;
-    # the V0 engine had them off. Saying both explicitly makes the profile mean
-    # the same thing on every version: 0.8.5's parser already generates the --no- forms
-    # (argparse.BooleanOptionalAction for every bool field, engine/arg_utils.py), as do later ones.
-    args.append("--enable-prefix-caching" if profile.enable_prefix_caching else "--no-enable-prefix-caching")
-    args.append(
-        "--enable-chunked-prefill" if profile.enable_chunked_prefill else "--no-enable-chunked-prefill"
-    )
-    if profile.enforce_eager:
-        args.append("--enforce-eager")
-    if profile.quantization:
-        args += ["--quantization", profile.quantization]
-    if profile.kv_cache_dtype != "auto":
-        args += ["--kv-cache-dtype", profile.kv_cache_dtype]
-    if profile.swap_space_gb != VLLM_DEFAULT_SWAP_SPACE_GB:
-        args += ["--swap-space", _number(profile.swap_space_gb)]
+
+
+def knob_args(profile: ProfileSettings) -> list[str]:
+    """Each knob's flag as its Knob.write says (inference/planner.py, ProfileSettings).
+
+    vLLM's V1 engine turns prefix caching and chunked prefill on by default; the V0 engine had them
+    off. Writing both ways makes the profile mean the same on every version: 0.8.5's parser already
+    generates the --no- forms (argparse.BooleanOptionalAction for every bool field), as do later ones.
+    Swap space is written only off its default: newer vLLM (V1 only, e.g. 0.32) removed the flag.
+    """
+    args: list[str] = []
+    for spec, knob in launch_knobs():
+        value = getattr(profile, spec.name)
+        if knob.write is Write.BOTH_WAYS:
+            args.append(knob.flag if value else "--no-" + knob.flag.removeprefix("--"))
+        elif knob.write is Write.WHEN_TRUE:
+            args += [knob.flag] if value else []
+        elif not _left_to_vllm(knob, value, spec.default):
+            args += [knob.flag, _text(value)]
     return args
+
+
+def add_knob_arguments(
+    parser: argparse.ArgumentParser, *, portal_defaults: bool = False, **overrides: dict[str, Any]
+) -> None:
+    """Every knob's flag on `parser`, `dest` the knob's name: as vLLM's own parser takes it (vLLM's
+    default where it differs from the portal's), or with `portal_defaults` the profile's defaults
+    (the `plan` and `simulate` commands). `overrides` by knob name replace argparse options; a
+    "flags" entry replaces the option strings (`plan`'s `--tp`). What `python -m inference.sim`
+    and the commands accept follows the knob list by itself."""
+    for spec, knob in launch_knobs():
+        kind, _ = knob_type(spec)
+        default = (
+            knob.engine_default if knob.engine_default is not None and not portal_defaults else spec.default
+        )
+        options: dict[str, Any] = {"dest": spec.name, "default": default, "help": knob.help or None}
+        if knob.write is Write.BOTH_WAYS:
+            options["action"] = argparse.BooleanOptionalAction
+        elif knob.write is Write.WHEN_TRUE:
+            options["action"] = "store_true"
+        else:
+            options["type"] = {"int": int, "float": float, "str": str}[kind]
+            if knob.choices is not None:
+                options["choices"] = knob.choices
+        options |= overrides.get(spec.name, {})
+        flags = options.pop("flags", (knob.flag, *knob.aliases))
+        parser.add_argument(*flags, **options)
+
+
+def knob_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The knobs' values from parsed options (a command's `options`, `vars(args)`), by name."""
+    return {spec.name: options[spec.name] for spec, _ in launch_knobs()}
+
+
+def settings_from_args(args: argparse.Namespace) -> ProfileSettings:
+    """The knobs of parsed flags (`add_knob_arguments`); InputError for an impossible value."""
+    return ProfileSettings(**knob_options(vars(args)))
 
 
 def profile_flags(profile: ProfileSettings) -> list[str]:
     """The option names `vllm_args` writes for this profile (for the version check)."""
     server = ServerArgs(model_path="m", served_model_name="m", host="127.0.0.1", port=1)
-    return [arg for arg in _unchecked_args(profile, server) if arg.startswith("--")]
+    return [arg for arg in _server_args(server) + knob_args(profile) if arg.startswith("--")]
 
 
 def version_problems(profile: ProfileSettings, engine_version: str) -> list[str]:
@@ -209,3 +246,13 @@ def command_line(argv: Sequence[str]) -> str:
 def _number(value: float) -> str:
     """0.93 → "0.93", 4.0 → "4" (what an operator would type)."""
     return f"{value:g}"
+
+
+def _left_to_vllm(knob: Knob, value: object, default: object) -> bool:
+    if knob.write is Write.WHEN_SET:
+        return value in (None, "")
+    return knob.write is Write.UNLESS_DEFAULT and value == default
+
+
+def _text(value: object) -> str:
+    return _number(value) if isinstance(value, float) else str(value)

@@ -1,64 +1,44 @@
-"""What the bench scripts share: free loopback ports, child processes, the usage flusher, tables."""
+"""What the bench scripts share beyond devtools: children from the repository root, a private Redis's
+PING, tearing a world down, the usage flusher, tables."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import devtools
+from devtools import wait_until
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_redis(port: int, process: subprocess.Popen, timeout: float = 10) -> None:
-    """Until the private redis-server on `port` answers PING; SystemExit if it dies or time runs out."""
+    """Until the private redis-server on `port` answers PING (accepting connections is not enough
+    once it loads a dataset); NotReady naming it if it dies or time runs out."""
     import redis
 
-    client = redis.Redis(host="127.0.0.1", port=port)
-    deadline = time.monotonic() + timeout
-    while True:
+    client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
+
+    def pong() -> bool:
         try:
-            client.ping()
-            return
+            return bool(client.ping())
         except redis.ConnectionError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the private redis-server did not start (see redis.log)") from None
-            time.sleep(0.1)
-        finally:
-            client.close()
+            return False
 
-
-def wait_up(url: str, process: subprocess.Popen, timeout: float = 60) -> None:
-    """Until `url` answers anything over HTTP; SystemExit if the process dies or time runs out."""
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"{url}: process exited with {process.returncode}")
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise SystemExit(f"{url} did not come up")
+    try:
+        wait_until(pong, what=f"the private redis-server answering PING on {port} (see redis.log)",
+                   timeout_s=timeout, interval_s=0.1, watch=process)  # fmt: skip
+    finally:
+        client.close()
 
 
 def spawn(argv: Sequence[str], **kwargs) -> subprocess.Popen:
     """A child in its own process group (so `stop` takes its children too), from the repository root."""
-    return subprocess.Popen(list(argv), cwd=ROOT, start_new_session=True, **kwargs)  # noqa: S603
+    return devtools.spawn(argv, cwd=ROOT, **kwargs)
 
 
 def start(args: Sequence[str], **kwargs) -> subprocess.Popen:
@@ -66,24 +46,10 @@ def start(args: Sequence[str], **kwargs) -> subprocess.Popen:
     return spawn([sys.executable, *args], **kwargs)
 
 
-def stop(process: subprocess.Popen, grace_s: float = 10) -> None:
-    """SIGTERM the child's process group, SIGKILL it after `grace_s`; never raises."""
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
 def tear_down(processes: Sequence[subprocess.Popen], directory: Path, *, keep: bool, label: str) -> None:
     """Stop every process, the last started first; remove `directory` unless asked to keep it."""
     for process in reversed(processes):
-        stop(process)
+        devtools.stop(process)
     if keep:
         print(f"{label}: kept {directory}", file=sys.stderr)
     else:

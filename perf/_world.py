@@ -14,7 +14,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from perf._common import free_port, spawn, wait_redis
+from devtools import free_port
+from perf._common import spawn, wait_redis
 
 
 def log_file(directory: Path, name: str):

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -43,7 +42,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from perf._common import free_port  # noqa: E402  (run as a script: the repo is on the path only now)
+from devtools import free_port, stop  # noqa: E402  (run as a script: the repo is on the path only now)
 
 VLLM_PYTHON = Path(os.environ.get("VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
 OUR_PYTHON = Path(sys.executable)
@@ -106,18 +105,6 @@ def wait_healthy(url: str, process: subprocess.Popen, deadline_s: float, log: Pa
             pass
         time.sleep(0.5)
     raise SystemExit(f"{url} not healthy after {deadline_s:.0f} s")
-
-
-def stop(process: subprocess.Popen) -> None:
-    """Stop the server's whole process group (vLLM's engine runs in child processes)."""
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
-    except ProcessLookupError:
-        pass
 
 
 def start_fake(port: int, first_token_ms: float, token_ms: float, log: Path) -> subprocess.Popen:
@@ -223,7 +210,7 @@ def compare(target: str, args, model_dir: Path, workdir: Path) -> bool:
                     flush=True,
                 )
     finally:
-        stop(process)
+        stop(process, grace_s=30)
 
     print(f"\n=== {target}: {args.requests} requests a round, {args.rounds} rounds, "
           f"{args.input_len} in / {args.output_len} out, concurrency {args.concurrency} ===")  # fmt: skip

@@ -44,7 +44,8 @@ import time
 import uuid
 from pathlib import Path
 
-from perf._common import free_port, spawn, start, stop, table, wait_redis
+from devtools import free_port, stop
+from perf._common import spawn, start, table, wait_redis
 
 MODEL = "llama-2-7b-chat-hf"
 PAGES = ("/", "/nodes/", "/deployments/")

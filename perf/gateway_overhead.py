@@ -38,7 +38,8 @@ import statistics
 import time
 from pathlib import Path
 
-from perf._common import stop, table
+from devtools import stop
+from perf._common import table
 from perf.nginx_relay import nginx_binary, start_nginx
 from perf.proxy_bench import World, closed_loop, measure, running_world, start_gateway, wait_gateway
 

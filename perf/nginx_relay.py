@@ -18,7 +18,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from perf._common import free_port, spawn, wait_up
+from devtools import free_port, wait_for_http
+from perf._common import spawn
 from perf._world import log_file
 
 CONFIG = """\
@@ -77,5 +78,5 @@ def start_nginx(
     )
     processes.append(process)
     url = f"http://127.0.0.1:{port}"
-    wait_up(f"{url}/health", process)  # the fake upstream's health, through nginx
+    wait_for_http(f"{url}/health", watch=process, timeout_s=60)  # the fake upstream's health, through nginx
     return url, process

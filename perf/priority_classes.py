@@ -36,7 +36,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from perf._common import free_port, start, stop, table, wait_up
+from devtools import free_port, stop, wait_for_http
+from perf._common import start, table
 from perf._world import adopted_endpoint, log_file, start_private_redis, use_throwaway_portal
 
 MODEL = "priority-bench-model"
@@ -62,7 +63,7 @@ def build_world(processes: list[subprocess.Popen], directory: Path, args) -> tup
     )  # fmt: skip
     processes.append(upstream)
     upstream_url = f"http://127.0.0.1:{upstream_port}"
-    wait_up(f"{upstream_url}/health", upstream)
+    wait_for_http(f"{upstream_url}/health", watch=upstream, timeout_s=60)
     tokens = setup_portal(upstream_url, cap=args.cap)
     gateway = start(
         ["-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(gateway_port),
@@ -72,7 +73,7 @@ def build_world(processes: list[subprocess.Popen], directory: Path, args) -> tup
     )  # fmt: skip
     processes.append(gateway)
     url = f"http://127.0.0.1:{gateway_port}"
-    wait_up(f"{url}/v1/models", gateway)
+    wait_for_http(f"{url}/v1/models", watch=gateway, timeout_s=60)
     return url, *tokens
 
 

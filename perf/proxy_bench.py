@@ -40,7 +40,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perf._common import flusher_loop, free_port, start, table, tear_down, wait_up
+from devtools import free_port, wait_for_http
+from perf._common import flusher_loop, start, table, tear_down
 from perf._world import adopted_endpoint, log_file, start_private_redis, use_throwaway_portal
 
 MODEL = "bench-fake-model"
@@ -76,7 +77,7 @@ def build_world(world: World, directory: Path, args) -> None:
     )  # fmt: skip
     world.processes.append(upstream)
     world.upstream, world.upstream_pid = f"http://127.0.0.1:{upstream_port}", upstream.pid
-    wait_up(f"{world.upstream}/health", upstream)
+    wait_for_http(f"{world.upstream}/health", watch=upstream, timeout_s=60)
     world.token = setup_portal(world.upstream)
 
     for workers in args.workers:
@@ -87,7 +88,7 @@ def build_world(world: World, directory: Path, args) -> None:
     )  # fmt: skip
     for workers, (url, process) in world.gateways.items():
         _wait_workers(directory / f"gateway-{workers}.log", process, workers)
-        wait_up(f"{url}/v1/models", process)
+        wait_for_http(f"{url}/v1/models", watch=process, timeout_s=60)
 
 
 @contextlib.contextmanager
@@ -132,7 +133,7 @@ def start_gateway(
 
 def wait_gateway(directory: Path, name: str, url: str, process: subprocess.Popen, workers: int = 1) -> None:
     _wait_workers(directory / f"{name}.log", process, workers)
-    wait_up(f"{url}/v1/models", process)
+    wait_for_http(f"{url}/v1/models", watch=process, timeout_s=60)
 
 
 def _wait_workers(log_path: Path, process: subprocess.Popen, workers: int, timeout: float = 120) -> None:

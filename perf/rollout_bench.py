@@ -33,7 +33,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perf._common import free_port, start, stop, table, wait_up
+from devtools import free_port, stop, wait_for_http
+from perf._common import start, table
 from perf._world import log_file, start_private_redis, use_throwaway_portal
 from perf.rollout_load import Outcome, SteadyLoad, p95, spawn_sim
 
@@ -322,7 +323,7 @@ def main() -> None:
         )  # fmt: skip
         processes.append(gateway)
         url = f"http://127.0.0.1:{port}"
-        wait_up(f"{url}/v1/models", gateway)
+        wait_for_http(f"{url}/v1/models", watch=gateway, timeout_s=60)
         control = ControlLoop().start()
         results = []
         plan = [(f"promotion {i + 1} (identical version)", promote_name(i), "v2-good")

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import httpx
 
-from perf._common import free_port, spawn, wait_up
+from devtools import free_port, wait_for_http
+from perf._common import spawn
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,7 +136,7 @@ def spawn_sim(served_name: str, log_path: Path, *, speedup: float = 1.0) -> tupl
             argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)}
         )
     url = f"http://127.0.0.1:{port}"
-    wait_up(f"{url}/health", process)
+    wait_for_http(f"{url}/health", watch=process, timeout_s=60)
     return url, process
 
 

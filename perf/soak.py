@@ -60,8 +60,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devtools import free_port, wait_for_http
 from inference.loadgen.summary import RequestRecord, percentile
-from perf._common import flusher_loop, free_port, start, table, tear_down, wait_up
+from perf._common import flusher_loop, start, table, tear_down
 from perf._world import adopted_endpoint, log_file, start_private_redis, use_throwaway_portal
 
 MODEL = "llama-2-7b-chat-hf"
@@ -102,7 +103,7 @@ class World:
 def build_world(world: World, directory: Path, args) -> None:
     """Redis, the simulator, the database, keys, the gateway and the flusher; processes go in
     `world.processes` as they start, so the caller stops whatever did start."""
-    from inference.vllm_args import SIM_MODULE, ServerArgs, vllm_args
+    from inference.vllm_args import SIM_MODULE, LaunchSettings, ServerArgs, vllm_args
 
     sim_port, gateway_port = free_port(), free_port()
     redis_url = start_private_redis(directory, world.processes)
@@ -110,12 +111,12 @@ def build_world(world: World, directory: Path, args) -> None:
 
     server = ServerArgs(model_path=MODEL, served_model_name=MODEL, host="127.0.0.1", port=sim_port)
     sim = start(
-        ["-m", SIM_MODULE, *vllm_args(profile(), server), "--hardware", args.hardware],
+        ["-m", SIM_MODULE, *vllm_args(LaunchSettings(profile()), server), "--hardware", args.hardware],
         stdout=log_file(directory, "sim"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     world.processes.append(sim)
     world.sim, world.sim_pid = f"http://127.0.0.1:{sim_port}", sim.pid
-    wait_up(f"{world.sim}/health", sim)
+    wait_for_http(f"{world.sim}/health", watch=sim, timeout_s=60)
 
     world.token, world.quota_token = setup_portal(world.sim, quota_rpm=args.quota_rpm)
 
@@ -131,7 +132,7 @@ def build_world(world: World, directory: Path, args) -> None:
         start(["-m", "perf.soak", "--flusher"], stdout=log_file(directory, "flusher"),
               stderr=subprocess.STDOUT)
     )  # fmt: skip
-    wait_up(f"{world.gateway}/v1/models", gateway)
+    wait_for_http(f"{world.gateway}/v1/models", watch=gateway, timeout_s=60)
 
 
 

@@ -39,7 +39,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from perf._common import free_port, spawn, stop, table, wait_redis
+from devtools import free_port, stop
+from perf._common import spawn, table, wait_redis
 
 FLEET_RATE = 2000  # requests/s: 100 nodes (docs/scale.md)
 FLUSH_BATCH = 1000  # usage_flush's default batch

@@ -86,6 +86,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.humanize",  # intcomma: thousands separators on the usage pages
     "rest_framework",
+    "django_filters",  # list filters: one FilterSet per model, in each app's filters.py
     "drf_spectacular",
     "axes",
     "portal.core",
@@ -278,6 +279,8 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "portal.core.api.exception_handler",
+    # `?state=serving&node=…` on every list: the FilterSet of the viewset's `filterset_class`.
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
 }

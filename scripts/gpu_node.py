@@ -35,8 +35,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -46,6 +44,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import devtools  # noqa: E402
+from devtools import free_port  # noqa: E402
 from inference import supervisor  # noqa: E402
 
 # What vLLM needs on the borrowed machine (as scripts/gpu_run.py): its own address does not
@@ -216,12 +216,6 @@ def markdown(data: dict) -> str:
 # --- Processes -----------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @dataclass
 class Stack:
     work: Path
@@ -233,35 +227,16 @@ class Stack:
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         log_path = self.work / f"{name}.log"
         self.logs[name] = log_path
-        with open(log_path, "ab") as log:
-            process = subprocess.Popen(  # noqa: S603 - our own argv
-                argv,
-                cwd=REPO,
-                env=env or self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        process = devtools.spawn(argv, log=log_path, cwd=REPO, env=env or self.env)
         self.processes[name] = process
         return process
 
     def tail(self, name: str, lines: int = 40) -> str:
-        path = self.logs.get(name)
-        text = path.read_text(errors="replace") if path and path.exists() else "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        return devtools.log_tail(self.logs.get(name), lines)
 
     def stop(self) -> dict[str, int | None]:
-        for process in self.processes.values():
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        codes: dict[str, int | None] = {}
-        for name, process in self.processes.items():
-            try:
-                codes[name] = process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                codes[name] = process.wait(timeout=10)
-        return codes
+        codes = devtools.stop_all(self.processes.values(), grace_s=30)
+        return dict(zip(self.processes, codes, strict=True))
 
 
 def manage(stack: Stack, rec: Record, *args: str, timeout: float = 1800, check: bool = True) -> str:
@@ -278,18 +253,24 @@ def manage(stack: Stack, rec: Record, *args: str, timeout: float = 1800, check: 
 
 
 def wait_for(what: str, ready, *, timeout_s: float, stack: Stack | None = None, every: float = 0.5):
-    deadline = min(time.monotonic() + timeout_s, DEADLINE[0])
-    while True:
-        value = ready()
-        if value:
-            return value
-        if stack is not None:
-            for name, process in stack.processes.items():
-                if process.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {process.returncode}:\n{stack.tail(name)}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}: not after {timeout_s:.0f} s")
-        time.sleep(every)
+    """devtools.wait_until within the run's budget; with `stack`, a process of it that exits fails
+    the wait at once with the end of its log."""
+    timeout_s = max(0.0, min(timeout_s, DEADLINE[0] - time.monotonic()))
+    details = None
+    if stack is not None:
+        details = lambda: "\n".join(  # noqa: E731
+            f"===== {name} =====\n{stack.tail(name)}"
+            for name, p in stack.processes.items()
+            if p.poll() is not None
+        )
+    return devtools.wait_until(
+        ready,
+        what=what,
+        timeout_s=timeout_s,
+        interval_s=every,
+        watch=stack.processes if stack is not None else None,
+        details=details,
+    )
 
 
 def start_redis(options: argparse.Namespace, stack: Stack, rec: Record) -> str:
@@ -821,7 +802,7 @@ def usage(rec: Record, token: str, sent: int) -> None:
 
     try:
         wait_for("usage flushed", flushed, timeout_s=120, every=1)
-    except RuntimeError as error:
+    except devtools.NotReady as error:
         rec.log(str(error))
     rows = Usage.objects.filter(api_key=key)
     count = rows.count()
@@ -847,7 +828,7 @@ def rollup(rec: Record, sent: int, deployment_name: str, since) -> None:
 
     try:
         wait_for("latency rollup", rolled_up, timeout_s=150, every=2)
-    except RuntimeError as error:
+    except devtools.NotReady as error:
         rec.log(str(error))
     minutes = list(LatencyMinute.objects.filter(deployment__name=deployment_name).order_by("minute"))
 

@@ -40,7 +40,7 @@ from inference.loadgen.sla import Sla, operating_point  # noqa: E402
 from inference.loadgen.summary import format_table  # noqa: E402
 from inference.loadgen.workloads import load_mix  # noqa: E402
 from inference.planner import ProfileSettings  # noqa: E402
-from inference.vllm_args import ServerArgs, command_line, vllm_args, vllm_command  # noqa: E402
+from inference.vllm_args import LaunchSettings, ServerArgs, command_line, vllm_args, vllm_command  # noqa: E402
 
 # What vLLM needs on the borrowed machine (its own address does not resolve; FlashInfer's
 # sampler would compile kernels with nvcc at start; nothing may reach a hub).
@@ -139,7 +139,8 @@ def write_random_model(shape: str, directory: Path, *, layers: int | None = None
             p + "mlp.gate_proj.weight": rand(inter, hidden),
             p + "mlp.up_proj.weight": rand(inter, hidden),
             p + "mlp.down_proj.weight": rand(hidden, inter),
-            **(  # Qwen2 projects q, k and v with a bias; vLLM refuses a checkpoint without them
+            # Qwen2 projects q, k and v with a bias; vLLM refuses a checkpoint without them
+            **(
                 {
                     p + "self_attn.q_proj.bias": rand(heads * head_dim),
                     p + "self_attn.k_proj.bias": rand(kv_heads * head_dim),
@@ -213,8 +214,17 @@ def bench(
     }
 
 
-def vllm_bench_serve(base_url: str, model: str, model_dir: Path, out: Path, *, concurrency: int,
-                     prompts: int, input_len: int, output_len: int) -> dict:
+def vllm_bench_serve(
+    base_url: str,
+    model: str,
+    model_dir: Path,
+    out: Path,
+    *,
+    concurrency: int,
+    prompts: int,
+    input_len: int,
+    output_len: int,
+) -> dict:
     """vLLM's own benchmark on the same server and lengths; its result JSON."""
     name = f"vllm-bench-c{concurrency}.json"
     argv = [
@@ -246,7 +256,9 @@ def serve(options: argparse.Namespace) -> None:
     for mode in options.mode.split(","):
         profile = profile_for(mode, options.tp)
         port = supervisor.find_free_port()
-        args = vllm_args(profile, ServerArgs(str(model_dir), options.shape, "127.0.0.1", port))
+        args = vllm_args(
+            LaunchSettings(profile), ServerArgs(str(model_dir), options.shape, "127.0.0.1", port)
+        )
         argv = vllm_command(python, args)
         log_path = out / f"server-{name}-{mode}.log"
         log(f"starting: {command_line(argv)}")
@@ -256,7 +268,10 @@ def serve(options: argparse.Namespace) -> None:
         )
         base_url = f"http://127.0.0.1:{port}"
         record: dict = {
-            "shape": options.shape, "layers": layers, "mode": mode, "argv": command_line(argv),
+            "shape": options.shape,
+            "layers": layers,
+            "mode": mode,
+            "argv": command_line(argv),
             "versions": facts.__dict__,
         }
         try:

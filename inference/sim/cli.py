@@ -15,9 +15,9 @@ from pathlib import Path
 from inference.errors import InputError
 from inference.hardware import GPU_CATALOG, get_gpu
 from inference.hf_config import resolve_model_config
-from inference.planner import BLOCK_SIZES, ProfileSettings
 from inference.sim.engine import EngineConfig, EngineRefused, SimEngine
 from inference.sim.tokens import Tokenizer
+from inference.vllm_args import add_knob_arguments, settings_from_args
 
 # vLLM's --dtype spellings → the planner's.
 DTYPE_ALIASES = {"half": "float16", "float": "float32", "float16": "float16", "bfloat16": "bfloat16",
@@ -27,11 +27,6 @@ DTYPE_ALIASES = {"half": "float16", "float": "float32", "float16": "float16", "b
 # What the portal is for: a launch that names no GPU (a CPU node running the simulator)
 # pretends to be on the V100s of docs/v100-field-guide.md#sources, and says so at start.
 DEFAULT_HARDWARE = "v100-sxm2-32gb"
-
-
-def _bool_flag(parser: argparse.ArgumentParser, name: str, help_text: str) -> None:
-    # vLLM's flags for booleans accept --x and --no-x (argparse.BooleanOptionalAction).
-    parser.add_argument(name, action=argparse.BooleanOptionalAction, default=False, help=help_text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,21 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tokenizer", default=None, help="directory or tokenizer.json (default: the model's)"
     )
-    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
-    parser.add_argument("--dtype", default="auto", choices=sorted(DTYPE_ALIASES))
-    parser.add_argument("--quantization", "-q", default=None)
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    parser.add_argument("--block-size", type=int, default=16, choices=BLOCK_SIZES)
-    _bool_flag(parser, "--enable-prefix-caching", "reuse KV blocks of shared prompt prefixes")
-    _bool_flag(parser, "--enable-chunked-prefill", "cut long prompts into chunks interleaved with decodes")
-    parser.add_argument(
-        "--enforce-eager", action="store_true", help="no CUDA graphs (the safe default on Volta)"
-    )
-    parser.add_argument("--swap-space", type=float, default=4.0)
-    parser.add_argument("--kv-cache-dtype", default="auto")
+    # The profile knobs, as the portal writes them (inference/vllm_args.py); vLLM's dtype spellings.
+    add_knob_arguments(parser, dtype={"choices": sorted(DTYPE_ALIASES)})
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -91,21 +73,7 @@ def engine_from_args(args: argparse.Namespace) -> tuple[SimEngine, Tokenizer, st
     """The engine, tokenizer and model root for parsed flags; InputError or EngineRefused on bad input."""
     gpu = get_gpu(args.hardware)
     model = resolve_model_config(args.model)
-    profile = ProfileSettings(
-        dtype=DTYPE_ALIASES[args.dtype],
-        tensor_parallel_size=args.tensor_parallel_size,
-        max_model_len=args.max_model_len,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size,
-        enable_prefix_caching=args.enable_prefix_caching,
-        enable_chunked_prefill=args.enable_chunked_prefill,
-        enforce_eager=args.enforce_eager,
-        quantization=args.quantization,
-        swap_space_gb=args.swap_space,
-        kv_cache_dtype=args.kv_cache_dtype,
-    )
+    profile = settings_from_args(argparse.Namespace(**{**vars(args), "dtype": DTYPE_ALIASES[args.dtype]}))
     nvlink = {"nvlink": True, "pcie": False}.get(args.interconnect)
     engine = SimEngine(EngineConfig(model=model, profile=profile, gpu=gpu, nvlink=nvlink))
     source = Path(args.tokenizer or args.model)

@@ -15,8 +15,9 @@ from portal.core.api import StaffOnlyFieldsMixin
 from portal.deployments.selectors import deployments_visible_to
 
 from . import services
+from .filters import BenchmarkRunFilter
 from .models import BenchmarkRun
-from .selectors import redact_text, run_export, runs_filtered
+from .selectors import redact_text, run_export, runs_visible_to
 from .services import (
     MAX_CONCURRENCY,
     MAX_LEVEL_S,
@@ -98,16 +99,15 @@ class RunCreateSerializer(serializers.Serializer):
 
 
 class BenchmarkRunViewSet(viewsets.ReadOnlyModelViewSet):
-    """Runs you can see. Filters: ?deployment=&profile=&mix=&state=&kind=."""
+    """Runs you can see. Filters: ?deployment=&profile=&mix=&state=&kind= (BenchmarkRunFilter)."""
 
+    filterset_class = BenchmarkRunFilter
     serializer_class = RunListSerializer
     permission_classes = [IsAuthenticated]
     queryset = BenchmarkRun.objects.none()  # for the schema; get_queryset scopes to the user
 
     def get_queryset(self):
-        params = self.request.query_params
-        keys = ("deployment", "profile", "mix", "state", "kind")
-        return runs_filtered(self.request.user, **{key: params.get(key, "") for key in keys})
+        return runs_visible_to(self.request.user)
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT}, description="The run in its JSON export shape.")
     def retrieve(self, request, *args, **kwargs):

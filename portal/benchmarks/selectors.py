@@ -159,23 +159,6 @@ def run_get_for_user(user, run_id: int) -> BenchmarkRun:
     return get_object_or_404(runs_visible_to(user), pk=run_id)
 
 
-def runs_filtered(
-    user, *, deployment: str = "", profile: str = "", mix: str = "", state: str = "", kind: str = ""
-):
-    runs = runs_visible_to(user)
-    if deployment:
-        runs = runs.filter(Q(deployment__name=deployment) | Q(snapshot__deployment=deployment))
-    if profile:
-        runs = runs.filter(Q(profile__name=profile) | Q(snapshot__profile__name=profile))
-    if mix:
-        runs = runs.filter(mix=mix)
-    if state:
-        runs = runs.filter(state=state)
-    if kind:
-        runs = runs.filter(kind=kind)
-    return runs
-
-
 def run_levels(run: BenchmarkRun) -> list[dict]:
     return [level.results for level in run.levels.all()]
 

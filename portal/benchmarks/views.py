@@ -16,6 +16,7 @@ from django.views.decorators.http import require_POST
 from inference.loadgen.workloads import PRESETS
 from portal.core.charts import histogram, run_plots, safe_svg
 from portal.core.errors import ApplicationError
+from portal.core.filters import filtered
 from portal.deployments.models import DeploymentProfile
 from portal.deployments.selectors import (
     acceptance_deployment_q,
@@ -25,6 +26,7 @@ from portal.deployments.selectors import (
 )
 
 from . import services
+from .filters import BenchmarkRunFilter
 from .forms import ImportForm, RunForm
 from .models import RunKind, RunState
 from .selectors import (
@@ -34,7 +36,7 @@ from .selectors import (
     run_export_csv,
     run_get_for_user,
     run_shown_to,
-    runs_filtered,
+    runs_visible_to,
 )
 
 
@@ -45,14 +47,11 @@ def run_list(request, deployment: str = "", profile: str = ""):
         deployment_get_for_user(request.user, deployment)  # 404 for a deployment the user cannot see
     if profile:
         get_object_or_404(DeploymentProfile, name=profile)
-    filters = {
-        "deployment": deployment or request.GET.get("deployment", ""),
-        "profile": profile or request.GET.get("profile", ""),
-        "mix": request.GET.get("mix", ""),
-        "state": request.GET.get("state", ""),
-        "kind": request.GET.get("kind", ""),
-    }
-    runs = list(runs_filtered(request.user, **filters)[:200])
+    data = request.GET.copy()
+    data.update({key: value for key, value in (("deployment", deployment), ("profile", profile)) if value})
+    run_filter, runs, status = filtered(BenchmarkRunFilter, request, runs_visible_to(request.user), data=data)
+    filters = {name: run_filter.form.data.get(name, "") for name in run_filter.filters}
+    runs = list(runs[:200])
     return render(
         request,
         "benchmarks/run_list.html",
@@ -67,7 +66,9 @@ def run_list(request, deployment: str = "", profile: str = ""):
             "mixes": sorted(PRESETS),
             "states": RunState.choices,
             "kinds": RunKind.choices,
+            "filter": run_filter,
         },
+        status=status,
     )
 
 
@@ -174,7 +175,7 @@ def run_detail(request, pk: int):
                 "metrics_error": r.get("metrics_error"),
             }
         )
-    others = runs_filtered(request.user).exclude(pk=run.pk)
+    others = runs_visible_to(request.user).exclude(pk=run.pk)
     if run.deployment_id:
         others = others.filter(deployment=run.deployment)
     return render(

@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 
 from inference.errors import InputError
 from inference.hardware import get_gpu
-from inference.planner import ProfileSettings
+from inference.planner import ProfileSettings, knob_type, launch_knobs
 from portal.audit.api import AuditedModelViewSetMixin
 from portal.core.api import ModelCleanMixin, StaffOnlyFieldsMixin
 from portal.core.errors import ApplicationError
@@ -23,6 +23,7 @@ from portal.teams import apis as teams_apis
 from portal.teams.models import Team
 
 from . import services
+from .filters import DeploymentFilter, ProfileFilter
 from .models import (
     Deployment,
     DeploymentEvent,
@@ -74,6 +75,7 @@ class ProfileSerializer(ModelCleanMixin, serializers.ModelSerializer):
 
 
 class ProfileViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
+    filterset_class = ProfileFilter
     serializer_class = ProfileSerializer
     queryset = DeploymentProfile.objects.select_related("model_version")
     lookup_field = "name"
@@ -224,6 +226,8 @@ class DeploymentViewSet(viewsets.ModelViewSet):
     `apply-cap` (`POST /api/v1/benchmark-runs/<id>/apply-cap/`).
     """
 
+    filterset_class = DeploymentFilter
+
     serializer_class = DeploymentSerializer
     lookup_field = "name"
     http_method_names = ["get", "post", "delete", "head", "options"]
@@ -299,24 +303,34 @@ class DeploymentViewSet(viewsets.ModelViewSet):
         return Response(self.get_serializer(deployment).data, status=status.HTTP_201_CREATED)
 
 
-class PlanRequestSerializer(serializers.Serializer):
+class _PlanTargetSerializer(serializers.Serializer):
     gpu = serializers.CharField(help_text="GPU catalog key, e.g. v100-sxm2-32gb.")
     gpus = serializers.IntegerField(min_value=1, max_value=64)
     model = serializers.CharField(help_text="A registered model name or a bundled config name.")
     nvlink = serializers.BooleanField(required=False, allow_null=True, default=None)
-    dtype = serializers.CharField(required=False)
-    quantization = serializers.CharField(required=False, allow_null=True)
-    tensor_parallel_size = serializers.IntegerField(required=False)
-    max_model_len = serializers.IntegerField(required=False, allow_null=True)
-    gpu_memory_utilization = serializers.FloatField(required=False)
-    max_num_seqs = serializers.IntegerField(required=False)
-    max_num_batched_tokens = serializers.IntegerField(required=False, allow_null=True)
-    block_size = serializers.IntegerField(required=False)
-    enable_prefix_caching = serializers.BooleanField(required=False)
-    enable_chunked_prefill = serializers.BooleanField(required=False)
-    enforce_eager = serializers.BooleanField(required=False)
-    swap_space_gb = serializers.FloatField(required=False)
-    kv_cache_dtype = serializers.CharField(required=False)
+
+
+_KNOB_FIELDS = {
+    "str": serializers.CharField,
+    "int": serializers.IntegerField,
+    "float": serializers.FloatField,
+}
+
+
+def _knob_serializer_fields() -> dict[str, serializers.Field]:
+    """One optional field per launch knob (inference/planner.py): the planner request takes every
+    knob a profile has, by the same name; ProfileSettings bounds the values (a 400 naming the field)."""
+    found: dict[str, serializers.Field] = {}
+    for spec, knob in launch_knobs():
+        kind, nullable = knob_type(spec)
+        field_class = serializers.BooleanField if kind == "bool" else _KNOB_FIELDS[kind]
+        extra = {"allow_null": True} if nullable else {}
+        found[spec.name] = field_class(required=False, help_text=f"vLLM's {knob.flag}", **extra)
+    return found
+
+
+# The target, then every launch knob: a knob added to ProfileSettings is taken here by itself.
+PlanRequestSerializer = type("PlanRequestSerializer", (_PlanTargetSerializer,), _knob_serializer_fields())
 
 
 class PlanApi(APIView):

@@ -7,6 +7,7 @@ from django.utils.text import slugify
 
 from inference.hardware import GPU_CATALOG
 from inference.hf_config import known_configs
+from inference.planner import knob_type, launch_knobs
 from portal.inventory.models import Node
 from portal.registry.models import ModelVersion
 
@@ -117,15 +118,13 @@ class PlannerForm(forms.Form):
             "target_gpu_count": data["gpus"],
             "tensor_parallel_size": tp,
         }
-        for name in ("dtype", "max_model_len", "gpu_memory_utilization", "max_num_seqs", "block_size"):
-            if data[name] is not None:
-                query[name] = data[name]
-        if data["quantization"]:
-            query["quantization"] = data["quantization"]
-        # The admin reads any non-empty value of a checkbox as checked: name only those that are on.
-        for name in ("enforce_eager", "enable_prefix_caching", "enable_chunked_prefill"):
-            if data[name]:
-                query[name] = "on"
+        kinds = {spec.name: knob_type(spec)[0] for spec, _ in launch_knobs()}
+        for name in self.SETTINGS_FIELDS:
+            value = data[name]
+            if name == "tensor_parallel_size" or value is None or value == "" or value is False:
+                continue
+            # The admin reads any non-empty value of a checkbox as checked: name only those that are on.
+            query[name] = "on" if kinds[name] == "bool" else value
         return query
 
     @classmethod

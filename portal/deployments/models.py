@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -11,7 +9,7 @@ from django.urls import reverse
 
 from inference.errors import InputError
 from inference.hardware import get_gpu
-from inference.planner import ProfileSettings
+from portal.core.errors import ApplicationError
 
 
 class Dtype(models.TextChoices):
@@ -114,9 +112,11 @@ class DeploymentProfile(models.Model):
         return reverse("deployments:profile-detail", args=[self.name])
 
     def clean(self) -> None:
+        from .launch import launch_settings  # launch reads this model; it is imported only to check it
+
         try:
-            self.settings()  # ProfileSettings validates itself on construction
-        except InputError as error:
+            launch_settings(self)
+        except ApplicationError as error:
             field = error.field if error.field in {f.name for f in self._meta.fields} else NON_FIELD_ERRORS
             raise ValidationError({field: error.message}) from error
         if self.target_gpu:
@@ -130,15 +130,6 @@ class DeploymentProfile(models.Model):
     @property
     def target_gpu_name(self) -> str:
         return get_gpu(self.target_gpu).display_name if self.target_gpu else ""
-
-    def settings_values(self) -> dict:
-        """The vLLM knobs by ProfileSettings' names (blank quantization means none)."""
-        values = {f.name: getattr(self, f.name) for f in fields(ProfileSettings)}
-        values["quantization"] = values["quantization"] or None
-        return values
-
-    def settings(self) -> ProfileSettings:
-        return ProfileSettings(**self.settings_values())
 
 
 def served_context_len(

@@ -16,7 +16,7 @@ from inference.errors import InputError
 from inference.hardware import GpuSpec, get_gpu
 from inference.hf_config import known_configs, resolve_model_config
 from inference.modelspec import ModelArch
-from inference.planner import Placement, Plan, ProfileSettings, plan_deployment
+from inference.planner import Placement, Plan, plan_deployment
 from inference.tp_topology import advise_tp_group, has_nvlink_ring
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
@@ -27,6 +27,7 @@ from portal.teams.models import Team
 
 from .dispatch import send_to_control, send_to_node
 from .endpoints import check_adoptable_host
+from .launch import launch_settings, settings_from
 from .models import (
     Deployment,
     DeploymentEvent,
@@ -68,20 +69,6 @@ def engine_api_key_clean(value: str) -> str:
     return value
 
 
-def settings_from(**values) -> ProfileSettings:
-    """ProfileSettings from loose values (a form, flags, a request); impossible values
-    become an ApplicationError naming the field."""
-    try:
-        return ProfileSettings(**values)
-    except InputError as error:
-        raise ApplicationError.from_input_error(error) from error
-
-
-def profile_settings(profile: DeploymentProfile) -> ProfileSettings:
-    """The profile as the planner sees it."""
-    return settings_from(**profile.settings_values())
-
-
 def planned_arch(model_version: ModelVersion) -> ModelArch:
     """The architecture the planner works from; an external version has none to plan with."""
     if model_version.external:
@@ -94,7 +81,7 @@ def planned_arch(model_version: ModelVersion) -> ModelArch:
 
 
 def plan_for(*, model_version: ModelVersion, profile: DeploymentProfile, placement: Placement) -> Plan:
-    return plan_deployment(planned_arch(model_version), profile_settings(profile), placement)
+    return plan_deployment(planned_arch(model_version), launch_settings(profile).profile, placement)
 
 
 def target_placement(
@@ -213,7 +200,7 @@ def deployment_check(
         raise ApplicationError("a GPU is listed twice", field="gpu_indices")
     placement = node_placement(node=node, gpu_indices=gpu_indices)
     if placement is not None:
-        settings = profile_settings(profile)
+        settings = launch_settings(profile).profile
         if len(gpu_indices) != settings.tensor_parallel_size:
             raise ApplicationError(
                 f"profile {profile.name} uses tensor parallel size {settings.tensor_parallel_size}, "

@@ -13,10 +13,12 @@ from django.views.decorators.http import require_POST
 
 from inference.rules import finding_title
 from portal.core.errors import ApplicationError
+from portal.core.filters import filtered
 from portal.inventory.models import Node
 from portal.teams.selectors import api_keys_of, team_get_for_user
 
 from . import services
+from .filters import DeploymentFilter, ProfileFilter
 from .forms import DeploymentCreateForm, PlannerForm
 from .models import DeploymentProfile
 from .selectors import (
@@ -47,7 +49,9 @@ def _acceptance_shown(request) -> bool:
 def profile_list(request):
     """Profiles; node acceptance's own only with ?acceptance=show."""
     acceptance = _acceptance_shown(request)
-    profiles = DeploymentProfile.objects.select_related("model_version")
+    profile_filter, profiles, status = filtered(
+        ProfileFilter, request, DeploymentProfile.objects.select_related("model_version")
+    )
     profiles, hidden = listed(profiles, acceptance_profile_q(), acceptance=acceptance)
     rows = []
     for profile in profiles:
@@ -62,7 +66,8 @@ def profile_list(request):
     return render(
         request,
         "deployments/profile_list.html",
-        {"rows": rows, "acceptance": acceptance, "acceptance_count": hidden},
+        {"rows": rows, "acceptance": acceptance, "acceptance_count": hidden, "filter": profile_filter},
+        status=status,
     )
 
 
@@ -86,14 +91,17 @@ def profile_detail(request, name: str):
 def deployment_list(request):
     """Deployments; node acceptance's stopped burn-in deployments only with ?acceptance=show."""
     acceptance = _acceptance_shown(request)
-    deployments, hidden = listed(
-        deployments_visible_to(request.user), acceptance_deployment_q(), acceptance=acceptance
+    deployment_filter, deployments, status = filtered(
+        DeploymentFilter, request, deployments_visible_to(request.user)
     )
-    return render(
-        request,
-        "deployments/deployment_list.html",
-        {"deployments": deployments, "acceptance": acceptance, "acceptance_count": hidden},
-    )
+    deployments, hidden = listed(deployments, acceptance_deployment_q(), acceptance=acceptance)
+    context = {
+        "deployments": deployments,
+        "acceptance": acceptance,
+        "acceptance_count": hidden,
+        "filter": deployment_filter,
+    }
+    return render(request, "deployments/deployment_list.html", context, status=status)
 
 
 @login_required

@@ -15,6 +15,7 @@ from portal.core.api import ModelCleanMixin, StaffOnlyFieldsMixin
 
 from . import services
 from .dispatch import send_to_node
+from .filters import GpuFilter, NodeFilter
 from .models import Gpu, Node
 from .selectors import node_list
 
@@ -129,6 +130,7 @@ class NvidiaSmiInputSerializer(serializers.Serializer):
 
 
 class NodeViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
+    filterset_class = NodeFilter
     serializer_class = NodeSerializer
     lookup_field = "name"
     queryset = node_list()
@@ -168,6 +170,7 @@ class NodeViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
 
 
 class GpuViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
+    filterset_class = GpuFilter
     serializer_class = GpuSerializer
     queryset = Gpu.objects.select_related("node")
 

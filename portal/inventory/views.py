@@ -10,7 +10,9 @@ from django.shortcuts import redirect, render
 
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError
+from portal.core.filters import filtered
 
+from .filters import NodeFilter
 from .forms import NodeCreateForm
 from .selectors import node_list
 from .services import node_create_from_nvidia_smi
@@ -18,7 +20,8 @@ from .services import node_create_from_nvidia_smi
 
 @login_required
 def node_list_view(request):
-    return render(request, "inventory/node_list.html", {"nodes": node_list()})
+    node_filter, nodes, status = filtered(NodeFilter, request, node_list())
+    return render(request, "inventory/node_list.html", {"nodes": nodes, "filter": node_filter}, status=status)
 
 
 @login_required

@@ -12,6 +12,7 @@ from portal.audit.api import AuditedModelViewSetMixin
 from portal.core.errors import ApplicationError
 from portal.inventory.models import Node
 
+from .filters import ModelVersionFilter
 from .models import ConversionJob, ModelVersion, ServedModel
 from .selectors import model_version_source_for
 from .services import (
@@ -133,6 +134,7 @@ class ConvertRequestSerializer(serializers.Serializer):
 
 
 class ModelVersionViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
+    filterset_class = ModelVersionFilter
     serializer_class = ModelVersionSerializer
     queryset = ModelVersion.objects.all()
     lookup_field = "name"

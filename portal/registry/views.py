@@ -10,8 +10,10 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from portal.core.errors import ApplicationError
+from portal.core.filters import filtered
 from portal.inventory.models import Node
 
+from .filters import ModelVersionFilter
 from .models import ConversionJob, ModelVersion, WeightDtype
 from .selectors import model_versions_listed, model_versions_shown_to
 from .services import conversion_job_start, model_version_mark_simulated_release, model_version_request_hashes
@@ -40,12 +42,16 @@ def _only_node_initial() -> dict:
 def model_list(request):
     """Model versions; node acceptance's reference models only with ?acceptance=show."""
     acceptance = request.GET.get("acceptance") == "show"
+    model_filter, versions, status = filtered(
+        ModelVersionFilter, request, model_versions_listed(acceptance=acceptance)
+    )
     context = {
-        "models": model_versions_shown_to(request.user, model_versions_listed(acceptance=acceptance)),
+        "models": model_versions_shown_to(request.user, versions),
+        "filter": model_filter,
         "acceptance": acceptance,
         "acceptance_count": 0 if acceptance else model_versions_listed(acceptance=True).count(),
     }
-    return render(request, "registry/model_list.html", context)
+    return render(request, "registry/model_list.html", context, status=status)
 
 
 @login_required

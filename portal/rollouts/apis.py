@@ -14,6 +14,7 @@ from portal.registry import apis as registry_apis
 from portal.registry.models import ServedModel
 
 from . import services
+from .filters import RolloutFilter
 from .models import Rollout, RolloutEvent
 from .placement import GpuChoice
 from .selectors import rollout_deployments_shown, rollouts_visible_to, served_models_visible_to
@@ -122,6 +123,7 @@ class RolloutViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     """Rollouts of a served name from one model version to another (docs/operators.md "Rollouts").
     Writes are staff only (the default permission); reads show a member the rollouts of the
     served names their team may call."""
+    filterset_class = RolloutFilter
 
     serializer_class = RolloutSerializer
 

@@ -13,9 +13,11 @@ from django.views.decorators.http import require_POST
 
 from inference.rollout import Evaluation
 from portal.core.errors import ApplicationError
+from portal.core.filters import filtered
 from portal.registry.services import served_model_create, served_model_set_shares
 
 from . import services
+from .filters import RolloutFilter
 from .forms import RolloutStartForm, ServedModelCreateForm, SharesForm
 from .models import RolloutState
 from .selectors import (
@@ -37,9 +39,9 @@ ACTIONS = {
 
 @login_required
 def rollout_list(request):
-    return render(
-        request, "rollouts/rollout_list.html", {"rollouts": rollouts_visible_to(request.user)[:200]}
-    )
+    rollout_filter, rollouts, status = filtered(RolloutFilter, request, rollouts_visible_to(request.user))
+    context = {"rollouts": rollouts[:200], "filter": rollout_filter}
+    return render(request, "rollouts/rollout_list.html", context, status=status)
 
 
 @login_required

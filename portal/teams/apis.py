@@ -14,6 +14,7 @@ from rest_framework.response import Response
 
 from portal.audit.api import AuditedModelViewSetMixin
 
+from .filters import TeamFilter
 from .models import PriorityClass, Team
 from .selectors import usage_by_priority_class
 
@@ -37,6 +38,7 @@ class UsageByClassSerializer(serializers.Serializer):
 
 
 class TeamViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
+    filterset_class = TeamFilter
     serializer_class = TeamSerializer
     lookup_field = "slug"
 

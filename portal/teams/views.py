@@ -12,7 +12,9 @@ from django.views.decorators.http import require_http_methods
 
 from portal.core.charts import bar_chart_svg
 from portal.core.errors import ApplicationError
+from portal.core.filters import filtered
 
+from .filters import ApiKeyFilter
 from .forms import ApiKeyCreateForm
 from .selectors import (
     api_key_get_for_team,
@@ -56,13 +58,15 @@ def team_keys(request, slug: str):
                 "example_model": example,
                 "example_model_known": example != "MODEL",
             }
+    key_filter, keys, filter_status = filtered(ApiKeyFilter, request, api_keys_of(team))
+    context |= {"team": team, "keys": keys, "filter": key_filter, "form": form, "new_token": new_token}
     # The new key is rendered in this response only: never put in a message, the session or a redirect.
     return render(
         request,
         "teams/team_keys.html",
-        {"team": team, "keys": api_keys_of(team), "form": form, "new_token": new_token, **context},
-        # A refused form is the client's error: 400, with the fields named on the page.
-        status=400 if form.is_bound and form.errors else 200,
+        context,
+        # A refused form or filter is the client's error: 400, with the fields named on the page.
+        status=400 if form.is_bound and form.errors else filter_status,
     )
 
 

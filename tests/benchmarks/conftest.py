@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 from collections.abc import Callable
 
 import pytest
 from aiohttp import web
 
+from devtools import free_port
 from inference.loadgen.fake_server import FakeServer
 from tests.helpers.builders import make_serving_deployment
 
@@ -21,9 +21,7 @@ class RunningFakeServer:
 
     def __init__(self, server: FakeServer) -> None:
         self.server = server
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools import stop
 from portal.benchmarks.models import BenchmarkRun, RunState
 from tests.helpers import builders
 from tests.helpers.processes import worker_env
@@ -38,12 +38,7 @@ def benchmarks_worker(transactional_db):
         argv, cwd=REPO, env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
     )
     yield log_path
-    os.killpg(worker.pid, signal.SIGTERM)
-    try:
-        worker.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(timeout=10)
+    stop(worker, grace_s=30)
 
 
 @pytest.mark.vllm

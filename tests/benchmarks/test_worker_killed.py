@@ -26,14 +26,14 @@ import pytest
 import redis
 from django.conf import settings
 
+from devtools import children_of, stop, wait_until
 from portal.benchmarks.models import BenchmarkRun, RunState
 from portal.benchmarks.services import BenchmarkRunRequest, benchmark_run_create, benchmark_runs_expire
 from portal.celery import BENCHMARK_QUEUE
 from portal.core.redis.client import redis_keys
 from tests.helpers import ROOT
 from tests.helpers.builders import make_serving_deployment
-from tests.helpers.processes import children_of, stop, worker_env
-from tests.helpers.waiting import wait_until
+from tests.helpers.processes import worker_env
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

@@ -12,11 +12,10 @@ import time
 import pytest
 from playwright.sync_api import Page, expect
 
-from perf._common import free_port
+from devtools import free_port, stop, wait_for_http
 from tests.helpers import ROOT
 from tests.helpers.browser import login, shot
 from tests.helpers.gateway import REDIS_URL
-from tests.helpers.processes import stop, wait_until_up
 
 pytestmark = [
     pytest.mark.browser,
@@ -53,7 +52,7 @@ def portal(django_db_setup, django_db_blocker, tmp_path_factory):
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_up(f"{url}/accounts/login/", process)
+        wait_for_http(f"{url}/accounts/login/", watch=process)
         yield type("Portal", (), {"url": url, "log_path": log_path})
     finally:
         stop(process)

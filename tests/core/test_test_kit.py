@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from devtools import wait_until
 from tests.helpers import ROOT, plugin
-from tests.helpers.waiting import wait_until
 
 TESTS = ROOT / "tests"
 ALLOWED = ("tests.helpers", "tests.settings")

@@ -18,6 +18,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from devtools import wait_until
 from inference import supervisor
 from portal.deployments.agent.lease import LeaseLost, lease_acquire
 from portal.deployments.agent.restart import deployment_restart
@@ -30,7 +31,6 @@ from tests.helpers import builders
 from tests.helpers.builders import cpu_node_with, make_deployment
 from tests.helpers.samples import bundled_config
 from tests.helpers.vllm_install import fake_vllm_install
-from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
 

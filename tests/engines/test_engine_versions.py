@@ -18,10 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from devtools import stop, wait_until
 from inference import supervisor
 from inference.engines import engine_line
 from inference.planner import ProfileSettings
-from inference.vllm_args import VLLM_GUARD_MIDDLEWARE, ServerArgs, vllm_args, vllm_command
+from inference.vllm_args import VLLM_GUARD_MIDDLEWARE, LaunchSettings, ServerArgs, vllm_args, vllm_command
 from inference.vllm_metrics import parse_vllm_metrics
 from portal.deployments.agent.start import deployment_start
 from portal.deployments.agent.stop import deployment_stop
@@ -32,8 +33,6 @@ from portal.registry.services import model_version_create, model_version_hash_fi
 from tests.helpers import builders
 from tests.helpers.engines import ENGINE_VENVS, require_engine
 from tests.helpers.gateway import start_gateway
-from tests.helpers.processes import stop
-from tests.helpers.waiting import wait_until
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -188,8 +187,10 @@ def test_its_own_parser_reads_the_portals_command_line_as_the_engine_table_says(
     python = require_engine(version, ops=False)
     server = ServerArgs(model_path="/models/m", served_model_name="m", host="127.0.0.1", port=8000)
     recipe = ProfileSettings(dtype="float16", enforce_eager=True, max_num_seqs=16)
-    portal = vllm_command(str(python), vllm_args(recipe, server, engine_version=version), guard=True)[3:]
-    swap = vllm_args(ProfileSettings(swap_space_gb=8), server)  # unchecked: no version given
+    portal = vllm_command(
+        str(python), vllm_args(LaunchSettings(recipe, engine_version=version), server), guard=True
+    )[3:]
+    swap = vllm_args(LaunchSettings(ProfileSettings(swap_space_gb=8)), server)  # unchecked: no version given
     abbreviated = [*portal, "--hos", "10.1.1.1"]  # what extra_args may no longer say
     answers = subprocess.run(
         [str(python), "-c", PARSE_SCRIPT],

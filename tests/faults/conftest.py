@@ -23,10 +23,9 @@ import httpx
 import pytest
 import redis
 
+from devtools import NotReady, free_port, stop, wait_for_http, wait_until
 from tests.helpers import ROOT
 from tests.helpers.plugin import skip_or_fail_in_ci
-from tests.helpers.processes import free_port, stop, wait_until_up
-from tests.helpers.waiting import wait_until
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
@@ -211,10 +210,10 @@ def start_web(log_path: Path, env: dict[str, str]) -> Web:
         )  # fmt: skip
     web = Web(f"http://127.0.0.1:{port}", process, log_path)
     try:
-        wait_until_up(f"{web.url}/v1/models", process)
-    except RuntimeError:
+        wait_for_http(f"{web.url}/v1/models", watch=process, details=lambda: web.log_text()[-3000:])
+    except NotReady:
         stop(process)
-        raise RuntimeError(web.log_text()[-3000:]) from None
+        raise
     return web
 
 

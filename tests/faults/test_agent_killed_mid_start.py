@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from devtools import children_of, stop, wait_until
 from inference import supervisor
 from portal.core.redis.client import redis_keys
 from portal.deployments.agent.start import deployment_start
@@ -40,8 +41,6 @@ from portal.deployments.tasks import start_deployment, supervise_node
 from tests.helpers import ROOT
 from tests.helpers.builders import make_deployment
 from tests.helpers.deployments import FAKE_ENGINE
-from tests.helpers.processes import children_of, stop
-from tests.helpers.waiting import wait_until
 
 from .conftest import shared_database_url
 

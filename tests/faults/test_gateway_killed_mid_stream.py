@@ -14,12 +14,11 @@ import httpx
 import pytest
 from django.utils import timezone
 
+from devtools import stop, wait_until
 from portal.core.redis.client import redis_keys
 from portal.teams.models import Usage
 from portal.teams.services import usage_flush
 from tests.helpers.gateway import chat_body, make_setup, start_gateway
-from tests.helpers.processes import stop
-from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.faults]
 

@@ -27,9 +27,8 @@ import pytest
 from celery import Celery
 from django.conf import settings
 
+from devtools import stop, wait_until
 from tests.helpers import ROOT
-from tests.helpers.processes import stop
-from tests.helpers.waiting import wait_until
 
 from .conftest import start_web
 

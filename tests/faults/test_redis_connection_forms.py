@@ -12,10 +12,9 @@ import pytest
 import redis
 from redis.connection import SSLConnection
 
+from devtools import free_port, wait_until
 from portal.core.redis import client as redis_client
 from portal.core.redis.multiplex import ScriptConnection
-from tests.helpers.processes import free_port
-from tests.helpers.waiting import wait_until
 
 from .conftest import REDIS_SERVER
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from devtools import stop, wait_until
 from portal.core.redis.client import redis_keys
 from tests.helpers.gateway import chat_body, make_setup, slots_in_use
-from tests.helpers.processes import run_async, stop
-from tests.helpers.waiting import wait_until
+from tests.helpers.processes import run_async
 
 from .conftest import shared_database_url, start_web
 

@@ -16,8 +16,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from devtools import free_port
 from portal.core.redis.multiplex import ScriptConnection
-from tests.helpers.processes import free_port, run_async
+from tests.helpers.processes import run_async
 
 ECHO = "return {ARGV[1], redis.call('incr', KEYS[1])}"
 FAILS = "return redis.error_reply('refused by the script')"

@@ -25,6 +25,7 @@ import httpx
 import pytest
 import redis
 
+from devtools import stop, wait_until
 from inference import supervisor
 from portal.core.redis.client import redis_keys
 from portal.deployments.agent.start import deployment_start
@@ -34,8 +35,7 @@ from portal.teams.services import api_key_create, usage_flush
 from tests.helpers.builders import cpu_node_with, make_deployment
 from tests.helpers.engines import require_vllm
 from tests.helpers.gateway import REDIS_URL
-from tests.helpers.processes import run_async, stop
-from tests.helpers.waiting import wait_until
+from tests.helpers.processes import run_async
 
 from .conftest import shared_database_url, start_web
 

@@ -8,6 +8,7 @@ import time
 import httpx
 import pytest
 
+from devtools import free_port, wait_until
 from tests.helpers.gateway import (
     OUTLASTS_THE_QUEUE,
     add_replica,
@@ -17,8 +18,7 @@ from tests.helpers.gateway import (
     upstream_stats,
     wait_for_slots_free,
 )
-from tests.helpers.processes import free_port, run_async
-from tests.helpers.waiting import wait_until
+from tests.helpers.processes import run_async
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

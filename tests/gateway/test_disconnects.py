@@ -8,10 +8,10 @@ import socket
 
 import pytest
 
+from devtools import wait_until
 from portal.core.redis.client import redis_keys
 from tests.helpers.gateway import chat_body, slots_in_use, upstream_reset, upstream_stats, wait_for_slots_free
 from tests.helpers.processes import run_async
-from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

@@ -18,6 +18,7 @@ import pytest
 from django.db import close_old_connections
 from django.utils import timezone
 
+from devtools import wait_until
 from portal.audit.models import AuditEvent
 from portal.deployments.models import Deployment
 from portal.inventory.dispatch import send_to_node
@@ -28,7 +29,6 @@ from tests.helpers import builders
 from tests.helpers.agents import FakeNvidiaSmi, node_agent
 from tests.helpers.gateway import chat_body
 from tests.helpers.samples import bundled_config
-from tests.helpers.waiting import wait_until
 
 # A real agent, gateway and simulator moving a deployment under traffic: 15-50 s, out of make test-fast.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

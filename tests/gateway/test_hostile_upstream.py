@@ -11,10 +11,10 @@ import select
 import httpx
 import pytest
 
+from devtools import stop
 from portal.gateway import upstream
 from tests.helpers.gateway import chat_body, make_setup, start_gateway
 from tests.helpers.hostile import CLOSE, HostileUpstream, answer, own_answer
-from tests.helpers.processes import stop
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 EARLY_HINTS = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"

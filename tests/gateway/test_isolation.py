@@ -11,11 +11,10 @@ import uuid
 import httpx
 import pytest
 
+from devtools import stop, wait_until
 from portal.core.redis.client import redis_keys
 from tests.helpers import builders
 from tests.helpers.gateway import chat_body, make_setup, spawn_fake_upstream, upstream_reset, upstream_stats
-from tests.helpers.processes import stop
-from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

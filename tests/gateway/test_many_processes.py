@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from devtools import free_port, stop, wait_for_http
 from tests.helpers import ROOT
 from tests.helpers.gateway import (
     REDIS_URL,
@@ -26,7 +27,7 @@ from tests.helpers.gateway import (
     upstream_stats,
     wait_for_slots_free,
 )
-from tests.helpers.processes import free_port, run_async, stop, wait_until_up
+from tests.helpers.processes import run_async
 
 # Several gateway processes at once: out of make test-fast.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -142,7 +143,7 @@ def gateways(request, django_db_setup, django_db_blocker, tmp_path_factory):
             urls.append(f"http://127.0.0.1:{port}")
         for (workers, log_path), process, url in zip(shapes, processes, urls, strict=True):
             _wait_started(log_path, process, workers)
-            wait_until_up(f"{url}/v1/models", process)
+            wait_for_http(f"{url}/v1/models", watch=process)
         yield Gateways(request.param, urls, processes, [log for _w, log in shapes])
     finally:
         for process in processes:

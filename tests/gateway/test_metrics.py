@@ -8,13 +8,13 @@ import time
 import httpx
 import pytest
 
+from devtools import wait_until
 from portal.core.redis.client import redis_keys
 from portal.observability.selectors import traffic_last_hour
 from portal.observability.services import queue_depth_sample
 from tests.helpers.gateway import OUTLASTS_THE_QUEUE, chat_body, slots_in_use
 from tests.helpers.metrics import TOKEN, scrape, value
 from tests.helpers.processes import run_async
-from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

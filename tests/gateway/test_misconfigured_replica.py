@@ -9,9 +9,9 @@ import json
 import httpx
 import pytest
 
+from devtools import stop
 from portal.core.redis.client import redis_keys
 from tests.helpers.gateway import add_replica, chat_body, make_setup, spawn_fake_upstream, wait_for_slots_free
-from tests.helpers.processes import stop
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

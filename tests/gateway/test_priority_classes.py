@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from devtools import wait_until
 from portal.core.redis.client import redis_keys
 from tests.helpers.gateway import (
     BATCH_QUEUE_TIMEOUT_S,
@@ -20,7 +21,6 @@ from tests.helpers.gateway import (
     wait_for_slots_free,
 )
 from tests.helpers.processes import run_async
-from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

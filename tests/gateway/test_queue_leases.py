@@ -10,10 +10,10 @@ import time
 import httpx
 import pytest
 
+from devtools import stop, wait_until
 from portal.core.redis.client import redis_keys
 from tests.helpers.gateway import chat_body, slots_in_use, start_gateway, wait_for_slots_free
-from tests.helpers.processes import run_async, stop
-from tests.helpers.waiting import wait_until
+from tests.helpers.processes import run_async
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

@@ -12,8 +12,8 @@ from collections import Counter
 import httpx
 import pytest
 
+from devtools import wait_until
 from tests.helpers.gateway import chat_body, make_setup
-from tests.helpers.waiting import wait_until
 
 
 def _second_version(setup, upstream: str):
@@ -155,13 +155,12 @@ def test_a_failing_new_version_is_rolled_back_from_its_gateway_errors(
 ):
     """The whole chain on real components: the gateway's usage records → the latency rollup → the
     rollout's evaluation → shares → the gateway sends nothing more to the new version."""
+    from devtools import stop, wait_until
     from portal.observability.services import latency_rollup
     from portal.registry.services import served_model_create
     from portal.rollouts.services import rollout_evaluate, rollout_start
     from portal.teams.services import api_key_create, usage_flush
     from tests.helpers.gateway import spawn_fake_upstream, start_gateway
-    from tests.helpers.processes import stop
-    from tests.helpers.waiting import wait_until
 
     settings.ROLLOUT_MIN_REQUESTS = 5
     broken_url, broken = spawn_fake_upstream(5, "--status", "500")

@@ -9,11 +9,10 @@ import json
 
 import pytest
 
+from devtools import free_port, wait_until
 from portal.core.redis.client import redis_keys
 from portal.gateway import upstream
 from tests.helpers.gateway import upstream_reset, upstream_stats
-from tests.helpers.processes import free_port
-from tests.helpers.waiting import wait_until
 
 
 def _body(content: str = "Hello", *, stream: bool = True, max_tokens: int = 4) -> bytes:

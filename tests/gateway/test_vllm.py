@@ -7,9 +7,9 @@ import json
 import httpx
 import pytest
 
+from devtools import stop
 from tests.helpers import builders
 from tests.helpers.gateway import start_gateway
-from tests.helpers.processes import stop
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.vllm]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from devtools import stop
 from inference import supervisor
 from tests.helpers import ROOT
 from tests.helpers.samples import NVIDIA_SMI
@@ -67,8 +67,7 @@ def node_agent(
         try:
             yield process
         finally:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=60)
+            stop(process, grace_s=60)
             for pgid in Deployment.objects.exclude(pgid=None).values_list("pgid", flat=True):
                 supervisor.stop_group(pgid, grace_s=10)
 

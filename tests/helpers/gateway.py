@@ -17,9 +17,9 @@ import httpx
 import pytest
 import redis
 
+from devtools import NotReady, free_port, stop, wait_for_http
 from portal.core.redis.client import redis_keys
 from tests.helpers import ROOT, builders
-from tests.helpers.processes import free_port, stop, wait_until_up
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 # The test gateway's timeouts (see `gateway`), and fake-upstream directives that outlast them.
@@ -50,7 +50,7 @@ def spawn_fake_upstream(interval_ms: int, *extra: str) -> tuple[str, subprocess.
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
-    wait_until_up(f"{url}/health", process)
+    wait_for_http(f"{url}/health", watch=process)
     return url, process
 
 
@@ -107,10 +107,12 @@ def start_gateway(log_path: Path, **overrides: str) -> tuple[Gateway, subprocess
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_up(f"{url}/v1/models", process)
-    except RuntimeError:
+        wait_for_http(
+            f"{url}/v1/models", watch=process, details=lambda: log_path.read_text(errors="replace")[-3000:]
+        )
+    except NotReady:
         stop(process)
-        raise RuntimeError(log_path.read_text(errors="replace")[-3000:]) from None
+        raise
     return Gateway(url, log_path), process
 
 

@@ -11,16 +11,14 @@ says by then (transactional tests empty it after each test).
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import redis
 
+from devtools import free_port, log_tail, spawn, stop_all, wait_for_http, wait_until
 from inference import supervisor
 from portal.core.redis.client import redis_keys
 
@@ -28,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCAL_NODE = "local"
 # Beat's supervision pass; the default 15 s would make a journey wait for nothing.
 SUPERVISE_INTERVAL_S = 5
+READY_TIMEOUT_S = 90
 
 
 @dataclass
@@ -39,20 +38,9 @@ class Stack:
 
     def log_tails(self, lines: int = 60) -> str:
         """The end of every process's log, for a failure report."""
-        parts = []
-        for name, path in self.logs.items():
-            text = path.read_text(errors="replace") if path.exists() else "(no log)"
-            tail = "\n".join(text.splitlines()[-lines:])
-            parts.append(f"===== {name} ({path}) =====\n{tail}")
-        return "\n".join(parts)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return "\n".join(
+            f"===== {name} ({path}) =====\n{log_tail(path, lines)}" for name, path in self.logs.items()
+        )
 
 
 def stack_env(*, database: dict, redis_url: str, run_dir: Path) -> dict[str, str]:
@@ -107,7 +95,7 @@ def start_stack(*, database: dict, redis_url: str, tmp: Path) -> Stack:
     broker.delete(*[redis_keys().celery_key(queue) for queue in queues])
     broker.close()
     clear_gateway_state(redis_url)
-    port = _free_port()
+    port = free_port()
     env["BENCHMARK_GATEWAY_URL"] = f"http://127.0.0.1:{port}"  # members' benchmarks go through it
     tag = f"journeys-{os.getpid()}"
     commands = {
@@ -133,37 +121,31 @@ def start_stack(*, database: dict, redis_url: str, tmp: Path) -> Stack:
     for name, argv in commands.items():
         log_path = tmp / f"{name}.log"
         stack.logs[name] = log_path
-        with open(log_path, "wb") as log:
-            stack.processes[name] = subprocess.Popen(
-                argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        log_path.unlink(missing_ok=True)
+        stack.processes[name] = spawn(argv, log=log_path, cwd=ROOT, env=env)
     try:
-        _wait_ready(stack, "web", lambda: _answers(f"{stack.url}/accounts/login/"))
+        wait_for_http(f"{stack.url}/accounts/login/", status=200, what="web answering", **_watching(stack))
         for name in ("control", "benchmarks", "agent"):
-            _wait_ready(stack, name, lambda n=name: " ready." in stack.logs[n].read_text(errors="replace"))
-        _wait_ready(stack, "beat", lambda: "beat: Starting" in stack.logs["beat"].read_text(errors="replace"))
+            _wait_logged(stack, name, " ready.")
+        _wait_logged(stack, "beat", "beat: Starting")
     except BaseException:
         stop_stack(stack)
         raise
     return stack
 
 
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+def _watching(stack: Stack) -> dict:
+    """A wait that fails at once when any of the stack's processes exits, with every log's tail."""
+    return {"watch": stack.processes, "timeout_s": READY_TIMEOUT_S, "details": stack.log_tails}
 
 
-def _wait_ready(stack: Stack, name: str, ready, timeout_s: float = 90) -> None:
-    process = stack.processes[name]
-    deadline = time.monotonic() + timeout_s
-    while not ready():
-        if process.poll() is not None:
-            raise RuntimeError(f"{name} exited with {process.returncode}:\n{stack.log_tails()}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{name} not ready after {timeout_s:.0f} s:\n{stack.log_tails()}")
-        time.sleep(0.3)
+def _wait_logged(stack: Stack, name: str, line: str) -> None:
+    wait_until(
+        lambda: line in stack.logs[name].read_text(errors="replace"),
+        what=f"{name} ready ({line.strip()!r} in its log)",
+        interval_s=0.3,
+        **_watching(stack),
+    )
 
 
 def servers_in(run_dir: Path) -> set[int]:
@@ -190,13 +172,5 @@ def stop_servers(run_dir: Path) -> None:
 
 def stop_stack(stack: Stack) -> None:
     """SIGTERM every process group (SIGKILL after 20 s), then any server left in the run directory."""
-    for process in stack.processes.values():
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-    for process in stack.processes.values():
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+    stop_all(stack.processes.values(), grace_s=20)
     stop_servers(stack.run_dir)

@@ -9,11 +9,11 @@ import threading
 import pytest
 from aiohttp import web
 
+from devtools import free_port
 from inference.errors import InputError
 from inference.loadgen.fake_server import FakeServer
 from inference.loadgen.loadgen import BenchConfig, LevelPlan, NoHooks, judge_client, run_blocking, run_sweep
 from inference.loadgen.workloads import load_mix
-from perf._common import free_port
 
 
 async def sweep_against(server: FakeServer, **config) -> tuple:

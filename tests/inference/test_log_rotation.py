@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from devtools import wait_until
 from inference import server_log, supervisor
-from tests.helpers.waiting import wait_until
 
 # Writes a numbered line every 5 ms to stdout (the log file, through the descriptor `launch` opened).
 CHATTY = (

@@ -15,9 +15,9 @@ import sys
 
 import pytest
 
+from devtools import wait_until
 from inference import supervisor
 from inference.supervisor import ProcessIdentity
-from tests.helpers.waiting import wait_until
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from devtools import wait_until
 from inference import server_log, supervisor
 from inference.env_probe import build_advice, missing_kernels, sm_name
-from tests.helpers.waiting import wait_until
 
 # A parent that forks a child into its process group and ignores SIGTERM, like an engine that will not stop.
 STUBBORN = (

@@ -4,7 +4,7 @@ import pytest
 
 from inference.errors import InputError
 from inference.planner import ProfileSettings
-from inference.vllm_args import ServerArgs, command_line, sim_command, vllm_args, vllm_command
+from inference.vllm_args import LaunchSettings, ServerArgs, command_line, sim_command, vllm_args, vllm_command
 
 SERVER = ServerArgs(
     model_path="/models/llama-2-7b", served_model_name="llama-2-7b-chat-hf", host="10.0.0.5", port=8123
@@ -17,7 +17,7 @@ def flag(args: list[str], name: str) -> str | None:
 
 
 def test_it_names_the_model_the_served_name_and_where_to_listen():
-    args = vllm_args(ProfileSettings(), SERVER)
+    args = vllm_args(LaunchSettings(ProfileSettings()), SERVER)
     assert args[:8] == [
         "--model",
         "/models/llama-2-7b",
@@ -47,7 +47,7 @@ def test_it_names_the_model_the_served_name_and_where_to_listen():
     ],
 )
 def test_it_writes_each_valued_setting_as_its_vllm_flag(setting, value, name, expected):
-    assert flag(vllm_args(ProfileSettings(**{setting: value}), SERVER), name) == expected
+    assert flag(vllm_args(LaunchSettings(ProfileSettings(**{setting: value})), SERVER), name) == expected
 
 
 @pytest.mark.parametrize(
@@ -62,7 +62,7 @@ def test_it_writes_each_valued_setting_as_its_vllm_flag(setting, value, name, ex
     ],
 )
 def test_it_leaves_out_flags_that_would_only_repeat_vllms_default(name, absent_when):
-    assert name not in vllm_args(ProfileSettings(**absent_when), SERVER)
+    assert name not in vllm_args(LaunchSettings(ProfileSettings(**absent_when)), SERVER)
 
 
 @pytest.mark.parametrize(
@@ -73,18 +73,20 @@ def test_it_leaves_out_flags_that_would_only_repeat_vllms_default(name, absent_w
     ],
 )
 def test_it_says_on_or_off_explicitly_for_switches_whose_default_changed(setting, on, off):
-    assert on in vllm_args(ProfileSettings(**{setting: True}), SERVER)
-    args = vllm_args(ProfileSettings(**{setting: False}), SERVER)
+    assert on in vllm_args(LaunchSettings(ProfileSettings(**{setting: True})), SERVER)
+    args = vllm_args(LaunchSettings(ProfileSettings(**{setting: False})), SERVER)
     assert off in args and on not in args
 
 
 def test_it_adds_enforce_eager_only_when_asked():
-    assert "--enforce-eager" in vllm_args(ProfileSettings(enforce_eager=True), SERVER)
-    assert "--enforce-eager" not in vllm_args(ProfileSettings(enforce_eager=False), SERVER)
+    assert "--enforce-eager" in vllm_args(LaunchSettings(ProfileSettings(enforce_eager=True)), SERVER)
+    assert "--enforce-eager" not in vllm_args(LaunchSettings(ProfileSettings(enforce_eager=False)), SERVER)
 
 
 def test_it_appends_extra_args_last_so_they_win():
-    args = vllm_args(ProfileSettings(), SERVER, extra_args=["--seed", "0", "--max-num-seqs", "8"])
+    args = vllm_args(
+        LaunchSettings(ProfileSettings(), extra_args=["--seed", "0", "--max-num-seqs", "8"]), SERVER
+    )
     assert args[-4:] == ["--seed", "0", "--max-num-seqs", "8"]
 
 
@@ -93,13 +95,13 @@ def test_it_appends_extra_args_last_so_they_win():
 )
 def test_it_refuses_extra_args_that_move_the_server_away_from_the_portal(extra):
     with pytest.raises(InputError, match="is set by the portal") as error:
-        vllm_args(ProfileSettings(), SERVER, extra_args=extra)
+        vllm_args(LaunchSettings(ProfileSettings(), extra_args=extra), SERVER)
     assert error.value.field == "extra_args"
 
 
 def test_it_refuses_a_port_out_of_range():
     with pytest.raises(InputError, match="port"):
-        vllm_args(ProfileSettings(), ServerArgs("/m", "m", "127.0.0.1", 70000))
+        vllm_args(LaunchSettings(ProfileSettings()), ServerArgs("/m", "m", "127.0.0.1", 70000))
 
 
 def test_it_builds_the_fieldnotes_v100_recipe():
@@ -113,7 +115,7 @@ def test_it_builds_the_fieldnotes_v100_recipe():
         enable_chunked_prefill=True,
         enforce_eager=True,
     )
-    argv = vllm_command("/opt/vllm/bin/python", vllm_args(profile, SERVER))
+    argv = vllm_command("/opt/vllm/bin/python", vllm_args(LaunchSettings(profile), SERVER))
     assert command_line(argv) == (
         "/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server --model /models/llama-2-7b "
         "--served-model-name llama-2-7b-chat-hf --host 10.0.0.5 --port 8123 --dtype float16 "
@@ -123,7 +125,7 @@ def test_it_builds_the_fieldnotes_v100_recipe():
 
 
 def test_it_runs_the_simulator_with_the_same_flags_plus_the_hardware():
-    args = vllm_args(ProfileSettings(max_model_len=4096), SERVER)
+    args = vllm_args(LaunchSettings(ProfileSettings(max_model_len=4096)), SERVER)
     argv = sim_command("/usr/bin/python3", args, hardware="v100-sxm2-32gb")
     assert argv[:3] == ["/usr/bin/python3", "-m", "inference.sim"]
     assert argv[3:-2] == args
@@ -147,22 +149,22 @@ def test_it_runs_the_simulator_with_the_same_flags_plus_the_hardware():
 )
 def test_it_refuses_extra_args_that_set_a_portal_flag_in_any_spelling_vllm_accepts(extra, reads_as):
     with pytest.raises(InputError, match="is set by the portal") as error:
-        vllm_args(ProfileSettings(), SERVER, extra_args=extra)
+        vllm_args(LaunchSettings(ProfileSettings(), extra_args=extra), SERVER)
     assert error.value.field == "extra_args" and reads_as in error.value.message
 
 
 @pytest.mark.parametrize("version", ["0.8.5.post2", "0.19.1", "0.26.0", "0.32.0"])
 def test_it_keeps_prefix_caching_and_chunked_prefill_off_on_every_engine_line(version):
-    args = vllm_args(ProfileSettings(), SERVER, engine_version=version)
+    args = vllm_args(LaunchSettings(ProfileSettings(), engine_version=version), SERVER)
     assert "--no-enable-prefix-caching" in args and "--no-enable-chunked-prefill" in args
 
 
 def test_it_refuses_a_swap_space_the_nodes_vllm_no_longer_has():
     with pytest.raises(InputError, match="has no --swap-space") as error:
-        vllm_args(ProfileSettings(swap_space_gb=8), SERVER, engine_version="0.19.1")
+        vllm_args(LaunchSettings(ProfileSettings(swap_space_gb=8), engine_version="0.19.1"), SERVER)
     assert error.value.field == "profile" and "0.8.5 line" in error.value.message
 
 
 def test_it_writes_swap_space_for_the_v0_line_that_has_it():
-    args = vllm_args(ProfileSettings(swap_space_gb=8), SERVER, engine_version="0.8.5.post2")
+    args = vllm_args(LaunchSettings(ProfileSettings(swap_space_gb=8), engine_version="0.8.5.post2"), SERVER)
     assert flag(args, "--swap-space") == "8"

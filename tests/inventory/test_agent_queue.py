@@ -1,7 +1,6 @@
 """A real Celery worker consuming `node.<name>` runs discovery on its machine."""
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +8,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from devtools import stop
 from portal.celery import app
 from portal.inventory.dispatch import send_to_node
 from portal.inventory.models import Node
@@ -53,8 +53,7 @@ def agent():
         start_new_session=True,
     )
     yield process
-    os.killpg(process.pid, signal.SIGTERM)
-    process.wait(timeout=30)
+    stop(process, grace_s=30)
 
 
 @pytest.mark.postgres(reason="an agent process shares the test database")

@@ -129,8 +129,8 @@ def test_it_prunes_gpu_samples_past_their_retention(dgx, settings):
 def test_the_node_agent_samples_a_fake_nvidia_smi_and_takes_a_hung_one_as_lost(dgx, tmp_path):
     from django.db import close_old_connections
 
+    from devtools import wait_until
     from portal.inventory.dispatch import send_to_node
-    from tests.helpers.waiting import wait_until
 
     smi = FakeNvidiaSmi(tmp_path / "bin")
     smi.show("health_v100_sxm2_8x_ecc_uncorrectable.csv")

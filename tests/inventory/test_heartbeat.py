@@ -8,13 +8,13 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from devtools import wait_until
 from portal.deployments.models import DeploymentEvent
 from portal.inventory.models import AgentState, Node
 from portal.inventory.services import node_create, node_record_heartbeat
 from portal.inventory.tasks import heartbeat_all
 from tests.helpers import builders
 from tests.helpers.agents import node_agent
-from tests.helpers.waiting import wait_until
 
 VERSIONS = {"portal": "0.1.0", "commit": "abc123def456", "python": "3.11.9", "celery": "5.5.3"}
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools import stop
 from portal.observability import prometheus
 from portal.observability.collector import read_counters
 from tests.helpers import builders
@@ -146,12 +146,7 @@ def worker(settings):
         argv, cwd=REPO, env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
     )
     yield queue, log_path
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
+    stop(process, grace_s=30)
 
 
 @pytest.mark.timeout(180)

@@ -11,10 +11,10 @@ import httpx
 import pytest
 from django.test import Client
 
+from devtools import wait_until
 from portal.teams.models import ApiKey, Usage
 from portal.teams.services import usage_flush
 from tests.helpers.gateway import NO_FIRST_TOKEN_IN_TIME, upstream_stats
-from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

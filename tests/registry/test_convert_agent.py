@@ -19,6 +19,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from devtools import wait_until
 from inference.convert import bf16_bits_to_fp16
 from inference.hashing import hash_model_dir
 from portal.core.redis.client import redis_keys
@@ -27,7 +28,6 @@ from portal.registry.models import ConversionJob, ConversionState, ModelVersion
 from portal.registry.services import conversion_job_start, model_version_create
 from tests.helpers.safetensors import fp16_bits_of, write_safetensors
 from tests.helpers.samples import bundled_config
-from tests.helpers.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE = "ci-convert"

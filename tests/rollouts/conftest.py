@@ -23,9 +23,9 @@ def control(transactional_db, tmp_path):
     import redis
     from django.db import connection
 
+    from devtools import stop
     from portal.core.redis.client import redis_keys
     from tests.helpers.gateway import REDIS_URL
-    from tests.helpers.processes import stop
     from tests.helpers.stack import stack_env
 
     env = {
@@ -58,8 +58,8 @@ def control(transactional_db, tmp_path):
 def rollout_gateway(transactional_db, tmp_path):
     """A gateway process that reloads routes (and so shares) every second, with first-token and
     read timeouts no loaded CPU reaches; the gateway's Redis state emptied first."""
+    from devtools import stop
     from tests.helpers.gateway import REDIS_URL, start_gateway
-    from tests.helpers.processes import stop
     from tests.helpers.stack import clear_gateway_state
 
     clear_gateway_state(REDIS_URL)
@@ -77,7 +77,7 @@ def rollout_gateway(transactional_db, tmp_path):
 @pytest.fixture
 def sims(tmp_path):
     """Start simulated versions: `sims(name, speedup=1.0) -> url`; all stopped after the test."""
-    from perf._common import stop
+    from devtools import stop
     from perf.rollout_load import spawn_sim
 
     processes = []

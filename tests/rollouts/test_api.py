@@ -197,3 +197,16 @@ def test_a_start_on_the_same_hardware_warns_of_nothing(pair, alice):
         .json()
     )
     assert body["warnings"] == [] and body["compare_sla_only"] is False
+
+
+def test_it_filters_rollouts_by_state_and_refuses_an_unknown_one(pair, alice, charlie):
+    client = api_client(alice)
+    body = {"served_model": pair.served.name, "to_deployment": pair.new.name, "steps": [[100, 5]]}
+    started = client.post(URL, {**body, "from_deployment": pair.old.name}, format="json").json()
+    client.post(f"{URL}{started['id']}/pause/")
+    assert [r["id"] for r in client.get(URL, {"state": "paused"}).json()["results"]] == [started["id"]]
+    assert client.get(URL, {"state": "warming"}).json()["results"] == []
+    assert client.get(URL, {"served_model": pair.served.name}).json()["count"] == 1
+    assert client.get(URL, {"state": "exploded"}).status_code == 400
+    # charlie (no team) finds nothing through a filter that names it exactly
+    assert api_client(charlie).get(URL, {"served_model": pair.served.name}).json()["results"] == []

@@ -10,8 +10,8 @@ import uuid
 
 import pytest
 
+from devtools import wait_until
 from tests.helpers.rollouts import serving_on
-from tests.helpers.waiting import wait_until
 
 INTERVAL_S = 2  # the rollout's measurement interval in these tests
 

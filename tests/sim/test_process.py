@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from perf._common import free_port
+from devtools import free_port, stop
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,8 +53,7 @@ def test_it_serves_on_localhost_until_terminated():
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()
         assert models["data"][0]["id"] == "llama-2-7b"
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=10)
+        stop(process, grace_s=10)
 
 
 def test_it_exits_with_vllms_message_when_vllm_would_not_start():

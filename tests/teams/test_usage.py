@@ -11,13 +11,13 @@ import uuid
 import pytest
 from django.utils import timezone
 
+from devtools import wait_until
 from portal.core.redis.client import redis_keys
 from portal.core.redis.scripts import USAGE_TAKE
 from portal.teams.models import ApiKey, Team, Usage, UsageDaily
 from portal.teams.services import api_key_create, budgets_enforce, usage_flush, usage_rollup
 from tests.helpers import builders
 from tests.helpers.usage import dead_letters, push, record
-from tests.helpers.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
 

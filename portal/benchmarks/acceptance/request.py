@@ -18,7 +18,8 @@ from inference.planner import Plan, plan_deployment
 from inference.tiny_model import llama_config, resolve_shape
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError
-from portal.deployments.models import Deployment, DeploymentProfile, DesiredState
+from portal.deployments.launch import settings_from
+from portal.deployments.models import Deployment, DesiredState
 from portal.deployments.selectors import gpus_held_on_node
 from portal.deployments.services import deployment_request_stop, node_placement
 from portal.inventory.dispatch import send_to_node
@@ -97,7 +98,7 @@ def reference_plan(
         enforce_eager=enforce_eager,
         flags=flags,
     )
-    settings_ = DeploymentProfile(**values).settings()
+    settings_ = settings_from(**values)
     return plan_deployment(arch_from_config(config), settings_, placement)
 
 

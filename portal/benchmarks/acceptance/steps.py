@@ -25,6 +25,7 @@ from portal.deployments.agent.environment import kernel_problem, problem_advice
 from portal.deployments.agent.lease import agent_owner
 from portal.deployments.agent.start import deployment_start
 from portal.deployments.agent.stop import deployment_stop
+from portal.deployments.launch import knob_values, launch_settings
 from portal.deployments.models import Deployment, DeploymentProfile, DeploymentState, DesiredState
 from portal.deployments.services import deployment_create
 from portal.inventory.models import ACCEPTANCE_TEAM_SLUG, GpuHealth, Node, NodeAcceptance
@@ -316,7 +317,7 @@ def feature_probe(run: RunningAcceptance, context: AcceptanceContext) -> str:
     """Ask the serving reference engine for what its profile turns on and vLLM marks unsupported on
     Volta (feature_probe.py): a prompt over the token budget, a prompt twice; then its /health."""
     profile, version = context.profile, context.version
-    profile_settings, arch = profile.settings(), version.arch()
+    profile_settings, arch = launch_settings(profile).profile, version.arch()
     target = ProbeTarget(
         base_url=context.local_url,
         model=version.name,
@@ -408,7 +409,7 @@ def _sweep_kwargs(run: RunningAcceptance, context: AcceptanceContext) -> dict | 
     gpu_key = acceptance.predict_gpu or acceptance.versions.get("gpu_catalog_key", "")
     if not gpu_key:
         return None
-    values = context.profile.settings_values()
+    values = knob_values(context.profile)
     # The node's own GPUs run the node's own vLLM (a V1 line on Volta: a slower attention path); a
     # prediction for another GPU (a CPU node's `predict_gpu`) assumes the newest line there.
     engine_version = "" if acceptance.predict_gpu else acceptance.versions.get("vllm", "")

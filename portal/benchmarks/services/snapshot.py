@@ -9,6 +9,7 @@ import httpx
 
 from inference.planner import GB
 from portal.core.errors import ApplicationError
+from portal.deployments.launch import knob_values
 from portal.deployments.models import Deployment
 from portal.deployments.services import deployment_plan
 
@@ -43,7 +44,7 @@ def deployment_snapshot(deployment: Deployment) -> dict:
         "team": deployment.team.slug,
         "adopted": deployment.adopted,
         "profile": (
-            {"name": profile.name, **dict(profile.settings_values().items())} if profile is not None else {}
+            {"name": profile.name, **knob_values(profile)} if profile is not None else {}
         ),
         "engine": (profile.engine if profile is not None else "")
         or (node.engine if node is not None else "")

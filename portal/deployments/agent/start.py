@@ -18,6 +18,7 @@ from inference.startup_errors import classify_startup_log, last_error_line
 from inference.vllm_args import ServerArgs, command_line, sim_command, vllm_args, vllm_command
 from portal.core.errors import ApplicationError
 
+from ..launch import launch_settings
 from ..models import Deployment, DeploymentState, DesiredState, EventStatus
 from ..placement import holding_problems
 from ..selectors import gpus_held_by_team
@@ -168,18 +169,23 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
 
     with step(did, "command") as result:
         try:
+            # The simulator takes the newest line's flags; vLLM, its own version's.
+            recipe = launch_settings(
+                deployment.profile, engine_version="" if engine == "sim" else node.vllm_version
+            )
             args = vllm_args(
-                deployment.profile.settings(),
+                recipe,
                 ServerArgs(
                     model_path=str(model_dir),
                     served_model_name=model_version.name,
                     host=bind_host,
                     port=port,
                 ),
-                extra_args=deployment.profile.extra_args or [],
-                # The simulator takes the newest line's flags; vLLM, its own version's.
-                engine_version="" if engine == "sim" else node.vllm_version,
             )
+        except ApplicationError as error:
+            raise StepFailed(
+                "command", str(InputError(error.field or "", error.message)), "bad_profile"
+            ) from error
         except InputError as error:
             raise StepFailed("command", str(error), "bad_profile") from error
         if engine == "sim":
@@ -368,4 +374,3 @@ def _fail(lease: Lease, deployment: Deployment, failure: StepFailed, launch: _La
         log_tail=tail,
     )
     event(deployment.pk, "failed", EventStatus.FAILED, f"[{failure.code}] {failure.message}")
-

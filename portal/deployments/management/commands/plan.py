@@ -7,7 +7,8 @@ import json
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from inference.hardware import get_gpu
-from inference.planner import Plan
+from inference.planner import Plan, launch_knobs
+from inference.vllm_args import add_knob_arguments, knob_options
 from portal.core.errors import ApplicationError
 from portal.deployments.services import plan_on_catalog_gpus
 
@@ -21,16 +22,20 @@ class Command(BaseCommand):
         parser.add_argument(
             "--model", required=True, help="registered model name, bundled config, or config.json path"
         )
-        parser.add_argument("--dtype", default="float16", help="float16 | bfloat16 | float32 | auto")
-        parser.add_argument(
-            "--quantization", default=None, help="gptq | awq | fp8 … (default: from the model)"
+        # Every launch knob by its vLLM flag, with the profile's defaults (inference/planner.py);
+        # the tensor-parallel size is also `--tp` and defaults to all the GPUs (docs/architecture.md).
+        add_knob_arguments(
+            parser,
+            portal_defaults=True,
+            dtype={"help": "float16 | bfloat16 | float32 | auto"},
+            quantization={"help": "gptq | awq | fp8 … (default: from the model)"},
+            block_size={"choices": None},  # the planner refuses a bad one, naming --block-size
+            tensor_parallel_size={
+                "flags": ("--tp", "--tensor-parallel-size"),
+                "default": None,
+                "help": "tensor-parallel size (default: --gpus)",
+            },
         )
-        parser.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: --gpus)")
-        parser.add_argument("--max-model-len", type=int, default=None)
-        parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-        parser.add_argument("--max-num-seqs", type=int, default=256)
-        parser.add_argument("--block-size", type=int, default=16)
-        parser.add_argument("--enforce-eager", action="store_true")
         link = parser.add_mutually_exclusive_group()
         link.add_argument(
             "--nvlink", dest="nvlink", action="store_true", default=None, help="GPUs are NVLinked"
@@ -52,14 +57,7 @@ class Command(BaseCommand):
                 nvlink=options["nvlink"],
                 allow_paths=True,
                 engine_version=options["engine_version"],
-                dtype=options["dtype"],
-                tensor_parallel_size=options["tp"],
-                max_model_len=options["max_model_len"],
-                gpu_memory_utilization=options["gpu_memory_utilization"],
-                max_num_seqs=options["max_num_seqs"],
-                block_size=options["block_size"],
-                enforce_eager=options["enforce_eager"],
-                quantization=options["quantization"],
+                **knob_options(options),
             )
         except ApplicationError as error:
             raise CommandError(
@@ -78,7 +76,8 @@ class Command(BaseCommand):
 
 def _flag(field: str) -> str:
     """The command-line flag for a settings field, so errors name what the user typed."""
-    return {"tensor_parallel_size": "--tp"}.get(field, "--" + field.replace("_", "-"))
+    flags = {spec.name: knob.flag for spec, knob in launch_knobs()} | {"tensor_parallel_size": "--tp"}
+    return flags.get(field, "--" + field.replace("_", "-"))
 
 
 def render_plan(plan: Plan, *, title: str) -> str:

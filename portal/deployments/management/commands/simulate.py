@@ -25,6 +25,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from inference.loadgen.summary import format_table
 from inference.sim.costs import describe_calibration
+from inference.vllm_args import knob_options
 from portal.core.errors import ApplicationError
 from portal.deployments.management.commands.plan import Command as PlanCommand
 from portal.deployments.management.commands.plan import _flag
@@ -44,10 +45,7 @@ class Command(BaseCommand):
     help = "Simulate a closed-loop concurrency sweep of a profile (virtual clock: seconds of wall time)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        PlanCommand.add_arguments(self, parser)  # plan's flags, including --json
-        parser.add_argument("--max-num-batched-tokens", type=int, default=None)
-        parser.add_argument("--enable-prefix-caching", action="store_true")
-        parser.add_argument("--enable-chunked-prefill", action="store_true")
+        PlanCommand.add_arguments(self, parser)  # plan's flags (every launch knob), including --json
         parser.add_argument(
             "--mix", default="field-mix", help="field-mix | short-qa | long-summary | qa-summary-60-40 | "
             "prefix-shared | fixed:<in>:<out> | path to a mix JSON file",
@@ -112,17 +110,7 @@ class Command(BaseCommand):
             requests_per_level=options["requests_per_level"],
             seed=options["seed"],
             calibration=calibration,
-            dtype=options["dtype"],
-            tensor_parallel_size=options["tp"],
-            max_model_len=options["max_model_len"],
-            gpu_memory_utilization=options["gpu_memory_utilization"],
-            max_num_seqs=options["max_num_seqs"],
-            max_num_batched_tokens=options["max_num_batched_tokens"],
-            block_size=options["block_size"],
-            enforce_eager=options["enforce_eager"],
-            enable_prefix_caching=options["enable_prefix_caching"],
-            enable_chunked_prefill=options["enable_chunked_prefill"],
-            quantization=options["quantization"],
+            **knob_options(options),
         )
         try:
             kwargs["concurrency"] = parse_concurrency(options["concurrency"])
@@ -160,9 +148,7 @@ class Command(BaseCommand):
         calibrated = "fitted" if "fit" in result else ("saved" if calibration is not None else "uncalibrated")
         if options["node"] and calibration is not None and "fit" not in result:
             calibrated = f"node {options['node']}'s acceptance"
-        self.stdout.write(
-            f"host costs ({calibrated}): " + describe_calibration(result["calibration"])
-        )
+        self.stdout.write(f"host costs ({calibrated}): " + describe_calibration(result["calibration"]))
         self.stdout.write(format_table(result["levels"]))
         self.stdout.write("")
         self.stdout.write(
