@@ -6,6 +6,14 @@ token; `Lease.fenced()` locks the row, checks the token is still ours and only t
 write (its own row and the rows that hang off it); `Lease.finish` ends it. docs/jobs.md.
 """
 
-from .lease import Lease, LostLease, claim, lease_break, lease_free
+from .lease import Lease, LostLease, before_fenced_writes, claim, lease_break, lease_free, worker_name
 
-__all__ = ["Lease", "LostLease", "claim", "lease_break", "lease_free"]
+__all__ = [
+    "Lease",
+    "LostLease",
+    "before_fenced_writes",
+    "claim",
+    "lease_break",
+    "lease_free",
+    "worker_name",
+]

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import socket
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -34,6 +37,11 @@ _before_write: list[Callable[[Lease], None]] = []
 
 class LostLease(Exception):
     """Another worker holds the job now, or it was ended under us: this worker's writes are void."""
+
+
+def worker_name(task_id: str | None = None) -> str:
+    """Who holds a lease: host, process and task (or thread), as the row's `lease_owner` shows it."""
+    return f"{socket.gethostname()}:{os.getpid()}:{task_id or threading.current_thread().name}"[:200]
 
 
 def lease_free(now: datetime | None = None) -> Q:
