@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from django.core.management import CommandError, call_command
+from django.db.models import F
 from django.utils import timezone
 
 from inference.hashing import hash_model_dir
@@ -201,7 +202,7 @@ def test_a_worker_that_lost_its_job_registers_nothing(tmp_path):
 
     def taken_over(progress):
         # Another attempt claimed the job (our lease lapsed): the fence stops us.
-        ConversionJob.objects.filter(pk=job.pk).update(attempt=99)
+        ConversionJob.objects.filter(pk=job.pk).update(attempt=99, lease_token=F("lease_token") + 1)
 
     conversion_job_run(job_id=job.pk, progress=taken_over)
     assert ModelVersion.objects.count() == 1

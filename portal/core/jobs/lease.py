@@ -67,6 +67,7 @@ class Lease:
     ttl_s: float
     # What the row must still say besides the token (e.g. `state=running`), as the kind's old fences did.
     live: Q = field(default_factory=Q)
+    _inside: int = field(default=0, init=False, repr=False, compare=False)
 
     def _mine(self) -> QuerySet:
         return self.model.objects.filter(self.live, pk=self.target_id, lease_token=self.token)
@@ -87,18 +88,24 @@ class Lease:
         Everything written inside commits with the check or not at all; the row (locked, fresh) is
         yielded. Raises `LostLease` before any write when the token moved on.
         """
-        for hook in _before_write:
-            hook(self)
+        if not self._inside:
+            for hook in _before_write:
+                hook(self)
         with transaction.atomic():
             row = self._mine().select_for_update().first()
             if row is None:
                 raise self._lost()
-            yield row
+            self._inside += 1
+            try:
+                yield row
+            finally:
+                self._inside -= 1
 
     def write(self, **fields) -> None:
         """Update the job's row, renewing the lease, only while the lease is ours (else `LostLease`)."""
-        for hook in _before_write:
-            hook(self)
+        if not self._inside:  # inside `fenced` the row is locked: never pause a worker there
+            for hook in _before_write:
+                hook(self)
         now = timezone.now()
         fields.setdefault("lease_expires_at", self._until(now))
         # One conditional UPDATE: it locks the row and checks the token in the same statement.
@@ -152,8 +159,12 @@ def claim(
         "lease_expires_at": now + timedelta(seconds=ttl_s),
         **on_claim,
     }
+    if not worker:
+        raise ValueError("a lease needs the name of the worker that holds it")
+    # Free: lapsed, never taken, or without a holder (a queued job's give-up deadline, a release).
+    free = lease_free(now) | Q(lease_owner="")
     with transaction.atomic():
-        claimed = model.objects.filter(claimable or Q(), lease_free(now), pk=target_id).update(
+        claimed = model.objects.filter(claimable or Q(), free, pk=target_id).update(
             **_stamped(model, fields, now)
         )
         if claimed != 1:
