@@ -262,28 +262,32 @@ def start_reference(run: RunningAcceptance, context: AcceptanceContext) -> str:
     if acceptance.profile_name:
         # The flags as launched (max_model_len capped, eager on a CPU), not only as asked.
         run.write(profile_flags={flag: values[flag] for flag in LAUNCH_FLAGS})
-    try:
-        clean_or_raise(profile)
-        profile.save()
-        # Created stopped (no start message to the queue): this agent starts it itself, below.
-        deployment = deployment_create(
-            name=name,
-            team=team,
-            model_version=version,
-            profile=profile,
-            node=node,
-            gpu_indices=acceptance.gpu_indices,
-            desired_state=DesiredState.STOPPED,
+    # Fenced: a runner that lost the acceptance creates no reference server beside the new holder's.
+    with run.lease.fenced():
+        try:
+            clean_or_raise(profile)
+            profile.save()
+            # Created stopped (no start message to the queue): this agent starts it itself, below.
+            deployment = deployment_create(
+                name=name,
+                team=team,
+                model_version=version,
+                profile=profile,
+                node=node,
+                gpu_indices=acceptance.gpu_indices,
+                desired_state=DesiredState.STOPPED,
+            )
+        except ApplicationError as error:
+            raise AcceptanceStepFailed(
+                f"{error.field}: {error.message}" if error.field else error.message
+            ) from error
+        Deployment.objects.filter(pk=deployment.pk).update(
+            desired_state=DesiredState.RUNNING,
+            state=DeploymentState.PENDING,
+            start_requested_at=timezone.now(),
         )
-    except ApplicationError as error:
-        raise AcceptanceStepFailed(
-            f"{error.field}: {error.message}" if error.field else error.message
-        ) from error
-    Deployment.objects.filter(pk=deployment.pk).update(
-        desired_state=DesiredState.RUNNING, state=DeploymentState.PENDING, start_requested_at=timezone.now()
-    )
+        run.write(deployment_name=name)
     context.deployment_id = deployment.pk
-    run.write(deployment_name=name)
     outcome = deployment_start(deployment.pk, owner=agent_owner(f"acceptance-{acceptance.pk}"))
     # "busy": another task of this agent took the lease first (supervision); wait for its outcome.
     deadline = time.monotonic() + settings.DEPLOYMENT_READY_TIMEOUT_S + 120
