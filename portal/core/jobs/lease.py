@@ -30,9 +30,10 @@ from .models import LeasedJob
 
 logger = logging.getLogger(__name__)
 
-# Called with the lease before every fenced write: where a test pauses a worker mid-job (waiting on
-# an event) to stall it past its lease. Empty in production.
-_before_write: list[Callable[[Lease], None]] = []
+# Called with the lease and the names of the fields about to be written (empty for a `fenced()`
+# block) before every fenced write: where a test pauses a worker mid-job (waiting on an event) to
+# stall it past its lease. Empty in production.
+_before_write: list[Callable[[Lease, frozenset[str]], None]] = []
 
 
 class LostLease(Exception):
@@ -90,7 +91,7 @@ class Lease:
         """
         if not self._inside:
             for hook in _before_write:
-                hook(self)
+                hook(self, frozenset())
         with transaction.atomic():
             row = self._mine().select_for_update().first()
             if row is None:
@@ -105,7 +106,7 @@ class Lease:
         """Update the job's row, renewing the lease, only while the lease is ours (else `LostLease`)."""
         if not self._inside:  # inside `fenced` the row is locked: never pause a worker there
             for hook in _before_write:
-                hook(self)
+                hook(self, frozenset(fields))
         now = timezone.now()
         fields.setdefault("lease_expires_at", self._until(now))
         # One conditional UPDATE: it locks the row and checks the token in the same statement.
@@ -188,8 +189,8 @@ def lease_break(queryset: QuerySet, **fields) -> int:
 
 
 @contextlib.contextmanager
-def before_fenced_writes(hook: Callable[[Lease], None]) -> Iterator[None]:
-    """Run `hook(lease)` before every fenced write while inside (tests pause a worker here)."""
+def before_fenced_writes(hook: Callable[[Lease, frozenset[str]], None]) -> Iterator[None]:
+    """Run `hook(lease, fields)` before every fenced write while inside (tests pause a worker here)."""
     _before_write.append(hook)
     try:
         yield
