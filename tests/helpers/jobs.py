@@ -67,8 +67,8 @@ class StalledWorker:
         finally:
             connection.close()
 
-    def start_and_wait_stalled(self, *, timeout_s: float = 120) -> Lease:
-        """Start the job and wait until it is stalled; then wait until its lease lapsed."""
+    def start_and_wait_stalled(self, *, timeout_s: float = 120, lapse: bool = True) -> Lease:
+        """Start the job and wait until it is stalled; then (with `lapse`) until its lease lapsed."""
         self._hooked.__enter__()
         self._thread.start()
         wait_until(
@@ -78,6 +78,8 @@ class StalledWorker:
         )
         assert self.paused.is_set(), f"{self.name} ended before write {self.pause_at}: {self.error!r}"
         lease = self.lease
+        if not lapse:
+            return lease
         model = lease.model
         wait_until(
             lambda: model.objects.filter(pk=lease.target_id, lease_expires_at__lt=timezone.now()).exists(),
