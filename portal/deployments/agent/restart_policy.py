@@ -71,6 +71,7 @@ def pending_rescue_s() -> float:
 
 
 def planned_restart(
+    lease: Lease,
     deployment: Deployment,
     *,
     uptime_s: float,
@@ -96,7 +97,7 @@ def planned_restart(
         baseline_memory_mb=baseline_memory_mb,
     )
     if reason:
-        event(deployment.pk, "planned restart", EventStatus.INFO, reason)
+        event(lease, "planned restart", EventStatus.INFO, reason)
         kwargs = {"reason": f"planned: {reason}"}
         send_to_node(deployment.node, "deployments.restart", args=[deployment.pk], kwargs=kwargs)
     return reason

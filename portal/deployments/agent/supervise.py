@@ -126,6 +126,7 @@ def _check_serving(lease: Lease, deployment: Deployment) -> str:
         updates["restart_count"] = 0  # ten quiet minutes: the next crash starts the backoff afresh
     lease.write(**updates)
     reason = planned_restart(
+        lease,
         deployment,
         uptime_s=uptime,
         metrics=metrics,
