@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
 from inference.engines import VOLTA_ADVICE
@@ -171,7 +170,7 @@ def write_model(run: RunningAcceptance, context: AcceptanceContext) -> str:
     if version is None:
         config = json.loads((directory / "config.json").read_text())
         try:
-            with transaction.atomic():
+            with run.lease.fenced():  # a runner that lost the acceptance registers nothing
                 version = model_version_create(
                     name=name,
                     config=config,
@@ -206,9 +205,10 @@ def _register_config_only(run: RunningAcceptance, context: AcceptanceContext) ->
     if version is None:
         config = llama_config(shape, bos_token_id=1, eos_token_id=2, dtype=acceptance.dtype)
         try:
-            version = model_version_create(
-                name=name, config=config, source=f"node acceptance ({acceptance.shape}, simulated node)"
-            )
+            with run.lease.fenced():  # a runner that lost the acceptance registers nothing
+                version = model_version_create(
+                    name=name, config=config, source=f"node acceptance ({acceptance.shape}, simulated node)"
+                )
         except ApplicationError as error:
             raise AcceptanceStepFailed(f"cannot register {name}: {error.message}") from error
     run.write(model_name=name)
