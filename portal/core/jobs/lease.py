@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from celery import current_task
 from django.db import DatabaseError, transaction
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
@@ -41,7 +42,9 @@ class LostLease(Exception):
 
 
 def worker_name(task_id: str | None = None) -> str:
-    """Who holds a lease: host, process and task (or thread), as the row's `lease_owner` shows it."""
+    """Who holds a lease: host, process and Celery task (or thread), as `lease_owner` shows it."""
+    if task_id is None and current_task:
+        task_id = current_task.request.id
     return f"{socket.gethostname()}:{os.getpid()}:{task_id or threading.current_thread().name}"[:200]
 
 
