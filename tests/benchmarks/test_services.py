@@ -459,3 +459,35 @@ def test_a_worker_stalled_past_its_lease_is_fenced_out_and_only_the_second_worke
     # Its level 0, measured and held across the stall, was refused: the second worker's stands.
     assert {level.index: level.results for level in run.levels.all()} == kept_levels
     assert sorted(kept_levels) == [0, 1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_stalled_past_its_lease_writes_nothing_after_the_sweep_ended_its_run(
+    alice, team, llama7b, profile_tp8, dgx, fake_server, settings
+):
+    from portal.benchmarks.services import benchmark_runs_expire
+    from tests.helpers.builders import make_serving_deployment
+    from tests.helpers.jobs import StalledWorker
+
+    settings.BENCHMARK_LEASE_S = 1
+    deployment = make_serving_deployment(
+        team=team, model=llama7b, profile=profile_tp8, node=dgx, url=fake_server.url
+    )
+    run = create(alice, deployment, concurrencies=[1], requests_per_level=4)
+    first = StalledWorker(
+        "worker-a",
+        lambda worker: benchmark_run_execute(run_id=run.pk, worker=worker),
+        pause_when=lambda fields: not fields,  # its measured level, about to be saved
+    )
+    try:
+        stalled = first.start_and_wait_stalled()
+        assert benchmark_runs_expire() == [run.pk]
+        first.resume()
+    finally:
+        first.close()
+
+    assert first.error is None and first.result == "lease lost"
+    run.refresh_from_db()
+    assert run.state == RunState.FAILED and "lease" in run.state_reason
+    assert run.lease_token == stalled.token + 1  # the sweep broke the lease
+    assert not run.levels.exists()
