@@ -7,8 +7,8 @@
 - `Lease.fenced()` is a transaction that first locks the row with our token (and the kind's `live`
   condition); a worker whose token is gone gets `LostLease` and writes nothing. Every write a job
   makes (its row, its events, its saved levels) goes through it; `write` is the one-row shortcut.
-- Whoever ends a job under its holder (a sweep, a cancel) calls `lease_break`: the token moves on,
-  so the stalled holder's next write is refused.
+- Whoever ends a job under its holder (a sweep, a cancel, superseding) calls `lease_break`: the
+  token moves on, so the stalled holder's next write is refused.
 """
 
 from __future__ import annotations
@@ -156,6 +156,8 @@ def claim(
     `on_claim` are the fields the claim also sets (e.g. `state=running`); `live` is what every
     fenced write checks besides the token.
     """
+    if not worker:
+        raise ValueError("a lease needs the name of the worker that holds it")
     now = timezone.now()
     fields = {
         "lease_token": F("lease_token") + 1,
@@ -163,8 +165,6 @@ def claim(
         "lease_expires_at": now + timedelta(seconds=ttl_s),
         **on_claim,
     }
-    if not worker:
-        raise ValueError("a lease needs the name of the worker that holds it")
     # Free: lapsed, never taken, or without a holder (a queued job's give-up deadline, a release).
     free = lease_free(now) | Q(lease_owner="")
     with transaction.atomic():
