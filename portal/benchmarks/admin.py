@@ -16,5 +16,13 @@ class BenchmarkRunAdmin(admin.ModelAdmin):
     list_display = ("id", "kind", "title", "deployment", "mix", "state", "sla_concurrency", "created_at")
     list_filter = ("kind", "state", "mix")
     search_fields = ("title", "deployment__name", "model_name")
-    readonly_fields = ("progress", "lease_expires_at", "snapshot", "config", "mix_definition")
+    readonly_fields = (
+        "progress",
+        "lease_token",
+        "lease_owner",
+        "lease_expires_at",
+        "snapshot",
+        "config",
+        "mix_definition",
+    )
     inlines = [LevelInline]

@@ -13,6 +13,8 @@ from django.conf import settings
 from django.db import models
 from django.urls import reverse
 
+from portal.core.jobs.models import LeasedJob
+
 
 class RunState(models.TextChoices):
     QUEUED = "queued", "queued"
@@ -31,7 +33,7 @@ class RunKind(models.TextChoices):
     IMPORTED = "imported", "imported table"
 
 
-class BenchmarkRun(models.Model):
+class BenchmarkRun(LeasedJob):
     kind = models.CharField(max_length=10, choices=RunKind.choices, default=RunKind.MEASURED)
     title = models.CharField(max_length=200, blank=True)
     deployment = models.ForeignKey(
@@ -63,8 +65,8 @@ class BenchmarkRun(models.Model):
     state_reason = models.TextField(blank=True)
     cancel_requested = models.BooleanField(default=False)
     progress = models.JSONField(default=dict, blank=True)
-    # A running job renews this lease; a redelivered task may take over only after it expires.
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The lease (LeasedJob: portal/core/jobs, docs/jobs.md): a running job renews it; a redelivered
+    # task may take over only after it expires, with the next fencing token.
 
     prompt_source = models.CharField(max_length=300, blank=True)
     prompt_tokens_exact = models.BooleanField(default=False)

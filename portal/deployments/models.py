@@ -10,6 +10,7 @@ from django.urls import reverse
 from inference.errors import InputError
 from inference.hardware import get_gpu
 from portal.core.errors import ApplicationError
+from portal.core.jobs.models import LeasedJob
 
 
 class Dtype(models.TextChoices):
@@ -169,7 +170,7 @@ class GpuFailurePolicy(models.TextChoices):
     KEEP = "keep", "keep it where it is and flag it"
 
 
-class Deployment(models.Model):
+class Deployment(LeasedJob):
     name = models.SlugField(max_length=100, unique=True)
     team = models.ForeignKey("teams.Team", on_delete=models.PROTECT, related_name="deployments")
     model_version = models.ForeignKey(
@@ -268,11 +269,7 @@ class Deployment(models.Model):
         help_text="Planned restart when memory grows by this fraction, e.g. 0.2 (blank: never).",
     )
 
-    # --- Lease: who may act on the process now (docs/concurrency.md) ---------------
-    # `lease_token` only ever grows: it is the fencing token every agent write checks.
-    lease_token = models.BigIntegerField(default=0)
-    lease_owner = models.CharField(max_length=200, blank=True)
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The lease (who may act on the process now) is LeasedJob's: portal/core/jobs, docs/jobs.md.
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from inference.hardware import GpuSpec, get_gpu
 from portal.celery import node_queue
+from portal.core.jobs.models import LeasedJob
 
 # Node names become Celery queue names (`node.<name>`) and URL parts.
 node_name_validator = RegexValidator(
@@ -242,7 +243,7 @@ class AcceptanceState(models.TextChoices):
     FAILED = "failed", "failed"
 
 
-class NodeAcceptance(models.Model):
+class NodeAcceptance(LeasedJob):
     """One acceptance ("burn-in") of a node: a reference model started, benchmarked and compared
     with the simulator's prediction for the same profile and workload (portal/benchmarks/acceptance/)."""
 

@@ -8,6 +8,7 @@ from django.db import models
 from django.urls import reverse
 
 from inference.modelspec import ModelArch
+from portal.core.jobs.models import LeasedJob
 
 # Served model names keep the dots of upstream names (llama-3.1-70b) but no
 # slashes, so they can sit in a URL path segment.
@@ -154,15 +155,15 @@ class ConversionState(models.TextChoices):
 ACTIVE_CONVERSION_STATES = (ConversionState.QUEUED, ConversionState.RUNNING)
 
 
-class ConversionJob(models.Model):
+class ConversionJob(LeasedJob):
     """A bf16 → fp16 copy of a model version, run by the agent of the node holding its files.
 
     The new model version exists only once the job succeeded: the output is
     written to a hidden directory beside `output_path` and renamed into place
     in the transaction that registers it (inference.convert; services).
-    `attempt` is the fencing token of whoever runs it; `lease_expires_at` is
-    renewed with each progress write, so a job whose worker died shows as
-    interrupted and may be superseded by a new one.
+    It runs under a lease (LeasedJob: portal/core/jobs, docs/jobs.md): `lease_token` fences
+    whoever runs it, `attempt` counts the claims; `lease_expires_at` is renewed with each
+    progress write, so a job whose worker died shows as interrupted and may be superseded.
     """
 
     source = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="conversions")
@@ -189,7 +190,6 @@ class ConversionJob(models.Model):
     state = models.CharField(max_length=10, choices=ConversionState.choices, default=ConversionState.QUEUED)
     phase = models.CharField(max_length=20, blank=True, help_text="converting, registering")
     attempt = models.PositiveIntegerField(default=0)
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
     tensors_done = models.PositiveIntegerField(default=0)
     tensors_total = models.PositiveIntegerField(default=0)
     bytes_done = models.BigIntegerField(default=0)

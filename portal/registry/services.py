@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from inference import convert
@@ -23,6 +24,7 @@ from inference.hf_config import arch_from_config
 from inference.modelspec import ModelArch
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError, clean_or_raise
+from portal.core.jobs import Lease, LostLease, claim, lease_break, worker_name
 from portal.inventory.dispatch import send_to_node
 
 from .models import (
@@ -238,8 +240,8 @@ CONVERSION_MARKER = ".portal-conversion.json"
 PROGRESS_WRITE_INTERVAL_S = 0.5
 
 
-class ConversionSuperseded(Exception):
-    """Another attempt owns the job now (our lease lapsed and someone took over)."""
+# Another attempt owns the job now (our lease lapsed and someone took over, or it was superseded).
+ConversionSuperseded = LostLease
 
 
 def _lease_until():
@@ -328,59 +330,34 @@ def conversion_job_start(
 
 def _supersede_stale(*, output_path: str, new_name: str) -> int:
     now = timezone.now()
-    return ConversionJob.objects.filter(
-        Q(output_path=output_path) | Q(new_name=new_name),
-        state__in=ACTIVE_CONVERSION_STATES,
-        lease_expires_at__lt=now,
-    ).update(
+    # Breaking the lease moves the token on: a worker that only stalled registers nothing when it wakes.
+    return lease_break(
+        ConversionJob.objects.filter(
+            Q(output_path=output_path) | Q(new_name=new_name),
+            state__in=ACTIVE_CONVERSION_STATES,
+            lease_expires_at__lt=now,
+        ),
         state=ConversionState.FAILED,
         error="interrupted: its worker stopped reporting (killed or node down); superseded by a new job",
         finished_at=now,
-        updated_at=now,
     )
 
 
-def _claim(job_id: int) -> int | None:
-    """Take the job (queued, or running with a lapsed lease); returns our attempt number."""
-    now = timezone.now()
-    with transaction.atomic():
-        job = (
-            ConversionJob.objects.select_for_update()
-            .filter(pk=job_id)
-            .filter(
-                Q(state=ConversionState.QUEUED) | Q(state=ConversionState.RUNNING, lease_expires_at__lt=now)
-            )
-            .first()
-        )
-        if job is None:
-            return None
-        job.attempt += 1
-        job.state = ConversionState.RUNNING
-        job.phase = "converting"
-        job.started_at = job.updated_at = now
-        job.lease_expires_at = _lease_until()
-        job.error = ""
-        job.save(
-            update_fields=[
-                "attempt",
-                "state",
-                "phase",
-                "started_at",
-                "updated_at",
-                "lease_expires_at",
-                "error",
-            ]
-        )
-        return job.attempt
-
-
-def _fenced_update(job_id: int, attempt: int, **fields) -> None:
-    now = timezone.now()
-    updated = ConversionJob.objects.filter(pk=job_id, attempt=attempt, state=ConversionState.RUNNING).update(
-        updated_at=now, lease_expires_at=_lease_until(), **fields
+def _claim(job_id: int, worker: str) -> Lease | None:
+    """Take the job (queued, or running with a lapsed lease) with the next fencing token."""
+    return claim(
+        ConversionJob,
+        job_id,
+        worker=worker,
+        ttl_s=settings.PORTAL_CONVERSION_LEASE_S,
+        claimable=Q(state__in=[ConversionState.QUEUED, ConversionState.RUNNING]),
+        live=Q(state=ConversionState.RUNNING),
+        attempt=F("attempt") + 1,
+        state=ConversionState.RUNNING,
+        phase="converting",
+        started_at=timezone.now(),
+        error="",
     )
-    if updated != 1:
-        raise ConversionSuperseded(f"conversion job {job_id} attempt {attempt} no longer owns the job")
 
 
 def _range_fields(report: convert.ConversionReport) -> dict:
@@ -404,7 +381,7 @@ def _remove_orphan_target(target: Path) -> None:
 
 
 def conversion_job_run(
-    *, job_id: int, progress: Callable[[convert.ConversionProgress], None] | None = None
+    *, job_id: int, progress: Callable[[convert.ConversionProgress], None] | None = None, worker: str = ""
 ) -> ConversionJob:
     """Run a conversion job here (on the node holding the files), start to finish.
 
@@ -412,10 +389,11 @@ def conversion_job_run(
     failure, including an overflow without clamp, the job ends `failed` with the
     reason and report, and nothing is left at the target or registered.
     """
-    attempt = _claim(job_id)
+    lease = _claim(job_id, worker or worker_name())
     job = ConversionJob.objects.select_related("source").get(pk=job_id)
-    if attempt is None:
+    if lease is None:
         return job
+    attempt = job.attempt  # ours: nobody else claims while the lease is live
     source = job.source
     target = Path(job.output_path)
     work = convert.partial_dir(target, f"job{job.pk}-{attempt}")
@@ -428,9 +406,7 @@ def conversion_job_run(
         now = time.monotonic()
         if now - last_write >= PROGRESS_WRITE_INTERVAL_S or p.bytes_done == p.bytes_total:
             last_write = now
-            _fenced_update(
-                job.pk,
-                attempt,
+            lease.write(
                 tensors_done=p.tensors_done,
                 tensors_total=p.tensors_total,
                 bytes_done=p.bytes_done,
@@ -447,14 +423,9 @@ def conversion_job_run(
         (work / CONVERSION_MARKER).write_text(
             json.dumps({"job": job.pk, "attempt": attempt, "source": source.name, "clamp": job.clamp}) + "\n"
         )
-        _fenced_update(job.pk, attempt, phase="registering", report=report.to_dict(), **_range_fields(report))
-        with transaction.atomic():
-            # The job row lock is the fence: only the attempt that owns it registers.
-            locked = ConversionJob.objects.select_for_update().get(pk=job.pk)
-            if locked.attempt != attempt or locked.state != ConversionState.RUNNING:
-                raise ConversionSuperseded(
-                    f"conversion job {job.pk} attempt {attempt} no longer owns the job"
-                )
+        lease.write(phase="registering", report=report.to_dict(), **_range_fields(report))
+        # The job row lock is the fence: only the attempt that owns it registers.
+        with lease.fenced():
             version = model_version_create(
                 name=job.new_name,
                 config=report.config,
@@ -464,13 +435,11 @@ def conversion_job_run(
                 smoke_expected_substring=source.smoke_expected_substring,
             )
             model_version_record_hashes(model_version=version, hashes=report.hashes())
-            now = timezone.now()
-            ConversionJob.objects.filter(pk=job.pk).update(
+            lease.finish(
                 state=ConversionState.SUCCEEDED,
                 phase="",
                 result=version,
-                finished_at=now,
-                updated_at=now,
+                finished_at=timezone.now(),
                 tensors_done=report.tensors_total,
                 bytes_done=report.bytes_total,
             )
@@ -483,23 +452,24 @@ def conversion_job_run(
         logger.warning("%s", error)
     except convert.Fp16RangeError as error:
         shutil.rmtree(work, ignore_errors=True)
-        _fail(job.pk, attempt, str(error), report=error.report.to_dict(), **_range_fields(error.report))
+        _fail(lease, str(error), report=error.report.to_dict(), **_range_fields(error.report))
     except (InputError, ApplicationError) as error:
         shutil.rmtree(work, ignore_errors=True)
         message = error.message if isinstance(error, ApplicationError) else str(error)
-        _fail(job.pk, attempt, message)
+        _fail(lease, message)
     except BaseException as error:
         shutil.rmtree(work, ignore_errors=True)
-        _fail(job.pk, attempt, f"{type(error).__name__}: {error}")
+        _fail(lease, f"{type(error).__name__}: {error}")
         raise
     return ConversionJob.objects.get(pk=job.pk)
 
 
-def _fail(job_id: int, attempt: int, message: str, **fields) -> None:
-    now = timezone.now()
-    ConversionJob.objects.filter(pk=job_id, attempt=attempt, state=ConversionState.RUNNING).update(
-        state=ConversionState.FAILED, phase="", error=message, finished_at=now, updated_at=now, **fields
-    )
+def _fail(lease: Lease, message: str, **fields) -> None:
+    # A failure after the job was taken over is the old worker's, not the job's: nothing is written.
+    with contextlib.suppress(LostLease):
+        lease.finish(
+            state=ConversionState.FAILED, phase="", error=message, finished_at=timezone.now(), **fields
+        )
 
 
 # --- Served model names (docs/decisions.md, "Served model names and traffic shares") ----------------

@@ -910,3 +910,54 @@ def test_it_fails_a_v100_node_at_the_probe_naming_the_vllm_to_install(dgx, tmp_p
     assert acceptance.error.startswith("probe: vLLM 0.26.0's _C.abi3.so has no sm_70 kernels")
     assert "pip install vllm==0.19.1" in acceptance.error
     assert "model" not in [e["step"] for e in acceptance.progress]  # nothing written, nothing launched
+
+
+# Committed rows: the stalled runners work on their own threads and database connections.
+@pytest.mark.django_db(transaction=True)
+def test_a_runner_stalled_past_its_lease_is_fenced_out_and_the_second_runners_record_stands(
+    sim_node, settings, monkeypatch
+):
+    from portal.deployments import predict
+    from tests.helpers.jobs import StalledWorker
+
+    def refuse(**kwargs):  # no fit: seconds of work that says nothing about the lease
+        raise ApplicationError("not fitted in this test", field="calibrate_from")
+
+    monkeypatch.setattr(predict, "calibrate_sweep", refuse)
+    settings.ACCEPTANCE_STALE_S = 1
+    acceptance = node_acceptance_request(node=sim_node, send=False, **{**SMALL, "concurrency": "1,2"})
+    steps = []
+
+    def runner(name: str, **kwargs) -> StalledWorker:
+        # Each reads the GPUs, then stalls at its third note ("gpu-health-start" started).
+        return StalledWorker(
+            name,
+            lambda worker: node_acceptance_run(acceptance_id=acceptance.pk, worker=worker, **kwargs),
+            pause_at=3,
+            pause_when=lambda fields: "progress" in fields,
+        )
+
+    first, second = runner("runner-a"), runner("runner-b", on_progress=steps.append)
+    try:
+        stalled = first.start_and_wait_stalled()
+        assert [e["step"] for e in NodeAcceptance.objects.get(pk=acceptance.pk).progress] == ["discover"] * 2
+        # Asked again on the node after the lease lapsed: a second runner takes over and starts
+        # over; the first wakes while the second holds the record.
+        taken = second.start_and_wait_stalled(lapse=False)
+        assert taken.token == stalled.token + 1
+        first.resume()
+        assert first.error is None
+        second.resume(timeout_s=300)
+    finally:
+        first.close()
+        second.close()
+
+    assert second.error is None
+    acceptance.refresh_from_db()
+    assert acceptance.state in (AcceptanceState.PASSED, AcceptanceState.SLOW), acceptance.error
+    assert (acceptance.lease_token, acceptance.lease_owner) == (taken.token, "")
+    # Only the second runner's steps: the first's notes before the takeover were cleared by the
+    # claim, and its note after waking was refused.
+    assert acceptance.progress == steps
+    assert [e["step"] for e in steps].count("discover") == 2
+    assert acceptance.deployment_name == f"accept-{sim_node.name}-{acceptance.pk}-{taken.token}"

@@ -420,3 +420,74 @@ def test_it_refuses_a_members_queued_run_once_the_member_left_the_team(bob, team
     assert run.state == RunState.FAILED
     assert run.state_reason == "bob is no longer a member of Search: the run would spend its quota"
     assert not run.levels.exists() and deployment.team.api_keys.count() == 0
+
+
+# Committed rows: the stalled worker runs on its own thread and database connection.
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_stalled_past_its_lease_is_fenced_out_and_only_the_second_workers_levels_are_kept(
+    alice, team, llama7b, profile_tp8, dgx, fake_server_factory, settings
+):
+    from tests.helpers.builders import make_serving_deployment
+    from tests.helpers.jobs import StalledWorker
+
+    settings.BENCHMARK_LEASE_S = 1
+    server = fake_server_factory(first_token_s=0.01, token_interval_s=0.005)
+    deployment = make_serving_deployment(
+        team=team, model=llama7b, profile=profile_tp8, node=dgx, url=server.url
+    )
+    run = create(alice, deployment, concurrencies=[1, 2], requests_per_level=4)
+    # The first worker measures level 0, then stalls just before saving it (a `fenced()` block).
+    first = StalledWorker(
+        "worker-a",
+        lambda worker: benchmark_run_execute(run_id=run.pk, worker=worker),
+        pause_when=lambda fields: not fields,
+    )
+    try:
+        stalled = first.start_and_wait_stalled()
+        # The message redelivered after the lease lapsed: a second worker takes the run over.
+        assert benchmark_run_execute(run_id=run.pk, worker="worker-b") == RunState.DONE
+        kept = BenchmarkRun.objects.get(pk=run.pk)
+        kept_levels = {level.index: level.results for level in kept.levels.all()}
+        first.resume()
+    finally:
+        first.close()
+
+    assert first.error is None and first.result == "lease lost"
+    run.refresh_from_db()
+    assert (run.state, run.lease_token, run.lease_owner) == (RunState.DONE, stalled.token + 1, "")
+    assert (run.progress, run.finished_at, run.state_reason) == (kept.progress, kept.finished_at, "")
+    # Its level 0, measured and held across the stall, was refused: the second worker's stands.
+    assert {level.index: level.results for level in run.levels.all()} == kept_levels
+    assert sorted(kept_levels) == [0, 1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_stalled_past_its_lease_writes_nothing_after_the_sweep_ended_its_run(
+    alice, team, llama7b, profile_tp8, dgx, fake_server, settings
+):
+    from portal.benchmarks.services import benchmark_runs_expire
+    from tests.helpers.builders import make_serving_deployment
+    from tests.helpers.jobs import StalledWorker
+
+    settings.BENCHMARK_LEASE_S = 1
+    deployment = make_serving_deployment(
+        team=team, model=llama7b, profile=profile_tp8, node=dgx, url=fake_server.url
+    )
+    run = create(alice, deployment, concurrencies=[1], requests_per_level=4)
+    first = StalledWorker(
+        "worker-a",
+        lambda worker: benchmark_run_execute(run_id=run.pk, worker=worker),
+        pause_when=lambda fields: not fields,  # its measured level, about to be saved
+    )
+    try:
+        stalled = first.start_and_wait_stalled()
+        assert benchmark_runs_expire() == [run.pk]
+        first.resume()
+    finally:
+        first.close()
+
+    assert first.error is None and first.result == "lease lost"
+    run.refresh_from_db()
+    assert run.state == RunState.FAILED and "lease" in run.state_reason
+    assert run.lease_token == stalled.token + 1  # the sweep broke the lease
+    assert not run.levels.exists()

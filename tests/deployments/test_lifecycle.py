@@ -461,3 +461,41 @@ def test_supervision_checks_the_gateways_address_and_says_when_its_name_stops_re
     failed = deployment.events.filter(step="health", status="failed").last()
     assert "/health did not answer at http://renamed-node.invalid:" in failed.message
     assert "does not resolve" in failed.message
+
+
+# Committed rows: the stalled agent runs on its own thread and database connection.
+@pytest.mark.django_db(transaction=True)
+def test_an_agent_stalled_past_its_lease_mid_start_is_fenced_out_and_stops_what_it_launched(
+    team, tiny_version, tiny_profile, fake_node, run_dir, reap_servers, settings
+):
+    from tests.helpers.jobs import StalledWorker
+    from tests.helpers.processes import engine_groups
+
+    settings.DEPLOYMENT_LEASE_TTL_S = 1
+    deployment = make_deployment(team, tiny_version, tiny_profile, fake_node)
+    # The first agent launches its server, then stalls before it records the pid.
+    first = StalledWorker(
+        "agent-a",
+        lambda worker: deployment_start(deployment.pk, owner=worker),
+        pause_when=lambda fields: "pid" in fields,
+    )
+    try:
+        stalled = first.start_and_wait_stalled()
+        # A second start message, after the lease lapsed: the second agent takes over.
+        assert _start(deployment, owner="agent-b") == "serving"
+        first.resume()
+    finally:
+        first.close()
+
+    assert first.error is None and first.result == "lease lost"
+    deployment.refresh_from_db()
+    assert deployment.state == "serving" and deployment.lease_token == stalled.token + 1
+    assert supervisor.check_health(deployment.endpoint_url)
+    # Exactly one engine: the first agent's write of its pid was refused, and it stopped its server.
+    wait_until(
+        lambda: list(engine_groups(run_dir)) == [deployment.pgid],
+        what="only the second agent's engine left",
+        timeout_s=30,
+    )
+    assert deployment.events.filter(step="launch", status="ok").count() == 1
+    assert deployment.events.filter(step="serving").count() == 1

@@ -41,6 +41,7 @@ from portal.deployments.tasks import start_deployment, supervise_node
 from tests.helpers import ROOT
 from tests.helpers.builders import make_deployment
 from tests.helpers.deployments import FAKE_ENGINE
+from tests.helpers.processes import engine_groups
 
 from .conftest import shared_database_url
 
@@ -73,22 +74,6 @@ def start_agent(queue: str, run_dir: Path, log_path: Path) -> subprocess.Popen:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
-
-
-def engine_groups(run_dir: Path) -> dict[int, list[int]]:
-    """Every live engine process started in the test's run directory, by process group."""
-    groups: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            cwd = os.readlink(f"/proc/{entry.name}/cwd")
-            state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if cwd.startswith(str(run_dir)) and state != "Z":
-            groups.setdefault(os.getpgid(int(entry.name)), []).append(int(entry.name))
-    return groups
 
 
 @pytest.mark.timeout(180)

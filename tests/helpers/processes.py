@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+from pathlib import Path
 
-__all__ = ["run_async", "worker_env"]
+__all__ = ["engine_groups", "run_async", "worker_env"]
 
 
 def run_async(coro):
@@ -33,3 +34,19 @@ def worker_env(**extra: str) -> dict[str, str]:
         CELERY_RESULT_BACKEND=settings.CELERY_RESULT_BACKEND,
         **extra,
     )
+
+
+def engine_groups(run_dir: Path) -> dict[int, list[int]]:
+    """Every live engine process started in the test's run directory, by process group."""
+    groups: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{entry.name}/cwd")
+            state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if cwd.startswith(str(run_dir)) and state != "Z":
+            groups.setdefault(os.getpgid(int(entry.name)), []).append(int(entry.name))
+    return groups

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from django.core.management import CommandError, call_command
+from django.db.models import F
 from django.utils import timezone
 
 from inference.hashing import hash_model_dir
@@ -201,7 +202,7 @@ def test_a_worker_that_lost_its_job_registers_nothing(tmp_path):
 
     def taken_over(progress):
         # Another attempt claimed the job (our lease lapsed): the fence stops us.
-        ConversionJob.objects.filter(pk=job.pk).update(attempt=99)
+        ConversionJob.objects.filter(pk=job.pk).update(attempt=99, lease_token=F("lease_token") + 1)
 
     conversion_job_run(job_id=job.pk, progress=taken_over)
     assert ModelVersion.objects.count() == 1
@@ -413,3 +414,44 @@ def test_the_admin_lists_jobs_with_progress(client, tmp_path, alice):
     page = client.get("/admin/registry/conversionjob/")
     assert page.status_code == 200
     assert b"<progress" in page.content and b"qwen-bf16-fp16" in page.content
+
+
+# Committed rows: the stalled workers run on their own threads and database connections.
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_stalled_past_its_lease_registers_nothing_beside_the_second_workers_copy(tmp_path, settings):
+    from tests.helpers.jobs import StalledWorker
+
+    settings.PORTAL_CONVERSION_LEASE_S = 1
+    version = bf16_model(tmp_path)
+    job = conversion_job_start(model_version=version)
+
+    def worker(name: str) -> StalledWorker:
+        # Each converts, then stalls just before it registers its copy (the "registering" write).
+        return StalledWorker(
+            name,
+            lambda worker: conversion_job_run(job_id=job.pk, worker=worker),
+            pause_when=lambda fields: "phase" in fields,
+        )
+
+    first, second = worker("worker-a"), worker("worker-b")
+    try:
+        stalled = first.start_and_wait_stalled()
+        # The second takes the job over and is about to register when the first wakes up.
+        taken = second.start_and_wait_stalled(lapse=False)
+        assert taken.token == stalled.token + 1
+        first.resume()
+        assert first.error is None
+        assert not ModelVersion.objects.filter(name="qwen-bf16-fp16").exists()
+        second.resume()
+    finally:
+        first.close()
+        second.close()
+
+    assert second.error is None
+    job.refresh_from_db()
+    registered = ModelVersion.objects.get(name="qwen-bf16-fp16")
+    assert job.state == ConversionState.SUCCEEDED and job.result_id == registered.pk
+    assert (job.attempt, job.lease_token, job.lease_owner) == (2, taken.token, "")
+    assert ModelVersion.objects.count() == 2
+    assert leftovers(tmp_path) == ["qwen-bf16", "qwen-bf16-fp16"]  # the first one's work directory is gone
+    assert hash_model_dir(tmp_path / "qwen-bf16-fp16").weights_sha256 == registered.weights_sha256

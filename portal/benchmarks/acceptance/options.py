@@ -111,8 +111,10 @@ def model_name_for(acceptance: NodeAcceptance) -> str:
 
 
 def reference_deployment_name(acceptance: NodeAcceptance) -> str:
-    """The deployment that serves the reference model during this acceptance."""
-    return acceptance.deployment_name or f"accept-{acceptance.node.name}-{acceptance.pk}"
+    """The deployment that serves the reference model during this acceptance; a runner that took
+    the acceptance over (its second claim on) has its own, beside the one a stalled runner left."""
+    taken_over = f"-{acceptance.lease_token}" if acceptance.lease_token > 1 else ""
+    return acceptance.deployment_name or f"accept-{acceptance.node.name}-{acceptance.pk}{taken_over}"
 
 
 def profile_by_name(name: str) -> DeploymentProfile:

@@ -1,5 +1,6 @@
-"""The running acceptance as its steps see it: the record whose every write is fenced on
-`state=running`, the context one step leaves for the next, and the two ways a run stops early."""
+"""The running acceptance as its steps see it: the record whose every write goes through its lease
+(portal/core/jobs: the fencing token, and `state=running`), the context one step leaves for the
+next, and the two ways a run stops early."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
+from portal.core.jobs import Lease, LostLease
 from portal.deployments.models import DeploymentProfile
-from portal.inventory.models import AcceptanceState, NodeAcceptance
+from portal.inventory.models import NodeAcceptance
 from portal.registry.models import ModelVersion
 
-
-class AcceptanceAbandoned(Exception):
-    """The record is no longer running: a later request declared this acceptance abandoned."""
+# The record is no longer this runner's: a later request declared the acceptance abandoned, or
+# another runner took it over after this one stalled past its lease.
+AcceptanceAbandoned = LostLease
 
 
 class AcceptanceStepFailed(Exception):
@@ -42,20 +44,19 @@ class AcceptanceContext:
 
 
 class RunningAcceptance:
-    """The running record and its progress list; every write is fenced on `state=running`."""
+    """The running record and its progress list; every write goes through the lease's fence."""
 
-    def __init__(self, acceptance: NodeAcceptance, on_progress: Callable[[dict], None] | None) -> None:
+    def __init__(
+        self, acceptance: NodeAcceptance, lease: Lease, on_progress: Callable[[dict], None] | None
+    ) -> None:
         self.acceptance = acceptance
+        self.lease = lease
         self.progress: list[dict] = list(acceptance.progress or [])
         self.on_progress = on_progress
 
     def write(self, **fields) -> None:
-        fields["updated_at"] = timezone.now()
-        updated = NodeAcceptance.objects.filter(pk=self.acceptance.pk, state=AcceptanceState.RUNNING).update(
-            **fields
-        )
-        if updated != 1:
-            raise AcceptanceAbandoned(f"acceptance {self.acceptance.pk} is no longer running")
+        """Update the record (renewing the lease); `AcceptanceAbandoned` when it is not ours any more."""
+        self.lease.write(**fields)
         for name, value in fields.items():
             setattr(self.acceptance, name, value)
 

@@ -18,6 +18,7 @@ from inference.planner import Plan, plan_deployment
 from inference.tiny_model import llama_config, resolve_shape
 from portal.audit.services import audit_event_record
 from portal.core.errors import ApplicationError
+from portal.core.jobs import lease_break
 from portal.deployments.launch import settings_from
 from portal.deployments.models import Deployment, DesiredState
 from portal.deployments.selectors import gpus_held_on_node
@@ -54,14 +55,15 @@ def node_acceptances_expire(*, node: Node | None = None) -> list[int]:
         stale = stale.filter(node=node)
     expired = []
     for acceptance in stale.select_related("node"):
-        # Conditional: a run that wrote progress meanwhile is not abandoned.
-        if not NodeAcceptance.objects.filter(
-            pk=acceptance.pk, state=AcceptanceState.RUNNING, updated_at__lt=cutoff
-        ).update(
+        # Conditional: a run that wrote progress meanwhile is not abandoned. Breaking the lease
+        # moves the token on: a runner that only stalled writes nothing when it wakes.
+        if not lease_break(
+            NodeAcceptance.objects.filter(
+                pk=acceptance.pk, state=AcceptanceState.RUNNING, updated_at__lt=cutoff
+            ),
             state=AcceptanceState.FAILED,
             error=f"abandoned: no progress for {settings.ACCEPTANCE_STALE_S} s (did the agent stop?)",
             finished_at=timezone.now(),
-            updated_at=timezone.now(),
         ):
             continue
         expired.append(acceptance.pk)

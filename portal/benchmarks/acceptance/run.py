@@ -20,9 +20,10 @@ The steps (`steps.py`), each written to the record as it happens so the node pag
 6. stop the deployment (always, also after a failure), then judge: `slow` when any level is
    slower than predicted by more than the margin (docs/decisions.md, "Node acceptance").
 
-Every write of the running record is a conditional UPDATE on `state=running`: an acceptance
-that another request declared abandoned (no progress for ACCEPTANCE_STALE_S) stops at its
-next write instead of overwriting the verdict.
+The run holds the record's lease (portal/core/jobs, docs/jobs.md; ACCEPTANCE_STALE_S, renewed by
+every write), and every write of the record goes through its fence: an acceptance that another
+request declared abandoned, or that another runner took over after this one stalled past its
+lease, stops at its next write instead of overwriting the verdict.
 """
 
 from __future__ import annotations
@@ -31,8 +32,11 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
+from portal.core.jobs import claim, worker_name
 from portal.inventory.models import AcceptanceState, NodeAcceptance
 
 from . import steps
@@ -45,17 +49,26 @@ logger = logging.getLogger(__name__)
 
 
 def node_acceptance_run(
-    *, acceptance_id: int, on_progress: Callable[[dict], None] | None = None
+    *, acceptance_id: int, on_progress: Callable[[dict], None] | None = None, worker: str = ""
 ) -> NodeAcceptance:
     """Run the whole acceptance on this machine (it must be the node); returns the finished record."""
-    # The claim: only the first runner moves it off `queued` (a duplicate message does nothing).
-    claimed = NodeAcceptance.objects.filter(
-        pk=acceptance_id, state=AcceptanceState.RUNNING, step=QUEUED
-    ).update(step="claimed", updated_at=timezone.now())
+    # The claim: the first runner moves it off `queued` (a duplicate message does nothing while
+    # its lease is live); a runner whose lease lapsed is taken over, and the run starts over.
+    lease = claim(
+        NodeAcceptance,
+        acceptance_id,
+        worker=worker or worker_name(),
+        ttl_s=settings.ACCEPTANCE_STALE_S,
+        claimable=Q(state=AcceptanceState.RUNNING) & (Q(step=QUEUED) | ~Q(lease_owner="")),
+        live=Q(state=AcceptanceState.RUNNING),
+        step="claimed",
+        progress=[],
+        deployment_name="",
+    )
     acceptance = NodeAcceptance.objects.select_related("node").get(pk=acceptance_id)
-    if not claimed:
+    if lease is None:
         return acceptance  # another runner has it, or it was abandoned before it started
-    run = RunningAcceptance(acceptance, on_progress)
+    run = RunningAcceptance(acceptance, lease, on_progress)
     context = AcceptanceContext()
     error, crash, abandoned = "", None, False
     try:
@@ -88,7 +101,7 @@ def node_acceptance_run(
 
 def _finish(run: RunningAcceptance, state: str, *, verdict: str = "", error: str = "") -> None:
     with contextlib.suppress(AcceptanceAbandoned):
-        run.write(state=state, verdict=verdict, error=error, finished_at=timezone.now())
+        run.lease.finish(state=state, verdict=verdict, error=error, finished_at=timezone.now())
 
 
 def _run_steps(run: RunningAcceptance, context: AcceptanceContext) -> None:

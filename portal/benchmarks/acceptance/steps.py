@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
 from inference.engines import VOLTA_ADVICE, engine_line
@@ -172,7 +171,7 @@ def write_model(run: RunningAcceptance, context: AcceptanceContext) -> str:
     if version is None:
         config = json.loads((directory / "config.json").read_text())
         try:
-            with transaction.atomic():
+            with run.lease.fenced():  # a runner that lost the acceptance registers nothing
                 version = model_version_create(
                     name=name,
                     config=config,
@@ -207,9 +206,10 @@ def _register_config_only(run: RunningAcceptance, context: AcceptanceContext) ->
     if version is None:
         config = llama_config(shape, bos_token_id=1, eos_token_id=2, dtype=acceptance.dtype)
         try:
-            version = model_version_create(
-                name=name, config=config, source=f"node acceptance ({acceptance.shape}, simulated node)"
-            )
+            with run.lease.fenced():  # a runner that lost the acceptance registers nothing
+                version = model_version_create(
+                    name=name, config=config, source=f"node acceptance ({acceptance.shape}, simulated node)"
+                )
         except ApplicationError as error:
             raise AcceptanceStepFailed(f"cannot register {name}: {error.message}") from error
     run.write(model_name=name)
@@ -263,28 +263,32 @@ def start_reference(run: RunningAcceptance, context: AcceptanceContext) -> str:
     if acceptance.profile_name:
         # The flags as launched (max_model_len capped, eager on a CPU), not only as asked.
         run.write(profile_flags={flag: values[flag] for flag in LAUNCH_FLAGS})
-    try:
-        clean_or_raise(profile)
-        profile.save()
-        # Created stopped (no start message to the queue): this agent starts it itself, below.
-        deployment = deployment_create(
-            name=name,
-            team=team,
-            model_version=version,
-            profile=profile,
-            node=node,
-            gpu_indices=acceptance.gpu_indices,
-            desired_state=DesiredState.STOPPED,
+    # Fenced: a runner that lost the acceptance creates no reference server beside the new holder's.
+    with run.lease.fenced():
+        try:
+            clean_or_raise(profile)
+            profile.save()
+            # Created stopped (no start message to the queue): this agent starts it itself, below.
+            deployment = deployment_create(
+                name=name,
+                team=team,
+                model_version=version,
+                profile=profile,
+                node=node,
+                gpu_indices=acceptance.gpu_indices,
+                desired_state=DesiredState.STOPPED,
+            )
+        except ApplicationError as error:
+            raise AcceptanceStepFailed(
+                f"{error.field}: {error.message}" if error.field else error.message
+            ) from error
+        Deployment.objects.filter(pk=deployment.pk).update(
+            desired_state=DesiredState.RUNNING,
+            state=DeploymentState.PENDING,
+            start_requested_at=timezone.now(),
         )
-    except ApplicationError as error:
-        raise AcceptanceStepFailed(
-            f"{error.field}: {error.message}" if error.field else error.message
-        ) from error
-    Deployment.objects.filter(pk=deployment.pk).update(
-        desired_state=DesiredState.RUNNING, state=DeploymentState.PENDING, start_requested_at=timezone.now()
-    )
+        run.write(deployment_name=name)
     context.deployment_id = deployment.pk
-    run.write(deployment_name=name)
     outcome = deployment_start(deployment.pk, owner=agent_owner(f"acceptance-{acceptance.pk}"))
     # "busy": another task of this agent took the lease first (supervision); wait for its outcome.
     deadline = time.monotonic() + settings.DEPLOYMENT_READY_TIMEOUT_S + 120

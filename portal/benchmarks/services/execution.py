@@ -15,7 +15,6 @@ import logging
 import queue
 import threading
 import time
-from datetime import timedelta
 
 from django.conf import settings
 from django.db.models import Q
@@ -25,6 +24,7 @@ from inference.errors import InputError
 from inference.loadgen.loadgen import BenchConfig, LevelPlan, SweepResult, run_sweep
 from inference.loadgen.sla import Sla
 from inference.loadgen.workloads import mix_from_dict
+from portal.core.jobs import Lease, LostLease, claim, lease_break, lease_free, worker_name
 from portal.deployments.models import Deployment, DeploymentState
 from portal.registry.selectors import model_version_gateway_name
 from portal.teams.models import ApiKey
@@ -37,11 +37,6 @@ from .snapshot import roofline_share, server_version
 logger = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 0.5
-
-
-def _lease() -> timedelta:
-    """How long a run stays claimed without a renewal (BENCHMARK_LEASE_S)."""
-    return timedelta(seconds=settings.BENCHMARK_LEASE_S)
 
 
 class _QueueHooks:
@@ -65,47 +60,60 @@ class _QueueHooks:
         return self.cancel.is_set()
 
 
-def _claim(run_id: int) -> bool:
-    """Queued → running; or take over a running run whose lease expired (its worker died)."""
-    now = timezone.now()
-    return bool(
-        BenchmarkRun.objects.filter(pk=run_id)
-        .filter(Q(state=RunState.QUEUED) | Q(state=RunState.RUNNING, lease_expires_at__lt=now))
-        .update(state=RunState.RUNNING, started_at=now, lease_expires_at=now + _lease())
+def _claim(run_id: int, worker: str) -> Lease | None:
+    """Queued → running; or take over a running run whose lease lapsed (its worker died or stalled)."""
+    return claim(
+        BenchmarkRun,
+        run_id,
+        worker=worker,
+        ttl_s=settings.BENCHMARK_LEASE_S,
+        claimable=Q(state__in=[RunState.QUEUED, RunState.RUNNING]),
+        live=Q(state=RunState.RUNNING),
+        state=RunState.RUNNING,
+        started_at=timezone.now(),
     )
 
 
-def _save_level(run: BenchmarkRun, index: int, level: dict) -> None:
+def _save_level(lease: Lease, run: BenchmarkRun, index: int, level: dict) -> None:
     samples = level.pop("samples", {}) or {}
     share = roofline_share(level, run.snapshot)
     level["roofline"] = share
-    BenchmarkLevel.objects.update_or_create(
-        run=run,
-        index=index,
-        defaults={
-            "concurrency": level.get("concurrency"),
-            "request_rate": level.get("request_rate"),
-            "results": level,
-            "samples": samples,
-        },
-    )
+    with lease.fenced():  # a worker that lost the run saves nothing over the new holder's levels
+        BenchmarkLevel.objects.update_or_create(
+            run=run,
+            index=index,
+            defaults={
+                "concurrency": level.get("concurrency"),
+                "request_rate": level.get("request_rate"),
+                "results": level,
+                "samples": samples,
+            },
+        )
 
 
-def benchmark_run_execute(*, run_id: int) -> None:
-    """The job: claim the run, measure the levels not yet saved, save each as it ends, pick the SLA point."""
-    if not _claim(run_id):
-        return  # a duplicate delivery, or a run someone else holds or that already ended
+def benchmark_run_execute(*, run_id: int, worker: str = "") -> str:
+    """The job: claim the run, measure the levels not yet saved, save each as it ends, pick the SLA
+    point. Returns what became of it: "busy" (a duplicate delivery, or a run someone else holds or
+    that already ended), "lease lost" (stalled past the lease: another worker took the run over,
+    and none of this worker's later writes were kept) or the run's final state."""
+    lease = _claim(run_id, worker or worker_name())
+    if lease is None:
+        return "busy"
     run = BenchmarkRun.objects.get(pk=run_id)
     try:
-        _execute(run)
+        _execute(lease, run)
+    except LostLease:
+        logger.warning("benchmark run %s: lease %s lost; the new holder's writes stand", run_id, lease.token)
+        return "lease lost"
     except Exception as error:
         # Never leave a run "running" behind a crash: record why, keep the saved levels.
         logger.exception("benchmark run %s failed", run_id)
         run.refresh_from_db()
         if not run.finished:
             state = RunState.PARTIAL if run.levels.exists() else RunState.FAILED
-            _finish(run, state, f"the job crashed: {type(error).__name__}: {error}")
+            _finish(lease, run, state, f"the job crashed: {type(error).__name__}: {error}")
         raise
+    return BenchmarkRun.objects.values_list("state", flat=True).get(pk=run_id)
 
 
 class _Refused(Exception):
@@ -142,9 +150,9 @@ def _engine_target(run: BenchmarkRun) -> tuple[Deployment | None, str]:
     return None, found.values_list("engine_api_key", flat=True).first() or ""
 
 
-def _execute(run: BenchmarkRun) -> None:
+def _execute(lease: Lease, run: BenchmarkRun) -> None:
     if run.cancel_requested:
-        _finish(run, RunState.CANCELLED, "cancelled before it started")
+        _finish(lease, run, RunState.CANCELLED, "cancelled before it started")
         return
     saved = set(run.levels.values_list("index", flat=True))
     try:
@@ -152,23 +160,23 @@ def _execute(run: BenchmarkRun) -> None:
         # The definition frozen at creation, not the spec again: no file is read here.
         mix = mix_from_dict(run.mix_definition, default_name=run.mix)
     except InputError as error:
-        _finish(run, RunState.FAILED, str(error))
+        _finish(lease, run, RunState.FAILED, str(error))
         return
     first = next((i for i in range(len(plans)) if i not in saved), None)
     if first is None:
-        _finish(run, RunState.DONE, "")
+        _finish(lease, run, RunState.DONE, "")
         return
     try:
         deployment, api_key = _engine_target(run)
     except _Refused as refusal:
-        _finish(run, RunState.PARTIAL if saved else RunState.FAILED, str(refusal))
+        _finish(lease, run, RunState.PARTIAL if saved else RunState.FAILED, str(refusal))
         return
     endpoint_url = deployment.endpoint_url if deployment is not None else run.endpoint_url
     if not run.snapshot.get("vllm_version"):
         version = server_version(endpoint_url, api_key=api_key)
         if version:
             run.snapshot["vllm_version"] = version
-            BenchmarkRun.objects.filter(pk=run.pk).update(snapshot=run.snapshot)
+            lease.write(snapshot=run.snapshot)
     sla = Sla(run.sla_p95_ttft_s, run.sla_p95_tpot_s)
     config = BenchConfig(
         base_url=endpoint_url,
@@ -182,13 +190,13 @@ def _execute(run: BenchmarkRun) -> None:
         api_key=api_key or None,
     )
     if deployment is None or not _through_gateway(run):
-        _sweep(run, config, first)  # staff: straight to the engine
+        _sweep(lease, run, config, first)  # staff: straight to the engine
         return
     try:
         model = _gateway_model_name(deployment)
         key, token = _member_gateway_key(run, deployment, model)
     except _Refused as refusal:
-        _finish(run, RunState.PARTIAL if saved else RunState.FAILED, str(refusal))
+        _finish(lease, run, RunState.PARTIAL if saved else RunState.FAILED, str(refusal))
         return
     # The team's traffic: through the gateway as the member's benchmark key, pinned to this
     # deployment; /metrics is still read from the engine (nothing is spent there).
@@ -198,9 +206,9 @@ def _execute(run: BenchmarkRun) -> None:
         f"Sent through the gateway as {key.name} of team {deployment.team.slug}: the team's quotas, "
         "max_tokens clamp and priority class applied, and its usage counts these requests."
     )
-    BenchmarkRun.objects.filter(pk=run.pk).update(notes=note)
+    lease.write(notes=note)
     try:
-        _sweep(run, config, first)
+        _sweep(lease, run, config, first)
     finally:
         # The run's secret dies with it: a new one that nobody holds.
         api_key_new_secret(api_key=key, allowed_models=key.allowed_models, pinned_deployment_id=deployment.pk)
@@ -238,7 +246,7 @@ def _member_gateway_key(run: BenchmarkRun, deployment: Deployment, model: str) -
     return key, token
 
 
-def _sweep(run: BenchmarkRun, config: BenchConfig, first: int) -> None:
+def _sweep(lease: Lease, run: BenchmarkRun, config: BenchConfig, first: int) -> None:
     """Measure the levels from `first` on a worker thread; this thread saves them and finishes the run."""
     events: queue.Queue = queue.Queue()
     cancel = threading.Event()
@@ -271,17 +279,14 @@ def _sweep(run: BenchmarkRun, config: BenchConfig, first: int) -> None:
             elif kind == "progress":
                 progress.update(level=index, done=payload[0], planned=payload[1])
             elif kind == "level":
-                _save_level(run, index, payload)
+                _save_level(lease, run, index, payload)
             now = time.monotonic()
             if kind in ("level", "end", "start") or now - last_write >= PROGRESS_EVERY_S:
                 last_write = now
-                # One write publishes progress, renews the lease and reads a cancel request. A run
-                # no longer running was ended without this job (the sweep, a cancel while the
-                # lease had lapsed): stop measuring for it.
-                held = BenchmarkRun.objects.filter(pk=run.pk, state=RunState.RUNNING).update(
-                    progress=progress, lease_expires_at=timezone.now() + _lease()
-                )
-                if not held or BenchmarkRun.objects.filter(pk=run.pk, cancel_requested=True).exists():
+                # One fenced write publishes progress and renews the lease; a run ended or taken
+                # over without this job raises LostLease, and the `finally` stops the measuring.
+                lease.write(progress=progress)
+                if BenchmarkRun.objects.filter(pk=run.pk, cancel_requested=True).exists():
                     cancel.set()
             if kind == "end":
                 ended = True
@@ -294,7 +299,7 @@ def _sweep(run: BenchmarkRun, config: BenchConfig, first: int) -> None:
 
     result: SweepResult | None = outcome.get("result")
     if result is not None:
-        BenchmarkRun.objects.filter(pk=run.pk).update(
+        lease.write(
             prompt_source=result.prompt_source
             + (f" (server adds {result.prompt_token_offset} token(s))" if result.prompt_token_offset else ""),
             prompt_tokens_exact=result.prompt_tokens_exact,
@@ -302,42 +307,47 @@ def _sweep(run: BenchmarkRun, config: BenchConfig, first: int) -> None:
     run.refresh_from_db()
     if "error" in outcome:
         state = RunState.PARTIAL if run.levels.exists() else RunState.FAILED
-        _finish(run, state, outcome["error"])
+        _finish(lease, run, state, outcome["error"])
     elif result.cancelled or cancel.is_set():
-        _finish(run, RunState.CANCELLED, result.error or "cancelled")
+        _finish(lease, run, RunState.CANCELLED, result.error or "cancelled")
     elif result.error:
-        _finish(run, RunState.PARTIAL, result.error)
+        _finish(lease, run, RunState.PARTIAL, result.error)
     else:
-        _finish(run, RunState.DONE, "")
+        _finish(lease, run, RunState.DONE, "")
 
 
-def _finish(run: BenchmarkRun, state: str, reason: str) -> bool:
-    """End the running run; False when it was ended meanwhile without this job (by the sweep, or a
-    cancel while its lease had lapsed): whoever ends a run first decides its state."""
+def _finish(lease: Lease, run: BenchmarkRun, state: str, reason: str) -> bool:
+    """End the running run; False when it was ended or taken over meanwhile without this job (by
+    the sweep, a cancel while its lease had lapsed, another worker): the first to end it decides."""
     concurrency, why = benchmark_run_pick_sla(run)
-    return bool(
-        BenchmarkRun.objects.filter(pk=run.pk, state=RunState.RUNNING).update(
+    try:
+        lease.finish(
             state=state,
             state_reason=reason,
             finished_at=timezone.now(),
-            lease_expires_at=None,
             sla_concurrency=concurrency,
             sla_reason=why,
         )
-    )
+    except LostLease:
+        return False
+    return True
 
 
 def _unheld(now) -> Q:
     """Running, and no worker holds it: the lease lapsed (or was never written)."""
-    return Q(state=RunState.RUNNING) & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+    return Q(state=RunState.RUNNING) & lease_free(now)
 
 
 def benchmark_run_end_unheld(*, run: BenchmarkRun, state: str, reason: str) -> bool:
     """End `run` as `state` if it is running and no worker holds its lease; False otherwise (a
     worker renewed it meanwhile: the job keeps its run). One claim, checked again in the update."""
     now = timezone.now()
-    if not BenchmarkRun.objects.filter(_unheld(now), pk=run.pk).update(
-        state=state, state_reason=reason, finished_at=now, lease_expires_at=None
+    # Breaking the lease moves the token on: a worker that only stalled is fenced out when it wakes.
+    if not lease_break(
+        BenchmarkRun.objects.filter(_unheld(now), pk=run.pk),
+        state=state,
+        state_reason=reason,
+        finished_at=now,
     ):
         return False
     run.refresh_from_db()

@@ -7,7 +7,7 @@ concurrently, finds the lease taken and does nothing, and an agent that lost its
 stalled past the expiry and another agent took over) is fenced out: its writes match no row and
 it stops what it launched.
 
-- `lease.py`: the lease and its fenced writes, the agent's owner name
+- `lease.py`: the deployment's lease (the job runner's, `portal/core/jobs`) and the agent's owner name
 - `steps.py`: the timeline (events, timed steps, `StepFailed`)
 - `environment.py`: what the node gives a server: Python and kernels, model files, addresses, port
 - `start.py`: validate → quota → environment → hashes → port → launch → ready → warm-up → smoke test

@@ -24,7 +24,7 @@ def deployment_move(
     try:
         deployment = deployment_load(deployment_id)
         if deployment.desired_state != DesiredState.RUNNING:
-            event(deployment_id, STEP, EventStatus.SKIPPED, "not moved: it was stopped meanwhile")
+            event(lease, STEP, EventStatus.SKIPPED, "not moved: it was stopped meanwhile")
             return "not running"
         if deployment.node_id == node_id and sorted(deployment.gpu_indices) == sorted(gpu_indices):
             return "already there"
@@ -36,9 +36,7 @@ def deployment_move(
             )
         except ApplicationError as error:
             # Stopped, still wanted running where it was: the next health sample decides again.
-            event(
-                deployment_id, STEP, EventStatus.FAILED, f"not moved: the target was refused: {error.message}"
-            )
+            event(lease, STEP, EventStatus.FAILED, f"not moved: the target was refused: {error.message}")
             return "target refused"
         return "moved"
     except StepFailed:

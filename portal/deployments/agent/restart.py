@@ -20,7 +20,7 @@ def deployment_restart(deployment_id: int, *, owner: str, reason: str = "restart
         deployment = deployment_load(deployment_id)
         if deployment.adopted or deployment.desired_state != DesiredState.RUNNING:
             return "not restarted"
-        event(deployment_id, "restart", EventStatus.STARTED, reason)
+        event(lease, "restart", EventStatus.STARTED, reason)
         stop_under_lease(lease, deployment, drain=True, reason=f"restarting: {reason}")
         return start_under_lease(lease, reason=f"restart: {reason}")
     except StepFailed:
@@ -29,4 +29,3 @@ def deployment_restart(deployment_id: int, *, owner: str, reason: str = "restart
         return "lease lost"
     finally:
         lease.release()
-

@@ -20,7 +20,6 @@ from .steps import event
 
 def restart_schedule(lease: Lease, deployment: Deployment, why: str) -> str:
     """Kill what is left of the server and start again after a backoff, up to the limit."""
-    did = deployment.pk
     if supervisor.group_alive(deployment.pgid, process_identity(deployment)):
         supervisor.stop_group(deployment.pgid, grace_s=5, identity=process_identity(deployment))
     decision = restart_policy.crash_restart(
@@ -37,7 +36,7 @@ def restart_schedule(lease: Lease, deployment: Deployment, why: str) -> str:
             failure_code="restart_limit",
             **NO_PROCESS,
         )
-        event(did, "failed", EventStatus.FAILED, message)
+        event(lease, "failed", EventStatus.FAILED, message)
         return "failed"
     message = f"{why}; restart {attempt} of {limit} in {delay:.0f} s"
     lease.write(
@@ -47,7 +46,7 @@ def restart_schedule(lease: Lease, deployment: Deployment, why: str) -> str:
         **NO_PROCESS,
         start_requested_at=timezone.now(),
     )
-    event(did, "supervise", EventStatus.FAILED, message)
+    event(lease, "supervise", EventStatus.FAILED, message)
     start_enqueue(deployment, reason=f"automatic restart {attempt}: {why}", countdown=delay)
     return "restart scheduled"
 
@@ -72,6 +71,7 @@ def pending_rescue_s() -> float:
 
 
 def planned_restart(
+    lease: Lease,
     deployment: Deployment,
     *,
     uptime_s: float,
@@ -97,7 +97,7 @@ def planned_restart(
         baseline_memory_mb=baseline_memory_mb,
     )
     if reason:
-        event(deployment.pk, "planned restart", EventStatus.INFO, reason)
+        event(lease, "planned restart", EventStatus.INFO, reason)
         kwargs = {"reason": f"planned: {reason}"}
         send_to_node(deployment.node, "deployments.restart", args=[deployment.pk], kwargs=kwargs)
     return reason

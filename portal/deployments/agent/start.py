@@ -68,8 +68,7 @@ class _Launch:
 
 
 def start_under_lease(lease: Lease, *, reason: str = "") -> str:
-    deployment = deployment_load(lease.deployment_id)
-    did = deployment.pk
+    deployment = deployment_load(lease.target_id)
     if deployment.adopted:
         return "adopted"
     if deployment.desired_state != DesiredState.RUNNING:
@@ -88,7 +87,7 @@ def start_under_lease(lease: Lease, *, reason: str = "") -> str:
         result = supervisor.stop_group(
             deployment.pgid, grace_s=settings.DEPLOYMENT_STOP_GRACE_S, identity=process_identity(deployment)
         )
-        event(did, "cleanup", EventStatus.OK, f"stopped the previous process group {deployment.pgid}")
+        event(lease, "cleanup", EventStatus.OK, f"stopped the previous process group {deployment.pgid}")
         if not result.gone:
             lease.write(
                 state=DeploymentState.FAILED, state_reason="a previous server process survived SIGKILL"
@@ -104,7 +103,7 @@ def start_under_lease(lease: Lease, *, reason: str = "") -> str:
         baseline_memory_mb=None,
         baseline_preemptions=None,
     )
-    event(did, "start", EventStatus.STARTED, reason or "start requested")
+    event(lease, "start", EventStatus.STARTED, reason or "start requested")
     launch = _Launch()
     try:
         base_url = _start_steps(lease, deployment, launch)
@@ -125,7 +124,7 @@ def start_under_lease(lease: Lease, *, reason: str = "") -> str:
             pgid=None,
             process_identity={},
         )
-        event(did, "start", EventStatus.SKIPPED, "the deployment was stopped while starting")
+        event(lease, "start", EventStatus.SKIPPED, "the deployment was stopped while starting")
         return "abandoned"
     except LeaseLost:
         # Another agent owns the deployment now; a server we launched is not in its
@@ -146,28 +145,28 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
     engine = deployment.effective_engine
     gpus = list(node.gpus.filter(index__in=deployment.gpu_indices).order_by("index"))
 
-    with step(did, "validate") as result:
+    with step(lease, "validate") as result:
         result["message"] = _validate(deployment)
 
-    with step(did, "quota") as result:
+    with step(lease, "quota") as result:
         result["message"] = _check_quota(deployment)
 
     has_files = bool(model_version.path) and Path(model_version.path).is_dir()
-    with step(did, "environment") as result:
+    with step(lease, "environment") as result:
         python, result["message"] = environment_check(deployment, engine, gpus)
 
     run_dir = Path(settings.PORTAL_RUN_DIR) / deployment.name
     run_dir.mkdir(parents=True, exist_ok=True)
-    with step(did, "hashes", started="hashing the weights and tokenizer on this node") as result:
+    with step(lease, "hashes", started="hashing the weights and tokenizer on this node") as result:
         model_dir, result["message"] = model_dir_check(deployment, engine, run_dir, has_files)
 
     bind_host, public_host = server_hosts(node)
-    with step(did, "address") as result:
+    with step(lease, "address") as result:
         result["message"] = address_check(node)
-    with step(did, "port") as result:
+    with step(lease, "port") as result:
         port, result["message"] = port_choose(deployment, bind_host)
 
-    with step(did, "command") as result:
+    with step(lease, "command") as result:
         try:
             # The simulator takes the newest line's flags; vLLM, its own version's.
             recipe = launch_settings(
@@ -199,7 +198,7 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
     # The previous run's log becomes server.log.1 (for a post-mortem); older ones shift up.
     server_log.retire_log(log_path, keep=settings.ENGINE_LOG_KEEP)
     api_key = _api_key(lease, deployment)
-    with step(did, "launch") as result:
+    with step(lease, "launch") as result:
         try:
             launched = supervisor.launch(
                 argv,
@@ -236,7 +235,7 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
         if desired != DesiredState.RUNNING:
             raise Abandoned()
 
-    with step(did, "ready", started=f"waiting for /health and /v1/models at {base_url}") as result:
+    with step(lease, "ready", started=f"waiting for /health and /v1/models at {base_url}") as result:
         try:
             supervisor.wait_until_ready(
                 local_url,
@@ -244,7 +243,7 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
                 deadline_s=settings.DEPLOYMENT_READY_TIMEOUT_S,
                 alive=lambda: launched.process.poll() is None,
                 returncode=lambda: launched.process.returncode,
-                on_health=lambda: event(did, "health", EventStatus.OK, "/health answers"),
+                on_health=lambda: event(lease, "health", EventStatus.OK, "/health answers"),
                 keep_going=keep_going,
                 api_key=api_key,
             )
@@ -257,13 +256,13 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
         launch.ready_s = time.monotonic() - launch.process_started
         result["message"] = f"{model_version.name} listed after {launch.ready_s:.1f} s"
 
-    with step(did, "warm-up") as result:
+    with step(lease, "warm-up") as result:
         try:
             result["message"] = f"{supervisor.warm_up(local_url, model_version.name, api_key=api_key):.2f} s"
         except supervisor.SmokeTestFailed as error:
             raise StepFailed("warm-up", str(error), "warm_up_failed") from error
 
-    with step(did, "smoke test") as result:
+    with step(lease, "smoke test") as result:
         try:
             reply = supervisor.smoke_test(
                 local_url,
@@ -353,7 +352,7 @@ def _serving(lease: Lease, deployment: Deployment, base_url: str, launch: _Launc
             f": {total:.1f} s from the request (engine start-up {ready_s:.1f} s, "
             f"everything else {total - ready_s:.1f} s)"
         )
-    event(deployment.pk, "serving", EventStatus.OK, message, time.monotonic() - task_began)
+    event(lease, "serving", EventStatus.OK, message, time.monotonic() - task_began)
 
 
 def _fail(lease: Lease, deployment: Deployment, failure: StepFailed, launch: _Launch) -> None:
@@ -373,4 +372,4 @@ def _fail(lease: Lease, deployment: Deployment, failure: StepFailed, launch: _La
         **NO_PROCESS,
         log_tail=tail,
     )
-    event(deployment.pk, "failed", EventStatus.FAILED, f"[{failure.code}] {failure.message}")
+    event(lease, "failed", EventStatus.FAILED, f"[{failure.code}] {failure.message}")

@@ -7,6 +7,8 @@ import contextlib
 import time
 from collections.abc import Iterator
 
+from portal.core.jobs import Lease
+
 from ..models import DeploymentEvent, EventStatus
 
 
@@ -19,23 +21,33 @@ class StepFailed(Exception):
 
 
 def event(
-    deployment_id: int, step: str, status: str, message: str = "", seconds: float | None = None
+    target: Lease | int, step: str, status: str, message: str = "", seconds: float | None = None
 ) -> None:
+    """Record a timeline event. Given the lease, through its fence: an agent that lost the
+    deployment (stalled past its lease) adds nothing to the new holder's timeline."""
+    if isinstance(target, Lease):
+        with target.fenced():
+            _create(target.target_id, step, status, message, seconds)
+    else:
+        _create(target, step, status, message, seconds)
+
+
+def _create(deployment_id: int, step: str, status: str, message: str, seconds: float | None) -> None:
     DeploymentEvent.objects.create(
         deployment_id=deployment_id, step=step, status=status, message=message, seconds=seconds
     )
 
 
 @contextlib.contextmanager
-def step(deployment_id: int, name: str, started: str = "") -> Iterator[dict[str, str]]:
-    """Time a step and record it: "started" (when it says so), then ok or failed."""
+def step(lease: Lease, name: str, started: str = "") -> Iterator[dict[str, str]]:
+    """Time a step and record it (fenced): "started" (when it says so), then ok or failed."""
     if started:
-        event(deployment_id, name, EventStatus.STARTED, started)
+        event(lease, name, EventStatus.STARTED, started)
     began = time.monotonic()
     result = {"message": ""}
     try:
         yield result
     except StepFailed as failure:
-        event(deployment_id, name, EventStatus.FAILED, failure.message, time.monotonic() - began)
+        event(lease, name, EventStatus.FAILED, failure.message, time.monotonic() - began)
         raise
-    event(deployment_id, name, EventStatus.OK, result["message"], time.monotonic() - began)
+    event(lease, name, EventStatus.OK, result["message"], time.monotonic() - began)

@@ -36,9 +36,8 @@ def deployment_stop(deployment_id: int, *, owner: str, drain: bool = True) -> st
 
 
 def stop_under_lease(lease: Lease, deployment: Deployment, *, drain: bool, reason: str) -> str:
-    did = deployment.pk
     if deployment.adopted:
-        event(did, "stop", EventStatus.SKIPPED, "an adopted server is never stopped by the portal")
+        event(lease, "stop", EventStatus.SKIPPED, "an adopted server is never stopped by the portal")
         return "adopted"
     if not supervisor.group_alive(deployment.pgid, process_identity(deployment)):
         if deployment.state != DeploymentState.STOPPED or deployment.pid:
@@ -47,15 +46,15 @@ def stop_under_lease(lease: Lease, deployment: Deployment, *, drain: bool, reaso
                 state_reason=reason,
                 **NO_PROCESS,
             )
-            event(did, "stop", EventStatus.OK, "no server process was running")
+            event(lease, "stop", EventStatus.OK, "no server process was running")
         return "stopped"
     if drain and deployment.state == DeploymentState.SERVING and deployment.endpoint_url:
         # `draining` takes it out of serving_deployments_for_model: the gateway stops routing to it.
         lease.write(state=DeploymentState.DRAINING, state_reason="draining before stop")
-        with step(did, "drain", started="no new requests; waiting for in-flight ones") as result:
+        with step(lease, "drain", started="no new requests; waiting for in-flight ones") as result:
             result["message"] = _drain(lease, deployment)
     lease.write(state=DeploymentState.STOPPING, state_reason="stopping")
-    with step(did, "stop") as result:
+    with step(lease, "stop") as result:
         stopped = supervisor.stop_group(
             deployment.pgid,
             grace_s=settings.DEPLOYMENT_STOP_GRACE_S,
@@ -103,7 +102,6 @@ def _drain(lease: Lease, deployment: Deployment) -> str:
         time.sleep(0.5)
 
 
-
 def stop_node_servers(node_name: str, *, reason: str) -> int:
     """Stop every server process of the node now (no drain), leaving desired states alone."""
     stopped = 0
@@ -123,4 +121,3 @@ def stop_node_servers(node_name: str, *, reason: str) -> int:
         finally:
             lease.release()
     return stopped
-

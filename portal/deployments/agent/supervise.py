@@ -91,21 +91,22 @@ def _check_serving(lease: Lease, deployment: Deployment) -> str:
     if server_log.rotate_log(
         deployment.log_path, max_bytes=settings.ENGINE_LOG_MAX_BYTES, keep=settings.ENGINE_LOG_KEEP
     ):
-        event(did, "log", EventStatus.INFO, f"{LOG_NAME} rotated at {settings.ENGINE_LOG_MAX_BYTES} bytes")
+        event(lease, "log", EventStatus.INFO, f"{LOG_NAME} rotated at {settings.ENGINE_LOG_MAX_BYTES} bytes")
     values = metrics.to_dict() if metrics is not None else {}
-    MetricsSample.objects.create(deployment_id=did, healthy=healthy, memory_mb=memory, **values)
     now = timezone.now()
-    # Old samples go as new ones arrive (one per tick); the daily retention prune catches the rest.
-    if settings.RETENTION_METRICS_SAMPLES_DAYS:
-        kept = timedelta(days=settings.RETENTION_METRICS_SAMPLES_DAYS)
-        MetricsSample.objects.filter(deployment_id=did, at__lt=now - kept).delete()
+    with lease.fenced():  # a pass that lost the deployment records no sample beside the new holder's
+        MetricsSample.objects.create(deployment_id=did, healthy=healthy, memory_mb=memory, **values)
+        # Old samples go as new ones arrive (one per tick); the daily retention prune catches the rest.
+        if settings.RETENTION_METRICS_SAMPLES_DAYS:
+            kept = timedelta(days=settings.RETENTION_METRICS_SAMPLES_DAYS)
+            MetricsSample.objects.filter(deployment_id=did, at__lt=now - kept).delete()
     if not healthy:
         failures = deployment.health_failures + 1
         lease.write(health_failures=failures, last_checked_at=now)
         if failures >= settings.DEPLOYMENT_HEALTH_FAILURES:
             return restart_schedule(lease, deployment, f"/health failed {failures} times in a row (hung)")
         event(
-            did,
+            lease,
             "health",
             EventStatus.FAILED,
             f"/health did not answer at {base} ({failures} in a row){_address_problem(deployment)}",
@@ -125,6 +126,7 @@ def _check_serving(lease: Lease, deployment: Deployment) -> str:
         updates["restart_count"] = 0  # ten quiet minutes: the next crash starts the backoff afresh
     lease.write(**updates)
     reason = planned_restart(
+        lease,
         deployment,
         uptime_s=uptime,
         metrics=metrics,
