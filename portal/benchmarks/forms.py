@@ -61,7 +61,8 @@ class RunForm(forms.Form):
         return _numbers(self.cleaned_data.get("request_rates") or "", float, "request rates")
 
     def clean(self):
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if data.get("requests_per_level") and data.get("duration_s"):
             self.add_error("duration_s", "give either requests per level or a duration, not both")
         return data

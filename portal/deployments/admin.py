@@ -92,7 +92,8 @@ class DeploymentForm(forms.ModelForm):
                 self.fields[name].required = True
 
     def clean(self):
-        cleaned = super().clean()
+        super().clean()
+        cleaned = self.cleaned_data
         if all(cleaned.get(f) is not None for f in SLA_FIELDS):
             try:
                 services.sla_check(p95_ttft_s=cleaned["sla_p95_ttft_s"], p95_tpot_s=cleaned["sla_p95_tpot_s"])
@@ -227,7 +228,8 @@ class AdoptedEndpointForm(forms.ModelForm):
         fields = ["name", "team", "model_version", "node", "shared"]
 
     def clean(self):
-        cleaned = super().clean()
+        super().clean()
+        cleaned = self.cleaned_data
         if all(cleaned.get(f) is not None for f in SLA_FIELDS):
             try:
                 services.sla_check(p95_ttft_s=cleaned["sla_p95_ttft_s"], p95_tpot_s=cleaned["sla_p95_tpot_s"])

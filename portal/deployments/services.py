@@ -388,7 +388,7 @@ def _event(deployment: Deployment, step: str, message: str) -> None:
 def _send(deployment: Deployment, action: str, **kwargs) -> None:
     """Ask the deployment's node to `action` it once the request is committed (the message
     expires: supervision reconciles from the desired state instead; portal/deployments/dispatch.py)."""
-    send_to_node(deployment.node, f"deployments.{action}", args=[deployment.pk], kwargs=kwargs)
+    send_to_node(deployment.placed_node, f"deployments.{action}", args=[deployment.pk], kwargs=kwargs)
 
 
 def _who(user) -> str:

@@ -115,7 +115,7 @@ def deployment_new(request):
             messages.success(
                 request,
                 f"deployment {deployment.name} created"
-                + (f": the agent on {deployment.node.name} starts it" if started else " (stopped)"),
+                + (f": the agent on {deployment.placed_node.name} starts it" if started else " (stopped)"),
             )
             return redirect(deployment)
     nodes = list(Node.objects.prefetch_related("gpus").order_by("name"))
@@ -183,7 +183,7 @@ def deployment_action(request, name: str, action: str):
     except ApplicationError as error:
         messages.error(request, error.message)
     else:
-        messages.success(request, f"{action} requested: the agent on {deployment.node.name} is on it")
+        messages.success(request, f"{action} requested: the agent on {deployment.placed_node.name} is on it")
     return redirect(deployment)
 
 

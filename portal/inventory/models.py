@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
@@ -98,6 +99,9 @@ class Node(models.Model):
         return self.name
 
     # get_absolute_url: the node's page is benchmarks' (settings.ABSOLUTE_URL_OVERRIDES).
+    if TYPE_CHECKING:
+
+        def get_absolute_url(self) -> str: ...
 
     @property
     def queue(self) -> str:

@@ -86,6 +86,7 @@ class AcceptanceForm(forms.Form):
             del self.fields["enforce_eager"]  # a CPU node always runs eager
 
     def clean(self) -> dict:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         data.setdefault("enforce_eager", False)
         return data

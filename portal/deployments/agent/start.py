@@ -141,7 +141,7 @@ def start_under_lease(lease: Lease, *, reason: str = "") -> str:
 
 def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
     did = deployment.pk
-    node, model_version = deployment.node, deployment.model_version
+    node, model_version = deployment.placed_node, deployment.model_version
     engine = deployment.effective_engine
     gpus = list(node.gpus.filter(index__in=deployment.gpu_indices).order_by("index"))
 
@@ -169,21 +169,21 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
     with step(did, "command") as result:
         try:
             args = vllm_args(
-                deployment.profile.settings(),
+                deployment.placed_profile.settings(),
                 ServerArgs(
                     model_path=str(model_dir),
                     served_model_name=model_version.name,
                     host=bind_host,
                     port=port,
                 ),
-                extra_args=deployment.profile.extra_args or [],
+                extra_args=deployment.placed_profile.extra_args or [],
                 # The simulator takes the newest line's flags; vLLM, its own version's.
                 engine_version="" if engine == "sim" else node.vllm_version,
             )
         except InputError as error:
             raise StepFailed("command", str(error), "bad_profile") from error
         if engine == "sim":
-            hardware = gpus[0].catalog_key if gpus else deployment.profile.target_gpu
+            hardware = gpus[0].catalog_key if gpus else deployment.placed_profile.target_gpu
             argv = sim_command(python, args, hardware=hardware or None)
         else:
             argv = vllm_command(python, args, guard=True)
@@ -318,7 +318,7 @@ def _check_quota(deployment: Deployment) -> str:
     team, needed = deployment.team, len(deployment.gpu_indices)
     problems = holding_problems(
         team=team,
-        node=deployment.node,
+        node=deployment.placed_node,
         gpu_indices=deployment.gpu_indices,
         exclude_deployment_id=deployment.pk,
     )

@@ -71,7 +71,7 @@ def _supervise(lease: Lease, deployment: Deployment) -> str:
 def _address_problem(deployment: Deployment) -> str:
     """Why the gateway's address may not answer, where the name is the reason ("" otherwise)."""
     try:
-        address_check(deployment.node)
+        address_check(deployment.placed_node)
     except StepFailed as failure:
         return f": {failure.message}"
     return ""
