@@ -455,7 +455,12 @@ async def _calibrate(
 
 def _build_prompts(
     builder: PromptBuilder | EstimatingPromptBuilder,
-    mix: Mix, plan: LevelPlan, *, seed: int, offset: int, max_model_len: int | None = None
+    mix: Mix,
+    plan: LevelPlan,
+    *,
+    seed: int,
+    offset: int,
+    max_model_len: int | None = None,
 ) -> list[tuple[RequestSpec, str]]:
     count = plan.requests + plan.warmup_requests if plan.requests is not None else DURATION_POOL
     specs = [fit_to_context(spec, max_model_len) for spec in mix.sample(count, seed=seed)]

@@ -3,6 +3,8 @@ GPUs). A deployment's own page shows its production latency too, so it lives in 
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -136,7 +138,11 @@ def _initial_rows(names: dict[str, str]) -> dict:
     """?node=…&profile=…&team=… from a link (the node page, a profile) as the form's initial rows."""
     from portal.teams.models import Team
 
-    lookups = {"node": (Node, "name"), "profile": (DeploymentProfile, "name"), "team": (Team, "slug")}
+    lookups: dict[str, tuple[Any, str]] = {
+        "node": (Node, "name"),
+        "profile": (DeploymentProfile, "name"),
+        "team": (Team, "slug"),
+    }
     initial = {}
     for key, value in names.items():
         model, field = lookups[key]

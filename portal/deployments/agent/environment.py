@@ -152,7 +152,7 @@ def address_check(node: Node) -> str:
             "reaches the server at that name, so it could not either; fix the node's hostname",
             "unreachable",
         ) from None
-    addresses = sorted({info[4][0] for info in found})
+    addresses = sorted({str(info[4][0]) for info in found})
     return f"the gateway reaches the server at {host}" + (
         f" ({', '.join(addresses)})" if addresses != [host] else ""
     )

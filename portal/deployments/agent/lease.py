@@ -7,6 +7,7 @@ import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -18,7 +19,13 @@ from inference import supervisor
 from ..models import Deployment
 
 # What a deployment row says about its server once there is none (stopped, failed, restarting).
-NO_PROCESS = {"endpoint_url": "", "pid": None, "pgid": None, "process_identity": {}, "serving_since": None}
+NO_PROCESS: dict[str, Any] = {
+    "endpoint_url": "",
+    "pid": None,
+    "pgid": None,
+    "process_identity": {},
+    "serving_since": None,
+}
 
 
 class LeaseLost(Exception):
