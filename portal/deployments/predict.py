@@ -177,7 +177,7 @@ def predict_sweep(
 
 def calibrate_sweep(
     *,
-    measured: dict,
+    measured: object,  # checked by measured_levels
     fit_levels: list[int] | None = None,
     calibration: dict[str, float] | None = None,
     model: str,

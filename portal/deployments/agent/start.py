@@ -230,14 +230,16 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
         if desired != DesiredState.RUNNING:
             raise Abandoned()
 
+    process = launched.process
+    assert process is not None  # launched by this agent, just now
     with step(did, "ready", started=f"waiting for /health and /v1/models at {base_url}") as result:
         try:
             supervisor.wait_until_ready(
                 local_url,
                 model_version.name,
                 deadline_s=settings.DEPLOYMENT_READY_TIMEOUT_S,
-                alive=lambda: launched.process.poll() is None,
-                returncode=lambda: launched.process.returncode,
+                alive=lambda: process.poll() is None,
+                returncode=lambda: process.returncode,
                 on_health=lambda: event(did, "health", EventStatus.OK, "/health answers"),
                 keep_going=keep_going,
                 api_key=api_key,
@@ -329,6 +331,7 @@ def _check_quota(deployment: Deployment) -> str:
 
 
 def _serving(lease: Lease, deployment: Deployment, base_url: str, launch: _Launch, task_began: float) -> None:
+    assert launch.launched is not None  # serving follows the launch
     now = timezone.now()
     lease.write(
         state=DeploymentState.SERVING,

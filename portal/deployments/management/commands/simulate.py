@@ -44,7 +44,7 @@ class Command(BaseCommand):
     help = "Simulate a closed-loop concurrency sweep of a profile (virtual clock: seconds of wall time)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        PlanCommand.add_arguments(self, parser)  # plan's flags, including --json
+        PlanCommand().add_arguments(parser)  # plan's flags, including --json
         parser.add_argument("--max-num-batched-tokens", type=int, default=None)
         parser.add_argument("--enable-prefix-caching", action="store_true")
         parser.add_argument("--enable-chunked-prefill", action="store_true")
