@@ -71,7 +71,7 @@ class LabelledTabularInline:
         return field
 
     def get_formset(self, request: Any, obj: Any = None, **kwargs: Any) -> type:
-        formset = super().get_formset(request, obj, **kwargs)  # type: ignore[misc]
+        formset: Any = super().get_formset(request, obj, **kwargs)  # type: ignore[misc]
 
         class Labelled(formset):  # the formset adds the delete box itself, not through a db field
             def add_fields(self, form: forms.Form, index: int | None) -> None:

@@ -54,7 +54,7 @@ def skip_missing_row(model: str, *, arg: str, field: str = "pk") -> Callable[[Ca
                 return gone()
 
         # Celery reads the signature to check a call's arguments when it is sent.
-        wrapper.__signature__ = signature
+        wrapper.__signature__ = signature  # type: ignore[attr-defined]  # typeshed's _Wrapped omits it
         return wrapper
 
     return decorate
