@@ -74,7 +74,7 @@ class ModelCleanMixin(_Serializer):
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
-        model = self.Meta.model
+        model: Any = self.Meta.model
         instance = copy.copy(self.instance) if self.instance is not None else model()
         concrete = {f.name for f in model._meta.concrete_fields}
         for name, value in attrs.items():

@@ -303,6 +303,8 @@ def _sweep(run: BenchmarkRun, config: BenchConfig, first: int) -> None:
     if "error" in outcome:
         state = RunState.PARTIAL if run.levels.exists() else RunState.FAILED
         _finish(run, state, outcome["error"])
+    elif result is None:  # the sweep's thread neither returned nor raised (still running past its join)
+        raise RuntimeError(f"benchmark run {run.pk}: the load generator did not finish")
     elif result.cancelled or cancel.is_set():
         _finish(run, RunState.CANCELLED, result.error or "cancelled")
     elif result.error:
