@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
@@ -170,7 +170,7 @@ class Gpu(models.Model):
         from dataclasses import replace
 
         base = get_gpu(self.catalog_key) if self.catalog_key else None
-        facts = {
+        facts: dict[str, Any] = {
             "memory_gib": self.memory_mib / 1024,
             "bandwidth_gb_s": self.bandwidth_gb_s,
             "fp16_tflops": self.fp16_tflops,

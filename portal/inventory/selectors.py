@@ -38,6 +38,7 @@ def node_latest_calibration(node: Node) -> dict | None:
         return None
     if node.vllm_version and acceptance.versions.get("vllm", "") != node.vllm_version:
         return None
+    assert acceptance.calibration is not None  # excluded above
     return dict(acceptance.calibration)
 
 

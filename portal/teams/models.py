@@ -8,7 +8,7 @@ prefix plus an HMAC-SHA256 of the whole key; the secret itself is never stored.
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -107,6 +107,8 @@ class Team(QuotaFields):
     if TYPE_CHECKING:
 
         def get_absolute_url(self) -> str: ...
+
+        _audit_quotas_before: dict[str, Any] | None  # the quotas before a save (teams/signals.py)
 
     def clean(self) -> None:
         super().clean()
