@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -135,7 +135,7 @@ class DeploymentProfile(models.Model):
     def target_gpu_name(self) -> str:
         return get_gpu(self.target_gpu).display_name if self.target_gpu else ""
 
-    def settings_values(self) -> dict:
+    def settings_values(self) -> dict[str, Any]:
         """The vLLM knobs by ProfileSettings' names (blank quantization means none)."""
         values = {f.name: getattr(self, f.name) for f in fields(ProfileSettings)}
         values["quantization"] = values["quantization"] or None

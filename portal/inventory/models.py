@@ -39,7 +39,7 @@ class AgentHeartbeat:
     state: AgentState
     seen_at: datetime | None
     age_s: float | None
-    versions: dict
+    versions: dict[str, Any]
 
     @property
     def listening(self) -> bool:
