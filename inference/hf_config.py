@@ -62,7 +62,7 @@ _DTYPE_ALIASES = {
 _DEFAULT_DTYPE = "float16"
 
 
-def arch_from_config(config: dict) -> ModelArch:
+def arch_from_config(config: dict[str, Any]) -> ModelArch:
     """Build a `ModelArch` from a parsed config.json.
 
     Multimodal configs (Gemma 3, LLaVA, …) nest the language model under
@@ -177,7 +177,7 @@ def resolve_model_config(name_or_path: str) -> ModelArch:
 class _Reader:
     """Typed access to one level of a config, naming keys as the user sees them."""
 
-    def __init__(self, data: dict, prefix: str, defaults: dict[str, Any]) -> None:
+    def __init__(self, data: dict[str, Any], prefix: str, defaults: dict[str, Any]) -> None:
         self.data = data
         self.prefix = prefix
         self.defaults = defaults
@@ -205,7 +205,7 @@ class _Reader:
         return value
 
 
-def _weight_dtype(config: dict, text: dict, prefix: str) -> str:
+def _weight_dtype(config: dict[str, Any], text: dict[str, Any], prefix: str) -> str:
     # transformers >= 4.56 writes `dtype`; older versions wrote `torch_dtype`.
     for source, source_prefix in ((text, prefix), (config, "")):
         for key in ("dtype", "torch_dtype"):
@@ -222,7 +222,9 @@ def _weight_dtype(config: dict, text: dict, prefix: str) -> str:
     return _DEFAULT_DTYPE
 
 
-def _quantization(config: dict, text: dict, prefix: str) -> tuple[str | None, int | None, int | None]:
+def _quantization(
+    config: dict[str, Any], text: dict[str, Any], prefix: str
+) -> tuple[str | None, int | None, int | None]:
     """(method, bits, group size) from `quantization_config`, or all None."""
     if text.get("quantization_config") is not None:
         quant, field = text["quantization_config"], prefix + "quantization_config"
@@ -255,7 +257,7 @@ def _quantization(config: dict, text: dict, prefix: str) -> tuple[str | None, in
     return method, bits, group_size
 
 
-def _compressed_tensors_weights(quant: dict) -> tuple[Any, Any]:
+def _compressed_tensors_weights(quant: dict[str, Any]) -> tuple[Any, Any]:
     """Bits and group size of the first weight scheme of a compressed-tensors config.
 
     llm-compressor writes these under config_groups.<group>.weights rather than at

@@ -8,6 +8,7 @@ in `inference.hf_config`; this module only holds the facts and the arithmetic.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 # Bytes per element of the dtypes vLLM accepts for weights and the KV cache.
 DTYPE_BYTES: dict[str, float] = {
@@ -71,7 +72,7 @@ class ModelArch:
         norms = (2 * self.num_layers + 1) * self.hidden_size
         return self.embedding_params + self.lm_head_params + self.linear_params + norms
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["param_count"] = self.param_count
         return data

@@ -128,7 +128,7 @@ class Knob:
     flag: str
     write: Write = Write.ALWAYS
     aliases: tuple[str, ...] = ()  # vLLM's short spellings (the simulator's parser takes them too)
-    choices: tuple | None = None
+    choices: tuple[Any, ...] | None = None
     engine_default: str | None = None  # vLLM's own default where it differs from the portal's
     help: str = ""
 
@@ -138,13 +138,13 @@ def knob(default: Any, flag: str, write: Write = Write.ALWAYS, **details: Any) -
     return field(default=default, metadata={"knob": Knob(flag, write, **details)})
 
 
-def knob_type(spec: Field) -> tuple[str, bool]:
+def knob_type(spec: Field[Any]) -> tuple[str, bool]:
     """A knob's value type by name ("int", "float", "str" or "bool") and whether it may be None."""
     kind = spec.type if isinstance(spec.type, str) else spec.type.__name__
     return kind.removesuffix(" | None"), kind.endswith(" | None")
 
 
-def launch_knobs() -> list[tuple[Field, Knob]]:
+def launch_knobs() -> list[tuple[Field[Any], Knob]]:
     """Every launch knob, in ProfileSettings' order: the one list the other doors read."""
     return [(f, f.metadata["knob"]) for f in fields(ProfileSettings)]
 

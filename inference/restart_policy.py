@@ -91,4 +91,4 @@ def planned_restart_reason(
 
 def restart_backoff_s(attempt: int, *, base_s: float, cap_s: float = 600.0) -> float:
     """Exponential backoff before automatic restart number `attempt` (1, 2, 3, …)."""
-    return min(cap_s, base_s * 2 ** max(0, attempt - 1))
+    return min(cap_s, base_s * 2.0 ** max(0, attempt - 1))

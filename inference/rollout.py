@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any, TypeGuard
 
 from .errors import InputError
 
@@ -28,7 +29,7 @@ class Step:
     def duration_s(self) -> int:
         return self.seconds or self.minutes * 60
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         length = {"seconds": self.seconds} if self.seconds else {"minutes": self.minutes}
         return {"share_percent": self.share_percent, **length}
 
@@ -36,9 +37,13 @@ class Step:
         return f"{self.seconds} s" if self.seconds else f"{self.minutes} min"
 
 
-def _step_seconds(item: dict) -> Step:
+def _whole(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _step_seconds(item: dict[str, Any]) -> Step:
     share, seconds = item.get("share_percent"), item.get("seconds")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (share, seconds)):
+    if not (_whole(share) and _whole(seconds)):
         raise InputError("steps", "a step's share and seconds are whole numbers")
     if not MIN_STEP_SECONDS <= seconds <= MAX_STEP_MINUTES * 60:
         raise InputError(
@@ -54,7 +59,7 @@ def _step_minutes(item: object) -> Step:
         share, minutes = item
     else:
         raise InputError("steps", "each step is (share %, minutes)")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (share, minutes)):
+    if not (_whole(share) and _whole(minutes)):
         raise InputError("steps", "a step's share and minutes are whole numbers")
     if not 1 <= minutes <= MAX_STEP_MINUTES:
         raise InputError("steps", f"a step lasts 1 to {MAX_STEP_MINUTES} minutes, not {minutes}")
@@ -93,7 +98,7 @@ class Window:
     def error_rate(self) -> float:
         return self.errors / self.requests if self.requests else 0.0
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "requests": self.requests,
             "errors": self.errors,
@@ -253,7 +258,7 @@ class Evaluation:
     sla_p95_tpot_ms: float
     compare_sla_only: bool = False
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "step": self.step,
             "elapsed_s": self.elapsed_s,
@@ -268,7 +273,7 @@ class Evaluation:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> Evaluation | None:
+    def from_dict(cls, data: dict[str, Any]) -> Evaluation | None:
         """The stored record back (None for one written before the rule was recorded, or empty)."""
         try:
             windows = [

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -48,7 +49,7 @@ class Launched:
     pgid: int
     log_path: str
     # Only in the process that launched it: poll() reaps the child and keeps its exit code.
-    process: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
     identity: ProcessIdentity | None = None
 
 
@@ -89,7 +90,8 @@ def find_free_port(host: str = "127.0.0.1") -> int:
     the startup classifier reports that as `address_in_use`)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
-        return probe.getsockname()[1]
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def wait_port_free(host: str, port: int, *, timeout_s: float, interval_s: float = 0.2) -> bool:
@@ -180,11 +182,11 @@ class ProcessIdentity:
     start_ticks: int
     cmdline: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"boot_id": self.boot_id, "start_ticks": self.start_ticks, "cmdline": list(self.cmdline)}
 
     @classmethod
-    def from_dict(cls, data: Mapping | None) -> ProcessIdentity | None:
+    def from_dict(cls, data: Mapping[str, Any] | None) -> ProcessIdentity | None:
         if not data:
             return None
         try:
@@ -337,7 +339,7 @@ def stop_group(
     reused number) is left alone and reported gone: it is not ours to signal.
     """
     started = time.monotonic()
-    if not group_alive(pgid, identity):
+    if pgid is None or not group_alive(pgid, identity):
         return StopResult(signal="none", seconds=0.0, gone=True)
     _signal_group(pgid, signal.SIGTERM)
     if _wait_group_gone(pgid, grace_s, identity):
@@ -384,7 +386,9 @@ def served_models(base_url: str, *, timeout_s: float = 5.0, api_key: str = "") -
     return None if cards is None else [card["id"] for card in cards]
 
 
-def served_model_cards(base_url: str, *, timeout_s: float = 5.0, api_key: str = "") -> list[dict] | None:
+def served_model_cards(
+    base_url: str, *, timeout_s: float = 5.0, api_key: str = ""
+) -> list[dict[str, Any]] | None:
     """`/v1/models`'s entries as {"id", "max_model_len", "root"}; None when the server does not answer.
 
     vLLM adds `max_model_len` and `root` (the path or hub id it loaded) to OpenAI's model card.

@@ -25,6 +25,7 @@ import os
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from safetensors.numpy import save_file
@@ -98,7 +99,7 @@ def resolve_shape(name: str, *, layers: int | None = None) -> tuple[str, TinyLla
     return name, shape
 
 
-def shape_from_config(config: dict) -> TinyLlamaShape:
+def shape_from_config(config: dict[str, Any]) -> TinyLlamaShape:
     """The dimensions of a Llama-like config.json (the text part of a multimodal one)."""
     text = config.get("text_config", config)
     model_type = text.get("model_type") or config.get("model_type")
@@ -161,7 +162,7 @@ def train_tokenizer(vocab_size: int) -> Tokenizer:
 
 def llama_config(
     shape: TinyLlamaShape, *, bos_token_id: int, eos_token_id: int, dtype: str = "float32"
-) -> dict:
+) -> dict[str, Any]:
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -248,7 +249,7 @@ def _write_weights(directory: Path, shape: TinyLlamaShape, *, seed: int, dtype: 
         weights = {name: _fill(rng, dims, dtype) for name, dims in shards[0]}
         save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
         return
-    weight_map = {}
+    weight_map: dict[str, str] = {}
     for number, shard in enumerate(shards, start=1):
         filename = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
         weights = {name: _fill(rng, dims, dtype) for name, dims in shard}
@@ -275,6 +276,7 @@ def write_tiny_model(
     # BPE may stop short of the requested size on a small corpus; the embedding must match it exactly.
     shape = replace(shape, vocab_size=tokenizer.get_vocab_size())
     bos, eos = tokenizer.token_to_id("<s>"), tokenizer.token_to_id("</s>")
+    assert bos is not None and eos is not None  # special tokens of `train_tokenizer`
     tokenizer.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(
         json.dumps(

@@ -27,6 +27,9 @@ MAX_GROUPS_NAMED = 6
 # Groups are enumerated exhaustively; C(16, 8) = 12870 is the largest case on a 16-GPU node.
 MAX_GPUS_SEARCHED = 16
 
+# A TP group's sort key (`group_rank`): no ring, no mesh, several sockets, worst link, -bonded, indices.
+GroupRank = tuple[bool, bool, bool, int, int, tuple[int, ...]]
+
 
 class _Links:
     """The topology's pairs read once (kinds, NVLink neighbours, bonded links, sockets), so that
@@ -71,7 +74,7 @@ class _Links:
             return LinkKind.NVLINK
         return max((self.kind[pair] for pair in pairs), key=LINK_RANK.__getitem__)
 
-    def rank(self, group: Sequence[int]) -> tuple:
+    def rank(self, group: Sequence[int]) -> GroupRank:
         bonded = sum(self.bonded[pair] for pair in itertools.combinations(group, 2))
         return (
             not self.ring(group),
@@ -107,7 +110,7 @@ def worst_link(topology: Topology, gpus: Sequence[int]) -> LinkKind:
     return _Links(topology).worst(gpus)
 
 
-def group_rank(topology: Topology, gpus: Sequence[int]) -> tuple:
+def group_rank(topology: Topology, gpus: Sequence[int]) -> GroupRank:
     """Sort key of a TP group, best first: an NVLink ring, a full mesh, one socket, the best
     worst link, the most NVLinks bonded, then the lowest indices."""
     return _Links(topology).rank(gpus)

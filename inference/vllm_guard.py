@@ -17,6 +17,8 @@ import hashlib
 import hmac
 import json
 import os
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 # What supervision and Prometheus read without a key: liveness, counters, the version.
 OPEN_PATHS = frozenset({"/health", "/ping", "/metrics", "/version"})
@@ -35,7 +37,8 @@ def allowed(path: str, method: str, authorization: str | None) -> bool:
     return hmac.compare_digest(hashlib.sha256(token.encode()).digest(), _KEY_HASH)
 
 
-async def guard(request, call_next):
+# Starlette's Request and Response: vLLM's dependency, not the portal's, so typed loosely here.
+async def guard(request: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
     """An `@app.middleware("http")` function (vLLM adds a coroutine function that way)."""
     if allowed(request.url.path, request.method, request.headers.get("authorization")):
         return await call_next(request)

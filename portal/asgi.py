@@ -8,15 +8,16 @@ and nowhere else on the request's path.
 
 import gc
 import os
+from typing import cast
 
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-django_application = get_asgi_application()
+django_handler = get_asgi_application()
 
 from django.conf import settings  # noqa: E402
 
-from portal.core.bodylimit import BodyLimit  # noqa: E402
+from portal.core.bodylimit import App, BodyLimit  # noqa: E402
 from portal.gateway import timing  # noqa: E402
 from portal.gateway.asgi import GatewayHandler, body_refusal  # noqa: E402  (needs the apps loaded)
 from portal.gateway.config import gateway_settings  # noqa: E402
@@ -26,7 +27,7 @@ gateway_application = BodyLimit(
     GatewayHandler(), limit=lambda: gateway_settings().max_body_bytes, refusal=body_refusal
 )
 django_application = BodyLimit(
-    django_application,
+    cast(App, django_handler),  # its stubs type ASGI messages as Mappings, this module as dicts
     limit=lambda: settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
     refusal=lambda limit: ("text/plain; charset=utf-8", f"Request body is over {limit} bytes.\n".encode()),
 )

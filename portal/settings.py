@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, overload
 
 import environ
 from celery.schedules import crontab
@@ -42,6 +43,10 @@ def env_bool(name: str, *, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean; use true or false")
 
 
+@overload
+def env_number(name: str, *, default: int, minimum: int, maximum: int | None = None) -> int: ...
+@overload
+def env_number(name: str, *, default: float, minimum: float, maximum: float | None = None) -> float: ...
 def env_number(
     name: str, *, default: int | float, minimum: int | float, maximum: int | float | None = None
 ) -> int | float:
@@ -319,7 +324,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_LATE = False  # opted into per task, where a task is safe to repeat
 # Longer than the longest task (a model start can take many minutes), so Redis
 # does not redeliver a message whose task is still running.
-CELERY_BROKER_TRANSPORT_OPTIONS = {
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
     "visibility_timeout": env_number(
         "CELERY_VISIBILITY_TIMEOUT", default=7200, minimum=60, maximum=7 * 86_400
     ),

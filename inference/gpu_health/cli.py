@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from typing import Any
 
 from .rules import GpuContext, evaluate
 from .sampling import DEFAULT_TIMEOUT_S, bounded_run, read_sample
@@ -14,7 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
 
-    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(main.__doc__ or "").splitlines()[0])
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
     parser.add_argument("--raw", help="write nvidia-smi's stdout here")
     args = parser.parse_args(argv)
@@ -22,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--timeout must be above 0 and at most 600 s")
     raw: dict[str, str] = {}
 
-    def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
+    def run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         result = bounded_run(argv, **kwargs)
         raw[argv[0]] = result.stdout or ""  # the last answer: the one after any dropped field
         return result

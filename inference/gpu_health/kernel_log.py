@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from dataclasses import asdict, dataclass
+from typing import Any
 
 _XID_RE = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?"
@@ -41,7 +42,7 @@ class XidEvent:
     at: dt.datetime | None  # None: the line had no time this module could place
     gpu_instance: int | None = None  # the MIG GPU instance the driver attributed it to
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "at": self.at.isoformat() if self.at else None}
 
 

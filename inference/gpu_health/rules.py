@@ -287,7 +287,8 @@ def _remapping_failed(gpu: GpuContext, r: GpuTelemetry, at: dt.datetime) -> Heal
 def _at_power_limit(r: GpuTelemetry) -> bool:
     return (
         r.power_draw_w is not None
-        and bool(r.power_limit_w)
+        and r.power_limit_w is not None
+        and r.power_limit_w != 0
         and r.power_draw_w >= AT_POWER_LIMIT * r.power_limit_w
     )
 
@@ -361,7 +362,8 @@ def _clamped(r: GpuTelemetry) -> bool:
         and r.utilization_gpu_pct is not None
         and r.utilization_gpu_pct >= LOADED_PCT
         and r.sm_clock_mhz is not None
-        and bool(r.max_sm_clock_mhz)
+        and r.max_sm_clock_mhz is not None
+        and r.max_sm_clock_mhz != 0
         and r.sm_clock_mhz <= CLAMPED_CLOCK_SHARE * r.max_sm_clock_mhz
     )
 

@@ -12,6 +12,7 @@ import csv
 import math
 import re
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 # The exact field list the agent asks for (the H200 capture in inference/data/nvidia_smi/ used it).
 HEALTH_FIELDS = (
@@ -164,7 +165,7 @@ class GpuTelemetry:
     def throttle_reasons(self) -> tuple[str, ...]:
         return throttle_reason_names(self.throttle_mask)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "throttle_reasons": list(self.throttle_reasons)}
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 from inference.errors import InputError
 from inference.loadgen.loadgen import BenchConfig, LevelPlan, run_blocking, run_sweep
@@ -18,7 +20,13 @@ from inference.loadgen.summary import format_table
 from inference.loadgen.workloads import load_mix
 
 
-def _list(text: str | None, kind, flag: str) -> list:
+class _Out(Protocol):
+    """sys.stdout, or a management command's OutputWrapper."""
+
+    def write(self, text: str, /) -> object: ...
+
+
+def _list(text: str | None, kind: Callable[[str], Any], flag: str) -> list[Any]:
     if not text:
         return []
     try:
@@ -27,7 +35,7 @@ def _list(text: str | None, kind, flag: str) -> list:
         raise InputError(flag, f"write {flag} as a comma-separated list, e.g. 16,32") from error
 
 
-def _say(out, text: str) -> None:
+def _say(out: _Out, text: str) -> None:
     # Django's OutputWrapper adds a newline unless the text ends with one; print() would double it.
     out.write(text + "\n")
 
@@ -60,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", action="store_true", help="keep per-request samples in the JSON")
 
 
-def run(options: dict, out=sys.stdout) -> dict:
+def run(options: dict[str, Any], out: _Out = sys.stdout) -> dict[str, Any]:
     """Run the sweep described by parsed options; raises InputError for bad input."""
     concurrencies = _list(options["concurrency"], int, "concurrency")
     rates = _list(options["request_rate"], float, "request_rate")

@@ -28,6 +28,7 @@ import codecs
 import json
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -46,7 +47,7 @@ class RequestInput:
     """
 
     url: str
-    body: dict | bytes
+    body: dict[str, Any] | bytes
     headers: dict[str, str] = field(default_factory=dict)
     timeout_s: float | None = 600.0
     prompt_tokens: int = 0
@@ -55,9 +56,9 @@ class RequestInput:
 
 def completion_body(
     model: str, prompt: str, *, max_tokens: int, chat: bool = False, usage: bool = True
-) -> dict:
+) -> dict[str, Any]:
     """A streamed request with its output length forced (`ignore_eos` + `max_tokens`; vLLM accepts it)."""
-    body: dict = {"model": model, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0}
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0}
     if chat:
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -123,7 +124,7 @@ def _http_error(status: int, raw: bytes, reason: str | None) -> str:
     return f"HTTP {status}: {detail}" if detail else f"HTTP {status}"
 
 
-def _error_code(error: dict) -> str:
+def _error_code(error: dict[str, Any]) -> str:
     """The error's name: the gateway's string `code`, else its `type` (vLLM's `code` repeats the status)."""
     code = error.get("code")
     if isinstance(code, str) and code:
@@ -169,7 +170,7 @@ class _Stream:
         if choices := message.get("choices"):
             delta = choices[0].get("delta") if isinstance(choices[0], dict) else None
             role_only = isinstance(delta, dict) and not any(v for k, v in delta.items() if k != "role")
-            if role_only and "role" in delta:
+            if role_only and isinstance(delta, dict) and "role" in delta:
                 return  # the chat preamble ({"role": "assistant", "content": ""}): no token yet
             record.token_times.append(time.perf_counter())
             self.events += 1

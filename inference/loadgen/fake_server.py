@@ -19,6 +19,7 @@ import json
 import time
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 
 class FakeServer:
@@ -54,7 +55,7 @@ class FakeServer:
         return app
 
     @web.middleware
-    async def authenticate(self, request: web.Request, handler) -> web.StreamResponse:
+    async def authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         given = request.headers.get("Authorization")
         if request.path.startswith("/v1") and given != f"Bearer {self.api_key}":
             return web.json_response({"error": "Unauthorized"}, status=401)

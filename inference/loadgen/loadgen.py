@@ -24,8 +24,9 @@ import json
 import random
 import threading
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
@@ -34,7 +35,9 @@ from inference.loadgen.client import RequestInput, completion_body, stream_reque
 from inference.loadgen.prompts import EstimatingPromptBuilder, PromptBuilder, prompt_builder
 from inference.loadgen.summary import RequestRecord, percentile, summarize_level
 from inference.loadgen.workloads import Mix, RequestSpec, fit_to_context
-from inference.vllm_metrics import parse_vllm_metrics
+from inference.vllm_metrics import VllmMetrics, parse_vllm_metrics
+
+T = TypeVar("T")
 
 # A level is client-bound when the load generator's event loop (one core) was this busy,
 CLIENT_CPU_LIMIT = 0.90
@@ -119,7 +122,7 @@ def _root(url: str) -> str:
 class Hooks(Protocol):
     def level_started(self, index: int, plan: LevelPlan) -> None: ...
     def progress(self, index: int, done: int, planned: int | None) -> None: ...
-    def level_finished(self, index: int, level: dict) -> None: ...
+    def level_finished(self, index: int, level: dict[str, Any]) -> None: ...
     def cancelled(self) -> bool: ...
 
 
@@ -130,7 +133,7 @@ class NoHooks:
     def progress(self, index: int, done: int, planned: int | None) -> None:
         pass
 
-    def level_finished(self, index: int, level: dict) -> None:
+    def level_finished(self, index: int, level: dict[str, Any]) -> None:
         pass
 
     def cancelled(self) -> bool:
@@ -139,7 +142,7 @@ class NoHooks:
 
 @dataclass
 class SweepResult:
-    levels: list[dict] = field(default_factory=list)
+    levels: list[dict[str, Any]] = field(default_factory=list)
     prompt_source: str = ""
     prompt_tokens_exact: bool = False
     prompt_token_offset: int = 0  # server count − our count (e.g. a BOS the tokenizer file does not add)
@@ -172,10 +175,8 @@ async def preflight(session: aiohttp.ClientSession, config: BenchConfig) -> int 
         raise InputError("url", f"{url} did not answer JSON: is this an OpenAI-compatible server?") from error
     served = [m.get("id") for m in body.get("data", []) if isinstance(m, dict)]
     if config.model not in served:
-        raise InputError(
-            "model",
-            f"{config.root} does not serve {config.model!r}; it serves: {', '.join(served) or 'nothing'}",
-        )
+        serving = ", ".join(map(str, served)) or "nothing"
+        raise InputError("model", f"{config.root} does not serve {config.model!r}; it serves: {serving}")
     entry = next(m for m in body["data"] if isinstance(m, dict) and m.get("id") == config.model)
     max_model_len = entry.get("max_model_len")
     return max_model_len if isinstance(max_model_len, int) and max_model_len > 0 else None
@@ -204,14 +205,14 @@ class ServerWatch:
         else:
             self.headers = _headers(config)
         self.interval = config.scrape_interval_s
-        self.before = None
-        self.after = None
+        self.before: VllmMetrics | None = None
+        self.after: VllmMetrics | None = None
         self.peaks: dict[str, float | None] = {"kv_cache_usage": None, "waiting": None, "running": None}
         self.scrapes = 0
         self.failures = 0
         self.last_error = ""
 
-    async def scrape(self):
+    async def scrape(self) -> VllmMetrics | None:
         try:
             timeout = aiohttp.ClientTimeout(total=5)
             async with self.session.get(self.url, headers=self.headers, timeout=timeout) as response:
@@ -226,7 +227,8 @@ class ServerWatch:
         for name in self.peaks:
             value = getattr(metrics, name)
             if value is not None:
-                self.peaks[name] = value if self.peaks[name] is None else max(self.peaks[name], value)
+                peak = self.peaks[name]
+                self.peaks[name] = value if peak is None else max(peak, value)
         return metrics
 
     async def watch(self) -> None:
@@ -234,7 +236,7 @@ class ServerWatch:
             await asyncio.sleep(self.interval)
             await self.scrape()
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         def delta(name: str) -> float | None:
             a = getattr(self.before, name, None) if self.before else None
             b = getattr(self.after, name, None) if self.after else None
@@ -287,7 +289,7 @@ class SelfWatch:
         self.cpu0 = time.process_time()
         self.wall0 = time.perf_counter()
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         wall = time.perf_counter() - self.wall0
         cpu_share = (time.process_time() - self.cpu0) / wall if wall > 0 else None
         lag_p95 = percentile(self.lags, 95) * 1000 if self.lags else None
@@ -335,12 +337,17 @@ class _Level:
 
 
 async def _run_level(
-    session: aiohttp.ClientSession, config: BenchConfig, plan: LevelPlan, prompts, index: int, hooks: Hooks
-) -> dict:
+    session: aiohttp.ClientSession,
+    config: BenchConfig,
+    plan: LevelPlan,
+    prompts: list[tuple[RequestSpec, str]],
+    index: int,
+    hooks: Hooks,
+) -> dict[str, Any]:
     state = _Level(config, plan, prompts)
     server = ServerWatch(session, config)
     client = SelfWatch()
-    in_flight: set[asyncio.Task] = set()
+    in_flight: set[asyncio.Task[None]] = set()
 
     async def one(warm: bool, spec: RequestSpec, prompt: str) -> None:
         record = RequestRecord(start=time.perf_counter())
@@ -354,6 +361,7 @@ async def _run_level(
             await one(*item)
 
     async def poisson() -> None:
+        assert plan.request_rate is not None  # a level has a concurrency or a rate (LevelPlan)
         rng = random.Random(config.seed)  # noqa: S311 (reproducible arrivals, not security)
         while (item := state.next_request()) is not None:
             task = asyncio.create_task(one(*item))
@@ -371,6 +379,7 @@ async def _run_level(
     hooks.level_started(index, plan)
     client.start()
     background = [asyncio.create_task(server.watch()), asyncio.create_task(client.probe())]
+    work: asyncio.Future[Any]
     if plan.concurrency is not None:
         work = asyncio.gather(*(user() for _ in range(plan.concurrency)))
     else:
@@ -426,7 +435,9 @@ async def _run_level(
     return level
 
 
-async def _calibrate(session, config: BenchConfig, builder) -> tuple[int, str]:
+async def _calibrate(
+    session: aiohttp.ClientSession, config: BenchConfig, builder: PromptBuilder | EstimatingPromptBuilder
+) -> tuple[int, str]:
     """Send one short request: the server's prompt count tells us its special tokens (and warms it up)."""
     probe = RequestSpec(prompt_tokens=64, output_tokens=1)
     prompt = builder.build(probe, seed=-1)
@@ -443,7 +454,13 @@ async def _calibrate(session, config: BenchConfig, builder) -> tuple[int, str]:
 
 
 def _build_prompts(
-    builder, mix: Mix, plan: LevelPlan, *, seed: int, offset: int, max_model_len: int | None = None
+    builder: PromptBuilder | EstimatingPromptBuilder,
+    mix: Mix,
+    plan: LevelPlan,
+    *,
+    seed: int,
+    offset: int,
+    max_model_len: int | None = None,
 ) -> list[tuple[RequestSpec, str]]:
     count = plan.requests + plan.warmup_requests if plan.requests is not None else DURATION_POOL
     specs = [fit_to_context(spec, max_model_len) for spec in mix.sample(count, seed=seed)]
@@ -504,14 +521,14 @@ async def run_sweep(config: BenchConfig, hooks: Hooks | None = None) -> SweepRes
     return result
 
 
-def run_blocking(coroutine):
+def run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
     """`asyncio.run(coroutine)`, also when this thread already runs an event loop (a caller inside
     async code, or Playwright's sync API in a test session): then on a fresh thread."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(coroutine)
-    outcome: dict = {}
+    outcome: dict[str, Any] = {}  # "value": T, or "error"
 
     def target() -> None:
         try:
@@ -524,4 +541,5 @@ def run_blocking(coroutine):
     thread.join()
     if "error" in outcome:
         raise outcome["error"]
-    return outcome["value"]
+    value: T = outcome["value"]
+    return value

@@ -10,6 +10,7 @@ gateway cap there would sit past a level already seen to fail.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class Sla:
         return f"P95 TTFT ≤ {self.p95_ttft_s:g} s, P95 TPOT ≤ {self.p95_tpot_s:g} s"
 
 
-def level_misses(level: dict, sla: Sla) -> list[str]:
+def level_misses(level: dict[str, Any], sla: Sla) -> list[str]:
     """Why a level misses the SLA (empty: it meets it)."""
     reasons = []
     if level.get("failed"):
@@ -43,7 +44,9 @@ def level_misses(level: dict, sla: Sla) -> list[str]:
     return reasons
 
 
-def operating_point(levels: list[dict], sla: Sla, *, verb: str = "measured") -> tuple[int | None, str]:
+def operating_point(
+    levels: list[dict[str, Any]], sla: Sla, *, verb: str = "measured"
+) -> tuple[int | None, str]:
     """(highest concurrency meeting the SLA, a sentence saying which and why the next one missed).
 
     `verb` says how the levels were obtained: "measured" by a benchmark, "predicted" by the simulator.
@@ -53,7 +56,7 @@ def operating_point(levels: list[dict], sla: Sla, *, verb: str = "measured") -> 
     )
     if not closed:
         return None, "no closed-loop levels to choose from"
-    chosen: dict | None = None
+    chosen: dict[str, Any] | None = None
     for level in closed:
         reasons = level_misses(level, sla)
         if reasons:

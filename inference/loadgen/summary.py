@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Final
 
 import numpy as np
 
@@ -36,7 +37,7 @@ LITTLE_LAW_TOLERANCE = 0.10
 METRICS = ("ttft", "tpot", "itl", "e2el")
 PERCENTILES = (90, 95, 99)
 # vLLM's `benchmarks/serve.py` calls np.percentile with numpy's default, "linear".
-PERCENTILE_METHOD = "linear"
+PERCENTILE_METHOD: Final = "linear"
 
 
 @dataclass
@@ -135,7 +136,7 @@ def _mean_in_flight(records: list[RequestRecord], low: float, high: float) -> fl
 
 def little_law(
     records: list[RequestRecord], concurrency: int | None, *, warmup: Sequence[RequestRecord] = ()
-) -> dict:
+) -> dict[str, Any]:
     """Does output throughput ≈ concurrency × mean output tokens ÷ mean E2EL hold?
 
     The steady window runs from the first request's start to the last request's
@@ -148,7 +149,7 @@ def little_law(
     A miss by more than 10 % marks the level as a suspected measurement problem.
     """
     ok = [r for r in records if r.ok]
-    result: dict = {
+    result: dict[str, Any] = {
         "window_s": None,
         "concurrency_used": None,
         "measured_output_throughput": None,
@@ -191,7 +192,7 @@ def summarize_level(
     concurrency: int | None,
     slo: dict[str, float] | None = None,
     warmup: Sequence[RequestRecord] = (),
-) -> dict:
+) -> dict[str, Any]:
     """One level's results under vLLM's key names.
 
     `slo` is vLLM's goodput config: {"ttft" | "tpot" | "e2el": limit in ms}. `warmup`
@@ -225,12 +226,12 @@ def summarize_level(
         good = 0
         for r in completed:
             # vLLM counts a ≤1-token request's TPOT as 0 for goodput.
-            values = {"ttft": r.ttft, "tpot": r.tpot or 0.0, "e2el": r.e2el}
-            if all(values[k] <= limit / 1000 for k, limit in slo.items()):
+            seconds = {"ttft": r.ttft, "tpot": r.tpot or 0.0, "e2el": r.e2el}
+            if all(seconds[k] <= limit / 1000 for k, limit in slo.items()):
                 good += 1
         goodput = rate(good)
 
-    level: dict = {
+    level: dict[str, Any] = {
         "concurrency": concurrency,
         "completed": len(completed),
         "failed": len(failed),
@@ -266,7 +267,7 @@ TABLE_COLUMNS = (
 )
 
 
-def format_table(levels: list[dict]) -> str:
+def format_table(levels: list[dict[str, Any]]) -> str:
     """The per-level table the bench command prints (a preemptions column when levels carry it)."""
     with_preemptions = any(level.get("preemptions") is not None for level in levels)
     header = list(TABLE_COLUMNS) + (["preemptions"] if with_preemptions else []) + ["notes"]
@@ -311,7 +312,7 @@ def format_table(levels: list[dict]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def little_law_from_table(level: dict) -> dict:
+def little_law_from_table(level: dict[str, Any]) -> dict[str, Any]:
     """Little's law on a level known only from a table (an import): concurrency, throughput, latencies.
 
     With mean E2EL and mean output tokens: expected = C × tokens ÷ E2EL. Without them

@@ -17,6 +17,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from inference.errors import InputError
 
@@ -127,7 +128,7 @@ class Mix:
         rng.shuffle(specs)
         return specs
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "shared_prefix_tokens": self.shared_prefix_tokens,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any, TypeGuard
 
 from inference.errors import InputError
 from inference.loadgen.workloads import Mix, fit_to_context
@@ -106,10 +107,10 @@ class Fit:
 
     host: HostCosts
     fitted: tuple[str, ...]
-    levels: list[dict]
+    levels: list[dict[str, Any]]
     evaluations: int
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "calibration": self.host.as_dict(),
             "fitted": list(self.fitted),
@@ -159,9 +160,10 @@ def measured_levels(report: object, *, only: Sequence[int] | None = None) -> lis
     return levels
 
 
-def _positive(value: object) -> bool:
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    return number and math.isfinite(value) and value > 0
+def _positive(value: object) -> TypeGuard[float]:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value) and value > 0
 
 
 def mean_prompt_tokens(mix: Mix) -> float:
@@ -195,7 +197,7 @@ def fitted_names(
 
 def simulate_levels(
     config: EngineConfig, mix: Mix, measured: Sequence[MeasuredLevel], *, seed: int = 0
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """The simulated level for each measured one, with the fit's request counts.
 
     The warm-up is the measured one when the report says (the bench's `--warmup`),
@@ -211,7 +213,7 @@ def simulate_levels(
     return results
 
 
-def _misses(predicted: Sequence[dict], measured: Sequence[MeasuredLevel]) -> list[float]:
+def _misses(predicted: Sequence[dict[str, Any]], measured: Sequence[MeasuredLevel]) -> list[float]:
     """log(predicted ÷ measured) for output tok/s, mean TPOT and (where measured) mean TTFT of each level."""
     misses = []
     for guess, level in zip(predicted, measured, strict=True):
@@ -222,7 +224,7 @@ def _misses(predicted: Sequence[dict], measured: Sequence[MeasuredLevel]) -> lis
         if level.mean_ttft_ms is not None:
             ttft = guess.get("mean_ttft_ms")
             misses.append(math.log(ttft / level.mean_ttft_ms) if _positive(ttft) else 10.0)
-        if level.std_ttft_ms is not None:
+        if level.std_ttft_ms is not None and level.mean_ttft_ms is not None:  # a spread comes with a mean
             # The spread says how TTFT grows with the prompt: the level's prompts differ in length
             # (the simulated ones are the same draws), so the prefill rate shows in it, while the
             # API server's per-request work, the same for every prompt, does not. The mean alone
@@ -316,7 +318,11 @@ def fit_host_costs(
 
 
 def _informed_start(
-    config: EngineConfig, names: Sequence[str], start: HostCosts, level: MeasuredLevel, predicted: dict
+    config: EngineConfig,
+    names: Sequence[str],
+    start: HostCosts,
+    level: MeasuredLevel,
+    predicted: dict[str, Any],
 ) -> HostCosts:
     """Where the search starts and what it is pulled towards: the lowest level's TPOT
     explained by the host costs.
@@ -364,7 +370,7 @@ MAX_START_PREFILL_FACTOR = 1.25
 
 
 def _ttft_start(
-    names: Sequence[str], start: HostCosts, level: MeasuredLevel, predicted: dict
+    names: Sequence[str], start: HostCosts, level: MeasuredLevel, predicted: dict[str, Any]
 ) -> dict[str, float]:
     """The TTFT constants' start: the lowest level's TTFT gap shared between the API server's
     per-request work and the prefill factor.
@@ -430,7 +436,9 @@ def _nelder_mead(
         centroid = [sum(point[d] for point in simplex[:-1]) / dims for d in range(dims)]
         worst = simplex[-1]
 
-        def toward(scale: float, *, centroid=centroid, worst=worst) -> list[float]:
+        def toward(
+            scale: float, *, centroid: list[float] = centroid, worst: list[float] = worst
+        ) -> list[float]:
             return clip([c + scale * (c - w) for c, w in zip(centroid, worst, strict=True)])
 
         reflected = toward(1.0)

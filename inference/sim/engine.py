@@ -14,6 +14,7 @@ a launch against vLLM would.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from inference.engines import attention_slowdown
 from inference.hardware import GpuSpec
@@ -109,7 +110,7 @@ def _vllm_message(code: str, config: EngineConfig, sizing: Sizing, fallback: str
             f"(gpu_memory_utilization={profile.gpu_memory_utilization}). {fallback}"
         )
     if code == "kv_cache_too_small":
-        needed = sizing.max_model_len * sizing.kv_bytes_per_token_per_gpu / 2**30
+        needed_gib = sizing.max_model_len * sizing.kv_bytes_per_token_per_gpu / 2**30
         available = max(0.0, sizing.kv_budget_bytes_per_gpu) / 2**30
         if sizing.kv_cache_tokens == 0:
             return (
@@ -118,7 +119,7 @@ def _vllm_message(code: str, config: EngineConfig, sizing: Sizing, fallback: str
             )
         return (
             f"To serve at least one request with the models's max seq len ({sizing.max_model_len}), "
-            f"({needed:.2f} GiB KV cache is needed, which is larger than the available KV cache "
+            f"({needed_gib:.2f} GiB KV cache is needed, which is larger than the available KV cache "
             f"memory ({available:.2f} GiB). Based on the available memory, the estimated maximum "
             f"model length is {sizing.kv_cache_tokens}. Try increasing `gpu_memory_utilization` or "
             "decreasing `max_model_len` when initializing the engine."
@@ -140,7 +141,8 @@ def supported_profile(profile: ProfileSettings, gpu: GpuSpec) -> tuple[ProfileSe
     if not gpu.is_volta:
         return profile, []
     ignored = [flag for flag in VOLTA_UNSUPPORTED if getattr(profile, flag)]
-    return replace(profile, **dict.fromkeys(ignored, False)), ignored
+    overrides: dict[str, Any] = dict.fromkeys(ignored, False)
+    return replace(profile, **overrides), ignored
 
 
 def check_startup(config: EngineConfig) -> Plan:

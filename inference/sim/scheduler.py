@@ -218,17 +218,17 @@ class Scheduler:
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             hashes = request.hashes(self.kv.block_size)
-            computed = self.kv.computed_blocks(hashes, request.num_tokens)
-            cached = len(computed) * self.kv.block_size
+            computed_blocks = self.kv.computed_blocks(hashes, request.num_tokens)
+            cached = len(computed_blocks) * self.kv.block_size
             new = request.num_tokens - cached
             if new > budget:
                 if not self.enable_chunked_prefill:
                     break
                 new = budget
-            if not self.kv.can_allocate(0, computed, cached + new):
+            if not self.kv.can_allocate(0, computed_blocks, cached + new):
                 break
             self.waiting.popleft()
-            self.kv.allocate(request.blocks, computed, cached + new)
+            self.kv.allocate(request.blocks, computed_blocks, cached + new)
             if request.num_preemptions == 0:
                 request.num_cached_tokens = cached
             self.kv.record_prefix_lookup(request.num_tokens, cached)

@@ -23,8 +23,10 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from inference.sim.engine import SimEngine
 from inference.sim.prometheus import SimMetrics
@@ -32,7 +34,7 @@ from inference.sim.scheduler import SimRequest
 from inference.sim.tokens import Tokenizer, natural_length, output_text
 
 logger = logging.getLogger(__name__)
-SERVER_KEY: web.AppKey[SimServer] = web.AppKey("sim", "SimServer")
+SERVER_KEY: web.AppKey[SimServer] = web.AppKey("sim")
 
 # Chat template overhead: Llama-2-chat wraps each message in [INST] … [/INST] markers.
 CHAT_TOKENS_PER_MESSAGE = 4
@@ -42,14 +44,16 @@ CHAT_TOKENS_PER_MESSAGE = 4
 class Stream:
     """What the HTTP handler of one request waits on."""
 
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)  # tokens so far; None: the end
     arrival: float = 0.0
     first_token: float | None = None
     last_token: float | None = None
 
 
 class BadRequest(Exception):
-    def __init__(self, message: str, *, status: int = 400, kind: str = "BadRequestError", param=None):
+    def __init__(
+        self, message: str, *, status: int = 400, kind: str = "BadRequestError", param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.kind, self.param = status, kind, param
 
@@ -79,7 +83,7 @@ class SimServer:
         self.metrics = SimMetrics(served_model_names[0])
         self.wakeup = asyncio.Event()
         self.created = int(time.time())
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self.dead: str | None = None
         self._preemptions_seen = 0
 
@@ -103,7 +107,7 @@ class SimServer:
             logger.exception("the simulated engine failed")
             self.dead = f"the engine failed: {type(error).__name__}: {error}"
             for request in [*self.engine.scheduler.running, *self.engine.scheduler.waiting]:
-                request.context.queue.put_nowait(None)
+                cast(Stream, request.context).queue.put_nowait(None)
 
     async def _steps(self) -> None:
         loop = asyncio.get_running_loop()
@@ -127,7 +131,7 @@ class SimServer:
             outcome = self.engine.finish(plan)
             now = loop.time()
             for request in outcome.sampled:
-                stream: Stream = request.context
+                stream = cast(Stream, request.context)
                 if stream.first_token is None:
                     stream.first_token = now
                     self.metrics.ttft.labels(**labels).observe((now - stream.arrival) * self.speedup)
@@ -138,7 +142,7 @@ class SimServer:
                 stream.last_token = now
                 stream.queue.put_nowait(request.num_output_tokens)
             for request in outcome.finished:
-                stream = request.context
+                stream = cast(Stream, request.context)
                 self.metrics.e2e.labels(**labels).observe((now - stream.arrival) * self.speedup)
                 self.metrics.success.labels(**labels, finished_reason=request.finish_reason).inc()
                 stream.queue.put_nowait(None)
@@ -166,7 +170,7 @@ class SimServer:
         return app
 
     @web.middleware
-    async def authenticate(self, request: web.Request, handler) -> web.StreamResponse:
+    async def authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """vLLM's check: with a key set, `/v1/*` wants `Authorization: Bearer <key>`."""
         if self.api_key and request.path.startswith("/v1") and request.method != "OPTIONS":
             given = request.headers.get("Authorization", "")
@@ -213,7 +217,7 @@ class SimServer:
         return await self._serve(request, chat=True)
 
     # --- one request -------------------------------------------------------------------
-    def _prompt_ids(self, body: dict, chat: bool) -> list[int]:
+    def _prompt_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
         if chat:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
@@ -240,13 +244,14 @@ class SimServer:
         raise BadRequest("prompt must be a string or a list of token ids (one prompt)", param="prompt")
 
     @staticmethod
-    def _int(body: dict, key: str, default: int | None, low: int) -> int | None:
+    def _int(body: dict[str, Any], key: str, default: int | None, low: int) -> int | None:
         value = body.get(key, default)
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise BadRequest(f"{key} must be an integer ≥ {low}, got {value!r}", param=key)
-        return value
+        number: int = value
+        return number
 
     async def _serve(self, http: web.Request, *, chat: bool) -> web.StreamResponse:
         try:
@@ -309,7 +314,7 @@ class SimServer:
             if not sim.finished:
                 self.engine.abort(sim)  # the client went away: free its blocks, as vLLM does
 
-    def _usage(self, sim: SimRequest) -> dict:
+    def _usage(self, sim: SimRequest) -> dict[str, Any]:
         prompt = sim.num_prompt_tokens
         return {
             "prompt_tokens": prompt,
@@ -399,7 +404,7 @@ class SimServer:
         created = int(time.time())
         kind = "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(choices: list, usage: dict | None = None) -> bytes:
+        def chunk(choices: list[Any], usage: dict[str, Any] | None = None) -> bytes:
             data = {
                 "id": sim.request_id,
                 "object": kind,

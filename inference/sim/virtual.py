@@ -15,6 +15,7 @@ import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 from inference.errors import InputError
 from inference.loadgen.sla import Sla, operating_point
@@ -29,7 +30,7 @@ _MAX_REQUESTS_PER_LEVEL = 100_000
 class OutOfTime(InputError):
     """The sweep passed its deadline; `levels` holds the levels it finished before."""
 
-    def __init__(self, *, concurrency: int, levels: list[dict]) -> None:
+    def __init__(self, *, concurrency: int, levels: list[dict[str, Any]]) -> None:
         self.concurrency = concurrency
         self.levels = levels
         super().__init__("concurrency", f"out of time during level {concurrency}")
@@ -52,7 +53,7 @@ def prompt_block_hashes(spec: RequestSpec, request_index: int, block_size: int) 
 
 @dataclass
 class LevelResult:
-    level: dict
+    level: dict[str, Any]
     records: list[RequestRecord]
 
 
@@ -142,9 +143,9 @@ def run_level(
         delivered = now + step.output_lag_s
         outcome = engine.finish(plan)
         for request in outcome.sampled:
-            request.context.token_times.append(delivered)
+            cast(RequestRecord, request.context).token_times.append(delivered)
         for request in outcome.finished:
-            record = request.context
+            record = cast(RequestRecord, request.context)
             record.output_tokens = request.num_output_tokens
             record.end = delivered
             if next_spec < len(specs):
@@ -172,9 +173,9 @@ def sweep(
     requests_per_level: int | None = None,
     seed: int = 0,
     sla: Sla | None = None,
-    on_level: Callable[[dict], None] | None = None,
+    on_level: Callable[[dict[str, Any]], None] | None = None,
     deadline: float | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Every level of a closed-loop sweep: {"levels": [...], "sla_concurrency": N, "sla_reason": str}.
 
     Past `deadline` (`time.monotonic()`) it raises OutOfTime with the levels finished so far.
@@ -189,7 +190,7 @@ def sweep(
             "requests_per_level", f"must be between 1 and {_MAX_REQUESTS_PER_LEVEL}, got {requests_per_level}"
         )
     engine = SimEngine(config)  # refuse a profile that would not start before simulating anything
-    levels = []
+    levels: list[dict[str, Any]] = []
     for concurrency in concurrencies:
         n = requests_per_level or default_requests_per_level(concurrency)
         # One warm-up request per user fills the batch before measuring, as the load generator does.

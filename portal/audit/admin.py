@@ -17,7 +17,17 @@ class AuditEventAdmin(admin.ModelAdmin):
     search_fields = ["actor_repr", "action", "target_repr", "target_id"]
     date_hierarchy = "at"
     fields = ["at", "actor", "who", "action", "target_type", "target_id", "target", "changes", "address"]
-    readonly_fields = fields
+    readonly_fields = [
+        "at",
+        "actor",
+        "who",
+        "action",
+        "target_type",
+        "target_id",
+        "target",
+        "changes",
+        "address",
+    ]
 
     @admin.display(description="who", ordering="actor_repr")
     def who(self, event: AuditEvent) -> str:

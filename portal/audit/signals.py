@@ -7,7 +7,10 @@ Every add/change/delete in the admin writes a LogEntry; each is mirrored as an
 
 from __future__ import annotations
 
+from typing import cast
+
 from django.contrib.admin.models import ADDITION, CHANGE, DELETION, LogEntry
+from django.contrib.contenttypes.models import ContentType
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 
@@ -20,7 +23,8 @@ ADMIN_ACTIONS = {ADDITION: "admin.add", CHANGE: "admin.change", DELETION: "admin
 def mirror_admin_log_entry(sender, instance: LogEntry, created: bool, **kwargs) -> None:
     if not created:
         return
-    content_type = instance.content_type
+    # django-stubs leaves LogEntry.content_type an unbound type variable.
+    content_type = cast("ContentType | None", instance.content_type)
     audit_event_record(
         action=ADMIN_ACTIONS.get(instance.action_flag, "admin.other"),
         actor=instance.user,

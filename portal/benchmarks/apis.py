@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status, viewsets
@@ -32,8 +34,12 @@ class RunListSerializer(StaffOnlyFieldsMixin, serializers.ModelSerializer):
     staff_only_fields = ("endpoint_url",)
 
     # Null for an imported table or a bare endpoint (and after the deployment is deleted).
-    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
-    profile = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    deployment: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True
+    )
+    profile: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True
+    )
     endpoint_url = serializers.CharField(
         read_only=True, help_text="Server root (no /v1); blank for an import. Staff only."
     )
@@ -126,8 +132,9 @@ class BenchmarkRunViewSet(viewsets.ReadOnlyModelViewSet):
                 raise NotFound(f"no deployment {deployment_name!r}")
         run_request = services.BenchmarkRunRequest(deployment=deployment, **values)
         run = services.benchmark_run_create(user=request.user, run_request=run_request)
-        data = RunListSerializer(run, context={"request": request}).data
-        return Response(data, status=status.HTTP_201_CREATED)
+        return Response(
+            RunListSerializer(run, context={"request": request}).data, status=status.HTTP_201_CREATED
+        )
 
     @extend_schema(request=None, responses=RunListSerializer)
     @action(detail=True, methods=["post"])

@@ -7,6 +7,7 @@ import re
 from django import forms
 
 from inference.loadgen.workloads import MAX_INLINE_CHARS, PRESETS
+from portal.core.forms import choice_field
 
 from .services import FIELD_GUIDE_7B_TABLE, MAX_SEED
 
@@ -50,7 +51,7 @@ class RunForm(forms.Form):
 
     def __init__(self, *args, deployments=(), **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["deployment"].choices = [("", "—")] + [
+        choice_field(self, "deployment").choices = [("", "—")] + [
             (d.name, f"{d.name} ({d.state})") for d in deployments
         ]
 
@@ -61,7 +62,8 @@ class RunForm(forms.Form):
         return _numbers(self.cleaned_data.get("request_rates") or "", float, "request rates")
 
     def clean(self):
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if data.get("requests_per_level") and data.get("duration_s"):
             self.add_error("duration_s", "give either requests per level or a duration, not both")
         return data
@@ -79,4 +81,4 @@ class ImportForm(forms.Form):
 
     def __init__(self, *args, deployments=(), **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["deployment"].choices = [("", "—")] + [(d.name, d.name) for d in deployments]
+        choice_field(self, "deployment").choices = [("", "—")] + [(d.name, d.name) for d in deployments]

@@ -102,7 +102,7 @@ class BenchmarkRun(LeasedJob):
 
     @property
     def target_name(self) -> str:
-        if self.deployment_id:
+        if self.deployment is not None:
             return self.deployment.name
         return self.snapshot.get("deployment") or self.endpoint_url or self.title or "—"
 

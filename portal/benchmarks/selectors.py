@@ -285,7 +285,7 @@ def compare_runs(
         for key in sorted(set(snap_a) | set(snap_b))
         if snap_a.get(key) != snap_b.get(key) and not key.startswith("roofline")
     ]
-    for key in ("mix", "model_name", "endpoint_url") if staff else ("mix", "model_name"):
-        if getattr(a, key) != getattr(b, key):
-            changed.append({"key": key, "a": getattr(a, key), "b": getattr(b, key)})
+    for name in ("mix", "model_name", "endpoint_url") if staff else ("mix", "model_name"):
+        if getattr(a, name) != getattr(b, name):
+            changed.append({"key": name, "a": getattr(a, name), "b": getattr(b, name)})
     return {"rows": rows, "changed": changed, "workload_differs": workload_differs}

@@ -51,12 +51,12 @@ def run_list(request, deployment: str = "", profile: str = ""):
     data.update({key: value for key, value in (("deployment", deployment), ("profile", profile)) if value})
     run_filter, runs, status = filtered(BenchmarkRunFilter, request, runs_visible_to(request.user), data=data)
     filters = {name: run_filter.form.data.get(name, "") for name in run_filter.filters}
-    runs = list(runs[:200])
+    shown = list(runs[:200])
     return render(
         request,
         "benchmarks/run_list.html",
         {
-            "runs": runs,
+            "runs": shown,
             "filters": filters,
             "fixed_deployment": deployment,
             "fixed_profile": profile,

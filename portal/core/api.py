@@ -4,11 +4,13 @@ row that others still refer to is a 409 naming them."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import ProtectedError, RestrictedError
 from drf_spectacular.extensions import OpenApiSerializerExtension
-from rest_framework import exceptions, parsers
+from rest_framework import exceptions, parsers, serializers
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from inference.errors import InputError
@@ -34,7 +36,9 @@ class InUse(exceptions.APIException):
 
 
 def _in_use(exc: ProtectedError | RestrictedError) -> InUse:
-    blocking = getattr(exc, "protected_objects", None) or getattr(exc, "restricted_objects", ())
+    blocking: Iterable[Any] = (
+        exc.protected_objects if isinstance(exc, ProtectedError) else exc.restricted_objects
+    )
     names = sorted({f"{obj._meta.verbose_name} {obj}" for obj in blocking})
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     return InUse(f"Still in use by {shown}: delete or change those first.")
@@ -55,7 +59,14 @@ def exception_handler(exc, context):
     return drf_exception_handler(exc, context)
 
 
-class ModelCleanMixin:
+# The mixins below go before a ModelSerializer in a serializer's bases; the checker reads them as one.
+if TYPE_CHECKING:
+    _Serializer = serializers.ModelSerializer[Any]
+else:
+    _Serializer = object
+
+
+class ModelCleanMixin(_Serializer):
     """Run the model's own `full_clean()` from a ModelSerializer, so the API and the
     admin refuse the same values with the same messages."""
 
@@ -63,7 +74,7 @@ class ModelCleanMixin:
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
-        model = self.Meta.model
+        model: Any = self.Meta.model
         instance = copy.copy(self.instance) if self.instance is not None else model()
         concrete = {f.name for f in model._meta.concrete_fields}
         for name, value in attrs.items():
@@ -76,7 +87,7 @@ class ModelCleanMixin:
         return attrs
 
 
-class StaffOnlyFieldsMixin:
+class StaffOnlyFieldsMixin(_Serializer):
     """Leave `staff_only_fields` out of what a serializer shows anyone but staff.
 
     Where servers listen (endpoint URLs, ports, node hostnames, command lines) is for

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ipaddress
 
 from django.conf import settings
+from django.http import HttpRequest
 
 
 def _address(text: str) -> str | None:
@@ -24,7 +25,7 @@ def _address(text: str) -> str | None:
         return None
 
 
-def client_address(request) -> str | None:
+def client_address(request: HttpRequest) -> str | None:
     """The client's IP address under the rule above, or None if the peer is not an IP address
     (a Unix socket, a test client without one)."""
     peer = request.META.get("REMOTE_ADDR") or ""

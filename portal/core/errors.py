@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import Any
+
+from django.db import models
 
 from inference.errors import InputError
 
 
 class ApplicationError(Exception):
-    def __init__(self, message: str, *, field: str = "", extra: dict | None = None) -> None:
+    def __init__(self, message: str, *, field: str = "", extra: dict[str, Any] | None = None) -> None:
         self.message = message
         self.field = field
         self.extra = extra or {}
@@ -24,7 +27,7 @@ class ApplicationError(Exception):
         return cls(error.message, field=field if field is not None else error.field)
 
 
-def clean_or_raise(instance, *, exclude: list[str] | None = None) -> None:
+def clean_or_raise(instance: models.Model, *, exclude: list[str] | None = None) -> None:
     """Run a model's `full_clean()`, turning Django's ValidationError into an ApplicationError
     that names the first offending field (services raise one error type)."""
     from django.core.exceptions import NON_FIELD_ERRORS, ValidationError

@@ -71,7 +71,7 @@ def user_scoped(selector: Callable[[Any], QuerySet], model: type[Model]) -> Call
     def queryset(request: HttpRequest | None) -> QuerySet:
         user = getattr(request, "user", None)
         if user is None or not user.is_authenticated:
-            return model.objects.none()
+            return model._default_manager.none()
         return selector(user)
 
     return queryset

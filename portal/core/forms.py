@@ -9,6 +9,20 @@ from django import forms
 from django.db import models
 
 
+def choice_field(form: forms.BaseForm, name: str) -> forms.ChoiceField:
+    """`form.fields[name]`, a choice field, to set its choices (a form's fields are typed as Field)."""
+    field = form.fields[name]
+    assert isinstance(field, forms.ChoiceField)
+    return field
+
+
+def model_choice_field(form: forms.BaseForm, name: str) -> forms.ModelChoiceField[Any]:
+    """`form.fields[name]`, a model choice field, to set its queryset."""
+    field = form.fields[name]
+    assert isinstance(field, forms.ModelChoiceField)
+    return field
+
+
 class JSONEmptyIsDefaultField(forms.JSONField):
     """A JSON box a person may empty: empty means the model field's default ([] or {}), which the
     column stores, instead of None, which its NOT NULL refuses with a 500 (issue 38: an emptied
@@ -57,7 +71,7 @@ class LabelledTabularInline:
         return field
 
     def get_formset(self, request: Any, obj: Any = None, **kwargs: Any) -> type:
-        formset = super().get_formset(request, obj, **kwargs)  # type: ignore[misc]
+        formset: Any = super().get_formset(request, obj, **kwargs)  # type: ignore[misc]
 
         class Labelled(formset):  # the formset adds the delete box itself, not through a db field
             def add_fields(self, form: forms.Form, index: int | None) -> None:

@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -103,7 +104,7 @@ def namespace_heartbeat_record(
     return others
 
 
-def _beats(raw: dict, *, now: float) -> list[NamespaceBeat]:
+def _beats(raw: dict[Any, Any], *, now: float) -> list[NamespaceBeat]:
     beats = []
     for field, seen in raw.items():
         namespace, kind, host, _pid = (field.decode() if isinstance(field, bytes) else field).split("|", 3)

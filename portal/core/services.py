@@ -3,10 +3,12 @@ above core: portal/dashboard/services.py (the daily prune) and portal/teams/serv
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 
 
-def delete_in_batches(queryset: models.QuerySet, *, batch_size: int) -> int:
+def delete_in_batches(queryset: models.QuerySet[Any], *, batch_size: int) -> int:
     """Delete what `queryset` selects, `batch_size` rows per statement (each its own short
     transaction); returns how many rows went.
 

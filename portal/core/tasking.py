@@ -18,7 +18,9 @@ from django.apps import apps
 logger = logging.getLogger("portal.tasks")
 
 
-def skip_missing_row(model: str, *, arg: str, field: str = "pk") -> Callable[[Callable], Callable]:
+def skip_missing_row(
+    model: str, *, arg: str, field: str = "pk"
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a task (under `@shared_task`) whose argument `arg` names a `model` row by `field`.
 
     The row is looked for first; a `DoesNotExist` of that model raised while the row is really gone
@@ -26,7 +28,7 @@ def skip_missing_row(model: str, *, arg: str, field: str = "pk") -> Callable[[Ca
     (a filter besides the id refused it), is raised as before.
     """
 
-    def decorate(func: Callable) -> Callable:
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(func)
 
         @functools.wraps(func)
@@ -54,7 +56,7 @@ def skip_missing_row(model: str, *, arg: str, field: str = "pk") -> Callable[[Ca
                 return gone()
 
         # Celery reads the signature to check a call's arguments when it is sent.
-        wrapper.__signature__ = signature
+        wrapper.__signature__ = signature  # type: ignore[attr-defined]  # typeshed's _Wrapped omits it
         return wrapper
 
     return decorate

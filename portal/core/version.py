@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @functools.cache
 def portal_version() -> str:
     try:
-        return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+        version: str = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+        return version
     except (OSError, KeyError, tomllib.TOMLDecodeError):
         return ""
 

@@ -1,5 +1,6 @@
 from django import forms
 from django.contrib import admin, messages
+from django.db import models
 from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
@@ -74,6 +75,12 @@ class DeploymentProfileAdmin(EmptyJSONIsDefaultAdmin, admin.ModelAdmin):
 SLA_FIELDS = ("sla_p95_ttft_s", "sla_p95_tpot_s")
 
 
+def _field_default(name: str) -> object:
+    field = Deployment._meta.get_field(name)
+    assert isinstance(field, models.Field)  # a column, not a relation
+    return field.default
+
+
 class DeploymentForm(forms.ModelForm):
     # Typed as 0-3 or 0,2 (not JSON); the portal's own page is deployments:deployment-new.
     gpu_indices = GpuIndicesField()
@@ -92,7 +99,8 @@ class DeploymentForm(forms.ModelForm):
                 self.fields[name].required = True
 
     def clean(self):
-        cleaned = super().clean()
+        super().clean()
+        cleaned = self.cleaned_data
         if all(cleaned.get(f) is not None for f in SLA_FIELDS):
             try:
                 services.sla_check(p95_ttft_s=cleaned["sla_p95_ttft_s"], p95_tpot_s=cleaned["sla_p95_tpot_s"])
@@ -112,7 +120,7 @@ class DeploymentForm(forms.ModelForm):
 class DeploymentEventInline(admin.TabularInline):
     model = DeploymentEvent
     fields = ["at", "step", "status", "seconds", "message"]
-    readonly_fields = fields
+    readonly_fields = ["at", "step", "status", "seconds", "message"]
     extra = 0
     can_delete = False
     ordering = ["-at", "-id"]
@@ -195,7 +203,7 @@ class DeploymentAdmin(admin.ModelAdmin):
         created = services.deployment_create(
             **{k: form.cleaned_data[k] for k in services.DEPLOYMENT_CREATE_FIELDS}
         )
-        if any(form.cleaned_data[f] != Deployment._meta.get_field(f).default for f in SLA_FIELDS):
+        if any(form.cleaned_data[f] != _field_default(f) for f in SLA_FIELDS):
             services.deployment_set_sla(
                 deployment=created,
                 p95_ttft_s=form.cleaned_data["sla_p95_ttft_s"],
@@ -227,7 +235,8 @@ class AdoptedEndpointForm(forms.ModelForm):
         fields = ["name", "team", "model_version", "node", "shared"]
 
     def clean(self):
-        cleaned = super().clean()
+        super().clean()
+        cleaned = self.cleaned_data
         if all(cleaned.get(f) is not None for f in SLA_FIELDS):
             try:
                 services.sla_check(p95_ttft_s=cleaned["sla_p95_ttft_s"], p95_tpot_s=cleaned["sla_p95_tpot_s"])

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django import forms
 from django.utils.text import slugify
 
 from inference.hardware import GPU_CATALOG
 from inference.hf_config import known_configs
 from inference.planner import knob_type, launch_knobs
+from portal.core.forms import choice_field, model_choice_field
 from portal.inventory.models import Node
 from portal.registry.models import ModelVersion
 
@@ -17,7 +20,7 @@ from .models import DeploymentProfile, Dtype
 EAGER_GPUS = tuple(key for key, spec in GPU_CATALOG.items() if spec.is_volta)
 
 
-def _model_choices() -> list[tuple[str, str]]:
+def _model_choices() -> list[tuple[str, list[tuple[str, str]]]]:
     from portal.registry.selectors import model_versions_listed
 
     registered = [(m.name, m.name) for m in model_versions_listed().only("name")]
@@ -65,7 +68,7 @@ class PlannerForm(forms.Form):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["model"].choices = _model_choices()
+        choice_field(self, "model").choices = _model_choices()
         # Eager mode is the safe default on Volta (the planner warns without it), so the form's
         # default follows the GPU: here for the first GPU, in the page's script on a change.
         if not self.is_bound and "enforce_eager" not in self.initial:
@@ -221,10 +224,15 @@ class DeploymentCreateForm(forms.Form):
     name = forms.SlugField(
         max_length=100, help_text="Lowercase letters, digits and dashes, e.g. search-llama-7b."
     )
-    team = forms.ModelChoiceField(queryset=None, help_text="Whose GPU quota it counts against.")
-    model_version = forms.ModelChoiceField(queryset=None, label="Model version")
-    profile = forms.ModelChoiceField(queryset=None, help_text="The vLLM settings it starts with.")
-    node = forms.ModelChoiceField(queryset=None)
+    # Their querysets are set per form (__init__).
+    team: forms.ModelChoiceField[Any] = forms.ModelChoiceField(
+        queryset=None, help_text="Whose GPU quota it counts against."
+    )
+    model_version: forms.ModelChoiceField[Any] = forms.ModelChoiceField(queryset=None, label="Model version")
+    profile: forms.ModelChoiceField[Any] = forms.ModelChoiceField(
+        queryset=None, help_text="The vLLM settings it starts with."
+    )
+    node: forms.ModelChoiceField[Any] = forms.ModelChoiceField(queryset=None)
     gpu_indices = GpuIndicesField()
     gpu_boxes = forms.TypedMultipleChoiceField(
         coerce=int,
@@ -258,18 +266,19 @@ class DeploymentCreateForm(forms.Form):
         from portal.registry.selectors import acceptance_model_q
 
         # Node acceptance's team, reference models and profiles are its own: not offered here.
-        self.fields["team"].queryset = Team.objects.exclude(slug=ACCEPTANCE_TEAM_SLUG).order_by("name")
-        self.fields["model_version"].queryset = (
+        teams = Team.objects.exclude(slug=ACCEPTANCE_TEAM_SLUG).order_by("name")
+        model_choice_field(self, "team").queryset = teams
+        model_choice_field(self, "model_version").queryset = (
             ModelVersion.objects.filter(external=False).exclude(acceptance_model_q()).order_by("name")
         )
-        self.fields["profile"].queryset = (
+        model_choice_field(self, "profile").queryset = (
             DeploymentProfile.objects.select_related("model_version")
             .exclude(acceptance_model_q("model_version__"))
             .order_by("name")
         )
-        self.fields["node"].queryset = Node.objects.order_by("name")
+        model_choice_field(self, "node").queryset = Node.objects.order_by("name")
         most = max((n.gpus.count() for n in Node.objects.prefetch_related("gpus")), default=0)
-        self.fields["gpu_boxes"].choices = [(i, str(i)) for i in range(min(most, MAX_GPU_INDEX + 1))]
+        choice_field(self, "gpu_boxes").choices = [(i, str(i)) for i in range(min(most, MAX_GPU_INDEX + 1))]
         if not most:
             del self.fields["gpu_boxes"]
 
@@ -280,7 +289,8 @@ class DeploymentCreateForm(forms.Form):
         return name
 
     def clean(self) -> dict:
-        cleaned = super().clean()
+        super().clean()
+        cleaned = self.cleaned_data
         typed, ticked = cleaned.get("gpu_indices") or [], cleaned.get("gpu_boxes") or []
         if typed and ticked and sorted(typed) != sorted(ticked):
             self.add_error("gpu_indices", "the typed GPUs and the ticked ones differ: use one or the other")

@@ -59,12 +59,13 @@ def move_target(deployment: Deployment) -> tuple[Node, list[int]] | None:
     keeping its NCCL ring on NVLink where its current GPUs do; its own node first, then the others
     by name. Among the groups that qualify, the best by `inference.tp_topology.group_rank` (an
     NVLink ring, a full mesh, one CPU socket), healthy GPUs before warning and unknown ones."""
-    current = list(deployment.node.gpus.filter(index__in=deployment.gpu_indices))
+    home = deployment.placed_node
+    current = list(home.gpus.filter(index__in=deployment.gpu_indices))
     if not current:
         return None
     kind, count = current[0].name, len(deployment.gpu_indices)
-    wants_ring = count > 1 and has_nvlink_ring(node_topology(deployment.node), deployment.gpu_indices)
-    nodes = [deployment.node, *Node.objects.exclude(pk=deployment.node_id).order_by("name")]
+    wants_ring = count > 1 and has_nvlink_ring(node_topology(home), deployment.gpu_indices)
+    nodes = [home, *Node.objects.exclude(pk=home.pk).order_by("name")]
     for node in nodes:
         held = gpus_held_on_node(node, exclude_deployment_id=deployment.pk)
         free = {
@@ -125,7 +126,8 @@ def node_drain_sick_gpus(*, node: Node) -> list[DrainDecision]:
 @transaction.atomic
 def _decide(deployment: Deployment, on_sick: list[Gpu]) -> DrainDecision:
     why = _sickness(on_sick)
-    where = f"{deployment.node.name}:{','.join(map(str, deployment.gpu_indices))}"
+    home = deployment.placed_node
+    where = f"{home.name}:{','.join(map(str, deployment.gpu_indices))}"
     if deployment.gpu_failure_policy == GpuFailurePolicy.KEEP:
         message = f"kept on {where} (its GPU failure policy is keep); {why}. Move or stop it by hand."
         return _flag(deployment, message, "keep")
@@ -140,10 +142,10 @@ def _decide(deployment: Deployment, on_sick: list[Gpu]) -> DrainDecision:
     audit_event_record(
         action="deployment.gpu_move",
         target=deployment,
-        changes={"node": [deployment.node.name, node.name], "gpu_indices": [deployment.gpu_indices, indices]},
+        changes={"node": [home.name, node.name], "gpu_indices": [deployment.gpu_indices, indices]},
     )
     send_to_node(
-        deployment.node,
+        home,
         "deployments.move",
         args=[deployment.pk],
         kwargs={"node_id": node.pk, "gpu_indices": indices, "reason": why},
@@ -177,7 +179,7 @@ def deployment_relocate(
     )
     if problems:
         raise ApplicationError(problems[0].message, field="gpu_indices")
-    before = f"{deployment.node.name}:{','.join(map(str, deployment.gpu_indices))}"
+    before = f"{deployment.placed_node.name}:{','.join(map(str, deployment.gpu_indices))}"
     after = f"{node.name}:{','.join(map(str, gpu_indices))}"
     Deployment.objects.filter(pk=deployment.pk).update(
         node=node,

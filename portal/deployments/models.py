@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -11,6 +13,9 @@ from inference.errors import InputError
 from inference.hardware import get_gpu
 from portal.core.errors import ApplicationError
 from portal.core.jobs.models import LeasedJob
+
+if TYPE_CHECKING:
+    from portal.inventory.models import Node
 
 
 class Dtype(models.TextChoices):
@@ -313,6 +318,23 @@ class Deployment(LeasedJob):
         return self.name
 
     # get_absolute_url: the deployment's page is observability's (settings.ABSOLUTE_URL_OVERRIDES).
+    if TYPE_CHECKING:
+
+        def get_absolute_url(self) -> str: ...
+
+    @property
+    def placed_node(self) -> Node:
+        """Its node, where only a deployment the portal places can be (an adopted server has none)."""
+        if self.node is None:
+            raise ValueError(f"deployment {self.name} has no node")
+        return self.node
+
+    @property
+    def placed_profile(self) -> DeploymentProfile:
+        """Its profile, where only a deployment the portal starts can be (an adopted server has none)."""
+        if self.profile is None:
+            raise ValueError(f"deployment {self.name} has no profile")
+        return self.profile
 
     @property
     def effective_engine(self) -> str:

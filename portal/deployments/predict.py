@@ -29,6 +29,7 @@ from inference.sim.engine import EngineConfig, EngineRefused
 from inference.sim.virtual import OutOfTime, sweep
 from portal.core.charts import run_plots, safe_svg
 from portal.core.errors import ApplicationError
+from portal.core.forms import choice_field
 
 from .forms import PlannerForm
 from .services import resolve_model, settings_from, target_placement
@@ -189,7 +190,7 @@ def predict_sweep(
 
 def calibrate_sweep(
     *,
-    measured: dict,
+    measured: object,  # checked by measured_levels
     fit_levels: list[int] | None = None,
     calibration: dict[str, float] | None = None,
     model: str,
@@ -263,7 +264,7 @@ class PredictForm(forms.Form):
         from portal.inventory.models import Node
 
         super().__init__(*args, **kwargs)
-        self.fields["node"].choices = [("", "none")] + [
+        choice_field(self, "node").choices = [("", "none")] + [
             (name, name) for name in Node.objects.order_by("name").values_list("name", flat=True)
         ]
 
@@ -296,7 +297,9 @@ def predict(request):
         except ApplicationError as exc:
             error = f"{exc.field}: {exc.message}" if exc.field else exc.message
     else:
-        error = "; ".join(f"{field}: {' '.join(errors)}" for field, errors in planner_form.errors.items())
+        error = "; ".join(
+            f"{field}: {' '.join(map(str, errors))}" for field, errors in planner_form.errors.items()
+        )
     hidden = [
         (key, value) for key, value in request.GET.items() if key not in ("mix", "concurrency", "node")
     ]

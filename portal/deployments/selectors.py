@@ -108,7 +108,7 @@ class CallableModel:
 
     def context_bound(self, clamp: int) -> bool:
         """True when the context, not the clamp, bounds max_tokens (then the prompt's tokens come off)."""
-        return bool(self.context_len) and self.context_len <= clamp
+        return self.context_len is not None and self.context_len != 0 and self.context_len <= clamp
 
 
 @dataclass(frozen=True)

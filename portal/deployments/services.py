@@ -390,7 +390,7 @@ def _event(deployment: Deployment, step: str, message: str) -> None:
 def _send(deployment: Deployment, action: str, **kwargs) -> None:
     """Ask the deployment's node to `action` it once the request is committed (the message
     expires: supervision reconciles from the desired state instead; portal/deployments/dispatch.py)."""
-    send_to_node(deployment.node, f"deployments.{action}", args=[deployment.pk], kwargs=kwargs)
+    send_to_node(deployment.placed_node, f"deployments.{action}", args=[deployment.pk], kwargs=kwargs)
 
 
 def _who(user) -> str:
@@ -410,6 +410,7 @@ def deployment_request_start(*, deployment: Deployment, user=None) -> Deployment
     """Want it running: check it may hold its GPUs again, then ask its node to start it."""
     _refuse_adopted(deployment)
     team = Team.objects.select_for_update().get(pk=deployment.team_id)
+    assert deployment.node_id is not None  # not adopted: the portal placed it
     node = Node.objects.select_for_update().get(pk=deployment.node_id)
     if deployment.desired_state != DesiredState.RUNNING:
         _check_holding(
@@ -546,6 +547,8 @@ def deployment_delete(*, deployment: Deployment) -> None:
         or deployment.pid
     ):
         raise ApplicationError("stop the deployment first; its server may still be running", field="state")
-    target = {"target_type": deployment._meta.label_lower, "target_id": str(deployment.pk)}
+    target_type, target_id = deployment._meta.label_lower, str(deployment.pk)  # no pk once deleted
     deployment.delete()
-    audit_event_record(action="deployment.delete", target_repr=deployment.name, **target)
+    audit_event_record(
+        action="deployment.delete", target_repr=deployment.name, target_type=target_type, target_id=target_id
+    )

@@ -13,6 +13,8 @@ transient errors, a bounded number of times.
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import shared_task
 from celery.signals import worker_shutdown
 from django.db import InterfaceError, OperationalError
@@ -22,7 +24,7 @@ from portal.core.tasking import skip_missing_row
 # A database connection lost mid-task (PostgreSQL restarted, a network blip):
 # the only errors worth trying again; everything else is recorded as a failure.
 TRANSIENT_ERRORS = (OperationalError, InterfaceError)
-NODE_TASK_OPTIONS = {
+NODE_TASK_OPTIONS: dict[str, Any] = {
     "acks_late": True,
     "autoretry_for": TRANSIENT_ERRORS,
     "retry_backoff": 5,

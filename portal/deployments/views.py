@@ -3,6 +3,8 @@ GPUs). A deployment's own page shows its production latency too, so it lives in 
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -123,7 +125,7 @@ def deployment_new(request):
             messages.success(
                 request,
                 f"deployment {deployment.name} created"
-                + (f": the agent on {deployment.node.name} starts it" if started else " (stopped)"),
+                + (f": the agent on {deployment.placed_node.name} starts it" if started else " (stopped)"),
             )
             return redirect(deployment)
     nodes = list(Node.objects.prefetch_related("gpus").order_by("name"))
@@ -144,7 +146,11 @@ def _initial_rows(names: dict[str, str]) -> dict:
     """?node=…&profile=…&team=… from a link (the node page, a profile) as the form's initial rows."""
     from portal.teams.models import Team
 
-    lookups = {"node": (Node, "name"), "profile": (DeploymentProfile, "name"), "team": (Team, "slug")}
+    lookups: dict[str, tuple[Any, str]] = {
+        "node": (Node, "name"),
+        "profile": (DeploymentProfile, "name"),
+        "team": (Team, "slug"),
+    }
     initial = {}
     for key, value in names.items():
         model, field = lookups[key]
@@ -191,7 +197,7 @@ def deployment_action(request, name: str, action: str):
     except ApplicationError as error:
         messages.error(request, error.message)
     else:
-        messages.success(request, f"{action} requested: the agent on {deployment.node.name} is on it")
+        messages.success(request, f"{action} requested: the agent on {deployment.placed_node.name} is on it")
     return redirect(deployment)
 
 

@@ -21,10 +21,11 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
+from typing import cast
 
 from django.conf import settings
 from django.core.exceptions import RequestAborted
-from django.http import HttpResponseBase
+from django.http import HttpResponse, HttpResponseBase
 from django.http.request import split_domain_port, validate_host
 from django.urls import Resolver404, ResolverMatch, URLResolver, get_resolver
 
@@ -179,7 +180,7 @@ class GatewayHandler:
         one message each (they are small SSE events). Gateway responses set no cookies."""
         headers = [(name.encode("ascii"), value.encode("latin1")) for name, value in response.items()]
         if not isinstance(response, RelayResponse):
-            content = response.content
+            content = cast(HttpResponse, response).content  # the gateway's other answers are whole
             headers.append((b"content-length", str(len(content)).encode("ascii")))
             await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
             await send({"type": "http.response.body", "body": content})

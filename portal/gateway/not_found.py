@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from .errors import GatewayError, error_response
@@ -21,7 +21,7 @@ def closest_endpoint(path: str) -> str | None:
 
 
 @csrf_exempt
-async def unknown_path(request, rest: str = "") -> HttpResponse:
+async def unknown_path(request: HttpRequest, rest: str = "") -> HttpResponse:
     path = request.path
     message = f"Unknown endpoint {request.method} {path[:200]}."
     suggestion = closest_endpoint(path)

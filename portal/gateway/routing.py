@@ -155,7 +155,8 @@ def _load_version_route(model: str) -> Route:
 
 async def route_for(model: str) -> Route:
     try:
-        return await _routes.get(model, lambda: sync_to_async(_load_route)(model))
+        route: Route = await _routes.get(model, lambda: sync_to_async(_load_route)(model))
+        return route
     except DatabaseError:
         raise database_unavailable() from None
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from .errors import GatewayError, error_response
@@ -23,7 +23,7 @@ def _schema_bytes() -> bytes:
 
 
 @csrf_exempt
-async def openapi(request):
+async def openapi(request: HttpRequest) -> HttpResponse:
     if request.method not in ("GET", "HEAD"):
         response = error_response(GatewayError(405, "Use GET.", code="method_not_allowed"))
         response["Allow"] = "GET"

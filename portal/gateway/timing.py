@@ -125,7 +125,7 @@ def write() -> None:
     summary = {
         step: {
             "median_us": statistics.median(wall for wall, _ in samples),
-            "median_cpu_us": statistics.median(cpu for _, cpu in samples)
+            "median_cpu_us": statistics.median(cpu for _, cpu in samples if cpu is not None)
             if samples[0][1] is not None
             else None,
             "samples": len(samples),

@@ -136,7 +136,7 @@ class _Connection(asyncio.Protocol):
     def __init__(self, pool: _Pool, address: tuple[str, int, bool]) -> None:
         self.pool = pool
         self.address = address
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.Transport  # from connection_made, before the connection is used
         self.loop = asyncio.get_running_loop()
         self.parser = httptools.HttpResponseParser(self)
         # The read timeout: one timer per wait that outlasts it, not one per chunk (`_watch`).

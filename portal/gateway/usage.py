@@ -16,6 +16,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from asgiref.sync import sync_to_async
 from django.db import Error as DatabaseError
@@ -29,6 +30,9 @@ from portal.teams.models import UNBILLED_STATUSES, PriorityClass, UsageStatus
 from portal.teams.usage_record import UsageRecord
 
 from .auth import Caller
+
+if TYPE_CHECKING:
+    from .upstream import UpstreamResponse
 from .errors import database_unavailable
 
 log = logging.getLogger("portal.gateway")
@@ -86,7 +90,7 @@ class Exchange:
     ttft_ms: float | None = None
     finished: bool = False
     leases: list[tuple[list[str], str]] = field(default_factory=list)  # (zsets, member) renewed
-    upstream: object | None = None  # the open UpstreamResponse, closed when the exchange finishes
+    upstream: UpstreamResponse | None = None  # the open UpstreamResponse, closed when the exchange finishes
     # The most the upstream's usage may bill (`bill_upstream`): the prompt's ceiling (its count, or
     # its body's bytes if more: a tokenizer's token covers at least one byte) and the output's
     # (max_tokens of every sequence). 0 until admission knows them: nothing is bounded yet.
@@ -175,7 +179,8 @@ class Exchange:
         which the daily counters then still hold. Its lease is renewed with the request's slots; the
         usage flush queues it once the lease lapsed (docs/concurrency.md, "Requests whose gateway
         process died"). One Redis call per request, none per chunk."""
-        record = self._record(UsageStatus.INTERRUPTED, 500, "gateway_interrupted")
+        assert self.caller is not None  # opened once admitted
+        record = self._record(self.caller, UsageStatus.INTERRUPTED, 500, "gateway_interrupted")
         completion = max(0, reserved_tokens - self.prompt_tokens)
         record = dataclasses.replace(record, completion_tokens=completion, duration_ms=0.0)
         keys = self.limiter.keys
@@ -211,7 +216,7 @@ class Exchange:
                 await self.upstream.aclose()
         if self.caller is None:
             return
-        record = self._record(status, http_status, error_code)
+        record = self._record(self.caller, status, http_status, error_code)
         billed = self.placed and status not in UNBILLED_STATUSES
         used = self.prompt_tokens + self.completion_tokens if billed else 0
         try:
@@ -237,16 +242,16 @@ class Exchange:
                 "usage not recorded for request %s (team %s)", self.request_id, self.caller.team_slug
             )
 
-    def _record(self, status: UsageStatus, http_status: int, error_code: str) -> UsageRecord:
+    def _record(self, caller: Caller, status: UsageStatus, http_status: int, error_code: str) -> UsageRecord:
         return UsageRecord(
             request_id=uuid.UUID(self.request_id),
             created_at=dt.datetime.fromtimestamp(self.started, tz=dt.UTC),
-            team_id=self.caller.team_id,
-            api_key_id=self.caller.key_id,
+            team_id=caller.team_id,
+            api_key_id=caller.key_id,
             model=self.model,
             deployment_id=self.tried_deployment_id,  # deployment_id, or the last replica it left
             endpoint=self.endpoint,
-            priority_class=PriorityClass(self.caller.priority_class),
+            priority_class=PriorityClass(caller.priority_class),
             stream=self.stream,
             status=status,
             http_status=http_status,

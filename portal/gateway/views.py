@@ -18,7 +18,7 @@ import random
 import time
 
 from django.conf import settings
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpResponse, HttpResponseBase, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from portal.core.errors import did_you_mean
@@ -158,7 +158,7 @@ class _Body:
         self.body = body
 
 
-async def proxy_as(caller: Caller, body: bytes, *, chat: bool = True) -> HttpResponse:
+async def proxy_as(caller: Caller, body: bytes, *, chat: bool = True) -> HttpResponseBase:
     """The pipeline after authentication, for a caller the portal authenticated itself: the
     playground, whose signed-in member stands for the team's playground key. Quotas, admission,
     routing, relay and accounting are those of any request with that key."""
@@ -174,7 +174,7 @@ async def proxy_as(caller: Caller, body: bytes, *, chat: bool = True) -> HttpRes
     return await _run(_Body(body), ex, chat=chat)
 
 
-async def _run(request, ex: Exchange, *, chat: bool) -> HttpResponse:
+async def _run(request, ex: Exchange, *, chat: bool) -> HttpResponseBase:
     """Serve an authenticated request; whatever happens, its exchange finishes once."""
     try:
         with redis_required(ex.request_id):  # no quota can be checked without Redis: no request
@@ -189,9 +189,9 @@ async def _run(request, ex: Exchange, *, chat: bool) -> HttpResponse:
     except RecursionError:
         # A body nested deeper than a later step (counting, re-encoding) can follow: the client's
         # error, recorded as a refusal, never as an upstream error.
-        error = GatewayError(400, TOO_DEEP, code="invalid_json")
-        await ex.finish(error.usage_status, error.status, error.code)
-        return error_response(error, request_id=ex.request_id)
+        too_deep = GatewayError(400, TOO_DEEP, code="invalid_json")
+        await ex.finish(too_deep.usage_status, too_deep.status, too_deep.code)
+        return error_response(too_deep, request_id=ex.request_id)
     except Exception:
         log.exception("gateway request %s failed", ex.request_id)
         await ex.finish(UsageStatus.UPSTREAM_ERROR, 500, "internal_error")
@@ -200,15 +200,17 @@ async def _run(request, ex: Exchange, *, chat: bool) -> HttpResponse:
         )
 
 
-async def _serve(request, ex: Exchange, *, chat: bool) -> HttpResponse:
+async def _serve(request, ex: Exchange, *, chat: bool) -> HttpResponseBase:
     """One request, top to bottom: parse, route, admit, relay (the edge checked its size)."""
-    ensure_usable(ex.caller)
+    caller = ex.caller
+    assert caller is not None  # authenticated before it is served
+    ensure_usable(caller)
     raw = request.body
-    parsed = parse(raw, chat=chat, caller=ex.caller)
+    parsed = parse(raw, chat=chat, caller=caller)
     ex.model, ex.stream = parsed.model, parsed.stream
     if timing.ON:
         timing.lap("parsing")
-    route, replicas = await _route(parsed, ex.caller)
+    route, replicas = await _route(parsed, caller)
     if timing.ON:
         timing.lap("route")
     placement, long_prompt = await _admit(ex, parsed, route, replicas, body_bytes=len(raw))
@@ -257,6 +259,7 @@ async def _admit(
     """Count the prompt, take the quotas and (when there is room at once) a replica slot.
     Returns the placement (None: to be placed) and whether the prompt is long."""
     caller = ex.caller
+    assert caller is not None  # authenticated before it is served
     ex.team = Scope("team", caller.team_id, caller.team_limits)
     ex.key = Scope("key", caller.key_id, caller.key_limits)
     if body_bytes <= COUNT_INLINE_BYTES:
@@ -316,9 +319,10 @@ async def _relay(
     placement: SlotGrant | None,
     *,
     long_prompt: bool,
-) -> HttpResponse:
+) -> HttpResponseBase:
     """Send the request to its replica, and to another one while a replica fails before its first
     byte; then pass the answer on (streamed through `RelayStream`, or whole)."""
+    assert ex.caller is not None  # authenticated before it is served
     batch = ex.caller.is_batch
     # Tiered first-token timeout (docs/v100-field-guide.md#gateway-rules: short 30 s, long 60 s).
     config = gateway_settings()
@@ -392,7 +396,7 @@ async def _answer(
     first: bytes,
     *,
     long_prompt: bool,
-) -> HttpResponse | GatewayError:
+) -> HttpResponseBase | GatewayError:
     """The client's response to upstream's answer, or the error of a replica that failed before
     its first byte (another replica may then be tried)."""
     status = response.status_code
@@ -429,6 +433,7 @@ async def _answer(
         _account_json(ex, content)
         await ex.finish(UsageStatus.COMPLETED, 200)
         return _passthrough(response, content, ex.request_id)
+    assert read is not None  # a 200 stream: `_open` read its first chunk
     return await _stream_response(ex, parsed, replica, response, read, first, long_prompt=long_prompt)
 
 
@@ -473,7 +478,7 @@ async def _stream_response(
     first: bytes,
     *,
     long_prompt: bool,
-) -> HttpResponse:
+) -> HttpResponseBase:
     """The streamed answer, from its first chunk on; the exchange finishes when the stream ends."""
     ex.mark_first_byte()
     if long_prompt:

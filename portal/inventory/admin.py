@@ -44,7 +44,8 @@ class NodeForm(forms.ModelForm):
     def clean(self) -> dict:
         """Refuse the whole form, pasted text kept, when a pasted part does not read: saving the node
         without the GPUs the operator pasted would look like success."""
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         query, topology = data.get("nvidia_smi_query", ""), data.get("nvidia_smi_topology", "")
         if topology.strip() and not query.strip():
             self.add_error("nvidia_smi_topology", "the topology needs the GPU list (CSV) above; paste both")

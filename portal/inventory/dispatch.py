@@ -79,7 +79,7 @@ def _send_after_commit(
         # setup) rely on it to run the task inline, as apply_async would.
         app.loader.import_default_modules()  # autodiscovery, which a worker would have done
         task = app.tasks[task_name]
-        transaction.on_commit(lambda: task.apply(args=args, kwargs=kwargs, task_id=task_id))
+        transaction.on_commit(lambda: task.apply(args=tuple(args), kwargs=kwargs, task_id=task_id))
     else:
         transaction.on_commit(lambda: app.send_task(task_name, args=args, kwargs=kwargs, **options))
     return task_id

@@ -50,7 +50,8 @@ class NodeCreateForm(forms.Form):
 
     def clean(self) -> dict:
         # The pasted texts are checked here too, so every error shows on the first submit (issue 38).
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         problems = nvidia_smi_text_problems(
             query_csv=data.get("nvidia_smi_query") or "", topology_text=data.get("nvidia_smi_topology") or ""
         )

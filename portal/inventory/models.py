@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
@@ -39,7 +40,7 @@ class AgentHeartbeat:
     state: AgentState
     seen_at: datetime | None
     age_s: float | None
-    versions: dict
+    versions: dict[str, Any]
 
     @property
     def listening(self) -> bool:
@@ -99,6 +100,9 @@ class Node(models.Model):
         return self.name
 
     # get_absolute_url: the node's page is benchmarks' (settings.ABSOLUTE_URL_OVERRIDES).
+    if TYPE_CHECKING:
+
+        def get_absolute_url(self) -> str: ...
 
     @property
     def queue(self) -> str:
@@ -167,7 +171,7 @@ class Gpu(models.Model):
         from dataclasses import replace
 
         base = get_gpu(self.catalog_key) if self.catalog_key else None
-        facts = {
+        facts: dict[str, Any] = {
             "memory_gib": self.memory_mib / 1024,
             "bandwidth_gb_s": self.bandwidth_gb_s,
             "fp16_tflops": self.fp16_tflops,

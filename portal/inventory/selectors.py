@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
+from typing import Any
 
 from django.db.models import Case, Count, QuerySet, When
 
@@ -17,7 +18,7 @@ def node_list() -> QuerySet[Node]:
     return Node.objects.annotate(gpu_count=Count("gpus")).prefetch_related("gpus")
 
 
-def node_latest_calibration(node: Node) -> dict | None:
+def node_latest_calibration(node: Node) -> dict[str, Any] | None:
     """The simulator calibration of the node's latest finished acceptance that fitted one, or None.
 
     Here with the record, not in portal/benchmarks/acceptance/: the simulator (`simulate --node`,
@@ -38,6 +39,7 @@ def node_latest_calibration(node: Node) -> dict | None:
         return None
     if node.vllm_version and acceptance.versions.get("vllm", "") != node.vllm_version:
         return None
+    assert acceptance.calibration is not None  # excluded above
     return dict(acceptance.calibration)
 
 

@@ -105,7 +105,9 @@ def heartbeat_all() -> int:
         channel = connection.default_channel
         for node in Node.objects.only("name", "agent_seen_at"):
             silent = not node.agent.listening and not app.conf.task_always_eager
-            if silent and channel.queue_declare(queue=node.queue, passive=False).message_count:
+            # kombu's stubs type the channel as StdChannel, which lacks the transport's queue_declare.
+            declare = channel.queue_declare  # type: ignore[attr-defined]
+            if silent and declare(queue=node.queue, passive=False).message_count:
                 continue
             # A heartbeat answered late would say a dead agent is alive: it lives one interval.
             send_to_node(

@@ -66,8 +66,8 @@ def gpu_families(now: dt.datetime | None = None) -> list[GaugeMetricFamily]:
     for field, help_text, attribute in FIELDS:
         family = GaugeMetricFamily(PREFIX + field.lower(), help_text, labels=LABELS)
         for gpu in gpus:
-            sample = latest.get(gpu.pk)
-            value = None if sample is None else _read(sample, attribute)
+            found = latest.get(gpu.pk)
+            value = None if found is None else _read(found, attribute)
             if value is not None:
                 family.add_metric(labels(gpu), float(value))
         families.append(family)

@@ -148,12 +148,15 @@ def benchmark_operating_point(deployment_id: int) -> OperatingPoint | None:
     )
     if run is None:
         return None
+    assert run.sla_concurrency is not None  # filtered above
     level = run.levels.filter(concurrency=run.sla_concurrency).order_by("index").first()
     results = level.results if level else {}
     return OperatingPoint(run, run.sla_concurrency, results.get("p95_ttft_ms"), results.get("p95_tpot_ms"))
 
 
-def sla_breaches(*, deployment_id: int | None = None, open_only: bool = False, limit: int = 20):
+def sla_breaches(
+    *, deployment_id: int | None = None, open_only: bool = False, limit: int = 20
+) -> list[SlaBreach]:
     """Breaches, newest first, with their deployments (one query)."""
     breaches = SlaBreach.objects.select_related("deployment")
     if deployment_id is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
@@ -101,7 +102,7 @@ def _latency(deployment, window: str) -> dict:
     def seconds(values: list[float | None]) -> list[float | None]:
         return [None if v is None else v / 1000 for v in values]
 
-    box = {"times": times, "start": start, "end": end}
+    box: dict[str, Any] = {"times": times, "start": start, "end": end}
     charts = [
         time_series_svg(
             **box,
@@ -111,7 +112,7 @@ def _latency(deployment, window: str) -> dict:
             },
             title="Time to first token (s)",
             unit="s",
-            lines=lines(deployment.sla_p95_ttft_s, point and point.p95_ttft_ms, "TTFT"),
+            lines=lines(deployment.sla_p95_ttft_s, point.p95_ttft_ms if point else None, "TTFT"),
             chart_id="latency-ttft",
         ),
         time_series_svg(
@@ -122,7 +123,7 @@ def _latency(deployment, window: str) -> dict:
             },
             title="Time per output token (s)",
             unit="s",
-            lines=lines(deployment.sla_p95_tpot_s, point and point.p95_tpot_ms, "TPOT"),
+            lines=lines(deployment.sla_p95_tpot_s, point.p95_tpot_ms if point else None, "TPOT"),
             chart_id="latency-tpot",
         ),
         time_series_svg(

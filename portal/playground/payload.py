@@ -70,8 +70,11 @@ def chat_body(raw: bytes, *, max_tokens_clamp: int) -> bytes:
         raise _bad(f"The system prompt is over {MAX_SYSTEM_CHARS} characters.", "system")
 
     max_tokens = data.get("max_tokens")
-    whole = isinstance(max_tokens, int) and not isinstance(max_tokens, bool)
-    if not whole or not 1 <= max_tokens <= max_tokens_clamp:
+    if (
+        isinstance(max_tokens, bool)
+        or not isinstance(max_tokens, int)
+        or not 1 <= max_tokens <= max_tokens_clamp
+    ):
         message = f"max_tokens must be a whole number from 1 to {max_tokens_clamp} (the team's clamp)."
         raise _bad(message, "max_tokens")
 

@@ -8,6 +8,8 @@ answers are the gateway's: an SSE stream, or an OpenAI-shaped error the page sho
 
 from __future__ import annotations
 
+from typing import Any
+
 from asgiref.sync import sync_to_async
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
@@ -18,6 +20,7 @@ from portal.gateway.auth import caller_for_key
 from portal.gateway.errors import GatewayError, error_response
 from portal.gateway.views import proxy_as
 from portal.registry.selectors import random_weight_model_names
+from portal.teams.models import ApiKey
 
 from . import payload
 from .selectors import playground_models, playground_team_for
@@ -29,7 +32,7 @@ def playground(request, slug: str):
     team = playground_team_for(request.user, slug)
     clamp = team.max_tokens_clamp
     # Each model's bound for max_tokens (the team's clamp within its context), for the hint and the input.
-    models = [
+    models: list[dict[str, Any]] = [
         {"name": m.name, "max_tokens": m.max_tokens(clamp), "context_bound": m.context_bound(clamp)}
         for m in playground_models(team)
     ]
@@ -50,7 +53,7 @@ def playground(request, slug: str):
     )
 
 
-def _identity(user, slug: str, raw: bytes) -> tuple[object, bytes]:
+def _identity(user, slug: str, raw: bytes) -> tuple[ApiKey, bytes]:
     """(the member's playground key, the chat request) or a GatewayError 400; 404 if not a member."""
     team = playground_team_for(user, slug)
     body = payload.chat_body(raw, max_tokens_clamp=team.max_tokens_clamp)

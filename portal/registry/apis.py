@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
@@ -79,9 +81,14 @@ class ModelVersionSerializer(serializers.ModelSerializer):
 
 
 class ConversionJobSerializer(serializers.ModelSerializer):
-    source = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    result = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    node = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    # A field named `source` shadows Field.source for the checker only: DRF reads declared fields.
+    source: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(  # type: ignore[assignment]
+        slug_field="name", read_only=True
+    )
+    result: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
+    node: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="name", read_only=True)
     percent = serializers.FloatField(read_only=True)
     stale = serializers.BooleanField(source="is_stale", read_only=True)
 

@@ -282,7 +282,7 @@ def conversion_job_start(
         model_name_validator(new_name)
     except Exception as error:
         raise ApplicationError(f"{new_name!r}: {model_name_validator.message}", field="name") from error
-    if len(new_name) > ModelVersion._meta.get_field("name").max_length:
+    if len(new_name) > (ModelVersion._meta.get_field("name").max_length or 0):
         raise ApplicationError("too long", field="name")
     if ModelVersion.objects.filter(name=new_name).exists():
         raise ApplicationError(f"a model version named {new_name} already exists", field="name")

@@ -3,6 +3,8 @@ rollouts of the served names their team may call (any other is a 404)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -27,12 +29,24 @@ class RolloutEventSerializer(serializers.ModelSerializer):
 
 
 class RolloutSerializer(serializers.ModelSerializer):
-    served_model = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    from_version = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    to_version = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    from_deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    to_deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    freed_deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    served_model: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
+    from_version: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
+    to_version: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
+    from_deployment: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
+    to_deployment: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
+    freed_deployment: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
     shares_percent = serializers.SerializerMethodField(help_text="The served name's live shares, by version.")
     events = RolloutEventSerializer(many=True, read_only=True)
     warnings = serializers.SerializerMethodField(

@@ -88,8 +88,8 @@ class SharesField(forms.CharField):
         )
         super().__init__(**kwargs)
 
-    def to_python(self, value) -> dict[str, int]:
-        text = super().to_python(value)
+    def to_python(self, value) -> dict[str, int]:  # type: ignore[override]  # the text, parsed
+        text = super().to_python(value) or ""
         parts = [part for part in text.split(",") if part.strip()]
         if not parts:
             raise forms.ValidationError("Name at least one version and its share.")

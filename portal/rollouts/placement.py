@@ -106,7 +106,7 @@ def in_place_downtime_s(deployment: Deployment) -> int | None:
 def freeing_options(*, deployment: Deployment, from_version: ModelVersion) -> list[FreeingOption]:
     """The ways to free the GPUs `deployment` needs, when the old version holds them."""
     needed = set(deployment.gpu_indices or [])
-    held = gpus_held_on_node(deployment.node, exclude_deployment_id=deployment.pk)
+    held = gpus_held_on_node(deployment.placed_node, exclude_deployment_id=deployment.pk)
     holders = {held[i] for i in needed if i in held}
     if len(holders) != 1:
         return []  # several deployments (or none) hold them: no single stop frees them

@@ -65,7 +65,8 @@ def served_models_visible_to(user) -> QuerySet[ServedModel]:
 def rollout_deployments_shown(user, rollout: Rollout) -> set[int]:
     """The ids of `rollout`'s deployments (from, to, freed) whose names `user` may read: a member
     of the new version's team does not learn the name of the old one's, if another team's."""
-    ids = {rollout.from_deployment_id, rollout.to_deployment_id, rollout.freed_deployment_id} - {None}
+    both = (rollout.from_deployment_id, rollout.to_deployment_id, rollout.freed_deployment_id)
+    ids = {pk for pk in both if pk is not None}
     if user.is_staff:
         return ids
     return set(deployments_visible_to(user).filter(pk__in=ids).values_list("pk", flat=True))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from typing import cast
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -80,7 +81,7 @@ def _claim(rollout: Rollout, *, states, step: object = ANY_STEP, **updates) -> b
     """Move the row only if it is still in one of `states` (and at `step`, unless ANY_STEP)."""
     rows = Rollout.objects.filter(pk=rollout.pk, state__in=list(states))
     if step is not ANY_STEP:
-        rows = rows.filter(current_step=step)
+        rows = rows.filter(current_step=cast("int | None", step))
     claimed = rows.update(**updates, updated_at=timezone.now()) == 1
     if claimed:
         for name, value in updates.items():
@@ -185,7 +186,7 @@ def rollout_start(
             actor=actor,
             reason="rollout start",
         )
-        if freeing is not None:
+        if freeing is not None and freed is not None:
             # Its GPUs go to the new version: stopped now (the agent drains it first), started again
             # on a roll-back.
             deployment_request_stop(deployment=freed, user=actor)
@@ -238,6 +239,7 @@ def step_windows(rollout: Rollout, *, now: dt.datetime) -> tuple[Window, Window]
     """(new, old): each version's gateway measurements from the minute the step began up to now
     (the worst minute's P95; counts summed). The old version's are taken over the same minutes as
     the new one's only: a quiet or a busy minute on one side alone is no comparison."""
+    assert rollout.step_started_at is not None  # set with every step
     since = rollout.step_started_at.replace(second=0, microsecond=0)
     minutes = LatencyMinute.objects.filter(minute__gte=since, minute__lte=now)
     new_rows = minutes.filter(deployment_id=rollout.to_deployment_id)
@@ -428,9 +430,10 @@ def rollout_evaluate(*, rollout: Rollout, now: dt.datetime | None = None) -> str
     if rollout.state != RolloutState.STEPPING:
         return "-"
     steps = rollout.step_list()
-    index = rollout.current_step
+    index, started = rollout.current_step, rollout.step_started_at
+    assert index is not None and started is not None  # STEPPING: set by the claim into the step
     new, old = step_windows(rollout, now=now)
-    elapsed = (now - rollout.step_started_at).total_seconds()
+    elapsed = (now - started).total_seconds()
     policy = _policy(rollout)
     verdict = judge(new=new, old=old, policy=policy, step=steps[index], elapsed_s=elapsed)
     data = Evaluation(

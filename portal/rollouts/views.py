@@ -3,6 +3,8 @@ the step began, the timeline, and (for staff) the buttons."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -29,7 +31,7 @@ from .selectors import (
     served_models_visible_to,
 )
 
-ACTIONS = {
+ACTIONS: dict[str, Callable[..., object]] = {
     "pause": services.rollout_pause,
     "resume": services.rollout_resume,
     "promote": services.rollout_promote,
@@ -160,7 +162,7 @@ def served_model_shares(request, name: str):
     form = SharesForm(request.POST)
     if not form.is_valid():
         messages.error(
-            request, "Shares not set: " + "; ".join(e for errs in form.errors.values() for e in errs)
+            request, "Shares not set: " + "; ".join(str(e) for errs in form.errors.values() for e in errs)
         )
     else:
         try:

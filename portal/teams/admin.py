@@ -6,7 +6,7 @@ from django.contrib.admin.widgets import FilteredSelectMultiple
 from django.utils import timezone
 
 from portal.core.charts import bar_chart_svg
-from portal.core.forms import EmptyJSONIsDefaultAdmin
+from portal.core.forms import EmptyJSONIsDefaultAdmin, choice_field
 from portal.registry.models import ModelVersion, ServedModel
 
 from .models import ApiKey, Team, Usage, UsageDaily, UsageHourly
@@ -32,7 +32,7 @@ class TeamAdminForm(forms.ModelForm):
         names = set(ModelVersion.objects.values_list("name", flat=True))
         names |= set(ServedModel.objects.values_list("name", flat=True))  # stable names too
         names |= set(self.instance.allowed_models or [])  # one since deleted stays visible, and removable
-        self.fields["allowed_models"].choices = [(name, name) for name in sorted(names)]
+        choice_field(self, "allowed_models").choices = [(name, name) for name in sorted(names)]
 
 
 @admin.register(Team)

@@ -47,6 +47,7 @@ class TeamViewSet(AuditedModelViewSetMixin, viewsets.ModelViewSet):
             return Team.objects.none()
         teams = Team.objects.prefetch_related("members")
         user = self.request.user
+        assert user.is_authenticated  # the API's permission class: signed-in users only
         return teams if user.is_staff else teams.filter(members=user)
 
     @extend_schema(responses=UsageByClassSerializer(many=True))

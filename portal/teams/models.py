@@ -8,6 +8,7 @@ prefix plus an HMAC-SHA256 of the whole key; the secret itself is never stored.
 from __future__ import annotations
 
 import uuid
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -103,6 +104,11 @@ class Team(QuotaFields):
         return self.name
 
     # get_absolute_url: the team's overview is deployments' (settings.ABSOLUTE_URL_OVERRIDES).
+    if TYPE_CHECKING:
+
+        def get_absolute_url(self) -> str: ...
+
+        _audit_quotas_before: dict[str, Any] | None  # the quotas before a save (teams/signals.py)
 
     def clean(self) -> None:
         super().clean()

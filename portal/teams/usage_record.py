@@ -21,6 +21,7 @@ import datetime as dt
 import json
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from .models import PriorityClass, UsageStatus
 
@@ -48,7 +49,7 @@ class UsageRecord:
     ttft_ms: float | None
     duration_ms: float
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The record as the usage list holds it (plain JSON types)."""
         return {
             "request_id": self.request_id.hex,

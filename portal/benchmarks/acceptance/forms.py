@@ -6,6 +6,7 @@ from django import forms
 
 from inference.hardware import GPU_CATALOG
 from inference.tiny_model import shape_names
+from portal.core.forms import choice_field
 from portal.deployments.models import DeploymentProfile
 
 from .options import (
@@ -78,7 +79,7 @@ class AcceptanceForm(forms.Form):
                 self.fields[name].initial = value
         if node is not None and node.is_cpu_only:
             self.fields["shape"].help_text += " A CPU node computes in float32: keep to tiny."
-            self.fields["predict_gpu"].choices = [
+            choice_field(self, "predict_gpu").choices = [
                 ("", "none: no GPU here (measure only)"),
                 *((key, f"{key} (what that GPU would do)") for key in sorted(GPU_CATALOG)),
             ]
@@ -86,6 +87,7 @@ class AcceptanceForm(forms.Form):
             del self.fields["enforce_eager"]  # a CPU node always runs eager
 
     def clean(self) -> dict:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         data.setdefault("enforce_eager", False)
         return data

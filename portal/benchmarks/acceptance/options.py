@@ -4,6 +4,7 @@ names it gives what it makes (the reference model and deployment)."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from inference.tiny_model import TINY_SHAPE
 from portal.core.errors import ApplicationError
@@ -44,6 +45,7 @@ def reference_profile_values(
     settings on a CPU; `flags` (a deployment profile's LAUNCH_FLAGS, or only the ones the form
     sets, such as max_model_len) over those, max_model_len capped by the model's positions. A CPU
     is always eager. The request plans with these before anything is written; the run launches them."""
+    values: dict[str, Any]
     if cpu:
         values = {
             "dtype": "float32",

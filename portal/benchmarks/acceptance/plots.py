@@ -17,7 +17,7 @@ def acceptance_plots(levels: list[dict]) -> list[str]:
         values = [(row.get(which) or {}).get(key) for row in levels]
         return [v * scale if v is not None else None for v in values]
 
-    plots = []
+    plots: list[str] = []
     for title, key, scale, unit in (
         ("Output throughput: measured vs predicted", "output_throughput", 1.0, "tokens/s"),
         ("Mean TPOT: measured vs predicted", "mean_tpot_ms", 1.0, "ms"),

@@ -8,6 +8,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from django.utils import timezone
 
@@ -42,6 +43,25 @@ class AcceptanceContext:
     predicted: list[dict] | None = None  # predict: the simulator's levels
     calibration_failed: str = ""  # calibrate: why there is no calibration ("" when fitted)
 
+    # For the steps after the one that sets each (a missing one is a step out of order).
+    @property
+    def reference_version(self) -> ModelVersion:
+        if self.version is None:
+            raise RuntimeError("no reference model yet: the model step comes first")
+        return self.version
+
+    @property
+    def reference_profile(self) -> DeploymentProfile:
+        if self.profile is None:
+            raise RuntimeError("no reference profile yet: the start step comes first")
+        return self.profile
+
+    @property
+    def bench_report(self) -> dict[str, Any]:
+        if self.measured is None:
+            raise RuntimeError("no measured report yet: the bench step comes first")
+        return self.measured
+
 
 class RunningAcceptance:
     """The running record and its progress list; every write goes through the lease's fence."""
@@ -61,7 +81,8 @@ class RunningAcceptance:
             setattr(self.acceptance, name, value)
 
     def note(self, step: str, status: str, message: str = "", seconds: float | None = None) -> None:
-        entry = {"step": step, "status": status, "message": message, "at": timezone.now().isoformat()}
+        at = timezone.now().isoformat()
+        entry: dict[str, Any] = {"step": step, "status": status, "message": message, "at": at}
         if seconds is not None:
             entry["seconds"] = round(seconds, 2)
         self.progress.append(entry)

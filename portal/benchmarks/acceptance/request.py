@@ -157,7 +157,7 @@ def node_acceptance_request(
     layers: int | None = None,
     enforce_eager: bool = False,
     mix: str = DEFAULT_MIX,
-    concurrency: str | list[int] = DEFAULT_CONCURRENCY,
+    concurrency: str | list[int] | tuple[int, ...] = DEFAULT_CONCURRENCY,
     requests_per_level: int | None = None,
     gpu_index: int | None = None,
     predict_gpu: str = "",
@@ -205,7 +205,7 @@ def node_acceptance_request(
             listing = ", ".join(f"GPU {i} ({name})" for i, name in sorted(held.items()))
             raise ApplicationError(f"every GPU of {node.name} is held: {listing}", field="gpu_index")
         gpu_index = free[0]
-    gpu_indices = [gpu_index] if indices else []
+    gpu_indices = [gpu_index] if indices and gpu_index is not None else []
     cpu = not gpu_indices
     # Plan first: a refusal costs nothing yet (issue 38: 13 GB of weights written, then refused).
     plan = reference_plan(

@@ -247,7 +247,7 @@ def _reference_team() -> Team:
 
 def start_reference(run: RunningAcceptance, context: AcceptanceContext) -> str:
     acceptance = run.acceptance
-    node, version = acceptance.node, context.version
+    node, version = acceptance.node, context.reference_version
     team = _reference_team()
     name = reference_deployment_name(acceptance)
     gpus = list(node.gpus.filter(index__in=acceptance.gpu_indices))
@@ -320,7 +320,7 @@ def start_reference(run: RunningAcceptance, context: AcceptanceContext) -> str:
 def feature_probe(run: RunningAcceptance, context: AcceptanceContext) -> str:
     """Ask the serving reference engine for what its profile turns on and vLLM marks unsupported on
     Volta (feature_probe.py): a prompt over the token budget, a prompt twice; then its /health."""
-    profile, version = context.profile, context.version
+    profile, version = context.reference_profile, context.reference_version
     profile_settings, arch = launch_settings(profile).profile, version.arch()
     target = ProbeTarget(
         base_url=context.local_url,
@@ -346,11 +346,11 @@ def _bench_level(acceptance: NodeAcceptance, context: AcceptanceContext, concurr
     requests = acceptance.requests_per_level or requests_per_level_default(concurrency)
     config = BenchConfig(
         base_url=context.local_url,
-        model=context.version.name,
+        model=context.reference_version.name,
         mix=load_mix(acceptance.mix),  # checked when the acceptance was requested
         levels=[LevelPlan(concurrency=concurrency, requests=requests)],
         seed=SEED,
-        tokenizer=context.version.path,
+        tokenizer=context.reference_version.path,
         request_timeout_s=REQUEST_TIMEOUT_S,
         slo={"ttft": sla.p95_ttft_s * 1000, "tpot": sla.p95_tpot_s * 1000},
         api_key=context.api_key,
@@ -361,7 +361,7 @@ def _bench_level(acceptance: NodeAcceptance, context: AcceptanceContext, concurr
     sla_concurrency, sla_reason = operating_point(result.levels, sla)
     return {
         "url": context.local_url,
-        "model": context.version.name,
+        "model": context.reference_version.name,
         "mix": acceptance.mix,
         "prompt_source": result.prompt_source,
         "prompt_tokens_exact": result.prompt_tokens_exact,
@@ -402,6 +402,7 @@ def bench_levels(run: RunningAcceptance, context: AcceptanceContext) -> str:
         )
         summary.append(line)
         run.note("bench", "info", line)
+    assert report is not None  # one level at least (checked when it was requested)
     report["sla_concurrency"], report["sla_reason"] = operating_point(report["levels"], sla)
     run.write(measured=report)
     context.measured = report
@@ -413,12 +414,12 @@ def _sweep_kwargs(run: RunningAcceptance, context: AcceptanceContext) -> dict | 
     gpu_key = acceptance.predict_gpu or acceptance.versions.get("gpu_catalog_key", "")
     if not gpu_key:
         return None
-    values = knob_values(context.profile)
+    values = knob_values(context.reference_profile)
     # The node's own GPUs run the node's own vLLM (a V1 line on Volta: a slower attention path); a
     # prediction for another GPU (a CPU node's `predict_gpu`) assumes the newest line there.
     engine_version = "" if acceptance.predict_gpu else acceptance.versions.get("vllm", "")
     return {
-        "model": context.version.name,
+        "model": context.reference_version.name,
         "gpu": gpu_key,
         "gpus": max(1, len(acceptance.gpu_indices)),
         "mix": acceptance.mix,
@@ -432,14 +433,14 @@ def _sweep_kwargs(run: RunningAcceptance, context: AcceptanceContext) -> dict | 
 def predict_levels(run: RunningAcceptance, context: AcceptanceContext) -> str:
     kwargs = _sweep_kwargs(run, context)
     if kwargs is None:
-        run.write(levels=compare(context.measured["levels"], None, None))
+        run.write(levels=compare(context.bench_report["levels"], None, None))
         return "no GPU to predict for (a CPU node without a prediction GPU): measured only"
     try:
         predicted = predict.predict_sweep(**kwargs)
     except ApplicationError as error:
         raise AcceptanceStepFailed(f"the simulator refused: {error.field}: {error.message}") from error
     context.predicted = predicted["levels"]
-    run.write(levels=compare(context.measured["levels"], predicted["levels"], None))
+    run.write(levels=compare(context.bench_report["levels"], predicted["levels"], None))
     return f"predicted for {kwargs['gpu']} × {kwargs['gpus']}"
 
 
@@ -464,7 +465,7 @@ def calibrate_node(run: RunningAcceptance, context: AcceptanceContext) -> str:
     run.write(
         calibration=calibration,
         levels=compare(
-            context.measured["levels"], context.predicted, fitted["levels"], fit_levels=fit_levels
+            context.bench_report["levels"], context.predicted, fitted["levels"], fit_levels=fit_levels
         ),
     )
     names = ", ".join(f"{name} {value:.4g}" for name, value in sorted(calibration.items()))

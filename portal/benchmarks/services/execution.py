@@ -308,6 +308,8 @@ def _sweep(lease: Lease, run: BenchmarkRun, config: BenchConfig, first: int) -> 
     if "error" in outcome:
         state = RunState.PARTIAL if run.levels.exists() else RunState.FAILED
         _finish(lease, run, state, outcome["error"])
+    elif result is None:  # the sweep's thread neither returned nor raised (still running past its join)
+        raise RuntimeError(f"benchmark run {run.pk}: the load generator did not finish")
     elif result.cancelled or cancel.is_set():
         _finish(lease, run, RunState.CANCELLED, result.error or "cancelled")
     elif result.error:

@@ -94,7 +94,7 @@ def check_bounds(
         raise ApplicationError(f"the seed is between 0 and {MAX_SEED}", field="seed")
     if user.is_staff:
         return level_timeout_s
-    limit = settings.BENCHMARK_MEMBER_MAX_LEVELS
+    limit: float = settings.BENCHMARK_MEMBER_MAX_LEVELS  # int and float limits below
     if len(concurrencies) + len(request_rates) > limit:
         raise ApplicationError(
             f"at most {limit} levels per run for non-staff users (BENCHMARK_MEMBER_MAX_LEVELS)",

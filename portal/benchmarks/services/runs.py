@@ -63,7 +63,7 @@ def _send_run(run_id: int) -> None:
     which `send_task` ignores) run it here, as `apply_async` did."""
     if app.conf.task_always_eager:
         app.loader.import_default_modules()  # autodiscovery, which a worker would have done
-        app.tasks[RUN_TASK].apply(args=[run_id])
+        app.tasks[RUN_TASK].apply(args=(run_id,))
     else:
         app.send_task(RUN_TASK, args=[run_id], queue=BENCHMARK_QUEUE)
 

@@ -4,6 +4,7 @@ and each level's share of the bandwidth roofline the snapshot's planner figures 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -31,7 +32,7 @@ def deployment_snapshot(deployment: Deployment) -> dict:
     profile = deployment.profile
     model = deployment.model_version
     node = deployment.node
-    gpus = (
+    gpus: list[dict[str, Any]] = (
         [
             {"index": g.index, "name": g.name, "memory_mib": g.memory_mib, "bandwidth_gb_s": g.bandwidth_gb_s}
             for g in node.gpus.filter(index__in=deployment.gpu_indices or []).order_by("index")

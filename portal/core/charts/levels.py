@@ -116,10 +116,10 @@ def line_chart(
         dash = ' stroke-dasharray="4 3"' if dashed and label in dashed else ""
         points = [(_x(i, len(ys)), _y(v, y_max)) for i, v in enumerate(ys) if v is not None]
         if len(points) > 1:
-            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+            path = " ".join(f"{px:.1f},{py:.1f}" for px, py in points)
             parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2"{dash} points="{path}"/>')
-        for x, y in points:
-            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{color}"/>')
+        for px, py in points:
+            parts.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="3.5" fill="{color}"/>')
         legend_x = LEFT + 8 + 150 * n
         parts.append(
             f'<rect x="{legend_x}" y="{TOP + 2}" width="10" height="10" fill="{color}"/>'
@@ -136,7 +136,7 @@ def histogram(
     if not values:
         return SafeString("")
     low, high = min(values), max(values)
-    off_scale = bool(limit) and limit[1] > high and not within_scale(limit[1], high)
+    off_scale = limit is not None and limit[1] > high and not within_scale(limit[1], high)
     if limit and not off_scale:
         high = max(high, limit[1])
     if high <= low:

@@ -20,7 +20,8 @@ def sparkline(
     bottom = min(0.0, min(v for _, v in points))
     span = (top - bottom) or 1.0
     step = width / max(1, len(values) - 1)
-    segments, current = [], []
+    segments: list[list[str]] = []
+    current: list[str] = []
     for i, value in enumerate(values):
         if value is None:
             if current:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.utils.safestring import SafeString
@@ -59,7 +60,7 @@ def time_series_svg(
     end: dt.datetime,
     title: str,
     unit: str,
-    lines: list[Line] = (),
+    lines: Sequence[Line] = (),
     width: int = 1100,
     height: int = 260,
     chart_id: str = "",
@@ -108,11 +109,11 @@ def time_series_svg(
         color = colors[n % len(colors)]
         style = f'stroke="{color}" stroke-width="{SERIES_WIDTHS[min(n, len(SERIES_WIDTHS) - 1)]}"'
         segments: list[list[str]] = [[]]
-        for at, value in zip(times, vs, strict=True):
-            if value is None:
+        for at, v in zip(times, vs, strict=True):
+            if v is None:
                 segments.append([])
             else:
-                segments[-1].append(f"{x(at):.1f},{y(value):.1f}")
+                segments[-1].append(f"{x(at):.1f},{y(v):.1f}")
         for segment in segments:
             if len(segment) == 1:  # a lone point still shows
                 cx, cy = segment[0].split(",")

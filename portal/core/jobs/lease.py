@@ -74,7 +74,7 @@ class Lease:
     _inside: int = field(default=0, init=False, repr=False, compare=False)
 
     def _mine(self) -> QuerySet:
-        return self.model.objects.filter(self.live, pk=self.target_id, lease_token=self.token)
+        return self.model._default_manager.filter(self.live, pk=self.target_id, lease_token=self.token)
 
     def _lost(self) -> LostLease:
         name = self.model._meta.label
@@ -168,13 +168,13 @@ def claim(
     # Free: lapsed, never taken, or without a holder (a queued job's give-up deadline, a release).
     free = lease_free(now) | Q(lease_owner="")
     with transaction.atomic():
-        claimed = model.objects.filter(claimable or Q(), free, pk=target_id).update(
+        claimed = model._default_manager.filter(claimable or Q(), free, pk=target_id).update(
             **_stamped(model, fields, now)
         )
         if claimed != 1:
             return None
         # Read inside the transaction: the token we just wrote, not a later claimer's.
-        token = model.objects.values_list("lease_token", flat=True).get(pk=target_id)
+        token = model._default_manager.values_list("lease_token", flat=True).get(pk=target_id)
     return Lease(model=model, target_id=target_id, token=token, owner=worker, ttl_s=ttl_s, live=live or Q())
 
 

@@ -120,7 +120,7 @@ def prompt_limit(caps: list[int | None], share: float | None) -> int | None:
     limits = [cap if share is None else batch_limit(cap, share) for cap in caps]
     if not limits or any(limit is None for limit in limits):
         return None
-    return max(limits)
+    return max(limit for limit in limits if limit is not None)
 
 
 def slot_members(request_id: str, slots: int) -> list[str]:
@@ -212,6 +212,7 @@ class RateLimiter:
                 return result
             scope = team if status.startswith("team_") else key
             day = int(result[2])
+            assert self.daily_used is not None  # reported missing only when there is one
             used = await self.daily_used(scope.kind, scope.id, day)
             rebuild = RebuildDayCall(
                 counter=f"{self.tpd_prefix(scope)}{day}",
@@ -283,7 +284,7 @@ class RateLimiter:
         interactive_timeout_s = timeout_s if interactive_timeout_s is None else interactive_timeout_s
         replicas = []
         for deployment_id, cap in candidates:
-            limit = batch_limit(cap, batch_share) if batch else cap
+            limit = batch_limit(cap, batch_share) if batch_share is not None else cap
             replicas.append(
                 ReplicaCall(
                     inflight=self.inflight_key(deployment_id),

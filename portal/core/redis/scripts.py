@@ -93,7 +93,7 @@ def _flattener(record: type[ScriptCall], part: str) -> Callable[[ScriptCall], li
     names = itertools.count()
 
     def emit(var: str, cls: type, indent: str) -> None:
-        for f in fields(cls):  # type: ignore[arg-type]
+        for f in fields(cls):
             kind, many = f.metadata.get(_PART), f.metadata.get("many")
             if kind == GROUP:
                 inner = f"g{next(names)}"

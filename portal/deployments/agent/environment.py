@@ -26,7 +26,7 @@ from .steps import StepFailed
 
 def environment_check(deployment: Deployment, engine: str, gpus: list[Gpu]) -> tuple[str, str]:
     """The Python to launch with, after checking the node's torch build has the GPUs' kernels."""
-    node = deployment.node
+    node = deployment.placed_node
     if engine == "sim":
         return sys.executable, "simulator: the portal's own Python; no GPU kernels run, no torch check"
     python = node.vllm_python
@@ -101,7 +101,7 @@ def model_dir_check(deployment: Deployment, engine: str, run_dir: Path, has_file
             return run_dir, "no model files on this node: the simulator reads the stored config.json"
         where = version.path or "(no path recorded)"
         raise StepFailed(
-            "hashes", f"model directory {where} not found on node {deployment.node.name}", "no_model"
+            "hashes", f"model directory {where} not found on node {deployment.placed_node.name}", "no_model"
         )
     if not version.weights_sha256:
         raise StepFailed(
@@ -152,7 +152,7 @@ def address_check(node: Node) -> str:
             "reaches the server at that name, so it could not either; fix the node's hostname",
             "unreachable",
         ) from None
-    addresses = sorted({info[4][0] for info in found})
+    addresses = sorted({str(info[4][0]) for info in found})
     return f"the gateway reaches the server at {host}" + (
         f" ({', '.join(addresses)})" if addresses != [host] else ""
     )
@@ -172,7 +172,7 @@ def port_choose(deployment: Deployment, bind_host: str) -> tuple[int, str]:
 def local_url(deployment: Deployment) -> str:
     """Where the agent checks the server: the address the gateway uses, so "healthy" means the
     gateway can reach it."""
-    _, host = server_hosts(deployment.node)
+    _, host = server_hosts(deployment.placed_node)
     return f"http://{host}:{deployment.port}"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from typing import Any
 
 from django.conf import settings
 
@@ -16,7 +17,13 @@ from portal.core.jobs import Lease, LostLease, claim
 from ..models import Deployment
 
 # What a deployment row says about its server once there is none (stopped, failed, restarting).
-NO_PROCESS = {"endpoint_url": "", "pid": None, "pgid": None, "process_identity": {}, "serving_since": None}
+NO_PROCESS: dict[str, Any] = {
+    "endpoint_url": "",
+    "pid": None,
+    "pgid": None,
+    "process_identity": {},
+    "serving_since": None,
+}
 
 
 # The deployments' name for the runner's error: another agent holds the deployment now (or it was

@@ -54,7 +54,7 @@ def restart_schedule(lease: Lease, deployment: Deployment, why: str) -> str:
 def start_enqueue(deployment: Deployment, *, reason: str, countdown: float = 0) -> None:
     # After commit: in a task (autocommit) it is sent at once; inside a transaction, after it commits.
     send_to_node(
-        deployment.node,
+        deployment.placed_node,
         "deployments.start",
         args=[deployment.pk],
         kwargs={"reason": reason},
@@ -99,5 +99,5 @@ def planned_restart(
     if reason:
         event(lease, "planned restart", EventStatus.INFO, reason)
         kwargs = {"reason": f"planned: {reason}"}
-        send_to_node(deployment.node, "deployments.restart", args=[deployment.pk], kwargs=kwargs)
+        send_to_node(deployment.placed_node, "deployments.restart", args=[deployment.pk], kwargs=kwargs)
     return reason

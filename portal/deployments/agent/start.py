@@ -141,7 +141,7 @@ def start_under_lease(lease: Lease, *, reason: str = "") -> str:
 
 def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
     did = deployment.pk
-    node, model_version = deployment.node, deployment.model_version
+    node, model_version = deployment.placed_node, deployment.model_version
     engine = deployment.effective_engine
     gpus = list(node.gpus.filter(index__in=deployment.gpu_indices).order_by("index"))
 
@@ -170,7 +170,7 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
         try:
             # The simulator takes the newest line's flags; vLLM, its own version's.
             recipe = launch_settings(
-                deployment.profile, engine_version="" if engine == "sim" else node.vllm_version
+                deployment.placed_profile, engine_version="" if engine == "sim" else node.vllm_version
             )
             args = vllm_args(
                 recipe,
@@ -188,7 +188,7 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
         except InputError as error:
             raise StepFailed("command", str(error), "bad_profile") from error
         if engine == "sim":
-            hardware = gpus[0].catalog_key if gpus else deployment.profile.target_gpu
+            hardware = gpus[0].catalog_key if gpus else deployment.placed_profile.target_gpu
             argv = sim_command(python, args, hardware=hardware or None)
         else:
             argv = vllm_command(python, args, guard=True)
@@ -235,14 +235,16 @@ def _start_steps(lease: Lease, deployment: Deployment, launch: _Launch) -> str:
         if desired != DesiredState.RUNNING:
             raise Abandoned()
 
+    process = launched.process
+    assert process is not None  # launched by this agent, just now
     with step(lease, "ready", started=f"waiting for /health and /v1/models at {base_url}") as result:
         try:
             supervisor.wait_until_ready(
                 local_url,
                 model_version.name,
                 deadline_s=settings.DEPLOYMENT_READY_TIMEOUT_S,
-                alive=lambda: launched.process.poll() is None,
-                returncode=lambda: launched.process.returncode,
+                alive=lambda: process.poll() is None,
+                returncode=lambda: process.returncode,
                 on_health=lambda: event(lease, "health", EventStatus.OK, "/health answers"),
                 keep_going=keep_going,
                 api_key=api_key,
@@ -323,7 +325,7 @@ def _check_quota(deployment: Deployment) -> str:
     team, needed = deployment.team, len(deployment.gpu_indices)
     problems = holding_problems(
         team=team,
-        node=deployment.node,
+        node=deployment.placed_node,
         gpu_indices=deployment.gpu_indices,
         exclude_deployment_id=deployment.pk,
     )
@@ -334,6 +336,7 @@ def _check_quota(deployment: Deployment) -> str:
 
 
 def _serving(lease: Lease, deployment: Deployment, base_url: str, launch: _Launch, task_began: float) -> None:
+    assert launch.launched is not None  # serving follows the launch
     now = timezone.now()
     lease.write(
         state=DeploymentState.SERVING,

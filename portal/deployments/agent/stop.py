@@ -66,7 +66,7 @@ def stop_under_lease(lease: Lease, deployment: Deployment, *, drain: bool, reaso
                 state=DeploymentState.FAILED, state_reason=f"process group {deployment.pgid} survived SIGKILL"
             )
             raise StepFailed("stop", f"process group {deployment.pgid} survived SIGKILL", "stop")
-        bind_host, _ = server_hosts(deployment.node)
+        bind_host, _ = server_hosts(deployment.placed_node)
         port_free = deployment.port is None or supervisor.wait_port_free(
             bind_host, deployment.port, timeout_s=15
         )

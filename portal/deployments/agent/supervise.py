@@ -5,6 +5,7 @@ its log, and hand crashes, hangs and policy limits to the restart policy."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
@@ -71,7 +72,7 @@ def _supervise(lease: Lease, deployment: Deployment) -> str:
 def _address_problem(deployment: Deployment) -> str:
     """Why the gateway's address may not answer, where the name is the reason ("" otherwise)."""
     try:
-        address_check(deployment.node)
+        address_check(deployment.placed_node)
     except StepFailed as failure:
         return f": {failure.message}"
     return ""
@@ -112,7 +113,7 @@ def _check_serving(lease: Lease, deployment: Deployment) -> str:
             f"/health did not answer at {base} ({failures} in a row){_address_problem(deployment)}",
         )
         return "unhealthy"
-    updates = {
+    updates: dict[str, Any] = {
         "health_failures": 0,
         "last_checked_at": now,
         "log_tail": server_log.log_tail(deployment.log_path),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 
 from django.db import transaction
 from django.db.models import F, OuterRef, QuerySet, Subquery, Sum
@@ -40,7 +41,7 @@ def _disable(
     # Refused by the gateway from now on, in every web process (once the update is committed).
     for row in rows:
         transaction.on_commit(
-            lambda pk=row.pk, reason=row.disabled_reason: gateway_block(kind, pk, reason=reason, until=until)
+            functools.partial(gateway_block, kind, row.pk, reason=row.disabled_reason, until=until)
         )
 
 

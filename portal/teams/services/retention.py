@@ -112,5 +112,5 @@ def usage_prune(*, before: dt.date, batch_size: int) -> int:
         with transaction.atomic():
             _usage_close_day(day)
         start = day_start(day)
-        records = Usage.objects.filter(created_at__gte=start, created_at__lt=start + dt.timedelta(days=1))
-        deleted += delete_in_batches(records, batch_size=batch_size)
+        day_rows = Usage.objects.filter(created_at__gte=start, created_at__lt=start + dt.timedelta(days=1))
+        deleted += delete_in_batches(day_rows, batch_size=batch_size)

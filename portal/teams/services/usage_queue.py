@@ -215,8 +215,8 @@ def _dead_entry(raw: bytes, reason: str, at: float) -> str:
 def _usage_requeue_abandoned(client: redis.Redis, keys: RedisKeys, give_back) -> None:
     """Put back on the queue each batch whose flusher's lease ran out (it died before storing it).
     The script judges the lease by Redis's clock; the set holds one member per running flusher."""
-    for flusher in client.zrange(keys.usage_flushers, 0, -1):
-        flusher = flusher.decode()
+    for member in client.zrange(keys.usage_flushers, 0, -1):
+        flusher = member.decode() if isinstance(member, bytes) else str(member)
         call = UsageGiveBackCall(
             usage=keys.usage,
             flushers=keys.usage_flushers,
@@ -254,10 +254,10 @@ def _usage_store(raws: list[bytes]) -> tuple[int, list[tuple[bytes, str]], set[i
         # not stored under a stranger's id or without a key. A record older than its key is
         # another installation's too (a database recreated beside the same Redis numbers keys
         # from 1 again), allowing for the clocks of the web hosts.
-        team_id, key_created = keys.get(row.api_key_id, (None, None))
+        key = keys.get(row.api_key_id) if row.api_key_id is not None else None  # (team id, created at)
         if row.team_id not in teams:
             dead.append((raw, UNKNOWN_TEAM))
-        elif team_id != row.team_id or row.created_at < key_created - USAGE_CLOCK_SKEW:
+        elif key is None or key[0] != row.team_id or row.created_at < key[1] - USAGE_CLOCK_SKEW:
             dead.append((raw, UNKNOWN_KEY))
         else:
             if row.deployment_id not in deployments:

@@ -45,7 +45,7 @@ class Command(BaseCommand):
     help = "Simulate a closed-loop concurrency sweep of a profile (virtual clock: seconds of wall time)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        PlanCommand.add_arguments(self, parser)  # plan's flags (every launch knob), including --json
+        PlanCommand().add_arguments(parser)  # plan's flags (every launch knob), including --json
         parser.add_argument(
             "--mix", default="field-mix", help="field-mix | short-qa | long-summary | qa-summary-60-40 | "
             "prefix-shared | fixed:<in>:<out> | path to a mix JSON file",

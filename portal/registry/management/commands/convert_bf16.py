@@ -63,10 +63,12 @@ class Command(BaseCommand):
             self.stdout.write(f"  {job.underflow_total} nonzero values below 2**-25 became zero")
         if job.state != ConversionState.SUCCEEDED:
             raise CommandError(f"conversion job {job.pk} failed: {job.error}")
+        result = job.result
+        assert result is not None  # a succeeded job registered its model
         self.stdout.write(
-            f"registered {job.result.name} at {job.result.path} "
-            f"(weights sha256 {job.result.weights_sha256[:12]}, "
-            f"tokenizer {job.result.tokenizer_sha256[:12] or '—'})"
+            f"registered {result.name} at {result.path} "
+            f"(weights sha256 {result.weights_sha256[:12]}, "
+            f"tokenizer {result.tokenizer_sha256[:12] or '—'})"
         )
 
     def _progress(self, p: ConversionProgress) -> None:
