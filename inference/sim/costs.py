@@ -122,8 +122,15 @@ GRAPH_PREFILL_FACTOR = 1.0
 # a decode step carrying one sequence took longer on the H200 VMs than the launch work a
 # step of 16 showed, with inter-token gaps alternating between ~19 and ~29 ms at one user.
 # Charged per step, in full at one sequence and fading linearly to nothing at
-# LOW_BATCH_SEQUENCES; the default 0 leaves every step as it was.
+# LOW_BATCH_SEQUENCES; the default 0 leaves every step as it was. Kept so that a calibration
+# saved with it predicts as before; fits since issue 40 set the per-layer form below instead.
 EAGER_LOW_BATCH_S_PER_STEP = 0.0
+# The same effect charged per layer, on the CPU beside the launches (issue 40): on one VM the
+# eager decode step was layers × 0.72 ms (±0.06) plus 1.1 ms (±1.8) whatever the shape and the
+# load (20 levels of 8-48-layer 7B/14B engines, tests/sim/data/h200-layers), so a slower host at
+# small batches is a slower launch of every layer, not a per-step constant: fitted per step on a
+# 32-layer model, it put an 8-layer cut of the same model +97 % over at one user.
+EAGER_LOW_BATCH_S_PER_LAYER = 0.0
 # Where the low-load effect is gone: the 7B runs show it at 1 user and not at 16, the 14B
 # at 8 users and not at 32.
 LOW_BATCH_SEQUENCES = 16
@@ -161,6 +168,8 @@ class HostCosts:
     eager_prefill_factor: float = EAGER_PREFILL_FACTOR
     graph_prefill_factor: float = GRAPH_PREFILL_FACTOR
     eager_low_batch_s_per_step: float = EAGER_LOW_BATCH_S_PER_STEP
+    # Added with issue 40; see EAGER_LOW_BATCH_S_PER_LAYER.
+    eager_low_batch_s_per_layer: float = EAGER_LOW_BATCH_S_PER_LAYER
 
     def as_dict(self) -> dict[str, float]:
         return {name: getattr(self, name) for name in HOST_COST_BOUNDS}
@@ -203,6 +212,7 @@ HOST_COST_BOUNDS: dict[str, tuple[float, float]] = {
     "eager_prefill_factor": (0.25, 10.0),
     "graph_prefill_factor": (0.25, 10.0),
     "eager_low_batch_s_per_step": (0.0, 50e-3),
+    "eager_low_batch_s_per_layer": (0.0, 2e-3),
 }
 
 
@@ -378,9 +388,11 @@ class StepCostModel:
         launch = host.eager_launch_s_per_layer if self.enforce_eager else host.graph_launch_s_per_layer
         gap = GRAPH_GAP_S_PER_LAYER if not self.enforce_eager and batch.decode_only else EAGER_GAP_S_PER_LAYER
         overhead = host.step_overhead_s
-        if self.enforce_eager and host.eager_low_batch_s_per_step and batch.sequences < LOW_BATCH_SEQUENCES:
+        if self.enforce_eager and batch.sequences < LOW_BATCH_SEQUENCES:
             fade = (LOW_BATCH_SEQUENCES - batch.sequences) / (LOW_BATCH_SEQUENCES - 1)
             overhead += host.eager_low_batch_s_per_step * fade
+            # The per-layer form slows the launch itself, so it overlaps the GPU like the launch.
+            launch += host.eager_low_batch_s_per_layer * fade
         return StepTime(
             compute_s=flops / self.effective_flops,
             memory_s=memory_bytes / self.effective_bandwidth,
