@@ -68,6 +68,7 @@ PRIOR_WEIGHTS: dict[str, float] = {
     "graph_prefill_factor": 0.02,
     "eager_low_batch_s_per_step": 0.002,
     "eager_low_batch_s_per_layer": 0.002,
+    "api_serial_s_per_request": 0.002,
 }
 # The prefill factor is fitted only from workloads whose prompts average at least this many
 # tokens: with acceptance's `short-qa` (100-300) prefill is a few ms of TTFT, and on the H200
@@ -89,6 +90,7 @@ _SEARCH_SCALE: dict[str, float] = {
     "api_s_per_request": 2e-3,
     "eager_low_batch_s_per_step": 1e-3,
     "eager_low_batch_s_per_layer": 30e-6,
+    "api_serial_s_per_request": 1e-3,
 }
 
 
@@ -190,6 +192,11 @@ def fitted_names(
     with_ttft = measured is None or any(level.mean_ttft_ms for level in measured)
     if with_ttft:
         names.append("api_s_per_request")
+        # The front end's queue shows only as TTFT growing between a level of one user and a
+        # level of several (at one user nobody queues): it needs both.
+        users = [level.concurrency for level in measured or ()]
+        if users and min(users) < max(users):
+            names.append("api_serial_s_per_request")
     names.append("eager_prefill_factor" if eager else "graph_prefill_factor")
     if eager and measured is not None:
         users = [level.concurrency for level in measured]

@@ -110,6 +110,14 @@ API_S_PER_TOKEN = 10e-6
 # engine's alone, as it always was; a node's calibration fits it from the measured TTFT
 # (on the H200 VM of tests/sim/data/h200, ~10-20 ms).
 API_S_PER_REQUEST = 0.0
+# The part of the API server's per-request work that its one process does for one request at a
+# time (issue 40): the front end is a single asyncio process, so the chat template, tokenizing and
+# handing a request to the engine are served in turn. Requests that arrive together (the closed
+# loop's start, and users whose equal-length requests end in the same step) queue for it, so TTFT
+# grows with the load even with an idle engine. On the H200 VM TTFT grew ~2-3 ms per user from 1 to
+# 64 users on a fixed 128-token workload whose prefill is a millisecond or two
+# (tests/sim/data/h200-layers). Default 0: uncalibrated TTFT is the engine's alone, as before.
+API_SERIAL_S_PER_REQUEST = 0.0
 # How much more GPU time the prefill work of a step takes than the model's compute estimate
 # (FLOPs ÷ peak × MATMUL_EFFICIENCY), per mode: a step carrying a prompt chunk runs attention
 # over thousands of keys, unfused elementwise kernels over every prompt token (eager mode
@@ -168,8 +176,9 @@ class HostCosts:
     eager_prefill_factor: float = EAGER_PREFILL_FACTOR
     graph_prefill_factor: float = GRAPH_PREFILL_FACTOR
     eager_low_batch_s_per_step: float = EAGER_LOW_BATCH_S_PER_STEP
-    # Added with issue 40; see EAGER_LOW_BATCH_S_PER_LAYER.
+    # Added with issue 40; see EAGER_LOW_BATCH_S_PER_LAYER and API_SERIAL_S_PER_REQUEST.
     eager_low_batch_s_per_layer: float = EAGER_LOW_BATCH_S_PER_LAYER
+    api_serial_s_per_request: float = API_SERIAL_S_PER_REQUEST
 
     def as_dict(self) -> dict[str, float]:
         return {name: getattr(self, name) for name in HOST_COST_BOUNDS}
@@ -213,6 +222,7 @@ HOST_COST_BOUNDS: dict[str, tuple[float, float]] = {
     "graph_prefill_factor": (0.25, 10.0),
     "eager_low_batch_s_per_step": (0.0, 50e-3),
     "eager_low_batch_s_per_layer": (0.0, 2e-3),
+    "api_serial_s_per_request": (0.0, 0.1),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -314,3 +315,22 @@ def test_it_fits_the_eager_low_load_effect_from_1_and_16_users_instead_of_averag
         measured = by_level(truth)[level]
         for key in ("output_throughput", "mean_tpot_ms"):
             assert predicted[level][key] == pytest.approx(measured[key], rel=tolerance), (level, key)
+
+
+def test_the_front_ends_serial_work_queues_requests_sent_together_and_only_them():
+    # Issue 40: the API server does a request's serial work (template, tokenizing, hand-off) for one
+    # request at a time, so four requests sent at once reach the engine 10 ms apart.
+    from inference.sim.virtual import run_level
+
+    specs = MIX.sample(4, seed=0)
+    host = HostCosts(api_serial_s_per_request=10e-3)
+    queued = run_level(config(eager=False, host=host), specs, concurrency=4).records
+    alone = run_level(config(eager=False, host=host), specs[:1], concurrency=1).records
+    plain = run_level(config(eager=False), specs[:1], concurrency=1).records
+
+    first_tokens = sorted(record.token_times[0] - record.start for record in queued)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(first_tokens)]
+    assert min(gaps) >= 9e-3
+    # Alone, a request pays the work once and waits for nobody.
+    alone_ttft = alone[0].token_times[0] - alone[0].start
+    assert alone_ttft == pytest.approx(plain[0].token_times[0] - plain[0].start + 10e-3, abs=1e-4)
