@@ -236,6 +236,7 @@ def describe_calibration(values: dict[str, float]) -> str:
     return ", ".join(
         f"{name} ×{value:.3g}" if is_factor(name) else f"{name} {value * 1e6:.1f} µs"
         for name, value in values.items()
+        if isinstance(value, int | float)  # not the "basis" a calibration carries since issue 40
     )
 
 DEFAULT_HOST_COSTS = HostCosts()
