@@ -183,6 +183,22 @@ def mix_means(mix: Mix) -> tuple[float, float]:
     return prompt, output
 
 
+def basis_of(
+    *, gpu: str, eager: bool, layers: int, mix: Mix, fit_levels: Sequence[dict]
+) -> CalibrationBasis:
+    """What a calibration was fitted on (`Fit.levels` of `fit_host_costs`), to store with it."""
+    prompt, output = mix_means(mix)
+    return CalibrationBasis(
+        gpu=gpu,
+        eager=eager,
+        layers=layers,
+        mean_prompt_tokens=prompt,
+        mean_output_tokens=output,
+        max_concurrency=max(level["concurrency"] for level in fit_levels),
+        residuals=fit_residuals(fit_levels),
+    )
+
+
 def fit_residuals(fit_levels: Sequence[dict]) -> dict[str, float]:
     """The largest |ln(predicted ÷ measured)| per figure over a Fit's levels."""
     residuals: dict[str, float] = {}
@@ -302,6 +318,7 @@ __all__ = [
     "Confidence",
     "Question",
     "Range",
+    "basis_of",
     "fit_residuals",
     "judge",
     "mix_means",

@@ -27,7 +27,7 @@ from inference.sim.calibration import fit_host_costs, measured_levels
 from inference.sim.confidence import (
     CalibrationBasis,
     Question,
-    fit_residuals,
+    basis_of,
     judge,
     mix_means,
     pessimistic_level,
@@ -101,6 +101,14 @@ def split_calibration(calibration: dict | None) -> tuple[HostCosts, CalibrationB
         return HostCosts.from_dict(values), basis
     except InputError as error:
         raise ApplicationError.from_input_error(error) from error
+
+
+def _fit_basis(config: EngineConfig, gpu: str, workload: Mix, fit_levels: list[dict]) -> dict:
+    basis = basis_of(
+        gpu=gpu, eager=config.profile.enforce_eager, layers=config.model.num_layers, mix=workload,
+        fit_levels=fit_levels,
+    )  # fmt: skip
+    return basis.as_dict()
 
 
 def _judge_levels(
@@ -281,25 +289,11 @@ def calibrate_sweep(
         requests_per_level=requests_per_level,
         seed=seed,
         sla=sla,
-        calibration=fit.host.as_dict() | {"basis": fit_basis(config, gpu, workload, fit.levels).as_dict()},
+        calibration=fit.host.as_dict() | {"basis": _fit_basis(config, gpu, workload, fit.levels)},
         **settings_values,
     )
     result["fit"] = {"fitted": list(fit.fitted), "levels": fit.levels, "evaluations": fit.evaluations}
     return result
-
-
-def fit_basis(config: EngineConfig, gpu: str, workload: Mix, fit_levels: list[dict]) -> CalibrationBasis:
-    """What a calibration was fitted on, stored with it so later questions know their distance."""
-    prompt, output = mix_means(workload)
-    return CalibrationBasis(
-        gpu=gpu,
-        eager=config.profile.enforce_eager,
-        layers=config.model.num_layers,
-        mean_prompt_tokens=prompt,
-        mean_output_tokens=output,
-        max_concurrency=max(level["concurrency"] for level in fit_levels),
-        residuals=fit_residuals(fit_levels),
-    )
 
 
 class PredictForm(forms.Form):
