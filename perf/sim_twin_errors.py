@@ -229,16 +229,16 @@ def main() -> int:
         model = model_of(item)
         mix = load_mix(item["report"]["mix"])
         for level in sorted(measured_levels(item["report"]), key=lambda lv: lv.concurrency):
-            raw = next(lv for lv in item["report"]["levels"] if lv.get("concurrency") == level.concurrency)
             row = {
                 "file": item["path"].name,
                 "model": item["shape"],
                 "mode": item["mode"],
                 "users": level.concurrency,
+                # The level's own figures: a report may repeat a concurrency (`repeat-*`).
                 "measured": {
-                    "tok_s": raw["output_throughput"],
-                    "tpot_ms": raw["mean_tpot_ms"],
-                    "ttft_ms": raw["mean_ttft_ms"],
+                    "tok_s": level.output_throughput,
+                    "tpot_ms": level.mean_tpot_ms,
+                    "ttft_ms": level.mean_ttft_ms,
                 },
             }
             for label, host in (("uncal", DEFAULT_HOST_COSTS), ("cal", calibrations.get(item["mode"]))):
