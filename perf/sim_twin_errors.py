@@ -38,6 +38,7 @@ from inference.hf_config import resolve_model_config  # noqa: E402
 from inference.loadgen.workloads import fit_to_context, load_mix  # noqa: E402
 from inference.planner import ProfileSettings  # noqa: E402
 from inference.sim.calibration import fit_host_costs, measured_levels  # noqa: E402
+from inference.sim.confidence import Question, basis_of, judge, mix_means  # noqa: E402
 from inference.sim.costs import (  # noqa: E402
     DEFAULT_HOST_COSTS,
     ScheduledChunk,
@@ -169,6 +170,18 @@ def short_name(file: str) -> str:
     return file.removesuffix(".json").replace("-chat-hf", "").replace("-instruct-v0.3", "")
 
 
+RANGE_OF = {"tok_s": "output_throughput", "tpot_ms": "mean_tpot_ms", "ttft_ms": "mean_ttft_ms"}
+
+
+def inside_mark(confidence: dict, metric: str, measured: float) -> str:
+    """" ✓" when the measured figure is inside the predicted range, " ✗" when not, " ∅" when the
+    twin gave no number."""
+    if confidence["outside"] or not confidence["range"] or metric not in confidence["range"]:
+        return " ∅"
+    low, high = confidence["range"][metric]
+    return " ✓" if low <= measured <= high else " ✗"
+
+
 def error(predicted: float | None, measured: float) -> float | None:
     return None if not predicted else (predicted / measured - 1) * 100
 
@@ -192,7 +205,7 @@ def main() -> int:
         print_decode_steps(reports, gpu)
         return 0
 
-    calibrations = {}
+    calibrations, bases = {}, {}
     for item in reports:
         if item["shape"] != options.fit_model or not item["path"].name.startswith(options.fit_file_prefix):
             continue
@@ -201,6 +214,10 @@ def main() -> int:
         started = time.monotonic()
         fit = fit_host_costs(config, load_mix(item["report"]["mix"]), levels)
         calibrations[item["mode"]] = fit.host
+        bases[item["mode"]] = basis_of(
+            gpu=options.gpu, eager=item["mode"] == "eager", layers=config.model.num_layers,
+            mix=load_mix(item["report"]["mix"]), fit_levels=fit.levels,
+        )  # fmt: skip
         print(
             f"{item['mode']}: fitted {describe_calibration(fit.host.as_dict())};"
             f" {fit.evaluations} runs, {time.monotonic() - started:.0f} s",
@@ -212,16 +229,16 @@ def main() -> int:
         model = model_of(item)
         mix = load_mix(item["report"]["mix"])
         for level in sorted(measured_levels(item["report"]), key=lambda lv: lv.concurrency):
-            raw = next(lv for lv in item["report"]["levels"] if lv.get("concurrency") == level.concurrency)
             row = {
                 "file": item["path"].name,
                 "model": item["shape"],
                 "mode": item["mode"],
                 "users": level.concurrency,
+                # The level's own figures: a report may repeat a concurrency (`repeat-*`).
                 "measured": {
-                    "tok_s": raw["output_throughput"],
-                    "tpot_ms": raw["mean_tpot_ms"],
-                    "ttft_ms": raw["mean_ttft_ms"],
+                    "tok_s": level.output_throughput,
+                    "tpot_ms": level.mean_tpot_ms,
+                    "ttft_ms": level.mean_ttft_ms,
                 },
             }
             for label, host in (("uncal", DEFAULT_HOST_COSTS), ("cal", calibrations.get(item["mode"]))):
@@ -233,6 +250,17 @@ def main() -> int:
                     "tpot_ms": result["mean_tpot_ms"],
                     "ttft_ms": result["mean_ttft_ms"],
                 }
+                # How sure the twin says it is (inference.sim.confidence), and whether the measured
+                # figure fell inside: the range's own check against held-out levels.
+                prompt, output = mix_means(mix)
+                question = Question(
+                    gpu=options.gpu, eager=item["mode"] == "eager", layers=model.num_layers,
+                    mean_prompt_tokens=prompt, mean_output_tokens=output, is_volta=gpu.is_volta,
+                )  # fmt: skip
+                confidence = judge(
+                    result, basis=bases.get(item["mode"]), calibrated=label == "cal", question=question
+                )
+                row[label]["range"] = confidence.as_dict()
             rows.append(row)
 
     print("| run | mode | users | tok/s meas. | uncal. | cal. | TPOT ms meas. | uncal. | cal. "
@@ -249,8 +277,20 @@ def main() -> int:
                     continue
                 value = row[label][key]
                 miss = error(value, measured)
-                cells.append(f"{value:.{digits}f} ({miss:+.0f}%)" if miss is not None else "–")
+                mark = inside_mark(row[label]["range"], RANGE_OF[key], measured)
+                cells.append(f"{value:.{digits}f} ({miss:+.0f}%){mark}" if miss is not None else "–")
         print("| " + " | ".join(cells) + " |")
+    print()
+    for label in ("uncal", "cal"):
+        marks = [
+            inside_mark(row[label]["range"], RANGE_OF[key], row["measured"][key])
+            for row in rows if label in row for key in RANGE_OF
+        ]  # fmt: skip
+        if marks:
+            print(
+                f"{label}: measured inside the range {marks.count(' ✓')} of {len(marks)}, outside it "
+                f"{marks.count(' ✗')}, no number given {marks.count(' ∅')}"
+            )
     if options.json:
         Path(options.json).write_text(
             json.dumps(

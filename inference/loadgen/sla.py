@@ -28,6 +28,9 @@ class Sla:
 def level_misses(level: dict[str, Any], sla: Sla) -> list[str]:
     """Why a level misses the SLA (empty: it meets it)."""
     reasons = []
+    if level.get("outside"):
+        # A predicted level the simulator's twin cannot stand behind (inference.sim.confidence).
+        reasons.append(f"no prediction: {level['outside']}")
     if level.get("failed"):
         reasons.append(f"{level['failed']} failed request(s)")
     if level.get("partial"):

@@ -110,6 +110,14 @@ API_S_PER_TOKEN = 10e-6
 # engine's alone, as it always was; a node's calibration fits it from the measured TTFT
 # (on the H200 VM of tests/sim/data/h200, ~10-20 ms).
 API_S_PER_REQUEST = 0.0
+# The part of the API server's per-request work that its one process does for one request at a
+# time (issue 40): the front end is a single asyncio process, so the chat template, tokenizing and
+# handing a request to the engine are served in turn. Requests that arrive together (the closed
+# loop's start, and users whose equal-length requests end in the same step) queue for it, so TTFT
+# grows with the load even with an idle engine. On the H200 VM TTFT grew ~2-3 ms per user from 1 to
+# 64 users on a fixed 128-token workload whose prefill is a millisecond or two
+# (tests/sim/data/h200-layers). Default 0: uncalibrated TTFT is the engine's alone, as before.
+API_SERIAL_S_PER_REQUEST = 0.0
 # How much more GPU time the prefill work of a step takes than the model's compute estimate
 # (FLOPs ÷ peak × MATMUL_EFFICIENCY), per mode: a step carrying a prompt chunk runs attention
 # over thousands of keys, unfused elementwise kernels over every prompt token (eager mode
@@ -122,8 +130,15 @@ GRAPH_PREFILL_FACTOR = 1.0
 # a decode step carrying one sequence took longer on the H200 VMs than the launch work a
 # step of 16 showed, with inter-token gaps alternating between ~19 and ~29 ms at one user.
 # Charged per step, in full at one sequence and fading linearly to nothing at
-# LOW_BATCH_SEQUENCES; the default 0 leaves every step as it was.
+# LOW_BATCH_SEQUENCES; the default 0 leaves every step as it was. Kept so that a calibration
+# saved with it predicts as before; fits since issue 40 set the per-layer form below instead.
 EAGER_LOW_BATCH_S_PER_STEP = 0.0
+# The same effect charged per layer, on the CPU beside the launches (issue 40): on one VM the
+# eager decode step was layers × 0.72 ms (±0.06) plus 1.1 ms (±1.8) whatever the shape and the
+# load (20 levels of 8-48-layer 7B/14B engines, tests/sim/data/h200-layers), so a slower host at
+# small batches is a slower launch of every layer, not a per-step constant: fitted per step on a
+# 32-layer model, it put an 8-layer cut of the same model +97 % over at one user.
+EAGER_LOW_BATCH_S_PER_LAYER = 0.0
 # Where the low-load effect is gone: the 7B runs show it at 1 user and not at 16, the 14B
 # at 8 users and not at 32.
 LOW_BATCH_SEQUENCES = 16
@@ -161,6 +176,9 @@ class HostCosts:
     eager_prefill_factor: float = EAGER_PREFILL_FACTOR
     graph_prefill_factor: float = GRAPH_PREFILL_FACTOR
     eager_low_batch_s_per_step: float = EAGER_LOW_BATCH_S_PER_STEP
+    # Added with issue 40; see EAGER_LOW_BATCH_S_PER_LAYER and API_SERIAL_S_PER_REQUEST.
+    eager_low_batch_s_per_layer: float = EAGER_LOW_BATCH_S_PER_LAYER
+    api_serial_s_per_request: float = API_SERIAL_S_PER_REQUEST
 
     def as_dict(self) -> dict[str, float]:
         return {name: getattr(self, name) for name in HOST_COST_BOUNDS}
@@ -203,6 +221,8 @@ HOST_COST_BOUNDS: dict[str, tuple[float, float]] = {
     "eager_prefill_factor": (0.25, 10.0),
     "graph_prefill_factor": (0.25, 10.0),
     "eager_low_batch_s_per_step": (0.0, 50e-3),
+    "eager_low_batch_s_per_layer": (0.0, 2e-3),
+    "api_serial_s_per_request": (0.0, 0.1),
 }
 
 
@@ -216,6 +236,7 @@ def describe_calibration(values: dict[str, float]) -> str:
     return ", ".join(
         f"{name} ×{value:.3g}" if is_factor(name) else f"{name} {value * 1e6:.1f} µs"
         for name, value in values.items()
+        if isinstance(value, int | float)  # not the "basis" a calibration carries since issue 40
     )
 
 DEFAULT_HOST_COSTS = HostCosts()
@@ -383,9 +404,11 @@ class StepCostModel:
         launch = host.eager_launch_s_per_layer if self.enforce_eager else host.graph_launch_s_per_layer
         gap = GRAPH_GAP_S_PER_LAYER if not self.enforce_eager and batch.decode_only else EAGER_GAP_S_PER_LAYER
         overhead = host.step_overhead_s
-        if self.enforce_eager and host.eager_low_batch_s_per_step and batch.sequences < LOW_BATCH_SEQUENCES:
+        if self.enforce_eager and batch.sequences < LOW_BATCH_SEQUENCES:
             fade = (LOW_BATCH_SEQUENCES - batch.sequences) / (LOW_BATCH_SEQUENCES - 1)
             overhead += host.eager_low_batch_s_per_step * fade
+            # The per-layer form slows the launch itself, so it overlaps the GPU like the launch.
+            launch += host.eager_low_batch_s_per_layer * fade
         return StepTime(
             compute_s=flops / self.effective_flops,
             memory_s=memory_bytes / self.effective_bandwidth,

@@ -82,6 +82,8 @@ class SimServer:
         self.speedup = speedup
         self.metrics = SimMetrics(served_model_names[0])
         self.wakeup = asyncio.Event()
+        # The API server's serial per-request work is done for one request at a time.
+        self.front_end = asyncio.Lock()
         self.created = int(time.time())
         self._task: asyncio.Task[None] | None = None
         self.dead: str | None = None
@@ -298,7 +300,11 @@ class SimServer:
             context=stream,
         )
         # The API server's per-request work (a calibrated host cost) before the engine sees it.
-        delay = self.engine.config.host.api_s_per_request / self.speedup
+        host = self.engine.config.host
+        if host.api_serial_s_per_request > 0:
+            async with self.front_end:
+                await asyncio.sleep(host.api_serial_s_per_request / self.speedup)
+        delay = host.api_s_per_request / self.speedup
         if delay > 0:
             await asyncio.sleep(delay)
         self.engine.add(sim)

@@ -76,6 +76,9 @@ def run_level(
     engine = SimEngine(config)
     # The API server's per-request work delays each request's arrival at the scheduler.
     api_delay = config.host.api_s_per_request
+    # Its serial part is served one request at a time: requests sent together queue for it.
+    api_serial = config.host.api_serial_s_per_request
+    front_end_free = 0.0
     arrivals: list[tuple[float, int, SimRequest]] = []  # (reaches the engine at, order, request)
     now = 0.0
     records: list[RequestRecord | None] = [None] * len(specs)
@@ -86,7 +89,7 @@ def run_level(
     order = len(sends)
 
     def send(at: float) -> None:
-        nonlocal next_spec, order
+        nonlocal next_spec, order, front_end_free
         index = next_spec
         next_spec += 1
         spec = specs[index]
@@ -110,7 +113,10 @@ def run_level(
             arrival_time=at,
             context=record,
         )
-        if api_delay > 0:
+        if api_serial > 0:
+            front_end_free = max(at, front_end_free) + api_serial
+            heapq.heappush(arrivals, (front_end_free + api_delay, index, request))
+        elif api_delay > 0:
             heapq.heappush(arrivals, (at + api_delay, index, request))
         else:
             engine.add(request)

@@ -21,9 +21,17 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 
 from inference.errors import InputError
-from inference.loadgen.sla import Sla
-from inference.loadgen.workloads import PRESETS, load_mix
+from inference.loadgen.sla import Sla, operating_point
+from inference.loadgen.workloads import PRESETS, Mix, load_mix
 from inference.sim.calibration import fit_host_costs, measured_levels
+from inference.sim.confidence import (
+    CalibrationBasis,
+    Question,
+    basis_of,
+    judge,
+    mix_means,
+    pessimistic_level,
+)
 from inference.sim.costs import HostCosts
 from inference.sim.engine import EngineConfig, EngineRefused
 from inference.sim.virtual import OutOfTime, sweep
@@ -83,12 +91,58 @@ def _engine_config(
     )
 
 
-def host_costs(calibration: dict[str, float] | None) -> HostCosts:
+def host_costs(calibration: dict | None) -> HostCosts:
     """A calibration object (as `simulate --json` prints it) → HostCosts; None → the defaults."""
+    return split_calibration(calibration)[0]
+
+
+def split_calibration(calibration: dict | None) -> tuple[HostCosts, CalibrationBasis | None]:
+    """A calibration object → its host costs and what it was fitted on ("basis", since issue 40;
+    None for a calibration saved before it, or none at all)."""
+    if calibration is None:
+        return HostCosts(), None
+    if not isinstance(calibration, dict):
+        raise ApplicationError("must be an object of {name: seconds}", field="calibration")
+    values = dict(calibration)
+    basis_data = values.pop("basis", None)
     try:
-        return HostCosts() if calibration is None else HostCosts.from_dict(calibration)
+        basis = None if basis_data is None else CalibrationBasis.from_dict(basis_data)
+        return HostCosts.from_dict(values), basis
     except InputError as error:
         raise ApplicationError.from_input_error(error) from error
+
+
+def _fit_basis(config: EngineConfig, gpu: str, workload: Mix, fit_levels: list[dict]) -> dict:
+    basis = basis_of(
+        gpu=gpu, eager=config.profile.enforce_eager, layers=config.model.num_layers, mix=workload,
+        fit_levels=fit_levels,
+    )  # fmt: skip
+    return basis.as_dict()
+
+
+def _judge_levels(
+    result: dict, *, config: EngineConfig, gpu: str, workload: Mix, calibration: dict | None, sla: Sla
+) -> None:
+    """Give every predicted level its ranges (or why the twin gives no number), and choose the SLA
+    operating point on the pessimistic end of each range (docs/simulator.md, "How sure the twin is")."""
+    basis = split_calibration(calibration)[1]
+    prompt, output = mix_means(workload)
+    question = Question(
+        gpu=gpu,
+        eager=config.profile.enforce_eager,
+        layers=config.model.num_layers,
+        mean_prompt_tokens=prompt,
+        mean_output_tokens=output,
+        is_volta=config.gpu.is_volta,
+    )
+    worst = []
+    for level in result["levels"]:
+        confidence = judge(level, basis=basis, calibrated=calibration is not None, question=question)
+        level["confidence"] = confidence.as_dict()
+        worst.append(pessimistic_level(level, confidence))
+    chosen, reason = operating_point(worst, sla, verb="predicted")
+    result["sla_concurrency"] = chosen
+    result["sla_reason"] = f"{reason} (each level at the pessimistic end of its range)"
 
 
 def node_calibration(node_name: str) -> dict[str, float] | None:
@@ -135,7 +189,7 @@ def predict_sweep(
     requests_per_level: int | None = None,
     seed: int = 0,
     sla: Sla | None = None,
-    calibration: dict[str, float] | None = None,
+    calibration: dict | None = None,
     time_budget_s: float | None = None,
     engine_version: str = "",
     **settings_values,
@@ -149,8 +203,12 @@ def predict_sweep(
     is a node's fitted host costs (names missing from it keep their defaults); None
     predicts with the uncalibrated defaults, and "calibration" in the result says which.
     With `time_budget_s`, a sweep still running after that many seconds is an ApplicationError.
+
+    Each level carries "confidence": {"range": {figure: [low, high]} or None, "outside": why the
+    twin gives no number ("" when it does), "notes"}, and the SLA operating point is chosen on the
+    pessimistic end of each range (`inference.sim.confidence`).
     """
-    host = host_costs(calibration)
+    host, basis = split_calibration(calibration)
     config = _engine_config(
         model=model,
         gpu=gpu,
@@ -184,7 +242,10 @@ def predict_sweep(
         raise ApplicationError.from_input_error(error) from error
     except EngineRefused as error:
         raise ApplicationError(f"vLLM would not start this profile: {error}", field="profile") from error
-    result["calibration"] = host.as_dict()
+    _judge_levels(
+        result, config=config, gpu=gpu, workload=workload, calibration=calibration, sla=sla or Sla()
+    )
+    result["calibration"] = host.as_dict() | ({"basis": basis.as_dict()} if basis is not None else {})
     return result
 
 
@@ -227,7 +288,8 @@ def calibrate_sweep(
     )
     try:
         levels = measured_levels(measured, only=fit_levels)
-        fit = fit_host_costs(config, load_mix(mix, allow_files=allow_paths), levels, seed=seed)
+        workload = load_mix(mix, allow_files=allow_paths)
+        fit = fit_host_costs(config, workload, levels, seed=seed)
     except InputError as error:
         raise ApplicationError.from_input_error(error) from error
     except EngineRefused as error:
@@ -243,7 +305,7 @@ def calibrate_sweep(
         requests_per_level=requests_per_level,
         seed=seed,
         sla=sla,
-        calibration=fit.host.as_dict(),
+        calibration=fit.host.as_dict() | {"basis": _fit_basis(config, gpu, workload, fit.levels)},
         engine_version=engine_version,
         **settings_values,
     )

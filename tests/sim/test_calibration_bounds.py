@@ -50,6 +50,8 @@ def test_a_fit_at_a_bound_stays_within_it(db, tiny_model_dir):
     }
     fitted = calibrate_sweep(measured=measured, **kwargs)["calibration"]
     for name, value in fitted.items():
+        if name == "basis":  # what it was fitted on (issue 40), not a constant
+            continue
         low, high = HOST_COST_BOUNDS[name]
         assert low <= value <= high, (name, value)
     # And the simulator takes it back, as `simulate --calibration` and the planner's Predict do.

@@ -57,6 +57,8 @@ def test_it_prints_the_table_and_the_operating_point(capsys):
     out = capsys.readouterr().out
     assert "out tok/s" in out and "P95 TTFT ms" in out
     assert "SLA operating point: 4" in out
+    # Issue 40: how sure the twin is, per level (uncalibrated here: its wide ranges, and why).
+    assert "4 users: output tok/s" in out and "uncalibrated" in out
 
 
 @pytest.mark.parametrize(

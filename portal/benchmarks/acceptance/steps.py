@@ -468,7 +468,9 @@ def calibrate_node(run: RunningAcceptance, context: AcceptanceContext) -> str:
             context.bench_report["levels"], context.predicted, fitted["levels"], fit_levels=fit_levels
         ),
     )
-    names = ", ".join(f"{name} {value:.4g}" for name, value in sorted(calibration.items()))
+    names = ", ".join(
+        f"{name} {value:.4g}" for name, value in sorted(calibration.items()) if isinstance(value, int | float)
+    )
     return f"fitted on {fit_levels} users: {names}"
 
 

@@ -41,6 +41,24 @@ def _read_json(path: str, flag: str) -> object:
         raise CommandError(f"{flag}: {path} is not JSON ({error})") from error
 
 
+def describe_confidence(confidence: dict | None) -> str:
+    """One level's ranges, or why the twin gives no number."""
+    if not confidence:
+        return "—"
+    if confidence["outside"]:
+        return f"no prediction: {confidence['outside']}"
+    ranges = confidence["range"] or {}
+    parts = []
+    if "output_throughput" in ranges:
+        low, high = ranges["output_throughput"]
+        parts.append(f"output tok/s {low:.0f}–{high:.0f}")
+    for metric, label in (("p95_ttft_ms", "P95 TTFT"), ("p95_tpot_ms", "P95 TPOT")):
+        if metric in ranges:
+            parts.append(f"{label} up to {ranges[metric][1]:.1f} ms")
+    notes = "; ".join(confidence.get("notes") or [])
+    return ", ".join(parts) + (f" ({notes})" if notes else "")
+
+
 class Command(BaseCommand):
     help = "Simulate a closed-loop concurrency sweep of a profile (virtual clock: seconds of wall time)."
 
@@ -150,6 +168,10 @@ class Command(BaseCommand):
             calibrated = f"node {options['node']}'s acceptance"
         self.stdout.write(f"host costs ({calibrated}): " + describe_calibration(result["calibration"]))
         self.stdout.write(format_table(result["levels"]))
+        self.stdout.write("how sure the twin is (docs/simulator.md):")
+        for level in result["levels"]:
+            sure = describe_confidence(level.get("confidence"))
+            self.stdout.write(f"  {level['concurrency']:>4} users: {sure}")
         self.stdout.write("")
         self.stdout.write(
             f"SLA operating point: {result['sla_concurrency'] or 'none'} ({result['sla_reason']})"
