@@ -102,7 +102,9 @@ def summarize(rounds: list[dict], chunks: int, relays: tuple[str, ...] = ()) -> 
             f"{prefix}added_last_ms": med(last, relay),
             f"{prefix}added_per_chunk_ms": med(lambda d, g: (last(d, g) - first(d, g)) / (chunks - 1), relay),
             f"{prefix}added_end_ms": med(end, relay),
-            f"{prefix}added_end_per_chunk_ms": med(lambda d, g: (end(d, g) - first(d, g)) / (chunks - 1), relay),
+            f"{prefix}added_end_per_chunk_ms": med(
+                lambda d, g: (end(d, g) - first(d, g)) / (chunks - 1), relay
+            ),
             f"{prefix}throughput_ratio": med(lambda d, g: g["req_s"] / d["req_s"], relay),
         }
 

@@ -45,6 +45,8 @@ from urllib.parse import urlsplit
 import httptools
 from django.conf import settings
 
+from .per_loop import PerLoop
+
 log = logging.getLogger(__name__)
 
 # Body bytes buffered before reading from the socket pauses: a slow client slows the read.
@@ -551,15 +553,8 @@ def _name_error(host: str, port: int, error: socket.gaierror) -> None:
         log.exception("upstream connect error not counted")
 
 
-_pools: dict[int, tuple[asyncio.AbstractEventLoop, _Pool]] = {}
-
-
-def _pool() -> _Pool:
-    loop = asyncio.get_running_loop()
-    found = _pools.get(id(loop))
-    if found is not None and found[0] is loop:  # not a closed loop whose id was reused
-        return found[1]
-    pool = _Pool(
+def _new_pool() -> _Pool:
+    return _Pool(
         max_connections=settings.GATEWAY_MAX_CONNECTIONS,
         connect_timeout_s=settings.GATEWAY_CONNECT_TIMEOUT_S,
         read_timeout_s=settings.GATEWAY_READ_TIMEOUT_S,
@@ -568,8 +563,13 @@ def _pool() -> _Pool:
         max_headers=settings.GATEWAY_UPSTREAM_MAX_HEADERS,
         head_timeout_s=settings.GATEWAY_UPSTREAM_HEAD_TIMEOUT_S,
     )
-    _pools[id(loop)] = (loop, pool)
-    return pool
+
+
+_pools: PerLoop[_Pool] = PerLoop(_new_pool)
+
+
+def _pool() -> _Pool:
+    return _pools.get()
 
 
 async def open_stream(url: str, body: bytes, request_id: str, api_key: str = "") -> UpstreamResponse:

@@ -13,7 +13,7 @@ import redis
 from redis.connection import SSLConnection
 
 from portal.core.redis import client as redis_client
-from portal.core.redis.multiplex import ScriptConnection
+from portal.gateway.admission.connection import ScriptConnection
 from tests.helpers.processes import free_port
 from tests.helpers.waiting import wait_until
 

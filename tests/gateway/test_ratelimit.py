@@ -7,7 +7,9 @@ import uuid
 
 import pytest
 
-from portal.core.redis.ratelimit import LeaseKeeper, Limits, RateLimiter, Scope
+from portal.gateway.admission.leases import LeaseKeeper
+from portal.gateway.admission.limiter import RateLimiter
+from portal.gateway.admission.records import Limits, Scope
 from tests.helpers.ratelimit import run
 
 
