@@ -104,6 +104,12 @@ class RelayStream:
     """The response body of a streamed request: upstream chunks through `SseRelay`, then the
     exchange finishes exactly once, however the stream ends.
 
+    A stream that ends well (upstream's body ended) ends its iteration first and finishes its
+    exchange in `aclose`, which the server calls in a `finally` once the response's end is sent:
+    the client has `[DONE]` and the end of the body before the accounting (Redis: slots, tokens,
+    the usage record) runs, not after it (issue 39: that work showed as ~8 ms at the end of every
+    stream to a client timing whole streams). A stream cut short finishes at once, as before.
+
     A class rather than an async generator so that cancellation (client disconnect)
     reaches `__anext__` directly, Django's `aclosing()` reaches `aclose`, and a stream
     that is never iterated at all (the client left between the view returning and the
@@ -115,14 +121,16 @@ class RelayStream:
         self.relay = SseRelay(strip_usage=strip_usage)
         self._read = read  # the upstream body's next bytes (b"" at its end), already past `first`
         self._pending: bytes | None = first
-        self._done = False
+        self._done = False  # the exchange has finished (or is finishing)
+        # How the stream ended, when upstream's body ended: the exchange finishes so in `aclose`.
+        self._ended: tuple[UsageStatus, int] | None = None
         self._loop = asyncio.get_running_loop()
 
     def __aiter__(self):
         return self
 
     async def __anext__(self) -> bytes:
-        if self._done:
+        if self._done or self._ended is not None:
             raise StopAsyncIteration
         if timing.ON:
             timing.relay_asked()
@@ -135,7 +143,8 @@ class RelayStream:
                 else:
                     chunk = await self._read()
                     if not chunk:
-                        await self._end(UsageStatus.COMPLETED, 200)
+                        # Sent on first; the exchange finishes in `aclose`, after the response's end.
+                        self._ended = (UsageStatus.COMPLETED, 200)
                         tail = self.relay.tail()
                         if tail:
                             return tail
@@ -183,7 +192,11 @@ class RelayStream:
             timing.done()
 
     async def aclose(self) -> None:
-        await self._end(UsageStatus.CLIENT_CANCELLED, 499, "client_disconnected")
+        """Finish the exchange, once: as the stream ended, or, cut short, as the client's leaving."""
+        if self._ended is not None:
+            await self._end(*self._ended)
+        else:
+            await self._end(UsageStatus.CLIENT_CANCELLED, 499, "client_disconnected")
 
     def __del__(self) -> None:
         if not self._done and not self._loop.is_closed():
