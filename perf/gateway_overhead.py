@@ -102,6 +102,7 @@ def summarize(rounds: list[dict], chunks: int, relays: tuple[str, ...] = ()) -> 
             f"{prefix}added_last_ms": med(last, relay),
             f"{prefix}added_per_chunk_ms": med(lambda d, g: (last(d, g) - first(d, g)) / (chunks - 1), relay),
             f"{prefix}added_end_ms": med(end, relay),
+            f"{prefix}added_tail_ms": med(lambda d, g: end(d, g) - last(d, g), relay),
             f"{prefix}added_end_per_chunk_ms": med(
                 lambda d, g: (end(d, g) - first(d, g)) / (chunks - 1), relay
             ),
@@ -191,6 +192,7 @@ def print_tables(summary: dict[int, dict], steps: dict[str, dict], args, relays:
             row(f"{label}added P50 time to last chunk, ms", f"{prefix}added_last_ms", ".2f", sign=True),
             row(f"{label}added time per relayed chunk, ms", f"{prefix}added_per_chunk_ms", ".3f", sign=True),
             row(f"{label}added P50 end-to-end per stream, ms", f"{prefix}added_end_ms", ".2f", sign=True),
+            row(f"{label}added time, last chunk to body end, ms", f"{prefix}added_tail_ms", ".2f", sign=True),
             row(
                 f"{label}(added end-to-end − added first) ÷ (chunks − 1), ms",
                 f"{prefix}added_end_per_chunk_ms",

@@ -293,7 +293,7 @@ ACQUIRE = build_script(
 
 # An admitted request's open record, under a lease by Redis's clock (renewed with the request's slots,
 # `LeaseKeeper`), until `FINISH` removes it; the usage flush queues it once its lease lapsed
-# (`USAGE_CLOSE_LAPSED`, portal/core/redis/scripts.py).
+# (portal/teams/services/usage_queue.py, on a script of portal/core/redis/scripts.py).
 _OPEN_BODY = """
 if ARGV[ADMIT_PLACE_A_OPEN_RECORD] ~= '' then
   redis.call('HSET', KEYS[ADMIT_PLACE_K_USAGE_OPEN], req, ARGV[ADMIT_PLACE_A_OPEN_RECORD])
