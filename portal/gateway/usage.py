@@ -97,7 +97,7 @@ class Exchange:
         if scopes:
             self.hold([self.limiter.concurrency_key(s) for s in scopes])
         if self.opened:  # its open record's lease, written with the admission
-            self.hold([self.limiter.keys.usage_open_leases])
+            self.hold([self.limiter.open_leases_key()])
 
     def hold(self, zsets: list[str], members: list[str] | None = None) -> None:
         for member in members or [self.request_id]:

@@ -129,6 +129,10 @@ class RateLimiter:
     def long_key(self, deployment_id: int | str) -> str:
         return self.keys.long(deployment_id)
 
+    def open_leases_key(self) -> str:
+        """The leases of open usage records (`admit_and_place`'s `open_record`), renewed with the slots."""
+        return self.keys.usage_open_leases
+
     def queue_key(self, model: str, *, batch: bool = False) -> str:
         return self.keys.batch_queue(model) if batch else self.keys.queue(model)
 
