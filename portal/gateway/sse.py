@@ -124,6 +124,7 @@ class RelayStream:
         self._done = False  # the exchange has finished (or is finishing)
         # How the stream ended, when upstream's body ended: the exchange finishes so in `aclose`.
         self._ended: tuple[UsageStatus, int] | None = None
+        self._billed = False
         self._loop = asyncio.get_running_loop()
 
     def __aiter__(self):
@@ -143,8 +144,15 @@ class RelayStream:
                 else:
                     chunk = await self._read()
                     if not chunk:
-                        # Sent on first; the exchange finishes in `aclose`, after the response's end.
+                        # The finish script is written now, so it reaches Redis before the client
+                        # can send anything more; its reply is awaited in `aclose`, after the end.
                         self._ended = (UsageStatus.COMPLETED, 200)
+                        self._bill()
+                        if timing.ON:
+                            timing.skip()
+                        self.exchange.finish_soon(*self._ended)
+                        if timing.ON:
+                            timing.lap("accounting")
                         tail = self.relay.tail()
                         if tail:
                             return tail
@@ -172,21 +180,30 @@ class RelayStream:
             await self._end(UsageStatus.UPSTREAM_ERROR, 502, error.code)
             return error_event(error)
 
+    def _bill(self) -> None:
+        """What the exchange bills, from the stream's usage (or its events), once."""
+        if self._billed:
+            return
+        self._billed = True
+        ex = self.exchange
+        try:
+            # The upstream's numbers are not trusted (Exchange.bill_upstream bounds them); whatever
+            # they hold, the exchange finishes, or its slots would be renewed for ever.
+            ex.bill_upstream(self.relay.usage, completion_estimate=self.relay.estimated_completion_tokens())
+        except Exception:
+            log.exception("usage of request %s could not be read", ex.request_id)
+
     async def _end(self, status: UsageStatus, http_status: int, code: str = "") -> None:
         if self._done:
             return
         self._done = True
-        ex = self.exchange
         try:
-            # The upstream's numbers are not trusted (Exchange.bill_upstream bounds them); whatever
-            # they hold, the exchange finishes below, or its slots would be renewed for ever.
-            ex.bill_upstream(self.relay.usage, completion_estimate=self.relay.estimated_completion_tokens())
+            self._bill()
             if timing.ON:
                 timing.skip()
-        except Exception:
-            log.exception("usage of request %s could not be read", ex.request_id)
         finally:
-            await ex.finish(status, http_status, code)  # shielded itself: a cancellation cannot cut it
+            # Shielded itself: a cancellation cannot cut it.
+            await self.exchange.finish(status, http_status, code)
         if timing.ON:
             timing.lap("accounting")
             timing.done()

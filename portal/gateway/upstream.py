@@ -362,6 +362,10 @@ class UpstreamResponse:
         """Done with the answer: its connection is reused if the answer was read whole, else closed."""
         self._release()
 
+    def close(self) -> None:
+        """`aclose`, without yielding (it never waits)."""
+        self._release()
+
     def _release(self) -> None:
         if not self._released:
             self._released = True

@@ -15,6 +15,7 @@ import datetime as dt
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 from asgiref.sync import sync_to_async
@@ -86,6 +87,8 @@ class Exchange:
     usage_doubted: bool = False  # an upstream's usage was out of bounds (logged once per request)
     answer_deadline: float = 0.0  # loop time by which a whole (non-streamed) answer must be in
     opened: bool = False  # its `interrupted` record may wait in Redis (`open_record`) until it finishes
+    _stopped: bool = False  # its slots are no longer renewed and upstream is closed (`_stop`)
+    _reply: Awaitable[None] | None = None  # the finish script's reply, when `finish_soon` sent it
 
     def admitted(self, admission: Admission) -> None:
         """Known before the request queues, so a client leaving the queue still gets its slots
@@ -184,37 +187,67 @@ class Exchange:
         self.finished = True
         await asyncio.shield(self._finish(status, http_status, error_code))
 
-    async def _finish(self, status: UsageStatus, http_status: int, error_code: str) -> None:
-        prometheus.exchange_ended(self, status, http_status, error_code)  # in memory; flushed later
-        for zsets, member in self.leases:
-            self.keeper.drop(zsets, member)
-        await self.keeper.settled()  # a renewal sent before the drop must not re-add what finish removes
-        if self.upstream is not None:
-            # Closing a half-read response drops its connection: vLLM sees the disconnect and aborts.
-            with contextlib.suppress(Exception):
-                await self.upstream.aclose()
-        if self.caller is None:
+    def finish_soon(self, status: UsageStatus, http_status: int, error_code: str = "") -> None:
+        """Start `finish` now, without yielding, when nothing must be waited for first (no lease
+        renewal in flight): its script is written to Redis before this returns, so whatever this
+        process sends later (a stream's end, then the client's next request) reaches Redis after
+        it, and a client that has the whole stream never finds its slots still taken. `finish`
+        then only awaits the reply (RelayStream calls it after the response's end)."""
+        if self.finished or self._reply is not None or self.keeper.renewing():
             return
-        record = self._record(status, http_status, error_code)
-        billed = self.placed and status not in UNBILLED_STATUSES
-        used = self.prompt_tokens + self.completion_tokens if billed else 0
         try:
-            await self.limiter.finish(
-                request_id=self.request_id,
-                team=self.team,
-                key=self.key,
-                admission=self.admission,
-                used_tokens=used,
-                deployment_id=self.deployment_id,
-                usage=record.to_dict(),  # the limiter (inference/, no portal types) takes JSON-ready data
-                replica_slots=self.replica_slots,
-                close_open=self.opened,  # in the same script, after its own record is queued
-            )
+            self._stop(status, http_status, error_code)
+            self._reply = self._send(status, http_status, error_code)
+        except Exception:
+            log.exception("request %s could not start its accounting", self.request_id)
+
+    async def _finish(self, status: UsageStatus, http_status: int, error_code: str) -> None:
+        reply = self._reply
+        if not self._stopped:
+            self._stop(status, http_status, error_code)
+            await self.keeper.settled()  # a renewal sent before the drop must not re-add what finish removes
+            reply = self._send(status, http_status, error_code)
+        if reply is None:
+            return
+        try:
+            await reply
         except Exception:
             # Redis unreachable: the slots expire with their leases; the record is lost, so say so.
             log.exception(
                 "usage not recorded for request %s (team %s)", self.request_id, self.caller.team_slug
             )
+
+    def _stop(self, status: UsageStatus | None = None, http_status: int = 0, error_code: str = "") -> None:
+        """Count the request, stop renewing its slots, close upstream: what finishing does without Redis."""
+        self._stopped = True
+        if status is not None:
+            prometheus.exchange_ended(self, status, http_status, error_code)  # in memory; flushed later
+        for zsets, member in self.leases:
+            self.keeper.drop(zsets, member)
+        if self.upstream is not None:
+            # Closing a half-read response drops its connection: vLLM sees the disconnect and aborts.
+            with contextlib.suppress(Exception):
+                self.upstream.close()
+
+    def _send(self, status: UsageStatus, http_status: int, error_code: str):
+        """The finish script, written now when the limiter's connection is open; its reply to await
+        (None: nothing to record, the request never got past authentication)."""
+        if self.caller is None:
+            return None
+        record = self._record(status, http_status, error_code)
+        billed = self.placed and status not in UNBILLED_STATUSES
+        used = self.prompt_tokens + self.completion_tokens if billed else 0
+        return self.limiter.start_finish(
+            request_id=self.request_id,
+            team=self.team,
+            key=self.key,
+            admission=self.admission,
+            used_tokens=used,
+            deployment_id=self.deployment_id,
+            usage=record.to_dict(),  # the limiter (no portal types) takes JSON-ready data
+            replica_slots=self.replica_slots,
+            close_open=self.opened,  # in the same script, after its own record is queued
+        )
 
     def _record(self, status: UsageStatus, http_status: int, error_code: str) -> UsageRecord:
         return UsageRecord(

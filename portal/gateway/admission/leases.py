@@ -38,6 +38,10 @@ class LeaseKeeper:
                 if not members:
                     del self.leases[zset]
 
+    def renewing(self) -> bool:
+        """A renewal round is in flight (`settled` would wait for it)."""
+        return self._round is not None and not self._round.done()
+
     async def settled(self) -> None:
         """Until no renewal round is in flight: one sent before a `drop` could re-add the member."""
         current = self._round

@@ -37,6 +37,7 @@ import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -389,7 +390,12 @@ class RateLimiter:
                 pipe.zrem(replica.long, call.request_id)
             await pipe.execute()
 
-    async def finish(
+    async def finish(self, **kwargs: Any) -> None:
+        """Leave every slot the request held, correct its tokens, queue its usage record
+        (`start_finish`'s keyword arguments), and wait for Redis to have done it."""
+        await self.start_finish(**kwargs)
+
+    def start_finish(
         self,
         *,
         request_id: str,
@@ -401,10 +407,12 @@ class RateLimiter:
         usage: dict | None = None,
         replica_slots: int = 1,
         close_open: bool = False,
-    ) -> None:
+    ) -> Awaitable[None]:
         """Leave every slot the request held (`replica_slots` of them on its replica), correct its
         token reservation to `used_tokens`, queue its usage record and (`close_open`) forget the
-        open record its admission left, in one step."""
+        open record its admission left, in one step. The script is written to Redis before this
+        returns when the connection is open (anything this process sends later comes after it);
+        the awaitable returned is its reply."""
         slots: list[str] = []
         corrections: list[CorrectionCall] = []
         delta = 0
@@ -442,7 +450,10 @@ class RateLimiter:
             slots=slots,
             corrections=corrections,
         )
-        await self._finish(keys=call.keys(), args=call.args())
+        return self._finished(self._finish.send_now(call.keys(), call.args()), deployment_id)
+
+    async def _finished(self, reply: Awaitable[object], deployment_id: int | str | None) -> None:
+        await reply
         if deployment_id is not None:
             self._wake_one(self.inflight_key(deployment_id))
 
