@@ -203,18 +203,20 @@ class Exchange:
 
     async def _finish(self, status: UsageStatus, http_status: int, error_code: str) -> None:
         reply = self._reply
-        if not self._stopped:
-            self._stop(status, http_status, error_code)
-            await self.keeper.settled()  # a renewal sent before the drop must not re-add what finish removes
-            reply = self._send(status, http_status, error_code)
-        if reply is None:
-            return
         try:
-            await reply
+            if not self._stopped:
+                self._stop(status, http_status, error_code)
+                # A renewal sent before the drop must not re-add what finish removes.
+                await self.keeper.settled()
+                reply = self._send(status, http_status, error_code)
+            if reply is not None:
+                await reply
         except Exception:
             # Redis unreachable: the slots expire with their leases; the record is lost, so say so.
             log.exception(
-                "usage not recorded for request %s (team %s)", self.request_id, self.caller.team_slug
+                "usage not recorded for request %s (team %s)",
+                self.request_id,
+                getattr(self.caller, "team_slug", "?"),
             )
 
     def _stop(self, status: UsageStatus | None = None, http_status: int = 0, error_code: str = "") -> None:
@@ -229,7 +231,7 @@ class Exchange:
             with contextlib.suppress(Exception):
                 self.upstream.close()
 
-    def _send(self, status: UsageStatus, http_status: int, error_code: str):
+    def _send(self, status: UsageStatus, http_status: int, error_code: str) -> Awaitable[None] | None:
         """The finish script, written now when the limiter's connection is open; its reply to await
         (None: nothing to record, the request never got past authentication)."""
         if self.caller is None:
