@@ -182,8 +182,9 @@ def redis_memory(inflight: int, redis_url: str) -> dict:
     import redis.asyncio as aioredis
 
     from portal.core.redis.client import redis_keys
-    from portal.core.redis.ratelimit import Limits, RateLimiter, Scope
     from portal.deployments.models import Deployment
+    from portal.gateway.admission.limiter import RateLimiter
+    from portal.gateway.admission.records import Limits, Scope
 
     replicas = [(pk, 64) for pk in Deployment.objects.order_by("pk").values_list("pk", flat=True)]
     limits = Limits(rpm=10**7, tpm=10**9, tokens_per_day=10**12, max_concurrent=10**5)

@@ -71,6 +71,7 @@ def run_rounds(world: World, args) -> dict[int, list[dict]]:
                 f"{gateway['ttft_p50_ms']:.2f} ms"
                 + "".join(f" ({name} {r['ttft_p50_ms']:.2f})" for name, r in relays)
                 + f", last {direct['last_chunk_p50_ms']:.2f} → {gateway['last_chunk_p50_ms']:.2f} ms, "
+                f"end {direct['end_p50_ms']:.2f} → {gateway['end_p50_ms']:.2f} ms, "
                 f"{direct['req_s']:.0f} → {gateway['req_s']:.0f} req/s"
                 + "".join(f" ({name} {r['req_s']:.0f})" for name, r in relays)
                 + ", errors "
@@ -93,11 +94,19 @@ def summarize(rounds: list[dict], chunks: int, relays: tuple[str, ...] = ()) -> 
     def last(direct: dict, relay: dict) -> float:
         return relay["last_chunk_p50_ms"] - direct["last_chunk_p50_ms"]
 
+    def end(direct: dict, relay: dict) -> float:
+        return relay["end_p50_ms"] - direct["end_p50_ms"]
+
     def added(relay: str, prefix: str = "") -> dict[str, float]:
         return {
             f"{prefix}added_first_ms": med(first, relay),
             f"{prefix}added_last_ms": med(last, relay),
             f"{prefix}added_per_chunk_ms": med(lambda d, g: (last(d, g) - first(d, g)) / (chunks - 1), relay),
+            f"{prefix}added_end_ms": med(end, relay),
+            f"{prefix}added_tail_ms": med(lambda d, g: end(d, g) - last(d, g), relay),
+            f"{prefix}added_end_per_chunk_ms": med(
+                lambda d, g: (end(d, g) - first(d, g)) / (chunks - 1), relay
+            ),
             f"{prefix}throughput_ratio": med(lambda d, g: g["req_s"] / d["req_s"], relay),
         }
 
@@ -108,6 +117,7 @@ def summarize(rounds: list[dict], chunks: int, relays: tuple[str, ...] = ()) -> 
     return summary | {
         "direct_first_ms": med(lambda d, g: d["ttft_p50_ms"]),
         "direct_last_ms": med(lambda d, g: d["last_chunk_p50_ms"]),
+        "direct_end_ms": med(lambda d, g: d["end_p50_ms"]),
         "direct_req_s": med(lambda d, g: d["req_s"]),
         "gateway_req_s": med(lambda d, g: g["req_s"]),
         "gateway_cpu": med(lambda d, g: g["server_cpu"]),
@@ -182,6 +192,14 @@ def print_tables(summary: dict[int, dict], steps: dict[str, dict], args, relays:
             row(f"{label}added P50 time to first chunk, ms", f"{prefix}added_first_ms", ".2f", sign=True),
             row(f"{label}added P50 time to last chunk, ms", f"{prefix}added_last_ms", ".2f", sign=True),
             row(f"{label}added time per relayed chunk, ms", f"{prefix}added_per_chunk_ms", ".3f", sign=True),
+            row(f"{label}added P50 end-to-end per stream, ms", f"{prefix}added_end_ms", ".2f", sign=True),
+            row(f"{label}added time, last chunk to body end, ms", f"{prefix}added_tail_ms", ".2f", sign=True),
+            row(
+                f"{label}(added end-to-end − added first) ÷ (chunks − 1), ms",
+                f"{prefix}added_end_per_chunk_ms",
+                ".3f",
+                sign=True,
+            ),
             row(f"{label}throughput ÷ direct", f"{prefix}throughput_ratio", ".3f"),
         ]
 
@@ -191,8 +209,12 @@ def print_tables(summary: dict[int, dict], steps: dict[str, dict], args, relays:
         rows.append(row(f"{relay}: relay CPU per request, ms", f"{relay}_cpu_ms_per_request", ".2f"))
     rows += [
         [
-            "direct P50 first / last chunk, ms",
-            *(f"{summary[lv]['direct_first_ms']:.2f} / {summary[lv]['direct_last_ms']:.2f}" for lv in levels),
+            "direct P50 first / last chunk / end, ms",
+            *(
+                f"{summary[lv]['direct_first_ms']:.2f} / {summary[lv]['direct_last_ms']:.2f} / "
+                f"{summary[lv]['direct_end_ms']:.2f}"
+                for lv in levels
+            ),
         ],
         row("requests/s direct", "direct_req_s", ".1f"),
         row("requests/s through the gateway", "gateway_req_s", ".1f"),

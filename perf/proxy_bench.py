@@ -252,12 +252,17 @@ async def closed_loop(url: str, headers: dict, *, concurrency: int, duration: fl
     ok = [r for r in records if r.ok]
     ttfts = [r.ttft for r in ok]
     lasts = [r.e2el for r in ok]
+    # The end of the body as the client sees it (the last byte read, `[DONE]` and the chunked end
+    # included, the response released), not the last token: what the gateway does after the last
+    # token (accounting) shows here and not in `lasts`.
+    ends = [r.end - r.start for r in ok]
     return {
         "req_s": len(ok) / elapsed,
         "chunks_s": sum(len(r.token_times) for r in ok) / elapsed,
         "ttft_p50_ms": percentile(ttfts, 50) * 1000 if ttfts else float("nan"),
         "ttft_p99_ms": percentile(ttfts, 99) * 1000 if ttfts else float("nan"),
         "last_chunk_p50_ms": percentile(lasts, 50) * 1000 if lasts else float("nan"),
+        "end_p50_ms": percentile(ends, 50) * 1000 if ends else float("nan"),
         "errors": len(records) - len(ok),
         "requests": len(ok),
         "elapsed_s": elapsed,

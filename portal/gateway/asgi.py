@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -175,9 +176,12 @@ class GatewayHandler:
             raise RequestAborted()
         raise ValueError(f"Invalid ASGI message after the request body: {message['type']}")
 
-    async def send_response(self, response: HttpResponseBase, send) -> None:
+    async def send_response(
+        self, response: HttpResponseBase, send, on_complete: Callable[[], None] | None = None
+    ) -> None:
         """A whole response as one message (with its length); a relayed stream's parts as they come,
-        one message each (they are small SSE events). Gateway responses set no cookies."""
+        one message each (they are small SSE events). Gateway responses set no cookies.
+        `on_complete` is told once a stream's end is sent (its accounting follows)."""
         headers = [(name.encode("ascii"), value.encode("latin1")) for name, value in response.items()]
         if not isinstance(response, RelayResponse):
             content = cast(HttpResponse, response).content  # the gateway's other answers are whole
@@ -190,9 +194,13 @@ class GatewayHandler:
         try:
             async for part in relay:
                 await send({"type": "http.response.body", "body": part, "more_body": True})
+            await send({"type": "http.response.body"})  # the client has the whole stream now
+            if on_complete is not None:
+                on_complete()
         finally:
-            await relay.aclose()  # a stream cut short still finishes its exchange
-        await send({"type": "http.response.body"})
+            # The accounting, after the response's end (RelayStream); a stream cut short (the
+            # client left, a cancellation) still finishes its exchange here, exactly once.
+            await relay.aclose()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -207,10 +215,16 @@ class GatewayHandler:
             await self.send_response(gateway_error_response(refusal), send)
             return
 
+        complete = False
+
+        def completed() -> None:
+            nonlocal complete
+            complete = True
+
         async def process_request() -> None:
             response = await self.get_response(request)
             with contextlib.suppress(asyncio.CancelledError):  # the client left while we were sending
-                await self.send_response(response, send)
+                await self.send_response(response, send, completed)
 
         # A disconnect while the view runs (queued, waiting for upstream, streaming) cancels it.
         tasks = [
@@ -226,6 +240,10 @@ class GatewayHandler:
                 # objects (request, body, relay) alive until a rare full GC pass (perf/soak.py).
                 if task.cancelled() or not isinstance(task.exception(), RequestAborted):
                     task.result()
+            elif task is tasks[1] and complete:
+                # The response is whole (uvicorn then reports a disconnect): what runs now is the
+                # stream's accounting, which no client is waiting for. Let it end, uncancelled.
+                await task
             else:
                 task.cancel()
                 if task is tasks[1]:

@@ -24,7 +24,8 @@ from django.db import close_old_connections
 from redis.exceptions import RedisError
 
 from portal.core.clientaddr import client_address
-from portal.core.redis.ratelimit import Limits, RateLimiter
+from portal.gateway.admission.limiter import RateLimiter
+from portal.gateway.admission.records import Limits
 from portal.teams.models import ApiKey, PriorityClass
 from portal.teams.services import api_key_matches, api_key_prefix
 

@@ -104,6 +104,12 @@ class RelayStream:
     """The response body of a streamed request: upstream chunks through `SseRelay`, then the
     exchange finishes exactly once, however the stream ends.
 
+    A stream that ends well (upstream's body ended) ends its iteration first and finishes its
+    exchange in `aclose`, which the server calls in a `finally` once the response's end is sent:
+    the client has `[DONE]` and the end of the body before the accounting (Redis: slots, tokens,
+    the usage record) runs, not after it (issue 39: that work showed as ~8 ms at the end of every
+    stream to a client timing whole streams). A stream cut short finishes at once, as before.
+
     A class rather than an async generator so that cancellation (client disconnect)
     reaches `__anext__` directly, Django's `aclosing()` reaches `aclose`, and a stream
     that is never iterated at all (the client left between the view returning and the
@@ -115,14 +121,17 @@ class RelayStream:
         self.relay = SseRelay(strip_usage=strip_usage)
         self._read = read  # the upstream body's next bytes (b"" at its end), already past `first`
         self._pending: bytes | None = first
-        self._done = False
+        self._done = False  # the exchange has finished (or is finishing)
+        # How the stream ended, when upstream's body ended: the exchange finishes so in `aclose`.
+        self._ended: tuple[UsageStatus, int] | None = None
+        self._billed = False
         self._loop = asyncio.get_running_loop()
 
     def __aiter__(self):
         return self
 
     async def __anext__(self) -> bytes:
-        if self._done:
+        if self._done or self._ended is not None:
             raise StopAsyncIteration
         if timing.ON:
             timing.relay_asked()
@@ -135,7 +144,15 @@ class RelayStream:
                 else:
                     chunk = await self._read()
                     if not chunk:
-                        await self._end(UsageStatus.COMPLETED, 200)
+                        # The finish script is written now, so it reaches Redis before the client
+                        # can send anything more; its reply is awaited in `aclose`, after the end.
+                        self._ended = (UsageStatus.COMPLETED, 200)
+                        self._bill()
+                        if timing.ON:
+                            timing.skip()
+                        self.exchange.finish_soon(*self._ended)
+                        if timing.ON:
+                            timing.lap("accounting")
                         tail = self.relay.tail()
                         if tail:
                             return tail
@@ -163,27 +180,40 @@ class RelayStream:
             await self._end(UsageStatus.UPSTREAM_ERROR, 502, error.code)
             return error_event(error)
 
+    def _bill(self) -> None:
+        """What the exchange bills, from the stream's usage (or its events), once."""
+        if self._billed:
+            return
+        self._billed = True
+        ex = self.exchange
+        try:
+            # The upstream's numbers are not trusted (Exchange.bill_upstream bounds them); whatever
+            # they hold, the exchange finishes, or its slots would be renewed for ever.
+            ex.bill_upstream(self.relay.usage, completion_estimate=self.relay.estimated_completion_tokens())
+        except Exception:
+            log.exception("usage of request %s could not be read", ex.request_id)
+
     async def _end(self, status: UsageStatus, http_status: int, code: str = "") -> None:
         if self._done:
             return
         self._done = True
-        ex = self.exchange
         try:
-            # The upstream's numbers are not trusted (Exchange.bill_upstream bounds them); whatever
-            # they hold, the exchange finishes below, or its slots would be renewed for ever.
-            ex.bill_upstream(self.relay.usage, completion_estimate=self.relay.estimated_completion_tokens())
+            self._bill()
             if timing.ON:
                 timing.skip()
-        except Exception:
-            log.exception("usage of request %s could not be read", ex.request_id)
         finally:
-            await ex.finish(status, http_status, code)  # shielded itself: a cancellation cannot cut it
+            # Shielded itself: a cancellation cannot cut it.
+            await self.exchange.finish(status, http_status, code)
         if timing.ON:
             timing.lap("accounting")
             timing.done()
 
     async def aclose(self) -> None:
-        await self._end(UsageStatus.CLIENT_CANCELLED, 499, "client_disconnected")
+        """Finish the exchange, once: as the stream ended, or, cut short, as the client's leaving."""
+        if self._ended is not None:
+            await self._end(*self._ended)
+        else:
+            await self._end(UsageStatus.CLIENT_CANCELLED, 499, "client_disconnected")
 
     def __del__(self) -> None:
         if not self._done and not self._loop.is_closed():

@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ipaddress
 import logging
 import select
-import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -45,58 +43,47 @@ from urllib.parse import urlsplit
 import httptools
 from django.conf import settings
 
+from .per_loop import PerLoop
+from .upstream_errors import (
+    UPSTREAM_ERRORS,
+    ConnectTimeout,
+    HeadTimeout,
+    NameNotResolved,
+    PoolTimeout,
+    ReadTimeout,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamTooLarge,
+)
+from .upstream_names import resolve
+
+# The client's errors are named through this module (upstream_errors.py defines them).
+__all__ = [
+    "UPSTREAM_ERRORS",
+    "ConnectTimeout",
+    "HeadTimeout",
+    "NameNotResolved",
+    "PoolTimeout",
+    "Read",
+    "ReadTimeout",
+    "Target",
+    "UpstreamError",
+    "UpstreamProtocolError",
+    "UpstreamResponse",
+    "UpstreamTooLarge",
+    "open_stream",
+    "target",
+]
+
 log = logging.getLogger(__name__)
 
 # Body bytes buffered before reading from the socket pauses: a slow client slows the read.
 HIGH_WATER = 64 * 1024
 
 
-class UpstreamError(ConnectionError):
-    """The replica failed us: refused, reset, closed early or spoke broken HTTP."""
-
-    code = "upstream_error"  # the error code the client sees when no other replica answers
-
-
-class UpstreamProtocolError(UpstreamError):
-    """The replica answered what a pass-through cannot relay: `101 Switching Protocols`."""
-
-    code = "upstream_protocol_error"
-
-
-class UpstreamTooLarge(UpstreamError):
-    """The replica's head or whole answer is over its cap."""
-
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 class _Stop(Exception):
     """Stops httptools mid-feed: the reason is on the connection (`error`, `unsolicited`)."""
 
-
-class NameNotResolved(UpstreamError):
-    """The replica's host name does not resolve (socket.gaierror): it is unreachable from here."""
-
-
-class ConnectTimeout(TimeoutError):
-    """No connection within GATEWAY_CONNECT_TIMEOUT_S: the replica is unreachable (try another)."""
-
-
-class PoolTimeout(TimeoutError):
-    """Every connection of this process was busy for GATEWAY_CONNECT_TIMEOUT_S."""
-
-
-class ReadTimeout(TimeoutError):
-    """Upstream sent nothing for GATEWAY_READ_TIMEOUT_S."""
-
-
-class HeadTimeout(ReadTimeout):
-    """Upstream's head took longer than GATEWAY_UPSTREAM_HEAD_TIMEOUT_S from its first byte."""
-
-
-# Errors that mean "this replica failed us" (OSError covers refused and reset connections).
-UPSTREAM_ERRORS = (OSError,)
 
 Read = Callable[[], Awaitable[bytes]]
 
@@ -375,6 +362,10 @@ class UpstreamResponse:
         """Done with the answer: its connection is reused if the answer was read whole, else closed."""
         self._release()
 
+    def close(self) -> None:
+        """`aclose`, without yielding (it never waits)."""
+        self._release()
+
     def _release(self) -> None:
         if not self._released:
             self._released = True
@@ -447,7 +438,7 @@ class _Pool:
         conn = _Connection(self, address)
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                ip = await _resolve(loop, host, port)
+                ip = await resolve(loop, host, port)
                 await loop.create_connection(
                     lambda: conn,
                     ip,
@@ -494,72 +485,8 @@ def _quiet(conn: _Connection) -> bool:
     return not readable
 
 
-# A replica whose name does not resolve fails every request sent to it: its error is logged once per
-# replica per interval (and counted every time), not once per request.
-NAME_ERROR_LOG_INTERVAL_S = 60.0
-_name_errors_logged: dict[str, float] = {}
-
-
-def _retrieve(future: asyncio.Future) -> None:
-    """Read a finished lookup's outcome, so a lookup abandoned by a timeout never leaves a
-    "Future exception was never retrieved" behind."""
-    if not future.cancelled():
-        future.exception()
-
-
-async def _resolve(loop: asyncio.AbstractEventLoop, host: str, port: int) -> str:
-    """The address to connect to: the name resolved here, its failure as NameNotResolved (logged
-    once per replica per NAME_ERROR_LOG_INTERVAL_S, counted in portal_gateway_upstream_connect_errors)."""
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        pass
-    else:
-        return host
-    lookup = asyncio.ensure_future(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM))
-    lookup.add_done_callback(_retrieve)
-    try:
-        found = await lookup
-    except socket.gaierror as error:
-        _name_error(host, port, error)
-        raise NameNotResolved(f"{host} does not resolve: {error.strerror or error}") from None
-    if not found:
-        raise NameNotResolved(f"{host} resolves to no address")
-    return found[0][4][0]
-
-
-def _name_error(host: str, port: int, error: socket.gaierror) -> None:
-    now = time.monotonic()
-    if now - _name_errors_logged.get(host, -NAME_ERROR_LOG_INTERVAL_S) >= NAME_ERROR_LOG_INTERVAL_S:
-        _name_errors_logged[host] = now
-        log.warning(
-            "replica %s:%s is unreachable: its name does not resolve (%s); logged once per %g s",
-            host,
-            port,
-            error.strerror or error,
-            NAME_ERROR_LOG_INTERVAL_S,
-        )
-    # Imported here: this module loads before Django's apps (perf/relay_floor.py), and the
-    # metrics module reads the usage models.
-    from portal.observability import prometheus
-
-    try:
-        prometheus.recorder.add(
-            {(prometheus.UPSTREAM_CONNECT_ERRORS, host, "name_resolution"): 1}, {}, at=time.time()
-        )
-    except Exception:  # counting never fails a request
-        log.exception("upstream connect error not counted")
-
-
-_pools: dict[int, tuple[asyncio.AbstractEventLoop, _Pool]] = {}
-
-
-def _pool() -> _Pool:
-    loop = asyncio.get_running_loop()
-    found = _pools.get(id(loop))
-    if found is not None and found[0] is loop:  # not a closed loop whose id was reused
-        return found[1]
-    pool = _Pool(
+def _new_pool() -> _Pool:
+    return _Pool(
         max_connections=settings.GATEWAY_MAX_CONNECTIONS,
         connect_timeout_s=settings.GATEWAY_CONNECT_TIMEOUT_S,
         read_timeout_s=settings.GATEWAY_READ_TIMEOUT_S,
@@ -568,8 +495,13 @@ def _pool() -> _Pool:
         max_headers=settings.GATEWAY_UPSTREAM_MAX_HEADERS,
         head_timeout_s=settings.GATEWAY_UPSTREAM_HEAD_TIMEOUT_S,
     )
-    _pools[id(loop)] = (loop, pool)
-    return pool
+
+
+_pools: PerLoop[_Pool] = PerLoop(_new_pool)
+
+
+def _pool() -> _Pool:
+    return _pools.get()
 
 
 async def open_stream(url: str, body: bytes, request_id: str, api_key: str = "") -> UpstreamResponse:

@@ -15,6 +15,7 @@ import datetime as dt
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -22,8 +23,9 @@ from asgiref.sync import sync_to_async
 from django.db import Error as DatabaseError
 from django.db import close_old_connections
 
-from portal.core.redis.ratelimit import Admission, LeaseKeeper, RateLimiter, Scope
-from portal.core.redis.scripts import USAGE_OPEN, UsageOpenCall
+from portal.gateway.admission.leases import LeaseKeeper
+from portal.gateway.admission.limiter import RateLimiter
+from portal.gateway.admission.records import Admission, Scope
 from portal.observability import prometheus
 from portal.teams import selectors
 from portal.teams.models import UNBILLED_STATUSES, PriorityClass, UsageStatus
@@ -50,17 +52,6 @@ async def tokens_billed_on_day(kind: str, id: int | str, day: int) -> int:
         return await sync_to_async(_billed_on_day)(kind, id, day)
     except DatabaseError:
         raise database_unavailable() from None
-
-
-_open_scripts: dict[int, tuple[RateLimiter, object]] = {}
-
-
-def _usage_open(limiter: RateLimiter):
-    """USAGE_OPEN on the limiter's script connection, registered once per limiter (one per loop)."""
-    found = _open_scripts.get(id(limiter))
-    if found is None or found[0] is not limiter:
-        found = _open_scripts[id(limiter)] = (limiter, limiter.scripts.register_script(USAGE_OPEN))
-    return found[1]
 
 
 @dataclass
@@ -99,7 +90,9 @@ class Exchange:
     replica_name: str = ""  # the replica answering now, named when its usage numbers are refused
     usage_doubted: bool = False  # an upstream's usage was out of bounds (logged once per request)
     answer_deadline: float = 0.0  # loop time by which a whole (non-streamed) answer must be in
-    opened: bool = False  # its `interrupted` record waits in Redis (`open`) until it finishes
+    opened: bool = False  # its `interrupted` record may wait in Redis (`open_record`) until it finishes
+    _stopped: bool = False  # its slots are no longer renewed and upstream is closed (`_stop`)
+    _reply: Awaitable[None] | None = None  # the finish script's reply, when `finish_soon` sent it
 
     def admitted(self, admission: Admission) -> None:
         """Known before the request queues, so a client leaving the queue still gets its slots
@@ -110,6 +103,8 @@ class Exchange:
         scopes = [s for s in (self.team, self.key) if s is not None and s.limits.max_concurrent]
         if scopes:
             self.hold([self.limiter.concurrency_key(s) for s in scopes])
+        if self.opened:  # its open record's lease, written with the admission
+            self.hold([self.limiter.open_leases_key()])
 
     def hold(self, zsets: list[str], members: list[str] | None = None) -> None:
         for member in members or [self.request_id]:
@@ -173,27 +168,18 @@ class Exchange:
     def mark_first_byte(self) -> None:
         self.ttft_ms = (time.perf_counter() - self.started_mono) * 1000
 
-    async def open(self, *, reserved_tokens: int) -> None:
-        """Leave in Redis the record this request leaves if this process dies before `finish`: an
+    def open_record(self, *, reserved_tokens: int) -> str:
+        """The record this request leaves in Redis if this process dies before `finish` (JSON): an
         `interrupted` one billing its reservation (`reserved_tokens`, its prompt's count included),
-        which the daily counters then still hold. Its lease is renewed with the request's slots; the
-        usage flush queues it once the lease lapsed (docs/concurrency.md, "Requests whose gateway
-        process died"). One Redis call per request, none per chunk."""
-        assert self.caller is not None  # opened once admitted
-        record = self._record(self.caller, UsageStatus.INTERRUPTED, 500, "gateway_interrupted")
+        which the daily counters then still hold. The admission script writes it with the
+        reservation, under a lease renewed with the request's slots; the usage flush queues it
+        once the lease lapsed (docs/concurrency.md, "Requests whose gateway process died"); `finish`
+        forgets it in its own script. No Redis call of its own, none per chunk."""
+        record = self._record(UsageStatus.INTERRUPTED, 500, "gateway_interrupted")
         completion = max(0, reserved_tokens - self.prompt_tokens)
-        record = dataclasses.replace(record, completion_tokens=completion, duration_ms=0.0)
-        keys = self.limiter.keys
-        call = UsageOpenCall(
-            open=keys.usage_open,
-            open_leases=keys.usage_open_leases,
-            request_id=self.request_id,
-            record=record.to_json(),
-            lease_ms=self.limiter.lease_ms,
-        )
-        await _usage_open(self.limiter)(keys=call.keys(), args=call.args())
+        # Sent: the script may write it even if its reply is lost, so `finish` forgets it whatever comes.
         self.opened = True
-        self.hold([keys.usage_open_leases])
+        return dataclasses.replace(record, completion_tokens=completion, duration_ms=0.0).to_json()
 
     async def finish(self, status: UsageStatus, http_status: int, error_code: str = "") -> None:
         """Close upstream, leave the slots, correct tokens, queue the record: once, and whole.
@@ -205,44 +191,73 @@ class Exchange:
         self.finished = True
         await asyncio.shield(self._finish(status, http_status, error_code))
 
-    async def _finish(self, status: UsageStatus, http_status: int, error_code: str) -> None:
-        prometheus.exchange_ended(self, status, http_status, error_code)  # in memory; flushed later
-        for zsets, member in self.leases:
-            self.keeper.drop(zsets, member)
-        await self.keeper.settled()  # a renewal sent before the drop must not re-add what finish removes
-        if self.upstream is not None:
-            # Closing a half-read response drops its connection: vLLM sees the disconnect and aborts.
-            with contextlib.suppress(Exception):
-                await self.upstream.aclose()
-        if self.caller is None:
+    def finish_soon(self, status: UsageStatus, http_status: int, error_code: str = "") -> None:
+        """Start `finish` now, without yielding, when nothing must be waited for first (no lease
+        renewal in flight): its script is written to Redis before this returns, so whatever this
+        process sends later (a stream's end, then the client's next request) reaches Redis after
+        it, and a client that has the whole stream never finds its slots still taken. `finish`
+        then only awaits the reply (RelayStream calls it after the response's end)."""
+        if self.finished or self._reply is not None or self.keeper.renewing():
             return
-        record = self._record(self.caller, status, http_status, error_code)
-        billed = self.placed and status not in UNBILLED_STATUSES
-        used = self.prompt_tokens + self.completion_tokens if billed else 0
         try:
-            await self.limiter.finish(
-                request_id=self.request_id,
-                team=self.team,
-                key=self.key,
-                admission=self.admission,
-                used_tokens=used,
-                deployment_id=self.deployment_id,
-                usage=record.to_dict(),  # the limiter (inference/, no portal types) takes JSON-ready data
-                replica_slots=self.replica_slots,
-            )
-            if self.opened:  # after its own record is queued: a death between leaves both, stored once
-                keys = self.limiter.keys
-                async with self.limiter.redis.pipeline(transaction=False) as pipe:
-                    pipe.hdel(keys.usage_open, self.request_id)
-                    pipe.zrem(keys.usage_open_leases, self.request_id)
-                    await pipe.execute()
+            self._stop(status, http_status, error_code)
+            self._reply = self._send(status, http_status, error_code)
+        except Exception:
+            log.exception("request %s could not start its accounting", self.request_id)
+
+    async def _finish(self, status: UsageStatus, http_status: int, error_code: str) -> None:
+        reply = self._reply
+        try:
+            if not self._stopped:
+                self._stop(status, http_status, error_code)
+                # A renewal sent before the drop must not re-add what finish removes.
+                await self.keeper.settled()
+                reply = self._send(status, http_status, error_code)
+            if reply is not None:
+                await reply
         except Exception:
             # Redis unreachable: the slots expire with their leases; the record is lost, so say so.
             log.exception(
-                "usage not recorded for request %s (team %s)", self.request_id, self.caller.team_slug
+                "usage not recorded for request %s (team %s)",
+                self.request_id,
+                getattr(self.caller, "team_slug", "?"),
             )
 
-    def _record(self, caller: Caller, status: UsageStatus, http_status: int, error_code: str) -> UsageRecord:
+    def _stop(self, status: UsageStatus | None = None, http_status: int = 0, error_code: str = "") -> None:
+        """Count the request, stop renewing its slots, close upstream: what finishing does without Redis."""
+        self._stopped = True
+        if status is not None:
+            prometheus.exchange_ended(self, status, http_status, error_code)  # in memory; flushed later
+        for zsets, member in self.leases:
+            self.keeper.drop(zsets, member)
+        if self.upstream is not None:
+            # Closing a half-read response drops its connection: vLLM sees the disconnect and aborts.
+            with contextlib.suppress(Exception):
+                self.upstream.close()
+
+    def _send(self, status: UsageStatus, http_status: int, error_code: str) -> Awaitable[None] | None:
+        """The finish script, written now when the limiter's connection is open; its reply to await
+        (None: nothing to record, the request never got past authentication)."""
+        if self.caller is None:
+            return None
+        record = self._record(status, http_status, error_code)
+        billed = self.placed and status not in UNBILLED_STATUSES
+        used = self.prompt_tokens + self.completion_tokens if billed else 0
+        return self.limiter.start_finish(
+            request_id=self.request_id,
+            team=self.team,
+            key=self.key,
+            admission=self.admission,
+            used_tokens=used,
+            deployment_id=self.deployment_id,
+            usage=record.to_dict(),  # the limiter (no portal types) takes JSON-ready data
+            replica_slots=self.replica_slots,
+            close_open=self.opened,  # in the same script, after its own record is queued
+        )
+
+    def _record(self, status: UsageStatus, http_status: int, error_code: str) -> UsageRecord:
+        caller = self.caller
+        assert caller is not None  # recorded only once authenticated
         return UsageRecord(
             request_id=uuid.UUID(self.request_id),
             created_at=dt.datetime.fromtimestamp(self.started, tz=dt.UTC),

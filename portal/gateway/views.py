@@ -24,12 +24,14 @@ from django.views.decorators.csrf import csrf_exempt
 from portal.core.errors import did_you_mean
 from portal.core.jsonbody import TOO_DEEP
 from portal.core.redis.client import async_gateway_redis, redis_keys
-from portal.core.redis.ratelimit import LeaseKeeper, RateLimiter, Scope, SlotGrant, slot_members
+from portal.gateway.admission.leases import LeaseKeeper
+from portal.gateway.admission.limiter import RateLimiter
+from portal.gateway.admission.records import Scope, SlotGrant, slot_members
 from portal.observability import prometheus
 from portal.teams.models import UsageStatus
 
 from . import timing
-from .admission import (
+from .admission.steps import (
     admit_and_place,
     check_admission,
     check_daily_quota,
@@ -43,6 +45,7 @@ from .auth import Caller, authenticate, ensure_not_blocked, ensure_not_revoked, 
 from .config import gateway_settings
 from .errors import GatewayError, body_too_large, error_response, redis_required, upstream_answer
 from .parsing import ParsedRequest, parse
+from .per_loop import PerLoop
 from .routing import Replica, Route, route_for, served_models, smallest_context
 from .sse import RelayResponse, RelayStream
 from .tokens import prompt_count, prompt_count_off_loop
@@ -61,7 +64,6 @@ from .usage import Exchange, tokens_billed_on_day
 
 log = logging.getLogger("portal.gateway")
 
-_state: dict[int, tuple[RateLimiter, LeaseKeeper]] = {}
 # Upstream statuses that say the replica is misconfigured (its server key, its served model name),
 # never the request: retried on another replica, and a 502 if none answers, never passed through.
 MISCONFIGURED = frozenset({401, 403, 404})
@@ -71,21 +73,24 @@ MISCONFIGURED = frozenset({401, 403, 404})
 COUNT_INLINE_BYTES = 4096
 
 
+def _new_limiter() -> tuple[RateLimiter, LeaseKeeper]:
+    # The portal's one client factory: it fails fast when Redis is down or hung (a 503 within
+    # one timeout), retries only refused or broken connections, and reconnects once Redis is back.
+    limiter = RateLimiter(
+        async_gateway_redis(),
+        keys=redis_keys(),
+        lease_ms=int(settings.GATEWAY_SLOT_LEASE_S * 1000),
+        daily_used=tokens_billed_on_day,
+    )
+    return limiter, LeaseKeeper(limiter)
+
+
+# One Redis client, limiter and lease keeper per event loop (uvicorn runs one).
+_limiters: PerLoop[tuple[RateLimiter, LeaseKeeper]] = PerLoop(_new_limiter)
+
+
 def _limiter() -> tuple[RateLimiter, LeaseKeeper]:
-    """One Redis client, limiter and lease keeper per event loop (uvicorn runs one)."""
-    loop = asyncio.get_running_loop()
-    found = _state.get(id(loop))
-    if found is None:
-        # The portal's one client factory: it fails fast when Redis is down or hung (a 503 within
-        # one timeout), retries only refused or broken connections, and reconnects once Redis is back.
-        limiter = RateLimiter(
-            async_gateway_redis(),
-            keys=redis_keys(),
-            lease_ms=int(settings.GATEWAY_SLOT_LEASE_S * 1000),
-            daily_used=tokens_billed_on_day,
-        )
-        found = _state[id(loop)] = (limiter, LeaseKeeper(limiter))
-    return found
+    return _limiters.get()
 
 
 def _method_not_allowed(allowed: str) -> HttpResponse:
@@ -279,8 +284,8 @@ async def _admit(
         timing.lap("counting")
     parsed.bound_by_context(context_len=smallest_context(replicas), longest_prompt=count.longest)
     long_prompt = ex.prompt_tokens > gateway_settings().long_prompt_tokens
-    # Before the reservation is taken: a process killed from here on leaves an `interrupted` record.
-    await ex.open(reserved_tokens=ex.prompt_tokens + parsed.reserved_output_tokens)
+    # Written with the reservation: a process killed from then on leaves an `interrupted` record.
+    open_record = ex.open_record(reserved_tokens=ex.prompt_tokens + parsed.reserved_output_tokens)
     ex.admission, placement = await admit_and_place(
         ex.limiter,
         request_id=ex.request_id,
@@ -293,6 +298,7 @@ async def _admit(
         on_admitted=ex.admitted,
         slots=parsed.slots,
         batch=caller.is_batch,
+        open_record=open_record,
     )
     await ensure_not_revoked(ex.admission.reason, caller, ex.limiter)
     if ex.admission.reason.endswith("_tpd"):

@@ -10,7 +10,9 @@ from pathlib import Path
 import redis
 
 from portal.core.redis import scripts
-from portal.core.redis.scripts import (
+from portal.core.redis.scripts import ScriptCall
+from portal.gateway.admission import scripts as gateway_scripts
+from portal.gateway.admission.scripts import (
     AcquireCall,
     AdmitCall,
     AdmitPlaceCall,
@@ -18,18 +20,17 @@ from portal.core.redis.scripts import (
     FinishCall,
     QuotaCall,
     ReplicaCall,
-    ScriptCall,
 )
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = {
+    name: getattr(gateway_scripts, name)
+    for name in ("ADMIT", "ACQUIRE", "ADMIT_PLACE", "FINISH", "REBUILD_DAY", "GIVE_BACK", "RENEW")
+} | {
     name: getattr(scripts, name)
-    for name in (
-        "ADMIT", "ACQUIRE", "ADMIT_PLACE", "FINISH", "REBUILD_DAY", "GIVE_BACK", "RENEW",
-        "USAGE_TAKE", "USAGE_GIVE_BACK", "USAGE_REPLAY", "MINUTE_MAX",
-    )
-}  # fmt: skip
+    for name in ("USAGE_TAKE", "USAGE_GIVE_BACK", "USAGE_CLOSE_LAPSED", "USAGE_REPLAY", "MINUTE_MAX")
+}
 
 
 def positions(record: type[ScriptCall]) -> dict[str, int]:
@@ -61,7 +62,9 @@ def test_admission_and_placement_read_their_arguments_where_the_records_put_them
         queue_max=256, queue_stale_ms=40_000, slots=1, is_batch=0, interactive_queue_stale_ms=40_000,
         candidates=[ReplicaCall("in1", "long1", 4), ReplicaCall("in2", "long2", -1)],
     )  # fmt: skip
-    call = AdmitPlaceCall(admit=admit, acquire=acquire)
+    call = AdmitPlaceCall(
+        admit=admit, usage_open="open", usage_open_leases="open-leases", open_record="{}", acquire=acquire
+    )
     keys, args = call.keys(), call.args()
     at = positions(AdmitCall) | positions(QuotaCall) | positions(AcquireCall) | positions(AdmitPlaceCall)
     at |= positions(ReplicaCall)
@@ -86,7 +89,8 @@ def test_admission_and_placement_read_their_arguments_where_the_records_put_them
 def test_finish_finds_its_corrections_after_a_variable_number_of_slots():
     call = FinishCall(
         usage_list="usage", request_id="req", usage_json="{}", n_slots=3, delta_tokens=-5, members=1,
-        admitted_us=1, reserved_tokens=20, slots=["s1", "s2", "s3"],
+        admitted_us=1, reserved_tokens=20, usage_open="open", usage_open_leases="open-leases", close_open=1,
+        slots=["s1", "s2", "s3"],
         corrections=[CorrectionCall("tpm-t", "tpd-t", "rb-t", 60), CorrectionCall("tpm-k", "", "", 0)],
     )  # fmt: skip
     keys, args = call.keys(), call.args()
@@ -105,7 +109,7 @@ def test_redis_time_is_spelled_once_in_the_tree():
         if "redis.call('TIME')" in path.read_text()
     ]
     assert spelled == ["portal/core/redis/scripts.py"]
-    assert scripts.ADMIT_PLACE.count("redis.call('TIME')") == 1
+    assert gateway_scripts.ADMIT_PLACE.count("redis.call('TIME')") == 1
 
 
 def test_inference_does_not_touch_redis():

@@ -117,6 +117,32 @@ def test_core_imports_no_other_app():
     assert reaching_up == [], advice + "\n".join(reaching_up)
 
 
+# core's Redis package is the mechanism every app shares (docs/architecture.md, "Bottom and top");
+# what serves the gateway alone (its limiter, scripts and connection) lives in portal/gateway/.
+CORE_REDIS_MODULES = {"__init__.py", "client.py", "keys.py", "scripts.py"}
+
+
+def test_core_redis_holds_only_the_mechanism():
+    found = {path.name for path in (PORTAL / "core" / "redis").glob("*.py")}
+    assert found == CORE_REDIS_MODULES, (
+        "portal/core/redis/ is the client factory, the key namespace and the script machinery; "
+        f"put what one app alone uses in that app (new here: {sorted(found - CORE_REDIS_MODULES)})"
+    )
+    # Each script left in core serves an app below the gateway: none of them is the gateway's.
+    core_scripts = (PORTAL / "core" / "redis" / "scripts.py").read_text()
+    users = {
+        name: {
+            app
+            for app in APPS
+            if app != "core"
+            for path in (PORTAL / app).rglob("*.py")
+            if re.search(rf"\b{name}\b", path.read_text())
+        }
+        for name in re.findall(r"^([A-Z_]+) = build_script\(", core_scripts, re.M)
+    }
+    assert users and all(apps and "gateway" not in apps for apps in users.values()), users
+
+
 def test_no_app_imports_the_dashboard():
     reaching_down = [
         f"{path.relative_to(ROOT)}: {module}"

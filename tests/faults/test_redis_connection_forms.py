@@ -14,7 +14,7 @@ from redis.connection import SSLConnection
 
 from devtools import free_port, wait_until
 from portal.core.redis import client as redis_client
-from portal.core.redis.multiplex import ScriptConnection
+from portal.gateway.admission.connection import ScriptConnection
 
 from .conftest import REDIS_SERVER
 

@@ -1,4 +1,4 @@
-"""The rate limiter's own Redis connection (portal/core/redis/multiplex.py): many calls share one
+"""The rate limiter's own Redis connection (portal/gateway/admission/connection.py): many calls share one
 pipelined connection, each gets its own reply, and the client's failure policy holds: a hung
 Redis is a timeout, a refused or broken connection is retried, a restarted Redis (its scripts
 gone) is reconnected to and sent the scripts again."""
@@ -17,7 +17,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from devtools import free_port
-from portal.core.redis.multiplex import ScriptConnection
+from portal.gateway.admission.connection import ScriptConnection
 from tests.helpers.processes import run_async
 
 ECHO = "return {ARGV[1], redis.call('incr', KEYS[1])}"

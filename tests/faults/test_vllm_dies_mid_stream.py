@@ -227,7 +227,7 @@ def test_vllm_killed_mid_stream_gives_error_events_records_usage_and_is_restarte
         assert sorted(r.completion_tokens for r in rows) == sorted(s.tokens for s in streams)
         assert {r.deployment_id for r in rows} == {deployment.pk}
 
-        # No slot left taken in Redis (ratelimit.py's per-deployment and per-scope sets).
+        # No slot left taken in Redis (the limiter's per-deployment and per-scope sets).
         now_ms = time.time() * 1000
         zsets = [k for k in gw.scan_iter(f"{keys.gateway}*") if gw.type(k) == b"zset"]
         held = {k.decode(): gw.zcount(k, now_ms, "+inf") for k in zsets}

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from portal.core.redis.client import redis_keys
+from portal.gateway.per_loop import PerLoop
 from tests.helpers.gateway import chat_body, slots_in_use, upstream_reset, wait_for_slots_free
 from tests.helpers.processes import run_async
 
@@ -166,7 +167,8 @@ def test_it_checks_the_rate_before_counting_a_large_prompt_and_counts_it_off_the
 
     monkeypatch.setattr(tokens, "prompt_count", spy)
     monkeypatch.setattr(views, "prompt_count", spy)
-    monkeypatch.setattr(views, "_state", {})  # a limiter of this test's own event loop
+    # A limiter of this test's own event loop.
+    monkeypatch.setattr(views, "_limiters", PerLoop(views._new_limiter))
     large = json.dumps(chat_body(serving.model, "word " * 2000))
 
     async def go():

@@ -12,8 +12,9 @@ from redis.asyncio import Redis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from portal.core.redis.keys import RedisKeys
-from portal.core.redis.ratelimit import Limits, RateLimiter, Scope
-from portal.gateway import admission
+from portal.gateway.admission import steps as admission
+from portal.gateway.admission.limiter import RateLimiter
+from portal.gateway.admission.records import Limits, Scope
 from portal.gateway.errors import GatewayError
 from tests.helpers.gateway import REDIS_URL
 from tests.helpers.processes import run_async

@@ -11,7 +11,7 @@ import pytest
 
 from devtools import free_port, wait_until
 from portal.core.redis.client import redis_keys
-from portal.gateway import upstream
+from portal.gateway import upstream, upstream_names
 from tests.helpers.gateway import upstream_reset, upstream_stats
 
 
@@ -243,7 +243,7 @@ def test_a_replica_whose_name_does_not_resolve_is_logged_once_counted_and_leaves
     from portal.observability import prometheus
 
     url = "http://replica-that-does-not-resolve.invalid:8000/v1/chat/completions"
-    upstream._name_errors_logged.clear()
+    upstream_names._name_errors_logged.clear()
     key = (prometheus.UPSTREAM_CONNECT_ERRORS, "replica-that-does-not-resolve.invalid", "name_resolution")
 
     def counted() -> float:

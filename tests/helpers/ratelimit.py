@@ -8,7 +8,7 @@ import uuid
 from redis.asyncio import Redis
 
 from portal.core.redis.keys import RedisKeys
-from portal.core.redis.ratelimit import RateLimiter
+from portal.gateway.admission.limiter import RateLimiter
 from tests.helpers.processes import run_async
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15")

@@ -7,7 +7,9 @@ import uuid
 
 import pytest
 
-from portal.core.redis.ratelimit import LeaseKeeper, Limits, RateLimiter, Scope
+from portal.gateway.admission.leases import LeaseKeeper
+from portal.gateway.admission.limiter import RateLimiter
+from portal.gateway.admission.records import Limits, Scope
 from tests.helpers.ratelimit import run
 
 
@@ -422,3 +424,32 @@ def test_a_request_admitted_right_after_its_counter_was_rebuilt_is_corrected_not
         return int(await limiter.redis.get(limiter.tpd_prefix(scope) + str(admission.day)))
 
     assert run(go, daily_used=nothing_stored) == 50
+
+
+def test_a_failed_lease_renewal_is_logged(caplog):
+    """A renewal round that fails (here: nothing listens where Redis should be) is said in the log,
+    not swallowed: leases that keep failing lapse, and other processes take the slots."""
+    from redis.asyncio import Redis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    from devtools import free_port
+    from portal.core.redis.keys import RedisKeys
+    from tests.helpers.processes import run_async
+
+    async def go():
+        redis = Redis(port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+        limiter = RateLimiter(redis, keys=RedisKeys(f"test-{rid()[:8]}"), lease_ms=300)
+        keeper = LeaseKeeper(limiter)
+        keeper.hold([limiter.concurrency_key(team())], rid())
+        deadline = asyncio.get_running_loop().time() + 10
+        while not [r for r in caplog.records if "lease renewal failed" in r.getMessage()]:
+            assert asyncio.get_running_loop().time() < deadline, "no renewal failure logged in 10 s"
+            await asyncio.sleep(0.02)
+        keeper.leases.clear()  # ends the renewer at its next round
+        await redis.aclose()
+
+    with caplog.at_level("WARNING", logger="portal.gateway"):
+        run_async(go())
+    logged = next(r for r in caplog.records if "lease renewal failed" in r.getMessage())
+    assert logged.levelname == "WARNING" and "ConnectionError" in logged.getMessage()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import hashlib
+from collections.abc import Awaitable
 from typing import Any
 
 import hiredis
@@ -115,6 +116,23 @@ class ScriptConnection:
                 timer.cancel()
         return reply
 
+    def send_now(self, args: tuple) -> asyncio.Future | None:
+        """Write one command at once, without yielding, and return the future of its reply (under
+        the client's socket timeout); None when no connection of this loop is open (then `execute`).
+        What this process writes later reaches Redis after it: the gateway writes a stream's finish
+        before the stream's end, so the client's next request comes after it."""
+        replies = self._replies
+        loop = asyncio.get_running_loop()
+        if replies is None or replies.closed or self._loop is not loop:
+            return None
+        waiter = loop.create_future()
+        replies.waiting.append(waiter)
+        replies.transport.write(hiredis.pack_command(args))
+        if self.timeout_s:
+            timer = loop.call_later(self.timeout_s, _time_out, replies, waiter)
+            waiter.add_done_callback(lambda _waiter: timer.cancel())
+        return waiter
+
     async def _connected(self, loop: asyncio.AbstractEventLoop) -> _Replies:
         """The loop's connection, opened once for every caller waiting on it."""
         if self._loop is not loop:  # a new event loop (tests run one each): the old one's is gone
@@ -165,6 +183,25 @@ class Script:
             return await self.connection.execute("EVALSHA", self.sha, len(keys), *keys, *args)
         except NoScriptError:  # a restarted or flushed Redis: EVAL runs it and caches it again
             return await self.connection.execute("EVAL", self.source, len(keys), *keys, *args)
+
+    def send_now(self, keys: list | tuple = (), args: list | tuple = ()) -> Awaitable[Any]:
+        """The call, written before this returns when the connection is open (`ScriptConnection.send_now`);
+        await the result for its reply. Otherwise (or when the connection breaks before the reply)
+        the plain call, with the client's retry policy."""
+        waiter = self.connection.send_now(("EVALSHA", self.sha, len(keys), *keys, *args))
+        if waiter is None:
+            return self(keys, args)
+        return self._reply(waiter, keys, args)
+
+    async def _reply(self, waiter: asyncio.Future, keys: list | tuple, args: list | tuple) -> Any:
+        try:
+            return await waiter
+        except NoScriptError:
+            return await self.connection.execute("EVAL", self.source, len(keys), *keys, *args)
+        except RedisTimeoutError:
+            raise  # the script may have run: never sent twice
+        except RedisConnectionError:  # broken before the reply: retried as `execute` retries
+            return await self(keys, args)
 
 
 def _reply_error(message: str) -> Exception:

@@ -1,5 +1,5 @@
 """Rate limits, token budgets and concurrency slots in Redis, as atomic Lua scripts (their
-source, and the layout of each one's keys and arguments, in portal/core/redis/scripts.py).
+source, and the layout of each one's keys and arguments, in scripts.py beside this module).
 
 Every web process shares this state, and each check and its increment are one
 script, so two processes can never both take the last unit of a quota. Time is
@@ -12,7 +12,7 @@ agree.
 - Tokens per UTC day: a counter per day, reserved and corrected the same way.
 - Concurrency: a sorted set of request ids scored by lease expiry. A crashed
   process cannot renew its leases, so its slots come back after one lease;
-  `LeaseKeeper` renews the live ones of this process in one batch.
+  `LeaseKeeper` (leases.py) renews the live ones of this process in one batch.
 - Per-deployment admission: a cap on in-flight requests per replica, a
   long-prompt cap per replica, least-in-flight choice among replicas, and a
   bounded FIFO queue per model for the excess (`acquire_replica`). A request
@@ -35,15 +35,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from .keys import RedisKeys
-from .multiplex import ScriptConnection
+from portal.core.redis.keys import RedisKeys
+
+from .connection import ScriptConnection
+from .records import Admission, Scope, SlotGrant, batch_limit, slot_members
 from .scripts import (
     ACQUIRE,
     ADMIT,
@@ -64,68 +66,6 @@ from .scripts import (
     RenewCall,
     ReplicaCall,
 )
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The quotas of one scope (a team or a key); None = no limit."""
-
-    rpm: int | None = None
-    tpm: int | None = None
-    tokens_per_day: int | None = None
-    max_concurrent: int | None = None
-
-
-@dataclass(frozen=True)
-class Scope:
-    kind: str  # "team" or "key"
-    id: int | str
-    limits: Limits = field(default_factory=Limits)
-
-
-@dataclass
-class Admission:
-    ok: bool
-    reason: str = ""
-    retry_after_s: float = 0.0  # negative: retrying cannot help (the request alone exceeds the quota)
-    day: int = 0
-    tokens: int = 0
-    at_us: int = 0  # Redis's time when it was admitted (µs: a rebuild of its daily counter is ordered by it)
-
-
-@dataclass
-class SlotGrant:
-    """Where a request was admitted (index into the candidates) or why not."""
-
-    index: int | None
-    reason: str = ""  # "queue_full" | "queue_timeout" when index is None
-    waited_s: float = 0.0
-    slots: int = 1  # replica slots taken: one per prompt
-
-
-def batch_limit(cap: int | None, share: float) -> int | None:
-    """The in-flight count a batch request may bring a replica to: it may start only while in
-    flight < share × cap, i.e. in flight < ceil(share × cap) (None: no cap, no limit).
-
-    Computed here rather than in Lua so a share like 0.3 × 10 (3.0000000000000004 in floating
-    point) gives 3, not 4."""
-    if cap is None:
-        return None
-    return math.ceil(round(cap * share, 9))
-
-
-def prompt_limit(caps: list[int | None], share: float | None) -> int | None:
-    """The most prompts one request may carry on these replicas: every prompt takes a slot, so
-    the largest cap (a batch request's: its batch limit); None when some replica has no cap."""
-    limits = [cap if share is None else batch_limit(cap, share) for cap in caps]
-    if not limits or any(limit is None for limit in limits):
-        return None
-    return max(limit for limit in limits if limit is not None)
-
-
-def slot_members(request_id: str, slots: int) -> list[str]:
-    """The members a request holds in a replica's in-flight set: one per slot."""
-    return [request_id, *(f"{request_id}#{j}" for j in range(2, slots + 1))]
 
 
 @dataclass(eq=False)
@@ -159,8 +99,8 @@ class RateLimiter:
         # freed by this process wakes one of its waiters at once (other processes' waiters poll).
         self.poll_s = poll_s
         self._waiters: list[_LocalWaiter] = []
-        # Each script is called with its record's `keys()` and `args()` (portal/core/redis/scripts.py),
-        # on one pipelined connection of the client's (portal/core/redis/multiplex.py).
+        # Each script is called with its record's `keys()` and `args()` (scripts.py),
+        # on one pipelined connection of the client's (connection.py).
         self.scripts = ScriptConnection(redis)
         self._admit = self.scripts.register_script(ADMIT)
         self._acquire = self.scripts.register_script(ACQUIRE)
@@ -189,6 +129,10 @@ class RateLimiter:
 
     def long_key(self, deployment_id: int | str) -> str:
         return self.keys.long(deployment_id)
+
+    def open_leases_key(self) -> str:
+        """The leases of open usage records (`admit_and_place`'s `open_record`), renewed with the slots."""
+        return self.keys.usage_open_leases
 
     def queue_key(self, model: str, *, batch: bool = False) -> str:
         return self.keys.batch_queue(model) if batch else self.keys.queue(model)
@@ -355,16 +299,25 @@ class RateLimiter:
         slots: int = 1,
         batch_share: float | None = None,
         interactive_timeout_s: float | None = None,
+        open_record: str = "",
     ) -> tuple[Admission, SlotGrant | None]:
         """`admit`, then `acquire_replica` if admitted, with the first try of both in one script.
 
         `on_admitted` gets the admission before any wait in the queue: a caller cancelled while
-        queued never sees the return value, yet must still release its slots and reservation."""
+        queued never sees the return value, yet must still release its slots and reservation.
+        `open_record` (JSON): the usage record to leave, under a lease, if admitted; `finish` with
+        `close_open` forgets it."""
         acquire = self._acquire_call(
             request_id, model, candidates, long_prompt, long_cap, queue_max, timeout_s, slots,
             batch_share, interactive_timeout_s,
         )  # fmt: skip
-        call = AdmitPlaceCall(admit=self._admit_call(request_id, team, key, tokens), acquire=acquire)
+        call = AdmitPlaceCall(
+            admit=self._admit_call(request_id, team, key, tokens),
+            usage_open=self.keys.usage_open,
+            usage_open_leases=self.keys.usage_open_leases,
+            open_record=open_record,
+            acquire=acquire,
+        )
         result = await self._with_daily_counters(
             lambda: self._admit_place(keys=call.keys(), args=call.args()), team, key
         )
@@ -438,7 +391,12 @@ class RateLimiter:
                 pipe.zrem(replica.long, call.request_id)
             await pipe.execute()
 
-    async def finish(
+    async def finish(self, **kwargs: Any) -> None:
+        """Leave every slot the request held, correct its tokens, queue its usage record
+        (`start_finish`'s keyword arguments), and wait for Redis to have done it."""
+        await self.start_finish(**kwargs)
+
+    def start_finish(
         self,
         *,
         request_id: str,
@@ -449,9 +407,13 @@ class RateLimiter:
         deployment_id: int | str | None = None,
         usage: dict | None = None,
         replica_slots: int = 1,
-    ) -> None:
+        close_open: bool = False,
+    ) -> Awaitable[None]:
         """Leave every slot the request held (`replica_slots` of them on its replica), correct its
-        token reservation to `used_tokens`, and queue its usage record, in one step."""
+        token reservation to `used_tokens`, queue its usage record and (`close_open`) forget the
+        open record its admission left, in one step. The script is written to Redis before this
+        returns when the connection is open (anything this process sends later comes after it);
+        the awaitable returned is its reply."""
         slots: list[str] = []
         corrections: list[CorrectionCall] = []
         delta = 0
@@ -483,10 +445,16 @@ class RateLimiter:
             members=replica_slots,
             admitted_us=admission.at_us if admission is not None else 0,
             reserved_tokens=admission.tokens if admission is not None else 0,
+            usage_open=self.keys.usage_open,
+            usage_open_leases=self.keys.usage_open_leases,
+            close_open=1 if close_open else 0,
             slots=slots,
             corrections=corrections,
         )
-        await self._finish(keys=call.keys(), args=call.args())
+        return self._finished(self._finish.send_now(call.keys(), call.args()), deployment_id)
+
+    async def _finished(self, reply: Awaitable[object], deployment_id: int | str | None) -> None:
+        await reply
         if deployment_id is not None:
             self._wake_one(self.inflight_key(deployment_id))
 
@@ -576,56 +544,3 @@ class RateLimiter:
             counted_members += [len(members), *members]
         call = RenewCall(lease_ms=self.lease_ms, zsets=list(leases), counted_members=counted_members)
         await self._renew(keys=call.keys(), args=call.args())
-
-
-class LeaseKeeper:
-    """Renews the concurrency leases of this process's live requests, in one batch every
-    lease/3, so a long stream keeps its slot and a crashed process's slots expire.
-
-    A renewal puts back a member that lapsed (a failed round, a Redis restart): whatever this
-    process still holds is in its sets again within one round. So a member is removed from Redis
-    only after `drop` and `settled` (no round in flight could put it back)."""
-
-    def __init__(self, limiter: RateLimiter) -> None:
-        self.limiter = limiter
-        self.leases: dict[str, set[str]] = {}
-        self._task: asyncio.Task | None = None
-        self._round: asyncio.Task | None = None
-
-    def hold(self, zsets: list[str], member: str) -> None:
-        for zset in zsets:
-            self.leases.setdefault(zset, set()).add(member)
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run())
-
-    def drop(self, zsets: list[str], member: str) -> None:
-        for zset in zsets:
-            members = self.leases.get(zset)
-            if members is not None:
-                members.discard(member)
-                if not members:
-                    del self.leases[zset]
-
-    async def settled(self) -> None:
-        """Until no renewal round is in flight: one sent before a `drop` could re-add the member."""
-        current = self._round
-        if current is not None and not current.done():
-            await asyncio.wait([current])
-
-    async def _run(self) -> None:
-        interval = self.limiter.lease_ms / 3000
-        delay = interval
-        while self.leases:
-            await asyncio.sleep(delay)
-            if not self.leases:
-                break
-            held = {zset: set(members) for zset, members in self.leases.items()}
-            self._round = asyncio.ensure_future(self.limiter.renew(held))
-            try:
-                await self._round
-                delay = interval
-            except Exception:
-                # A Redis blip: retry sooner than a whole interval, so no lease lapses for it.
-                delay = interval / 4
-            finally:
-                self._round = None

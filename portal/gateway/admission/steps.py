@@ -19,11 +19,12 @@ from dataclasses import replace
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from portal.core.redis.ratelimit import Admission, RateLimiter, Scope, SlotGrant, prompt_limit
 from portal.teams.models import UsageStatus
 
-from .config import gateway_settings
-from .errors import GatewayError, invalid_request, redis_required
+from ..config import gateway_settings
+from ..errors import GatewayError, invalid_request, redis_required
+from .limiter import RateLimiter
+from .records import Admission, Scope, SlotGrant, prompt_limit
 
 log = logging.getLogger("portal.gateway")
 
@@ -88,6 +89,7 @@ async def admit_and_place(
     on_admitted: Callable[[Admission], None],
     slots: int,
     batch: bool = False,
+    open_record: str = "",
 ) -> tuple[Admission, SlotGrant | None]:
     """Quotas, then a replica slot: one Redis round trip when both say yes at once.
     `on_admitted` learns of the admission before the request waits in the queue."""
@@ -103,6 +105,7 @@ async def admit_and_place(
                 long_prompt=long_prompt,
                 on_admitted=on_admitted,
                 slots=slots,
+                open_record=open_record,
                 **_queue_limits(batch),
             )
         except RedisError:

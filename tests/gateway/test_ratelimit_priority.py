@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from portal.core.redis.ratelimit import batch_limit
+from portal.gateway.admission.records import batch_limit
 from tests.helpers.ratelimit import run as run_with_limiter
 
 
