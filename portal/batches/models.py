@@ -175,3 +175,15 @@ class BatchLine(models.Model):
 
     def __str__(self) -> str:
         return f"{self.batch_id}:{self.line_number}"
+
+
+class BatchPause(models.Model):
+    """Staff's switch for all batch work (one row, pk 1): while paused, no line is dispatched;
+    lines in flight finish. In the database, so a Redis restart cannot lift a pause."""
+
+    paused = models.BooleanField(default=False)
+    changed_at = models.DateTimeField(null=True, blank=True)
+    changed_by = models.CharField(max_length=150, blank=True)  # a username or "manage.py batches"
+
+    def __str__(self) -> str:
+        return "paused" if self.paused else "running"

@@ -87,3 +87,10 @@ def batch_lines_done(*, batch_id: int) -> QuerySet[BatchLine]:
     return BatchLine.objects.filter(
         batch_id=batch_id, state__in=[LineState.SUCCEEDED, LineState.FAILED]
     ).order_by("line_number")
+
+
+def batches_paused() -> bool:
+    """Whether staff paused all batch work."""
+    from .models import BatchPause
+
+    return BatchPause.objects.filter(pk=1, paused=True).exists()

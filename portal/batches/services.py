@@ -125,11 +125,11 @@ def batch_create(
         metadata=_metadata(metadata),
         expires_at=now + window,
     )
-    _send_on_commit("batches.validate", batch.pk)
+    send_on_commit("batches.validate", batch.pk)
     return batch
 
 
-def _send_on_commit(task: str, batch_id: int) -> None:
+def send_on_commit(task: str, batch_id: int) -> None:
     from portal.celery import app
 
     def send() -> None:
@@ -144,7 +144,7 @@ def _send_on_commit(task: str, batch_id: int) -> None:
 
 def batch_send_run(*, batch_id: int) -> None:
     """Ask a batch worker to run (or resume) the batch; a duplicate is a no-op (its lease)."""
-    _send_on_commit("batches.run", batch_id)
+    send_on_commit("batches.run", batch_id)
 
 
 def batch_cancel(*, batch: Batch) -> Batch:
@@ -190,4 +190,17 @@ def lines_cancel_pending(*, batch_id: int) -> int:
     """Lines never sent (a cancel, an expiry) are `cancelled`: they appear in no file."""
     return BatchLine.objects.filter(batch_id=batch_id, state=LineState.PENDING).update(
         state=LineState.CANCELLED, finished_at=timezone.now()
+    )
+
+
+# --- Staff's pause of all batch work ---------------------------------------------------------------
+
+
+def batches_pause_set(*, paused: bool, by: str) -> None:
+    """Pause (or resume) every batch: runners stop dispatching at their next tick (lines in flight
+    finish) and leave; on resume the dispatcher starts them again."""
+    from .models import BatchPause
+
+    BatchPause.objects.update_or_create(
+        pk=1, defaults={"paused": paused, "changed_at": timezone.now(), "changed_by": by[:150]}
     )
