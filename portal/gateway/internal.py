@@ -36,7 +36,6 @@ async def authenticate_api(request) -> Caller:
 
 
 def _key_row(key_id: int) -> ApiKey | None:
-    close_old_connections()
     return ApiKey.objects.select_related("team").filter(pk=key_id).first()
 
 
@@ -51,7 +50,11 @@ def batch_caller_now(key_id: int) -> Caller | None:
 
 async def batch_caller(key_id: int) -> Caller | None:
     """`batch_caller_now`, from an event loop."""
-    return await sync_to_async(batch_caller_now)(key_id)
+    def load() -> Caller | None:
+        close_old_connections()  # a worker thread's connection, as the gateway's own loads do
+        return batch_caller_now(key_id)
+
+    return await sync_to_async(load)()
 
 
 @dataclass(frozen=True)
