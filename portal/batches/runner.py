@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections, connections, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -398,8 +398,11 @@ def batch_run(*, batch_id: int) -> str:
         batch_id=batch_id, token=token, statuses=[BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING]
     ):
         return "not runnable here (held by a live runner, or not in progress)"
+    loop = _event_loop()
     try:
         batch = Batch.objects.get(pk=batch_id)
-        return _event_loop().run_until_complete(Runner(batch, token).run())
+        return loop.run_until_complete(Runner(batch, token).run())
     finally:
         lease_release(batch_id=batch_id, token=token)
+        # The database thread's connection is not kept between runs (hours may pass).
+        loop.run_until_complete(_db(connections.close_all))

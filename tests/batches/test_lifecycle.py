@@ -1,0 +1,103 @@
+"""A batch's life around its lines: expiry, cancel before running, staff's pause, run windows, and
+the dispatcher that resumes what no runner holds. The runner runs here, in the test's process."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from portal.batches.lifecycle import batch_validate, batches_dispatch
+from portal.batches.models import Batch, BatchLine, BatchStatus, LineState, WaitReason
+from portal.batches.runner import batch_run
+from portal.batches.selectors import batches_paused
+from portal.batches.services import batch_cancel, batch_create, file_create, file_read
+from tests.helpers import builders
+from tests.helpers.batches import SIM_MODEL, empty_batch_queue, input_lines, jsonl, read_jsonl
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def started(team, gw_redis):
+    """A validated batch of 4 lines, in progress, that no runner has started."""
+    empty_batch_queue()
+    key = builders.api_key(team, models=[SIM_MODEL])[0]
+    file = file_create(team=team, filename="in.jsonl", content=jsonl(input_lines(4)), purpose="batch")
+    batch = batch_create(
+        team=team,
+        api_key=key,
+        input_file_id=file.public_id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    batch_validate(batch_id=batch.pk)
+    batch.refresh_from_db()
+    assert batch.status == BatchStatus.IN_PROGRESS
+    return batch
+
+
+def test_a_batch_past_its_window_expires_with_its_unsent_lines_in_the_error_file(started):
+    Batch.objects.filter(pk=started.pk).update(expires_at=timezone.now() - dt.timedelta(seconds=1))
+    assert batch_run(batch_id=started.pk) == "expired"
+    started.refresh_from_db()
+    assert started.status == BatchStatus.EXPIRED and started.expired_at is not None
+    assert (started.request_completed, started.request_failed) == (0, 4)
+    errors = read_jsonl(file_read(file=started.error_file))
+    assert sorted(line["custom_id"] for line in errors) == [f"req-{n}" for n in range(4)]
+    assert {line["error"]["code"] for line in errors} == {"batch_expired"}
+    assert started.output_file is None
+
+
+def test_a_batch_cancelled_before_it_ran_ends_cancelled_without_files(started):
+    batch_cancel(batch=started)
+    assert batch_run(batch_id=started.pk) == "cancelled"
+    started.refresh_from_db()
+    assert started.status == BatchStatus.CANCELLED and started.cancelling_at and started.cancelled_at
+    assert started.output_file is None and started.error_file is None
+    assert set(BatchLine.objects.filter(batch=started).values_list("state", flat=True)) == {
+        LineState.CANCELLED
+    }
+    assert batch_cancel(batch=started).status == BatchStatus.CANCELLED  # again: nothing changes
+
+
+def test_staff_pause_stops_every_batch_until_resumed(started):
+    call_command("batches", "pause")
+    assert batches_paused()
+    assert batch_run(batch_id=started.pk) == "waiting: paused"
+    started.refresh_from_db()
+    assert started.status == BatchStatus.IN_PROGRESS and started.wait_reason == WaitReason.PAUSED
+    assert not BatchLine.objects.filter(batch=started).exclude(state=LineState.PENDING).exists()
+    assert started.runner_token is None  # the lease is given back: the dispatcher starts it again
+    call_command("batches", "resume")
+    assert not batches_paused()
+
+
+def test_a_team_outside_its_run_window_waits_for_it_to_open(started, team):
+    now = timezone.localtime()
+    opens = (now + dt.timedelta(hours=2)).strftime("%H:%M")
+    closes = (now + dt.timedelta(hours=3)).strftime("%H:%M")
+    team.batch_run_window = f"{opens}-{closes}"
+    team.save()
+    assert batch_run(batch_id=started.pk) == "waiting: run_window"
+    started.refresh_from_db()
+    assert started.wait_reason == WaitReason.RUN_WINDOW
+    assert dt.timedelta(hours=1) < started.wait_until - timezone.now() < dt.timedelta(hours=2, minutes=1)
+
+
+def test_the_dispatcher_resumes_a_batch_whose_runner_lease_lapsed_and_leaves_a_live_one(started):
+    Batch.objects.filter(pk=started.pk).update(
+        runner_token="00000000-0000-0000-0000-000000000001",
+        runner_lease_until=timezone.now() + dt.timedelta(minutes=1),
+    )
+    assert batches_dispatch() == {"validate": 0, "run": 0}
+    Batch.objects.filter(pk=started.pk).update(runner_lease_until=timezone.now() - dt.timedelta(seconds=1))
+    assert batches_dispatch() == {"validate": 0, "run": 1}
+    Batch.objects.filter(pk=started.pk).update(
+        runner_token=None,
+        wait_reason=WaitReason.DAILY_BUDGET,
+        wait_until=timezone.now() + dt.timedelta(hours=1),
+    )
+    assert batches_dispatch() == {"validate": 0, "run": 0}  # its budget resets later: nothing to try
