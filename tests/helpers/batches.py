@@ -115,3 +115,52 @@ def usage_of(batch_public_id: str):
 
 
 __all__ = ["stop"]
+
+
+def create_batch(team, key, lines: list[dict]):
+    """A batch of `lines` through the services (its validation task is sent once committed)."""
+    from portal.batches.services import batch_create, file_create
+
+    file = file_create(team=team, filename="in.jsonl", content=jsonl(lines), purpose="batch")
+    return batch_create(
+        team=team,
+        api_key=key,
+        input_file_id=file.public_id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+
+
+def line_states(batch) -> dict[str, int]:
+    from collections import Counter
+
+    from portal.batches.models import BatchLine
+
+    return dict(Counter(BatchLine.objects.filter(batch_id=batch.pk).values_list("state", flat=True)))
+
+
+def assert_each_line_once(batch) -> list[dict]:
+    """Nothing lost, nothing twice: the output and error files hold every line that got a result,
+    each once; its usage rows are one per such line, under the line's id. Returns the files' lines."""
+    from portal.batches.models import BatchLine, LineState
+    from portal.batches.services import file_read
+
+    batch.refresh_from_db()
+    written = []
+    for file in (batch.output_file, batch.error_file):
+        if file is not None:
+            written += read_jsonl(file_read(file=file))
+    custom_ids = [line["custom_id"] for line in written]
+    assert len(custom_ids) == len(set(custom_ids)), "a line written twice"
+    ran = BatchLine.objects.filter(batch_id=batch.pk, state__in=[LineState.SUCCEEDED, LineState.FAILED])
+    assert set(custom_ids) == set(ran.values_list("custom_id", flat=True))
+    rows = usage_of(batch.public_id)
+    with_answers = ran.filter(response_status__isnull=False)
+    assert sorted(str(r) for r in rows.values_list("request_id", flat=True)) == sorted(
+        str(r) for r in with_answers.values_list("request_id", flat=True)
+    ), "usage rows are not one per line that ran"
+    assert (batch.request_completed, batch.request_failed) == (
+        ran.filter(state=LineState.SUCCEEDED).count(),
+        ran.filter(state=LineState.FAILED).count(),
+    )
+    return written
