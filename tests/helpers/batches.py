@@ -40,7 +40,7 @@ def start_sim(*, speedup: float = 20.0, max_num_seqs: int = 64) -> tuple[str, su
 
 def start_batch_worker(log_path, **env: str) -> subprocess.Popen:
     """A Celery worker on the batches queue (prefork, one pool process), its lease short."""
-    environment = worker_env(BATCH_RUNNER_LEASE_S=str(LEASE_S), BATCH_RETRY_S="0.2", **env)
+    environment = {**worker_env(BATCH_RUNNER_LEASE_S=str(LEASE_S), BATCH_RETRY_S="0.2"), **env}
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "portal", "worker", "-Q", BATCH_QUEUE,
