@@ -633,7 +633,6 @@ PORTAL_METRICS_TOKEN = env.str("PORTAL_METRICS_TOKEN", default="")
 PORTAL_METRICS_FLUSH_S = env_number("PORTAL_METRICS_FLUSH_S", default=1.0, minimum=0.05, maximum=300.0)
 
 
-
 # --- Retention: a daily task deletes old rows in batches (portal/dashboard/services.py) ---
 def env_retention_days(name: str, *, default: int, least: int = 1) -> int:
     """Days to keep; 0 keeps forever."""

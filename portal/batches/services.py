@@ -204,3 +204,28 @@ def batches_pause_set(*, paused: bool, by: str) -> None:
     BatchPause.objects.update_or_create(
         pk=1, defaults={"paused": paused, "changed_at": timezone.now(), "changed_by": by[:150]}
     )
+
+
+# --- Retention -------------------------------------------------------------------------------------
+
+
+def batches_prune(*, now: dt.datetime, batch_size: int) -> int:
+    """Delete files past their `expires_at` (row, then stored bytes), except the input of a batch
+    still running, and the lines of batches whose files are all gone (their results live in the
+    files until then). Returns how many files went."""
+    from portal.core.services import delete_in_batches
+
+    active_inputs = Batch.objects.exclude(status__in=TERMINAL_STATUSES).values("input_file_id")
+    expired = BatchFile.objects.filter(expires_at__lt=now).exclude(pk__in=active_inputs)
+    deleted = 0
+    for file in expired.iterator(chunk_size=batch_size):
+        file_delete(file=file)
+        deleted += 1
+    ended = Batch.objects.filter(
+        status__in=TERMINAL_STATUSES, output_file__isnull=True, error_file__isnull=True
+    )
+    ended = ended.filter(
+        created_at__lt=now - dt.timedelta(days=max(1, settings.BATCH_FILE_RETENTION_DAYS or 36_500))
+    )
+    delete_in_batches(BatchLine.objects.filter(batch__in=ended), batch_size=batch_size)
+    return deleted

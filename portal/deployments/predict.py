@@ -281,9 +281,7 @@ def predict(request):
             error = f"{exc.field}: {exc.message}" if exc.field else exc.message
     else:
         error = "; ".join(f"{field}: {' '.join(errors)}" for field, errors in planner_form.errors.items())
-    hidden = [
-        (key, value) for key, value in request.GET.items() if key not in ("mix", "concurrency", "node")
-    ]
+    hidden = [(key, value) for key, value in request.GET.items() if key not in ("mix", "concurrency", "node")]
     return render(
         request,
         "deployments/predict.html",

@@ -50,6 +50,7 @@ def batch_caller_now(key_id: int) -> Caller | None:
 
 async def batch_caller(key_id: int) -> Caller | None:
     """`batch_caller_now`, from an event loop."""
+
     def load() -> Caller | None:
         close_old_connections()  # a worker thread's connection, as the gateway's own loads do
         return batch_caller_now(key_id)

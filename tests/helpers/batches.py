@@ -164,3 +164,20 @@ def assert_each_line_once(batch) -> list[dict]:
         ran.filter(state=LineState.FAILED).count(),
     )
     return written
+
+
+def serve_vllm(vllm_server, *, team, node) -> BatchSetup:
+    """The session's vLLM-CPU tiny model registered with its path (the gateway counts its tokens
+    with its tokenizer), one deployment serving it, and a key of `team` for it."""
+    from portal.registry.services import model_version_create
+
+    config = json.loads((vllm_server.model_dir / "config.json").read_text())
+    version = model_version_create(name=vllm_server.model, config=config, path=str(vllm_server.model_dir))
+    profile = builders.profile(name="tiny-cpu-batch", model_version=version)
+    deployment = builders.deployment(
+        name="tiny-cpu-batch", team=team, model_version=version, profile=profile, node=node,
+        desired_state="running", state="serving", endpoint_url=vllm_server.base_url, concurrency_cap=4,
+        shared=True,
+    )  # fmt: skip
+    key, token = builders.api_key(team, models=[vllm_server.model])
+    return BatchSetup(team, key, token, vllm_server.model, deployment)

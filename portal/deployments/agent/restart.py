@@ -29,4 +29,3 @@ def deployment_restart(deployment_id: int, *, owner: str, reason: str = "restart
         return "lease lost"
     finally:
         lease.release()
-

@@ -368,4 +368,3 @@ def _fail(lease: Lease, deployment: Deployment, failure: StepFailed, launch: _La
         log_tail=tail,
     )
     event(deployment.pk, "failed", EventStatus.FAILED, f"[{failure.code}] {failure.message}")
-

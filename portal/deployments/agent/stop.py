@@ -103,7 +103,6 @@ def _drain(lease: Lease, deployment: Deployment) -> str:
         time.sleep(0.5)
 
 
-
 def stop_node_servers(node_name: str, *, reason: str) -> int:
     """Stop every server process of the node now (no drain), leaving desired states alone."""
     stopped = 0
@@ -123,4 +122,3 @@ def stop_node_servers(node_name: str, *, reason: str) -> int:
         finally:
             lease.release()
     return stopped
-

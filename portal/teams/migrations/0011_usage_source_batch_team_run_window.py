@@ -5,25 +5,35 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('teams', '0010_usage_status_interrupted'),
+        ("teams", "0010_usage_status_interrupted"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='team',
-            name='batch_run_window',
-            field=models.CharField(blank=True, help_text="Hours when this team's batches run, e.g. 20:00-07:00 (blank: the portal's window).", max_length=11, validators=[django.core.validators.RegexValidator('^([01]\\d|2[0-3]):[0-5]\\d-([01]\\d|2[0-3]):[0-5]\\d$', 'Use HH:MM-HH:MM.')]),
+            model_name="team",
+            name="batch_run_window",
+            field=models.CharField(
+                blank=True,
+                help_text="Hours when this team's batches run, e.g. 20:00-07:00 (blank: the portal's window).",
+                max_length=11,
+                validators=[
+                    django.core.validators.RegexValidator(
+                        "^([01]\\d|2[0-3]):[0-5]\\d-([01]\\d|2[0-3]):[0-5]\\d$", "Use HH:MM-HH:MM."
+                    )
+                ],
+            ),
         ),
         migrations.AddField(
-            model_name='usage',
-            name='batch_id',
-            field=models.CharField(blank=True, default='', max_length=40),
+            model_name="usage",
+            name="batch_id",
+            field=models.CharField(blank=True, default="", max_length=40),
         ),
         migrations.AddField(
-            model_name='usage',
-            name='source',
-            field=models.CharField(choices=[('gateway', 'gateway'), ('batch', 'batch')], default='gateway', max_length=12),
+            model_name="usage",
+            name="source",
+            field=models.CharField(
+                choices=[("gateway", "gateway"), ("batch", "batch")], default="gateway", max_length=12
+            ),
         ),
     ]

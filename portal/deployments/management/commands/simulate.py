@@ -159,9 +159,7 @@ class Command(BaseCommand):
         calibrated = "fitted" if "fit" in result else ("saved" if calibration is not None else "uncalibrated")
         if options["node"] and calibration is not None and "fit" not in result:
             calibrated = f"node {options['node']}'s acceptance"
-        self.stdout.write(
-            f"host costs ({calibrated}): " + describe_calibration(result["calibration"])
-        )
+        self.stdout.write(f"host costs ({calibrated}): " + describe_calibration(result["calibration"]))
         self.stdout.write(format_table(result["levels"]))
         self.stdout.write("")
         self.stdout.write(
