@@ -15,7 +15,7 @@ from portal.gateway.internal import batch_caller_now
 
 from . import services
 from .models import Batch, BatchLine, BatchStatus, WaitReason
-from .runner import lease_release, lease_take
+from .runner import RUNNABLE, lease_release, lease_take
 from .validation import validate_file
 
 log = logging.getLogger("portal.batches")
@@ -86,9 +86,7 @@ def batches_dispatch() -> dict[str, int]:
         services.send_on_commit("batches.validate", batch_id)
         sent["validate"] += 1
     budget_waits = Q(wait_reason=WaitReason.DAILY_BUDGET, wait_until__gt=now, expires_at__gt=now)
-    runnable = Batch.objects.filter(
-        idle, status__in=[BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING]
-    ).exclude(budget_waits)
+    runnable = Batch.objects.filter(idle, status__in=RUNNABLE).exclude(budget_waits)
     for batch_id in runnable.values_list("pk", flat=True):
         services.batch_send_run(batch_id=batch_id)
         sent["run"] += 1

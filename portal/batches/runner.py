@@ -43,6 +43,8 @@ from .windows import next_window_start, within_window
 
 log = logging.getLogger("portal.batches")
 
+# How long a runner holds the batch while it writes the output and error files.
+FINALIZE_LEASE = dt.timedelta(minutes=10)
 # Upstream failures of one line before it is failed for good (a refusal for room never counts).
 LINE_MAX_ATTEMPTS = 3
 # The gateway's answers that mean "not now": the line goes back to pending, and is sent again later.
@@ -111,7 +113,7 @@ def _lease() -> dt.timedelta:
 @dataclass(frozen=True)
 class Tick:
     lost: bool = False  # another runner holds the batch, or it ended
-    end: str = ""  # "cancelled" or "expired": stop dispatching, finish with what completed
+    end: str = ""  # "cancelled", "expired" or "finalizing": stop dispatching, finish with what completed
     wait: str = ""  # a WaitReason: stop dispatching, leave once the lines in flight are done
     wait_until: dt.datetime | None = None
 
@@ -124,6 +126,8 @@ def _tick(batch_id: int, token: uuid.UUID) -> Tick:
     batch = Batch.objects.select_related("team").get(pk=batch_id)
     if batch.status == BatchStatus.CANCELLING:
         return Tick(end="cancelled")
+    if batch.status == BatchStatus.FINALIZING:  # a runner died while writing the files: write them again
+        return Tick(end="finalizing")
     if batch.status != BatchStatus.IN_PROGRESS:
         return Tick(lost=True)
     if now >= batch.expires_at:
@@ -242,7 +246,8 @@ class Runner:
                     return "completed"
             if not inflight:
                 if tick.end:
-                    await _db(finish, batch_id=self.batch.pk, token=self.token, end=tick.end)
+                    end = "" if tick.end == "finalizing" else tick.end
+                    await _db(finish, batch_id=self.batch.pk, token=self.token, end=end)
                     return tick.end
                 if tick.wait:
                     await _db(_set_wait, self.batch.pk, self.token, tick.wait, tick.wait_until)
@@ -324,11 +329,17 @@ def finish(*, batch_id: int, token: uuid.UUID, end: str) -> bool:
     the output file (answers with status 200) and the error file (the rest) are built from the rows in
     line order; then the batch ends, under this runner's lease. False if the lease was lost."""
     now = timezone.now()
+    # Building the files of a large batch can outlast a lease: hold the batch long enough for it.
+    if not Batch.objects.filter(pk=batch_id, runner_token=token).update(
+        runner_lease_until=now + FINALIZE_LEASE
+    ):
+        return False
     if end == "":
-        if not services.batch_move(
+        services.batch_move(
             batch_id=batch_id, from_statuses=[BatchStatus.IN_PROGRESS], to=BatchStatus.FINALIZING
-        ):
-            return False
+        )
+        if not Batch.objects.filter(pk=batch_id, status=BatchStatus.FINALIZING).exists():
+            return False  # cancelled or expired meanwhile: the next run ends it that way
     elif end == "cancelled":
         services.lines_cancel_pending(batch_id=batch_id)
     else:
@@ -380,6 +391,8 @@ def finish(*, batch_id: int, token: uuid.UUID, end: str) -> bool:
 # --- Entry points (tasks) --------------------------------------------------------------------------
 
 _loop: asyncio.AbstractEventLoop | None = None
+# The statuses a runner takes a batch in (FINALIZING: one whose runner died writing its files).
+RUNNABLE = [BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING, BatchStatus.FINALIZING]
 
 
 def _event_loop() -> asyncio.AbstractEventLoop:
@@ -394,9 +407,7 @@ def _event_loop() -> asyncio.AbstractEventLoop:
 def batch_run(*, batch_id: int) -> str:
     """Run (or resume) a batch in this process; a no-op if a live runner holds it."""
     token = uuid.uuid4()
-    if not lease_take(
-        batch_id=batch_id, token=token, statuses=[BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING]
-    ):
+    if not lease_take(batch_id=batch_id, token=token, statuses=RUNNABLE):
         return "not runnable here (held by a live runner, or not in progress)"
     loop = _event_loop()
     try:

@@ -101,3 +101,19 @@ def test_the_dispatcher_resumes_a_batch_whose_runner_lease_lapsed_and_leaves_a_l
         wait_until=timezone.now() + dt.timedelta(hours=1),
     )
     assert batches_dispatch() == {"validate": 0, "run": 0}  # its budget resets later: nothing to try
+
+
+def test_a_batch_whose_runner_died_writing_its_files_is_finished_by_the_next(started):
+    BatchLine.objects.filter(batch=started).update(
+        state=LineState.SUCCEEDED, response_status=200, response_body={"choices": []}
+    )
+    Batch.objects.filter(pk=started.pk).update(
+        status=BatchStatus.FINALIZING,
+        runner_token="00000000-0000-0000-0000-000000000001",
+        runner_lease_until=timezone.now() - dt.timedelta(seconds=1),
+    )
+    assert batches_dispatch()["run"] == 1
+    assert batch_run(batch_id=started.pk) == "finalizing"
+    started.refresh_from_db()
+    assert started.status == BatchStatus.COMPLETED and started.request_completed == 4
+    assert len(read_jsonl(file_read(file=started.output_file))) == 4
