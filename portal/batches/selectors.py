@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 from django.db.models import Count, Q, QuerySet
+from django.utils import timezone
 
 from .models import Batch, BatchFile, BatchLine, LineState
 
@@ -94,3 +96,38 @@ def batches_paused() -> bool:
     from .models import BatchPause
 
     return BatchPause.objects.filter(pk=1, paused=True).exists()
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A batch's progress for its page: lines done of the total, the rate over the last minutes and
+    the estimated finish at that rate (None when nothing finished lately, or nothing is left)."""
+
+    done: int
+    total: int
+    lines_per_s: float
+    eta: dt.datetime | None
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.done / self.total if self.total else 0.0
+
+
+RATE_WINDOW = dt.timedelta(minutes=5)
+
+
+def batch_progress(*, batch: Batch, now: dt.datetime | None = None) -> Progress:
+    """Done lines (answered or failed) and the estimated finish at the rate of the last 5 minutes."""
+    now = now or timezone.now()
+    lines = BatchLine.objects.filter(batch_id=batch.pk)
+    counts = lines.aggregate(
+        done=Count("id", filter=Q(state__in=[LineState.SUCCEEDED, LineState.FAILED])),
+        recent=Count(
+            "id",
+            filter=Q(finished_at__gte=now - RATE_WINDOW, state__in=[LineState.SUCCEEDED, LineState.FAILED]),
+        ),
+    )
+    rate = counts["recent"] / RATE_WINDOW.total_seconds()
+    left = batch.request_total - counts["done"]
+    eta = now + dt.timedelta(seconds=left / rate) if rate and left > 0 else None
+    return Progress(done=counts["done"], total=batch.request_total, lines_per_s=rate, eta=eta)

@@ -117,3 +117,15 @@ def test_a_batch_whose_runner_died_writing_its_files_is_finished_by_the_next(sta
     started.refresh_from_db()
     assert started.status == BatchStatus.COMPLETED and started.request_completed == 4
     assert len(read_jsonl(file_read(file=started.output_file))) == 4
+
+
+def test_progress_estimates_the_finish_at_the_rate_of_the_last_minutes(started):
+    from portal.batches.selectors import batch_progress
+
+    now = timezone.now()
+    first, second = BatchLine.objects.filter(batch=started).order_by("line_number")[:2]
+    BatchLine.objects.filter(pk__in=[first.pk, second.pk]).update(state=LineState.SUCCEEDED, finished_at=now)
+    progress = batch_progress(batch=started, now=now)
+    assert (progress.done, progress.total, progress.percent) == (2, 4, 50.0)
+    assert progress.lines_per_s == pytest.approx(2 / 300)
+    assert progress.eta == now + dt.timedelta(seconds=300)  # 2 left at 2 per 5 minutes

@@ -24,17 +24,30 @@ LEASE_S = 2
 
 
 def start_sim(*, speedup: float = 20.0, max_num_seqs: int = 64) -> tuple[str, subprocess.Popen]:
-    """The simulated vLLM server serving SIM_MODEL (a 7B on a V100, `speedup` times faster)."""
+    """The simulated vLLM server serving SIM_MODEL (a 7B on a V100, `speedup` times faster). A free
+    port can be taken by another process before the server binds it: then once more on another."""
+    try:
+        return _start_sim(speedup=speedup, max_num_seqs=max_num_seqs)
+    except RuntimeError:
+        return _start_sim(speedup=speedup, max_num_seqs=max_num_seqs)
+
+
+def _start_sim(*, speedup: float, max_num_seqs: int) -> tuple[str, subprocess.Popen]:
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "inference.sim", "--model", "llama-2-7b-chat-hf", "--served-model-name",
          SIM_MODEL, "--dtype", "float16", "--max-model-len", "4096", "--max-num-seqs", str(max_num_seqs),
          "--speedup", str(speedup), "--port", str(port), "--uvicorn-log-level", "warning"],
-        cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    wait_until_up(f"{url}/health", process, timeout=60)
+    try:
+        wait_until_up(f"{url}/health", process, timeout=60)
+    except RuntimeError as error:
+        stop(process) if process.poll() is None else None
+        raise RuntimeError(f"{error}: {process.stderr.read().decode(errors='replace')[-2000:]}") from None
+    process.stderr.close()  # never read again: a full pipe must not block the server
     return url, process
 
 
