@@ -113,3 +113,33 @@ def test_another_teams_file_and_batch_are_not_found(gateway, gw_redis, team, cpu
     assert listed["data"] == [] and listed["has_more"] is False
     no_key = httpx.get(f"{gateway.url}/v1/files")
     assert no_key.status_code == 401 and no_key.json()["error"]["code"] == "missing_api_key"
+
+
+def test_the_openai_client_lists_deletes_and_cancels(gateway, gw_redis, team, cpu_node):
+    from portal.batches.models import Batch
+
+    setup = serve_sim(team=team, node=cpu_node, upstream="http://127.0.0.1:9")
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=setup.token, max_retries=0)
+    uploaded = [
+        client.files.create(file=(f"in{n}.jsonl", jsonl(input_lines(1))), purpose="batch") for n in range(3)
+    ]
+    assert [f.id for f in client.files.list(purpose="batch")] == [f.id for f in reversed(uploaded)]
+    page = client.files.list(limit=2)
+    assert [f.id for f in page.data] == [uploaded[2].id, uploaded[1].id] and page.has_more
+    assert client.files.delete(uploaded[0].id).deleted is True
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(uploaded[0].id)
+    batch = client.batches.create(
+        input_file_id=uploaded[1].id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    cancelled = client.batches.cancel(batch.id)
+    assert cancelled.status == "cancelling" and cancelled.cancelling_at is not None
+    assert Batch.objects.get(public_id=batch.id).status == "cancelling"
+    with pytest.raises(openai.BadRequestError, match="completion_window"):
+        client.batches.create(
+            input_file_id=uploaded[1].id, endpoint="/v1/chat/completions", completion_window="1h"
+        )
+    with pytest.raises(openai.BadRequestError, match="endpoint"):
+        client.batches.create(
+            input_file_id=uploaded[1].id, endpoint="/v1/embeddings", completion_window="24h"
+        )
