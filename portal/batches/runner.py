@@ -221,12 +221,15 @@ class Runner:
 
     async def run(self) -> str:
         loop = asyncio.get_running_loop()
-        if self.batch.api_key_id is not None:
-            self.caller = await batch_caller(self.batch.api_key_id)
+        loaded_at = -float("inf")
         inflight: set[asyncio.Task] = set()
         pause_s = settings.BATCH_RUNNER_LEASE_S / 3
         while True:
             tick = await _db(_tick, self.batch.pk, self.token)
+            if loop.time() - loaded_at >= settings.GATEWAY_CACHE_S and self.batch.api_key_id is not None:
+                # The key's quotas, clamp and models as the gateway sees them: reloaded as often as its cache.
+                self.caller = await batch_caller(self.batch.api_key_id)
+                loaded_at = loop.time()
             if tick.lost:
                 await self._drain(inflight)
                 return "lost the lease"

@@ -143,3 +143,9 @@ def test_the_openai_client_lists_deletes_and_cancels(gateway, gw_redis, team, cp
         client.batches.create(
             input_file_id=uploaded[1].id, endpoint="/v1/embeddings", completion_window="24h"
         )
+
+
+def test_a_mistyped_batches_path_is_the_gateways_json_404_naming_it(gateway):
+    answer = httpx.get(f"{gateway.url}/v1/batchs")
+    assert answer.status_code == 404
+    assert "Did you mean /v1/batches?" in answer.json()["error"]["message"]
