@@ -171,10 +171,6 @@ def batch_move(*, batch_id: int, from_statuses: list[str], to: str, **fields) ->
     return Batch.objects.filter(pk=batch_id, status__in=from_statuses).update(status=to, **fields) == 1
 
 
-def batch_is_terminal(status: str) -> bool:
-    return status in TERMINAL_STATUSES
-
-
 def lines_create(*, batch: Batch, lines: list[tuple[int, str, dict]]) -> None:
     """Store the validated lines (line number, custom_id, body) in one go."""
     BatchLine.objects.bulk_create(
