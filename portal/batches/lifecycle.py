@@ -4,9 +4,11 @@ alive (killed, or left to wait), so no batch depends on one task message arrivin
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import uuid
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -75,19 +77,33 @@ def _error(code: str, message: str) -> dict:
     return {"code": code, "message": message, "param": None, "line": None}
 
 
+def dispatch_grace_s() -> float:
+    """How long a message the dispatcher sent may wait for a worker before it sends another: so a
+    batch waiting behind busy workers gets one message a minute, not one per beat."""
+    return max(60.0, 3 * settings.BATCH_DISPATCH_INTERVAL_S)
+
+
 def batches_dispatch() -> dict[str, int]:
     """Send a validation or a run for every batch that needs one and has no live runner: new ones,
     those whose runner died (its lease lapsed), those waiting (paused, outside their window, past
-    their daily budget's reset) and those past their window (the runner expires them)."""
+    their daily budget's reset) and those past their window (the runner expires them). Each send
+    marks the batch (`runner_lease_until` without a token) for `dispatch_grace_s`: a runner takes
+    it at once, the dispatcher leaves it alone until then."""
     now = timezone.now()
-    idle = Q(runner_token__isnull=True) | Q(runner_lease_until__lt=now)
-    sent = {"validate": 0, "run": 0}
-    for batch_id in Batch.objects.filter(idle, status=BatchStatus.VALIDATING).values_list("pk", flat=True):
-        services.send_on_commit("batches.validate", batch_id)
-        sent["validate"] += 1
+    grace = dispatch_grace_s()
+    idle = Q(runner_lease_until__isnull=True) | Q(runner_lease_until__lt=now)
     budget_waits = Q(wait_reason=WaitReason.DAILY_BUDGET, wait_until__gt=now, expires_at__gt=now)
-    runnable = Batch.objects.filter(idle, status__in=RUNNABLE).exclude(budget_waits)
-    for batch_id in runnable.values_list("pk", flat=True):
-        services.batch_send_run(batch_id=batch_id)
-        sent["run"] += 1
+    sent = {"validate": 0, "run": 0}
+    candidates = Batch.objects.filter(idle, status__in=[BatchStatus.VALIDATING, *RUNNABLE]).exclude(
+        budget_waits
+    )
+    for batch_id, status in candidates.values_list("pk", "status"):
+        marked = Batch.objects.filter(idle, pk=batch_id).update(
+            runner_token=None, runner_lease_until=now + dt.timedelta(seconds=grace)
+        )
+        if not marked:  # a runner took it meanwhile
+            continue
+        task = "validate" if status == BatchStatus.VALIDATING else "run"
+        services.send_on_commit(f"batches.{task}", batch_id, expires_s=grace)
+        sent[task] += 1
     return sent

@@ -129,7 +129,9 @@ def batch_create(
     return batch
 
 
-def send_on_commit(task: str, batch_id: int) -> None:
+def send_on_commit(task: str, batch_id: int, *, expires_s: float | None = None) -> None:
+    """Send a batch task by name once the transaction commits (`expires_s`: a message no worker
+    took by then is dropped; the dispatcher has sent a newer one)."""
     from portal.celery import app
 
     def send() -> None:
@@ -137,14 +139,14 @@ def send_on_commit(task: str, batch_id: int) -> None:
             app.loader.import_default_modules()
             app.tasks[task].apply(args=[batch_id])
         else:
-            app.send_task(task, args=[batch_id])
+            app.send_task(task, args=[batch_id], expires=expires_s)
 
     transaction.on_commit(send)
 
 
-def batch_send_run(*, batch_id: int) -> None:
+def batch_send_run(*, batch_id: int, expires_s: float | None = None) -> None:
     """Ask a batch worker to run (or resume) the batch; a duplicate is a no-op (its lease)."""
-    send_on_commit("batches.run", batch_id)
+    send_on_commit("batches.run", batch_id, expires_s=expires_s)
 
 
 def batch_cancel(*, batch: Batch) -> Batch:

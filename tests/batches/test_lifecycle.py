@@ -95,6 +95,8 @@ def test_the_dispatcher_resumes_a_batch_whose_runner_lease_lapsed_and_leaves_a_l
     assert batches_dispatch() == {"validate": 0, "run": 0}
     Batch.objects.filter(pk=started.pk).update(runner_lease_until=timezone.now() - dt.timedelta(seconds=1))
     assert batches_dispatch() == {"validate": 0, "run": 1}
+    assert batches_dispatch() == {"validate": 0, "run": 0}  # sent: not again while a worker may take it
+    Batch.objects.filter(pk=started.pk).update(runner_lease_until=None)
     Batch.objects.filter(pk=started.pk).update(
         runner_token=None,
         wait_reason=WaitReason.DAILY_BUDGET,
