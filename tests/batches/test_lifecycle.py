@@ -131,3 +131,30 @@ def test_progress_estimates_the_finish_at_the_rate_of_the_last_minutes(started):
     assert (progress.done, progress.total, progress.percent) == (2, 4, 50.0)
     assert progress.lines_per_s == pytest.approx(2 / 300)
     assert progress.eta == now + dt.timedelta(seconds=300)  # 2 left at 2 per 5 minutes
+
+
+def test_the_portals_run_window_holds_a_team_without_its_own(started, settings):
+    now = timezone.localtime()
+    opens, closes = now + dt.timedelta(hours=1), now + dt.timedelta(hours=2)
+    settings.BATCH_RUN_WINDOW = f"{opens:%H:%M}-{closes:%H:%M}"
+    assert batch_run(batch_id=started.pk) == "waiting: run_window"
+
+
+@pytest.mark.parametrize(
+    ("window", "time", "inside"),
+    [
+        ("20:00-07:00", "23:30", True),
+        ("20:00-07:00", "06:59", True),
+        ("20:00-07:00", "07:00", False),
+        ("20:00-07:00", "12:00", False),
+        ("09:00-17:00", "09:00", True),
+        ("09:00-17:00", "17:00", False),
+        ("00:00-00:00", "12:00", True),
+    ],
+)
+def test_a_window_across_midnight_runs_from_its_start_to_its_end_the_next_morning(window, time, inside):
+    from portal.batches.windows import within_window
+
+    hour, minute = map(int, time.split(":"))
+    moment = timezone.make_aware(dt.datetime(2026, 12, 4, hour, minute))
+    assert within_window(window, moment) is inside
