@@ -272,7 +272,7 @@ class Runner:
             log.exception(
                 "batch %s line %s: not stored; it will be sent again", self.batch.public_id, line.line_number
             )
-            self.retry_at = asyncio.get_running_loop().time() + settings.BATCH_RETRY_S
+            self.retry_at = max(self.retry_at, asyncio.get_running_loop().time() + settings.BATCH_RETRY_S)
             try:
                 await _db(_release, line.pk, self.token, undo_attempt=True)
             except Exception:
