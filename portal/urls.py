@@ -26,6 +26,8 @@ router.register("rollouts", RolloutViewSet, basename="rollout")
 urlpatterns = [
     path("favicon.ico", favicon, name="favicon"),
     path("admin/", admin.site.urls),
+    # Files and batches first: the gateway's URLconf ends with its JSON 404 for any other /v1/ path.
+    path("v1/", include("portal.batches.urls")),
     path("v1/", include("portal.gateway.urls")),
     path("v1", unknown_path, name="gateway-root"),  # the gateway's JSON 404, naming its endpoints
     # Before observability's deployments/<name>/, so deployments/new/ is the create page.

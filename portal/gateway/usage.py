@@ -100,6 +100,10 @@ class Exchange:
     usage_doubted: bool = False  # an upstream's usage was out of bounds (logged once per request)
     answer_deadline: float = 0.0  # loop time by which a whole (non-streamed) answer must be in
     opened: bool = False  # its `interrupted` record waits in Redis (`open`) until it finishes
+    # False for a batch line (gateway/internal.py): its one usage row is written with the line's
+    # result, in one transaction, so no record is queued here, not even an `interrupted` one.
+    record_usage: bool = True
+    outcome: tuple[UsageStatus, int, str] | None = None  # (status, HTTP status, error code) once finished
 
     def admitted(self, admission: Admission) -> None:
         """Known before the request queues, so a client leaving the queue still gets its slots
@@ -179,6 +183,8 @@ class Exchange:
         which the daily counters then still hold. Its lease is renewed with the request's slots; the
         usage flush queues it once the lease lapsed (docs/concurrency.md, "Requests whose gateway
         process died"). One Redis call per request, none per chunk."""
+        if not self.record_usage:
+            return
         assert self.caller is not None  # opened once admitted
         record = self._record(self.caller, UsageStatus.INTERRUPTED, 500, "gateway_interrupted")
         completion = max(0, reserved_tokens - self.prompt_tokens)
@@ -203,6 +209,7 @@ class Exchange:
         if self.finished:
             return
         self.finished = True
+        self.outcome = (status, http_status, error_code)
         await asyncio.shield(self._finish(status, http_status, error_code))
 
     async def _finish(self, status: UsageStatus, http_status: int, error_code: str) -> None:
@@ -227,7 +234,8 @@ class Exchange:
                 admission=self.admission,
                 used_tokens=used,
                 deployment_id=self.deployment_id,
-                usage=record.to_dict(),  # the limiter (inference/, no portal types) takes JSON-ready data
+                # The limiter (inference/, no portal types) takes JSON-ready data; none: not queued.
+                usage=record.to_dict() if self.record_usage else None,
                 replica_slots=self.replica_slots,
             )
             if self.opened:  # after its own record is queued: a death between leaves both, stored once
@@ -241,6 +249,12 @@ class Exchange:
             log.exception(
                 "usage not recorded for request %s (team %s)", self.request_id, self.caller.team_slug
             )
+
+    def usage_record(self) -> UsageRecord:
+        """The record of a finished exchange (what `finish` queued, or would have)."""
+        assert self.outcome is not None, "the exchange has not finished"
+        assert self.caller is not None  # finished after admission
+        return self._record(self.caller, *self.outcome)
 
     def _record(self, caller: Caller, status: UsageStatus, http_status: int, error_code: str) -> UsageRecord:
         return UsageRecord(

@@ -143,6 +143,7 @@ LAYERS = (
     "rollouts",
     "gateway",
     "playground",
+    "batches",
     "dashboard",
 )
 
