@@ -42,6 +42,7 @@ urlpatterns = [
     path("models/", include("portal.registry.urls")),
     path("teams/", include("portal.teams.urls")),
     path("teams/", include("portal.playground.urls")),
+    path("", include("portal.batches.page_urls")),
     path("benchmarks/", include("portal.benchmarks.urls")),
     path("rollouts/", include("portal.rollouts.urls")),
     path("", include("portal.dashboard.urls")),
