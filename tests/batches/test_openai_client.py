@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 
+from devtools import stop
 from tests.helpers import builders
 from tests.helpers.batches import (
     empty_batch_queue,
@@ -19,7 +20,6 @@ from tests.helpers.batches import (
     start_sim,
     usage_of,
 )
-from tests.helpers.processes import stop
 from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True)]

@@ -8,13 +8,13 @@ import json
 import httpx
 import pytest
 
+from devtools import stop
 from portal.batches.lifecycle import batch_validate
 from portal.batches.models import Batch, BatchLine, BatchStatus
 from portal.batches.services import batch_create, file_create
 from tests.helpers import builders
 from tests.helpers.batches import SIM_MODEL, input_lines, jsonl
 from tests.helpers.gateway import start_gateway
-from tests.helpers.processes import stop
 
 pytestmark = [pytest.mark.django_db]
 

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 import redis
 from django.conf import settings
 
+from devtools import free_port, stop, wait_for_http
 from portal.core.redis.client import redis_keys
 from tests.helpers import ROOT, builders
-from tests.helpers.processes import free_port, stop, wait_until_up, worker_env
+from tests.helpers.processes import worker_env
 
 SIM_MODEL = "batch-sim"
 BATCH_QUEUE = "batches"
@@ -43,7 +44,7 @@ def _start_sim(*, speedup: float, max_num_seqs: int) -> tuple[str, subprocess.Po
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_up(f"{url}/health", process, timeout=60)
+        wait_for_http(f"{url}/health", timeout_s=60, watch=process)
     except RuntimeError as error:
         stop(process) if process.poll() is None else None
         raise RuntimeError(f"{error}: {process.stderr.read().decode(errors='replace')[-2000:]}") from None
