@@ -105,13 +105,22 @@ def batch_submit(key_id: str, args, round_: int) -> int:
     return batch.pk
 
 
-def lines_finished_between(batch_id: int, start_at: float, end_at: float) -> int:
+def lines_finished_between(batch_id: int, start_at: float, end_at: float) -> tuple[int, float]:
+    """(lines finished in the window, their rate: over the window, or until the batch's last line
+    when it ended sooner)."""
     import datetime as dt
+
+    from django.db.models import Max
 
     from portal.batches.models import BatchLine
 
     since, until = (dt.datetime.fromtimestamp(t, tz=dt.UTC) for t in (start_at, end_at))
-    return BatchLine.objects.filter(batch_id=batch_id, finished_at__gte=since, finished_at__lt=until).count()
+    rows = BatchLine.objects.filter(batch_id=batch_id, finished_at__gte=since, finished_at__lt=until)
+    done = rows.count()
+    pending = BatchLine.objects.filter(batch_id=batch_id, state__in=["pending", "running"]).exists()
+    last = rows.aggregate(last=Max("finished_at"))["last"]
+    span = end_at - start_at if pending or last is None else max(1e-3, last.timestamp() - start_at)
+    return done, done / span
 
 
 def arrival_offsets(args, seed: int) -> list[float]:
@@ -183,8 +192,8 @@ def run_round(url: str, token: str, key_id: str, args, round_: int, directory: P
             runner.wait(timeout=60)
         except subprocess.TimeoutExpired:
             stop(runner)
-    done = lines_finished_between(batch_id, began, ended)
-    mixed |= {"batch_lines": done, "batch_lines_s": done / (ended - began)}
+    done, rate = lines_finished_between(batch_id, began, ended)
+    mixed |= {"batch_lines": done, "batch_lines_s": rate}
     return {"alone": alone, "with batch": mixed}
 
 
@@ -204,6 +213,7 @@ def main() -> int:
     parser.add_argument(
         "--check", action="store_true", help=f"exit 1 if the P50 ratio exceeds {TARGET_RATIO}"
     )
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, database)")
     parser.add_argument("--run-batch", type=int, help=argparse.SUPPRESS)  # the child: run this batch
     args = parser.parse_args()
     if args.run_batch is not None:
@@ -241,7 +251,10 @@ def main() -> int:
     finally:
         for process in reversed(processes):
             stop(process)
-        shutil.rmtree(directory, ignore_errors=True)
+        if args.keep:
+            print(f"batch bench: kept {directory}", file=sys.stderr)
+        else:
+            shutil.rmtree(directory, ignore_errors=True)
     return 1 if args.check and not ratio <= TARGET_RATIO else 0
 
 
