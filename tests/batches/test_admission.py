@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from devtools import stop
+from devtools import stop, wait_until
 from tests.helpers.batches import (
     assert_each_line_once,
     create_batch,
@@ -17,7 +17,6 @@ from tests.helpers.batches import (
     usage_of,
 )
 from tests.helpers.gateway import make_setup, spawn_fake_upstream
-from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

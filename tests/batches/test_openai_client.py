@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from devtools import stop
+from devtools import stop, wait_until
 from tests.helpers import builders
 from tests.helpers.batches import (
     empty_batch_queue,
@@ -20,7 +20,6 @@ from tests.helpers.batches import (
     start_sim,
     usage_of,
 )
-from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

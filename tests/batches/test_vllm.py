@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from devtools import stop
+from devtools import stop, wait_until
 from tests.helpers.batches import (
     assert_each_line_once,
     create_batch,
@@ -15,7 +15,6 @@ from tests.helpers.batches import (
     serve_vllm,
     start_batch_worker,
 )
-from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.vllm]
 

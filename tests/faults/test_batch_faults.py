@@ -11,7 +11,7 @@ import signal
 import pytest
 from django.utils import timezone
 
-from devtools import stop
+from devtools import stop, wait_until
 from portal.batches.lifecycle import batch_validate, batches_dispatch
 from portal.batches.models import Batch, BatchLine, BatchStatus, LineState, WaitReason
 from portal.batches.services import batch_cancel
@@ -28,7 +28,6 @@ from tests.helpers.batches import (
     start_sim,
     usage_of,
 )
-from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 
