@@ -125,7 +125,8 @@ def lines_finished_between(batch_id: int, start_at: float, end_at: float) -> tup
 
 def arrival_offsets(args, seed: int) -> list[float]:
     rng = random.Random(seed)  # noqa: S311 (a reproducible schedule, not a secret)
-    offsets, t = [], 0.0
+    offsets: list[float] = []
+    t = 0.0
     while True:
         t += rng.expovariate(args.interactive_rate)
         if t >= args.duration:
