@@ -235,7 +235,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker:

@@ -54,9 +54,17 @@ def _rows(team_id: int, key_id: int, n: int, at: dt.datetime) -> list:
 
     return [
         Usage(
-            request_id=uuid.uuid4(), created_at=at - dt.timedelta(seconds=i % 3600), team_id=team_id,
-            api_key_id=key_id, model="llama-2-7b-chat-hf", endpoint="chat", status="completed",
-            http_status=200, prompt_tokens=200, completion_tokens=300, duration_ms=4000.0,
+            request_id=uuid.uuid4(),
+            created_at=at - dt.timedelta(seconds=i % 3600),
+            team_id=team_id,
+            api_key_id=key_id,
+            model="llama-2-7b-chat-hf",
+            endpoint="chat",
+            status="completed",
+            http_status=200,
+            prompt_tokens=200,
+            completion_tokens=300,
+            duration_ms=4000.0,
         )
         for i in range(n)
     ]

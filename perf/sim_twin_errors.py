@@ -141,29 +141,35 @@ def decode_step_evidence(item: dict, gpu) -> list[dict]:
         step = costs.step_time([ScheduledChunk(context, 1, True)] * users)
         gpu_ms = (step.gpu_s + step.launch_gap_s) * 1e3
         host_ms = step_ms - DECODE_STEP_SCHEDULING_S * 1e3
-        rows.append({
-            "file": item["path"].name,
-            "model": item["shape"],
-            "mode": item["mode"],
-            "users": users,
-            "layers": model.num_layers,
-            "step_ms": step_ms,
-            "gpu_ms": gpu_ms,
-            "overlapped_us_per_layer": host_ms / model.num_layers * 1e3,
-            "serial_us_per_layer": (host_ms - gpu_ms) / model.num_layers * 1e3,
-        })
+        rows.append(
+            {
+                "file": item["path"].name,
+                "model": item["shape"],
+                "mode": item["mode"],
+                "users": users,
+                "layers": model.num_layers,
+                "step_ms": step_ms,
+                "gpu_ms": gpu_ms,
+                "overlapped_us_per_layer": host_ms / model.num_layers * 1e3,
+                "serial_us_per_layer": (host_ms - gpu_ms) / model.num_layers * 1e3,
+            }
+        )
     return rows
 
 
 def print_decode_steps(reports: list[dict], gpu) -> None:
-    print("| run | mode | users | layers | decode step ms (median ITL) | simulated GPU part ms "
-          "| host µs/layer, overlapped | host µs/layer, in series |")
+    print(
+        "| run | mode | users | layers | decode step ms (median ITL) | simulated GPU part ms "
+        "| host µs/layer, overlapped | host µs/layer, in series |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for item in reports:
         for row in decode_step_evidence(item, gpu):
-            print(f"| {short_name(row['file'])} | {row['mode']} | {row['users']} | {row['layers']} "
-                  f"| {row['step_ms']:.1f} | {row['gpu_ms']:.1f} | {row['overlapped_us_per_layer']:.0f} "
-                  f"| {row['serial_us_per_layer']:.0f} |")
+            print(
+                f"| {short_name(row['file'])} | {row['mode']} | {row['users']} | {row['layers']} "
+                f"| {row['step_ms']:.1f} | {row['gpu_ms']:.1f} | {row['overlapped_us_per_layer']:.0f} "
+                f"| {row['serial_us_per_layer']:.0f} |"
+            )
 
 
 def short_name(file: str) -> str:
@@ -174,7 +180,7 @@ RANGE_OF = {"tok_s": "output_throughput", "tpot_ms": "mean_tpot_ms", "ttft_ms": 
 
 
 def inside_mark(confidence: dict, metric: str, measured: float) -> str:
-    """" ✓" when the measured figure is inside the predicted range, " ✗" when not, " ∅" when the
+    """ " ✓" when the measured figure is inside the predicted range, " ✗" when not, " ∅" when the
     twin gave no number."""
     if confidence["outside"] or not confidence["range"] or metric not in confidence["range"]:
         return " ∅"
@@ -263,8 +269,10 @@ def main() -> int:
                 row[label]["range"] = confidence.as_dict()
             rows.append(row)
 
-    print("| run | mode | users | tok/s meas. | uncal. | cal. | TPOT ms meas. | uncal. | cal. "
-          "| TTFT ms meas. | uncal. | cal. |")
+    print(
+        "| run | mode | users | tok/s meas. | uncal. | cal. | TPOT ms meas. | uncal. | cal. "
+        "| TTFT ms meas. | uncal. | cal. |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         cells = [short_name(row["file"]), row["mode"], str(row["users"])]

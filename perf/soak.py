@@ -135,7 +135,6 @@ def build_world(world: World, directory: Path, args) -> None:
     wait_for_http(f"{world.gateway}/v1/models", watch=gateway, timeout_s=60)
 
 
-
 def setup_portal(sim_url: str, *, quota_rpm: int) -> tuple[str, str]:
     """The simulator as the model's adopted endpoint; the two keys."""
     team, _deployment = adopted_endpoint(

@@ -155,9 +155,10 @@ def _copy_plain(rows: list) -> None:
 
     fields = _usage_columns()
     columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    with connection.cursor() as cursor, cursor.cursor.copy(
-        f"COPY {Usage._meta.db_table} ({columns}) FROM STDIN"
-    ) as copy:
+    with (
+        connection.cursor() as cursor,
+        cursor.cursor.copy(f"COPY {Usage._meta.db_table} ({columns}) FROM STDIN") as copy,
+    ):
         for row in rows:
             copy.write_row([getattr(row, f.attname) for f in fields])
 

@@ -17,6 +17,7 @@ django_handler = get_asgi_application()
 
 from django.conf import settings  # noqa: E402
 
+from portal.batches.apis import upload_limit  # noqa: E402
 from portal.core.bodylimit import App, BodyLimit  # noqa: E402
 from portal.gateway import timing  # noqa: E402
 from portal.gateway.asgi import GatewayHandler, body_refusal  # noqa: E402  (needs the apps loaded)
@@ -26,6 +27,8 @@ from portal.gateway.config import gateway_settings  # noqa: E402
 gateway_application = BodyLimit(
     GatewayHandler(), limit=lambda: gateway_settings().max_body_bytes, refusal=body_refusal
 )
+# `POST /v1/files` (a batch's input file) has a bound of its own, BATCH_FILE_MAX_BYTES.
+upload_application = BodyLimit(GatewayHandler(), limit=upload_limit, refusal=body_refusal)
 django_application = BodyLimit(
     cast(App, django_handler),  # its stubs type ASGI messages as Mappings, this module as dicts
     limit=lambda: settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
@@ -49,5 +52,7 @@ async def application(scope, receive, send):
     if scope["type"] == "http" and scope["path"].startswith("/v1/"):
         if timing.ON:  # perf/gateway_overhead.py's per-step table
             timing.begin()
+        if scope["path"] == "/v1/files" and scope["method"] == "POST":
+            return await upload_application(scope, receive, send)
         return await gateway_application(scope, receive, send)
     return await django_application(scope, receive, send)

@@ -101,6 +101,7 @@ INSTALLED_APPS = [
     "portal.deployments",
     "portal.gateway",
     "portal.playground",
+    "portal.batches",
     "portal.benchmarks",
     "portal.observability",
     "portal.rollouts",
@@ -174,6 +175,10 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
+
+# Uploaded and generated files (batch inputs and outputs) through default_storage; any
+# django-storages backend can replace the local file system in STORAGES["default"].
+MEDIA_ROOT = env.path("MEDIA_ROOT", default=str(VAR_DIR / "media"))
 
 STATIC_URL = "static/"
 STATIC_ROOT = env.path("STATIC_ROOT", default=str(VAR_DIR / "static"))
@@ -340,7 +345,12 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_EXPIRES = 3600
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Benchmarks have their own worker (`celery -A portal worker -Q benchmarks`); see portal/celery.py.
-CELERY_TASK_ROUTES = {"benchmarks.run": {"queue": "benchmarks"}}
+# Batch runners and validation too (`-Q batches`): a batch runs for hours.
+CELERY_TASK_ROUTES = {
+    "benchmarks.run": {"queue": "benchmarks"},
+    "batches.run": {"queue": "batches"},
+    "batches.validate": {"queue": "batches"},
+}
 
 # --- The portal itself ------------------------------------------------------------
 # Name of the node this process runs on when it acts as a node agent.
@@ -595,12 +605,41 @@ if GATEWAY_SLOT_LEASE_S < 3 * GATEWAY_REDIS_TIMEOUT_S:
         f"GATEWAY_SLOT_LEASE_S={GATEWAY_SLOT_LEASE_S:g} must be at least 3 × GATEWAY_REDIS_TIMEOUT_S "
         f"({3 * GATEWAY_REDIS_TIMEOUT_S:g}): a renewal that times out must be retried before the lease ends"
     )
+# --- Batches (portal/batches, docs/batches.md): OpenAI's Batch API on spare capacity -----------
+# An upload's size (its multipart body, read whole: bounded apart from GATEWAY_MAX_BODY_BYTES).
+BATCH_FILE_MAX_BYTES = env_number(
+    "BATCH_FILE_MAX_BYTES", default=100 * 1024 * 1024, minimum=1024, maximum=1024 * 1024 * 1024
+)
+BATCH_MAX_LINES = env_number("BATCH_MAX_LINES", default=50_000, minimum=1, maximum=1_000_000)
+# One line's bytes; its body must also pass the gateway's own GATEWAY_MAX_BODY_BYTES.
+BATCH_LINE_MAX_BYTES = env_number(
+    "BATCH_LINE_MAX_BYTES", default=1024 * 1024, minimum=256, maximum=64 * 1024 * 1024
+)
+# Uploaded and output files are deleted this many days after they were made (0 keeps them).
+BATCH_FILE_RETENTION_DAYS = int(
+    env_number("BATCH_FILE_RETENTION_DAYS", default=30, minimum=0, maximum=36_500)
+)
+# Lines of one batch in flight at once (each also waits for the gateway's batch share of a replica).
+BATCH_CONCURRENCY = env_number("BATCH_CONCURRENCY", default=16, minimum=1, maximum=1024)
+# A batch runner's lease, renewed while it runs: a killed runner's batch is taken over this long after.
+BATCH_RUNNER_LEASE_S = env_number("BATCH_RUNNER_LEASE_S", default=30.0, minimum=1.0, maximum=3600.0)
+# How often beat looks for batches to validate, run, resume, expire (and wakes waiting ones).
+BATCH_DISPATCH_INTERVAL_S = env_number("BATCH_DISPATCH_INTERVAL_S", default=10.0, minimum=0.5, maximum=3600.0)
+# A line refused for lack of room (rate limit, queue full or timed out) is sent again after this long
+# at least (or the gateway's Retry-After, if longer); it never counts as failed.
+BATCH_RETRY_S = env_number("BATCH_RETRY_S", default=2.0, minimum=0.05, maximum=3600.0)
+# Hours of the day (in TIME_ZONE) when batches run, "HH:MM-HH:MM" (across midnight allowed); empty:
+# always. A team's own window (Team's batch run window) overrides it.
+BATCH_RUN_WINDOW = env.str("BATCH_RUN_WINDOW", default="").strip()
+_WINDOW_RE = re.compile(r"^([01]\d|2[0-3]):[0-5]\d-([01]\d|2[0-3]):[0-5]\d$")
+if BATCH_RUN_WINDOW and not _WINDOW_RE.match(BATCH_RUN_WINDOW):
+    raise ImproperlyConfigured(f"BATCH_RUN_WINDOW={BATCH_RUN_WINDOW!r} must be HH:MM-HH:MM, e.g. 20:00-07:00")
+
 # --- Observability (portal/observability): /metrics and the dashboard's traffic history ---
 # Bearer token a Prometheus scraper sends to /metrics; unset, /metrics answers 404 (off).
 PORTAL_METRICS_TOKEN = env.str("PORTAL_METRICS_TOKEN", default="")
 # How often each process adds its in-memory counts to Redis (what a scrape can lag by).
 PORTAL_METRICS_FLUSH_S = env_number("PORTAL_METRICS_FLUSH_S", default=1.0, minimum=0.05, maximum=300.0)
-
 
 
 # --- Retention: a daily task deletes old rows in batches (portal/dashboard/services.py) ---
@@ -706,6 +745,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "inventory.sample_gpu_health_all",
         "schedule": GPU_HEALTH_SAMPLE_INTERVAL_S,
         "options": {"queue": "control", "expires": GPU_HEALTH_SAMPLE_INTERVAL_S},
+    },
+    # Batches: validate new ones, start or resume runners whose lease lapsed, expire, wake waiting ones.
+    "batches-dispatch": {
+        "task": "batches.dispatch",
+        "schedule": BATCH_DISPATCH_INTERVAL_S,
+        "options": {"expires": BATCH_DISPATCH_INTERVAL_S},
     },
     "retention-prune": {
         "task": "dashboard.retention_prune",

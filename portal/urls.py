@@ -26,6 +26,8 @@ router.register("rollouts", RolloutViewSet, basename="rollout")
 urlpatterns = [
     path("favicon.ico", favicon, name="favicon"),
     path("admin/", admin.site.urls),
+    # Files and batches first: the gateway's URLconf ends with its JSON 404 for any other /v1/ path.
+    path("v1/", include("portal.batches.urls")),
     path("v1/", include("portal.gateway.urls")),
     path("v1", unknown_path, name="gateway-root"),  # the gateway's JSON 404, naming its endpoints
     # Before observability's deployments/<name>/, so deployments/new/ is the create page.
@@ -40,6 +42,7 @@ urlpatterns = [
     path("models/", include("portal.registry.urls")),
     path("teams/", include("portal.teams.urls")),
     path("teams/", include("portal.playground.urls")),
+    path("", include("portal.batches.page_urls")),
     path("benchmarks/", include("portal.benchmarks.urls")),
     path("rollouts/", include("portal.rollouts.urls")),
     path("", include("portal.dashboard.urls")),

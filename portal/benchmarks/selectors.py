@@ -240,9 +240,7 @@ def _flatten(data: dict, prefix: str = "") -> dict:
     return flat
 
 
-def compare_runs(
-    a: BenchmarkRun, b: BenchmarkRun, *, threshold: float = 0.05, staff: bool = True
-) -> dict:
+def compare_runs(a: BenchmarkRun, b: BenchmarkRun, *, threshold: float = 0.05, staff: bool = True) -> dict:
     """Two runs side by side, levels matched by concurrency (or rate), with deltas b − a.
 
     A change beyond `threshold` (5 %) is marked better or worse by the metric's direction, but only

@@ -42,6 +42,6 @@ def clean_or_raise(instance: models.Model, *, exclude: list[str] | None = None) 
 
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:
-    """" Did you mean `x`?" naming the closest of `candidates` to a mistyped `name`, else ""."""
+    """ " Did you mean `x`?" naming the closest of `candidates` to a mistyped `name`, else ""."""
     close = difflib.get_close_matches(name, sorted(set(candidates) - {name}), n=1, cutoff=0.6)
     return f" Did you mean `{close[0]}`?" if close else ""

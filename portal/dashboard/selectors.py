@@ -155,9 +155,7 @@ def team_fronts(user) -> list[TeamFront]:
     # Live keys first (PostgreSQL sorts NULLs last by default), newest first.
     for key in ApiKey.objects.filter(
         team__in=teams, playground_user__isnull=True, benchmark_user__isnull=True
-    ).order_by(
-        F("revoked_at").asc(nulls_first=True), "-created_at"
-    ):
+    ).order_by(F("revoked_at").asc(nulls_first=True), "-created_at"):
         keys[key.team_id].append(key)
     midnight = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
     usage = {

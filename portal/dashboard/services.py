@@ -13,6 +13,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from portal.audit.models import AuditEvent
+from portal.batches.services import batches_prune
 from portal.core.services import delete_in_batches
 from portal.deployments.models import DeploymentEvent, MetricsSample
 from portal.inventory.models import GpuSample
@@ -39,5 +40,7 @@ def retention_prune(*, now: dt.datetime | None = None) -> dict[str, int]:
         if days:
             old = model._base_manager.filter(at__lt=now - dt.timedelta(days=days))
             done[key] = delete_in_batches(old, batch_size=batch)
+    # Batch files carry their own expiry (BATCH_FILE_RETENTION_DAYS, stamped when each was made).
+    done["batch_files"] = batches_prune(now=now, batch_size=batch)
     logger.info("retention: deleted %s", ", ".join(f"{n} {k}" for k, n in done.items()) or "nothing")
     return done

@@ -6,6 +6,7 @@ from django.contrib.auth.decorators import login_required
 from django.db.models import Q
 from django.shortcuts import render
 
+from portal.batches.load import batch_load_by_model
 from portal.core.charts import bar_chart_svg
 from portal.core.heartbeat import live_namespaces
 from portal.deployments.models import DeploymentProfile, DeploymentState, DesiredState
@@ -63,8 +64,26 @@ def _ops_dashboard(request):
             "processes": processes,
             "namespace_split": sorted({p.namespace for p in processes or []}) if processes else [],
             "sick_gpus": gpus_not_healthy_with_holders(),
+            "batch_load": _batch_load(deployments),
         },
     )
+
+
+def _batch_load(deployments) -> list[dict]:
+    """Batch lines in flight and queued per model, with the deployments that serve it (lines carry
+    no deployment: the gateway places each on one of them)."""
+    serving: dict[str, list] = {}
+    for h in deployments:
+        serving.setdefault(h.deployment.model_version.name, []).append(h.deployment)
+    return [
+        {
+            "model": load.model,
+            "in_flight": load.in_flight,
+            "queued": load.queued,
+            "deployments": serving.get(load.model, []),
+        }
+        for load in batch_load_by_model()
+    ]
 
 
 def _totals(traffic) -> dict | None:

@@ -201,8 +201,9 @@ class GpuIndicesField(forms.Field):
         kwargs.setdefault("required", False)
         kwargs.setdefault("label", "GPUs")
         kwargs.setdefault(
-            "help_text", "GPU indices on the node, like 0-3 or 0,2 (as many as the profile's tensor "
-            "parallel size); blank on a CPU node."
+            "help_text",
+            "GPU indices on the node, like 0-3 or 0,2 (as many as the profile's tensor "
+            "parallel size); blank on a CPU node.",
         )
         super().__init__(**kwargs)
 

@@ -26,7 +26,7 @@ from typing import cast
 
 from django.conf import settings
 from django.core.exceptions import RequestAborted
-from django.http import HttpResponse, HttpResponseBase
+from django.http import HttpResponse, HttpResponseBase, QueryDict
 from django.http.request import split_domain_port, validate_host
 from django.urls import Resolver404, ResolverMatch, URLResolver, get_resolver
 
@@ -47,7 +47,7 @@ class GatewayRequest:
     by GATEWAY_MAX_BODY_BYTES at the edge (portal.core.bodylimit) while it arrived; `META` holds
     the headers as Django names them (`HTTP_AUTHORIZATION`) and the peer's `REMOTE_ADDR`."""
 
-    __slots__ = ("META", "body", "method", "path", "resolver_match")
+    __slots__ = ("META", "_query", "body", "method", "path", "query_string", "resolver_match")
 
     def __init__(self, scope: dict, body: bytes) -> None:
         self.method: str = scope["method"]
@@ -60,6 +60,15 @@ class GatewayRequest:
         meta["SERVER_NAME"], meta["SERVER_PORT"] = server[0], str(server[1])
         self.META: dict[str, str] = meta
         self.resolver_match: ResolverMatch | None = None
+        self.query_string: bytes = scope.get("query_string", b"")
+        self._query: QueryDict | None = None
+
+    @property
+    def GET(self) -> QueryDict:
+        """The query string, parsed on first use (the completions routes never read it)."""
+        if self._query is None:
+            self._query = QueryDict(self.query_string.decode("latin1"))
+        return self._query
 
     @property
     def path_info(self) -> str:
@@ -141,7 +150,13 @@ class GatewayHandler:
         match = _resolved.matches.get(request.path)
         if match is None:
             match = resolver.resolve(request.path)
-            if match.url_name != "unknown-path" and len(_resolved.matches) < MAX_RESOLVED:
+            # A path with an id in it (`/v1/files/file-…`) is resolved each time: kept, such paths
+            # would fill the table and leave the completion routes out.
+            if (
+                match.url_name != "unknown-path"
+                and not match.kwargs
+                and len(_resolved.matches) < MAX_RESOLVED
+            ):
                 _resolved.matches[request.path] = match
         request.resolver_match = match
         return match

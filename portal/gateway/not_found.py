@@ -10,7 +10,8 @@ from django.views.decorators.csrf import csrf_exempt
 
 from .errors import GatewayError, error_response
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+# With the batch API beside it (portal/batches, routed before this catch-all).
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/files", "/v1/batches")
 
 
 def closest_endpoint(path: str) -> str | None:

@@ -93,6 +93,10 @@ class Exchange:
     opened: bool = False  # its `interrupted` record may wait in Redis (`open_record`) until it finishes
     _stopped: bool = False  # its slots are no longer renewed and upstream is closed (`_stop`)
     _reply: Awaitable[None] | None = None  # the finish script's reply, when `finish_soon` sent it
+    # False for a batch line (gateway/internal.py): its one usage row is written with the line's
+    # result, in one transaction, so no record is queued here, not even an `interrupted` one.
+    record_usage: bool = True
+    outcome: tuple[UsageStatus, int, str] | None = None  # (status, HTTP status, error code) once finished
 
     def admitted(self, admission: Admission) -> None:
         """Known before the request queues, so a client leaving the queue still gets its slots
@@ -175,6 +179,8 @@ class Exchange:
         reservation, under a lease renewed with the request's slots; the usage flush queues it
         once the lease lapsed (docs/concurrency.md, "Requests whose gateway process died"); `finish`
         forgets it in its own script. No Redis call of its own, none per chunk."""
+        if not self.record_usage:
+            return ""  # the admission script opens no record
         record = self._record(UsageStatus.INTERRUPTED, 500, "gateway_interrupted")
         completion = max(0, reserved_tokens - self.prompt_tokens)
         # Sent: the script may write it even if its reply is lost, so `finish` forgets it whatever comes.
@@ -189,6 +195,7 @@ class Exchange:
         if self.finished:
             return
         self.finished = True
+        self.outcome = (status, http_status, error_code)
         await asyncio.shield(self._finish(status, http_status, error_code))
 
     def finish_soon(self, status: UsageStatus, http_status: int, error_code: str = "") -> None:
@@ -227,6 +234,7 @@ class Exchange:
         """Count the request, stop renewing its slots, close upstream: what finishing does without Redis."""
         self._stopped = True
         if status is not None:
+            self.outcome = (status, http_status, error_code)
             prometheus.exchange_ended(self, status, http_status, error_code)  # in memory; flushed later
         for zsets, member in self.leases:
             self.keeper.drop(zsets, member)
@@ -250,10 +258,16 @@ class Exchange:
             admission=self.admission,
             used_tokens=used,
             deployment_id=self.deployment_id,
-            usage=record.to_dict(),  # the limiter (no portal types) takes JSON-ready data
+            # The limiter (no portal types) takes JSON-ready data; none: not queued (a batch line).
+            usage=record.to_dict() if self.record_usage else None,
             replica_slots=self.replica_slots,
             close_open=self.opened,  # in the same script, after its own record is queued
         )
+
+    def usage_record(self) -> UsageRecord:
+        """The record of a finished exchange (what `finish` queued, or would have)."""
+        assert self.outcome is not None, "the exchange has not finished"
+        return self._record(*self.outcome)
 
     def _record(self, status: UsageStatus, http_status: int, error_code: str) -> UsageRecord:
         caller = self.caller

@@ -167,9 +167,23 @@ async def proxy_as(caller: Caller, body: bytes, *, chat: bool = True) -> HttpRes
     """The pipeline after authentication, for a caller the portal authenticated itself: the
     playground, whose signed-in member stands for the team's playground key. Quotas, admission,
     routing, relay and accounting are those of any request with that key."""
+    response, _ = await serve_as(caller, body, chat=chat)
+    return response
+
+
+async def serve_as(
+    caller: Caller, body: bytes, *, chat: bool, request_id: str | None = None, record_usage: bool = True
+) -> tuple[HttpResponseBase, Exchange]:
+    """`proxy_as`, with the request's id and whether its usage record is queued chosen by the
+    caller (a batch line: gateway/internal.py), and its finished exchange returned too."""
     limiter, keeper = _limiter()
-    ex = Exchange(f"{random.getrandbits(128):032x}", "chat" if chat else "completions", limiter, keeper)
+    request_id = request_id or f"{random.getrandbits(128):032x}"
+    ex = Exchange(request_id, "chat" if chat else "completions", limiter, keeper, record_usage=record_usage)
     ex.caller = caller
+    return await _serve_as(ex, body, chat=chat), ex
+
+
+async def _serve_as(ex: Exchange, body: bytes, *, chat: bool) -> HttpResponseBase:
     limit = gateway_settings().max_body_bytes
     if len(body) > limit:
         # Built by the portal, so the gateway's edge never saw it: the same 413, recorded as a refusal.

@@ -26,6 +26,7 @@ from portal.celery import CONTROL_QUEUE, app
 if TYPE_CHECKING:
     from .models import Node
 
+
 def send_to_node(
     node: Node,
     task_name: str,

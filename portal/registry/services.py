@@ -533,8 +533,7 @@ def served_model_set_shares(
     _check_shares(shares)
     ServedModel.objects.select_for_update().get(pk=served_model.pk)
     before = {
-        row.model_version.name: row.share_bp
-        for row in served_model.versions.select_related("model_version")
+        row.model_version.name: row.share_bp for row in served_model.versions.select_related("model_version")
     }
     versions = _versions_named(list(shares))
     served_model.versions.exclude(model_version__name__in=list(shares)).delete()

@@ -233,8 +233,10 @@ def hardware_warning(*, old: Deployment | None, new: Deployment) -> str:
         differs.append("GPU kind")
     if mine.gpu_count and theirs.gpu_count and mine.gpu_count != theirs.gpu_count:
         differs.append("GPU count")
-    if mine.tensor_parallel_size and theirs.tensor_parallel_size and (
-        mine.tensor_parallel_size != theirs.tensor_parallel_size
+    if (
+        mine.tensor_parallel_size
+        and theirs.tensor_parallel_size
+        and (mine.tensor_parallel_size != theirs.tensor_parallel_size)
     ):
         differs.append("tensor-parallel size")
     if not differs:

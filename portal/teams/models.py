@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
 
@@ -91,6 +91,14 @@ class Team(QuotaFields):
         choices=PriorityClass.choices,
         default=PriorityClass.INTERACTIVE,
         help_text="How the gateway admits this team's requests (a key may override it).",
+    )
+    # Hours when the team's batches run, "HH:MM-HH:MM" in the portal's time zone (blank: the portal's
+    # BATCH_RUN_WINDOW, itself blank for "always").
+    batch_run_window = models.CharField(
+        max_length=11,
+        blank=True,
+        validators=[RegexValidator(r"^([01]\d|2[0-3]):[0-5]\d-([01]\d|2[0-3]):[0-5]\d$", "Use HH:MM-HH:MM.")],
+        help_text="Hours when this team's batches run, e.g. 20:00-07:00 (blank: the portal's window).",
     )
     # The portal's own team (node acceptance's reference deployments): made by the portal only,
     # under a reserved slug that no other team may take.
@@ -244,6 +252,13 @@ UNBILLED_STATUSES = frozenset({UsageStatus.REJECTED, UsageStatus.UNAVAILABLE})
 BILLED = ~models.Q(status__in=UNBILLED_STATUSES)
 
 
+class UsageSource(models.TextChoices):
+    """What sent the request: a client through the gateway's HTTP API, or a batch line the portal ran."""
+
+    GATEWAY = "gateway", "gateway"
+    BATCH = "batch", "batch"
+
+
 class Usage(models.Model):
     """One row per gateway request that got past authentication, whatever its outcome.
 
@@ -285,6 +300,10 @@ class Usage(models.Model):
     completion_tokens = models.PositiveIntegerField(default=0)
     ttft_ms = models.FloatField(null=True, blank=True)
     duration_ms = models.FloatField()
+    source = models.CharField(max_length=12, choices=UsageSource.choices, default=UsageSource.GATEWAY)
+    # The batch's public id (`batch_…`) for a batch line's row: by id, not a foreign key, as batches
+    # sit above teams (docs/architecture.md#layers).
+    batch_id = models.CharField(max_length=40, blank=True, default="")
 
     class Meta:
         ordering = ["-created_at"]

@@ -21,7 +21,6 @@ from tests.helpers.samples import bundled_config, nvidia_smi_sample
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("gateway_redis_db")]
 
 
-
 @pytest.fixture
 def admin_user(django_user_model):
     return django_user_model.objects.create_superuser("root", "root@example.com", "root-password")

@@ -56,9 +56,7 @@ def test_it_runs_a_two_level_sweep_as_a_celery_job_and_shows_it(
         config=json.loads((vllm_server.model_dir / "config.json").read_text()),
         path=str(vllm_server.model_dir),
     )
-    profile = builders.profile(
-        name="tiny-cpu", model_version=model, dtype="float32", max_model_len=4096
-    )
+    profile = builders.profile(name="tiny-cpu", model_version=model, dtype="float32", max_model_len=4096)
     deployment = deployment_create(
         name="tiny", team=team, model_version=model, profile=profile, node=cpu_node, gpu_indices=[]
     )

@@ -32,9 +32,15 @@ def busy(team, llama7b, cpu_node):
         for i in range(4):
             rows.append(
                 Usage(
-                    created_at=mid_minute - dt.timedelta(minutes=m, seconds=i), team=team,
-                    deployment=deployment, model=llama7b.name, status="completed", http_status=200,
-                    ttft_ms=ttft + 50 * i, duration_ms=ttft + 63 * (60 + 5 * i), completion_tokens=64,
+                    created_at=mid_minute - dt.timedelta(minutes=m, seconds=i),
+                    team=team,
+                    deployment=deployment,
+                    model=llama7b.name,
+                    status="completed",
+                    http_status=200,
+                    ttft_ms=ttft + 50 * i,
+                    duration_ms=ttft + 63 * (60 + 5 * i),
+                    completion_tokens=64,
                     stream=True,
                 )
             )

@@ -17,7 +17,6 @@ pytestmark = [
 ]
 
 
-
 def test_a_member_creates_sees_once_and_revokes_a_key(page: Page, live_server, bob, team, llama7b):
     login(page, live_server, "bob", "bob-password", next_path="/teams/search/keys/")
     page.fill("#id_name", "notebook")

@@ -43,9 +43,7 @@ def test_the_audit_log_records_the_address_the_trusted_proxy_saw(settings, alice
     settings.TRUSTED_PROXY_COUNT = 1
     client = Client(REMOTE_ADDR=PROXY, HTTP_X_FORWARDED_FOR="192.0.2.9, 198.51.100.7")
     client.force_login(alice)
-    response = client.patch(
-        f"/api/v1/teams/{team.slug}/", {"gpu_quota": 4}, content_type="application/json"
-    )
+    response = client.patch(f"/api/v1/teams/{team.slug}/", {"gpu_quota": 4}, content_type="application/json")
     assert response.status_code == 200, response.content
     event = AuditEvent.objects.get(action="team.quotas_change")
     assert event.ip == "198.51.100.7"

@@ -169,6 +169,7 @@ LAYERS = (
     "rollouts",
     "gateway",
     "playground",
+    "batches",
     "dashboard",
 )
 

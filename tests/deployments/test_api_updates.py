@@ -21,4 +21,3 @@ def test_it_refuses_to_update_a_deployment_in_place(
     assert response.status_code == 405
     deployment.refresh_from_db()
     assert deployment.concurrency_cap is None
-

@@ -23,9 +23,7 @@ from inference.supervisor import ProcessIdentity
 @pytest.fixture
 def stranger():
     """An unrelated process leading its own process group (what a reused pgid would be)."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
-    )
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     yield process
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGKILL)

@@ -71,9 +71,9 @@ def test_it_shows_which_vllm_lines_the_nodes_gpus_can_run_and_why(client, bob, d
     _with_facts(dgx, CU126, cuda="12.6", torch="2.11.0+cu126")
     client.force_login(bob)
     page = client.get(dgx.get_absolute_url()).content.decode()
-    assert "vLLM 0.19.x</th><td class=\"verdict ok\">can serve" in page
-    assert "vLLM 0.8.5</th><td class=\"verdict ok\">can serve" in page and "XFormers" in page
-    assert "vLLM 0.26–0.31</th><td class=\"verdict refused\">cannot serve" in page
+    assert 'vLLM 0.19.x</th><td class="verdict ok">can serve' in page
+    assert 'vLLM 0.8.5</th><td class="verdict ok">can serve' in page and "XFormers" in page
+    assert 'vLLM 0.26–0.31</th><td class="verdict refused">cannot serve' in page
     assert "its stock wheels carry no sm_70 kernels" in page
 
 

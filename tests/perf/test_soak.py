@@ -48,6 +48,7 @@ def test_a_tiny_soak_runs_clean_prints_its_tables_and_cleans_up(tmp_path):
 def test_only_the_low_quota_keys_429s_are_intended_and_a_missing_usage_record_is_an_error():
     args = parse_args(["--clients", "2", "--duration", "10", "--warmup", "2"])
     args.long_prompt_tokens = 2000
+
     def streamed(ttft: float, total: float) -> RequestRecord:
         # 10 tokens, the first at `ttft`, the last at `total`, as the streaming client records them.
         times = [ttft + (total - ttft) * i / 9 for i in range(10)]

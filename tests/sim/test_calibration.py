@@ -98,7 +98,7 @@ def test_it_reads_the_closed_loop_levels_of_a_bench_report():
 
 
 def test_it_refuses_a_file_that_is_not_a_bench_report():
-    with pytest.raises(InputError, match=r'^calibrate_from: is not a report of `manage.py bench --json`'):
+    with pytest.raises(InputError, match=r"^calibrate_from: is not a report of `manage.py bench --json`"):
         measured_levels({"calibration": {}})
 
 

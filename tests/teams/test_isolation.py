@@ -20,7 +20,6 @@ from tests.helpers.clients import api_client
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("gateway_redis_db")]
 
 
-
 def _deployment(team, name, llama7b, profile_tp1, dgx, gpu):
     return builders.deployment(
         name=name, team=team, model_version=llama7b, profile=profile_tp1, node=dgx, gpu_indices=[gpu],

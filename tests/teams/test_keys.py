@@ -69,7 +69,6 @@ def test_it_refuses_a_past_expiry_and_non_positive_limits(team):
     assert error.value.field == "rpm_limit"
 
 
-
 @pytest.mark.parametrize(
     ("field", "value"), [("rpm_limit", 2**31), ("max_concurrent", 10**12), ("tokens_per_day", 2**63)]
 )
@@ -78,6 +77,7 @@ def test_it_refuses_a_limit_larger_than_its_column(team, field, value):
         api_key_create(team=team, **{field: value})
     assert error.value.field == field
     assert not ApiKey.objects.filter(team=team).exists()
+
 
 @pytest.mark.django_db(transaction=True)
 def test_revoking_blocks_the_key_in_redis_at_once(team, settings):

@@ -42,7 +42,7 @@ def test_a_key_left_blank_follows_the_teams_class(bob, team):
     key, _ = api_key_create(team=team, created_by=bob)
     assert key.priority_class == ""
     page = logged_in(bob).get(reverse("teams:keys", args=["search"])).content.decode()
-    assert "interactive <span class=\"muted\">(team's)</span>" in page
+    assert 'interactive <span class="muted">(team\'s)</span>' in page
 
 
 def test_only_staff_may_make_a_batch_teams_key_interactive(alice, bob, team):
@@ -122,7 +122,7 @@ def test_it_keeps_a_members_key_at_or_below_the_teams_class_unless_staff_set_it(
     classes = {k.pk: k.effective_priority_class() for k in ApiKey.objects.filter(team=team)}
     assert classes == {member.pk: "batch", staff.pk: "interactive", batch.pk: "batch"}
     page = logged_in(bob).get(reverse("teams:keys", args=["search"])).content.decode()
-    assert "batch <span class=\"muted\">(team's; the key asked interactive)</span>" in page
+    assert 'batch <span class="muted">(team\'s; the key asked interactive)</span>' in page
     # Staff give the member's key a class in the admin: it is staff's from then on.
     alice.is_superuser = True  # the admin's change permission
     alice.save()

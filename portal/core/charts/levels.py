@@ -234,4 +234,3 @@ def run_plots(levels: list[dict], *, sla_ttft_s: float, sla_tpot_s: float) -> li
             )
         )
     return plots
-

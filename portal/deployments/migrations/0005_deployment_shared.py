@@ -4,15 +4,17 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('deployments', '0004_adopted_endpoint_proxy'),
+        ("deployments", "0004_adopted_endpoint_proxy"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='deployment',
-            name='shared',
-            field=models.BooleanField(default=False, help_text="Every team's keys may call it through the gateway (else only its own team's)."),
+            model_name="deployment",
+            name="shared",
+            field=models.BooleanField(
+                default=False,
+                help_text="Every team's keys may call it through the gateway (else only its own team's).",
+            ),
         ),
     ]

@@ -13,23 +13,33 @@ def zero_caps_to_one(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('deployments', '0005_deployment_shared'),
-        ('inventory', '0003_node_software_facts'),
-        ('registry', '0002_conversion_job'),
-        ('teams', '0002_api_keys_quotas_usage'),
+        ("deployments", "0005_deployment_shared"),
+        ("inventory", "0003_node_software_facts"),
+        ("registry", "0002_conversion_job"),
+        ("teams", "0002_api_keys_quotas_usage"),
     ]
 
     operations = [
         migrations.RunPython(zero_caps_to_one, migrations.RunPython.noop),
         migrations.AlterField(
-            model_name='deployment',
-            name='concurrency_cap',
-            field=models.PositiveIntegerField(blank=True, help_text='Gateway cap on in-flight requests, at least 1 (blank: none).', null=True, validators=[django.core.validators.MinValueValidator(1)]),
+            model_name="deployment",
+            name="concurrency_cap",
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="Gateway cap on in-flight requests, at least 1 (blank: none).",
+                null=True,
+                validators=[django.core.validators.MinValueValidator(1)],
+            ),
         ),
         migrations.AddConstraint(
-            model_name='deployment',
-            constraint=models.CheckConstraint(condition=models.Q(('concurrency_cap__isnull', True), ('concurrency_cap__gte', 1), _connector='OR'), name='deployment_concurrency_cap_at_least_1', violation_error_message='The concurrency cap must be at least 1 (blank for none).'),
+            model_name="deployment",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("concurrency_cap__isnull", True), ("concurrency_cap__gte", 1), _connector="OR"
+                ),
+                name="deployment_concurrency_cap_at_least_1",
+                violation_error_message="The concurrency cap must be at least 1 (blank for none).",
+            ),
         ),
     ]

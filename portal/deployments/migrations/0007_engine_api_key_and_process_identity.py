@@ -4,20 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('deployments', '0006_concurrency_cap_at_least_1'),
+        ("deployments", "0006_concurrency_cap_at_least_1"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='deployment',
-            name='engine_api_key',
+            model_name="deployment",
+            name="engine_api_key",
             field=models.CharField(blank=True, editable=False, max_length=200),
         ),
         migrations.AddField(
-            model_name='deployment',
-            name='process_identity',
+            model_name="deployment",
+            name="process_identity",
             field=models.JSONField(blank=True, default=dict, editable=False),
         ),
     ]

@@ -5,82 +5,201 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('deployments', '0007_engine_api_key_and_process_identity'),
-        ('inventory', '0004_node_acceptance'),
-        ('registry', '0003_model_version_external'),
-        ('teams', '0006_usage_partitioned_hourly'),
+        ("deployments", "0007_engine_api_key_and_process_identity"),
+        ("inventory", "0004_node_acceptance"),
+        ("registry", "0003_model_version_external"),
+        ("teams", "0006_usage_partitioned_hourly"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='deployment',
-            name='restart_after_hours',
-            field=models.FloatField(blank=True, help_text='Planned restart after this many hours up, 0.1 to 8784 (blank: never).', null=True, validators=[django.core.validators.MinValueValidator(0.1), django.core.validators.MaxValueValidator(8784)]),
+            model_name="deployment",
+            name="restart_after_hours",
+            field=models.FloatField(
+                blank=True,
+                help_text="Planned restart after this many hours up, 0.1 to 8784 (blank: never).",
+                null=True,
+                validators=[
+                    django.core.validators.MinValueValidator(0.1),
+                    django.core.validators.MaxValueValidator(8784),
+                ],
+            ),
         ),
         migrations.AlterField(
-            model_name='deployment',
-            name='restart_max_memory_growth',
-            field=models.FloatField(blank=True, help_text='Planned restart when memory grows by this fraction, e.g. 0.2 (blank: never).', null=True, validators=[django.core.validators.MinValueValidator(0.01), django.core.validators.MaxValueValidator(100)]),
+            model_name="deployment",
+            name="restart_max_memory_growth",
+            field=models.FloatField(
+                blank=True,
+                help_text="Planned restart when memory grows by this fraction, e.g. 0.2 (blank: never).",
+                null=True,
+                validators=[
+                    django.core.validators.MinValueValidator(0.01),
+                    django.core.validators.MaxValueValidator(100),
+                ],
+            ),
         ),
         migrations.AlterField(
-            model_name='deployment',
-            name='restart_max_preemptions',
-            field=models.PositiveIntegerField(blank=True, help_text='Planned restart after this many preemptions, at least 1 (blank: never).', null=True, validators=[django.core.validators.MinValueValidator(1)]),
+            model_name="deployment",
+            name="restart_max_preemptions",
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="Planned restart after this many preemptions, at least 1 (blank: never).",
+                null=True,
+                validators=[django.core.validators.MinValueValidator(1)],
+            ),
         ),
         migrations.AlterField(
-            model_name='deployment',
-            name='sla_p95_tpot_s',
-            field=models.FloatField(default=0.2, validators=[django.core.validators.MinValueValidator(0.0001), django.core.validators.MaxValueValidator(60)]),
+            model_name="deployment",
+            name="sla_p95_tpot_s",
+            field=models.FloatField(
+                default=0.2,
+                validators=[
+                    django.core.validators.MinValueValidator(0.0001),
+                    django.core.validators.MaxValueValidator(60),
+                ],
+            ),
         ),
         migrations.AlterField(
-            model_name='deployment',
-            name='sla_p95_ttft_s',
-            field=models.FloatField(default=3.0, validators=[django.core.validators.MinValueValidator(0.001), django.core.validators.MaxValueValidator(600)]),
+            model_name="deployment",
+            name="sla_p95_ttft_s",
+            field=models.FloatField(
+                default=3.0,
+                validators=[
+                    django.core.validators.MinValueValidator(0.001),
+                    django.core.validators.MaxValueValidator(600),
+                ],
+            ),
         ),
         migrations.AlterField(
-            model_name='deploymentprofile',
-            name='max_model_len',
-            field=models.PositiveIntegerField(blank=True, help_text="Blank: the model's maximum positions.", null=True, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(10000000)]),
+            model_name="deploymentprofile",
+            name="max_model_len",
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="Blank: the model's maximum positions.",
+                null=True,
+                validators=[
+                    django.core.validators.MinValueValidator(1),
+                    django.core.validators.MaxValueValidator(10000000),
+                ],
+            ),
         ),
         migrations.AlterField(
-            model_name='deploymentprofile',
-            name='max_num_batched_tokens',
-            field=models.PositiveIntegerField(blank=True, null=True, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(10000000)]),
+            model_name="deploymentprofile",
+            name="max_num_batched_tokens",
+            field=models.PositiveIntegerField(
+                blank=True,
+                null=True,
+                validators=[
+                    django.core.validators.MinValueValidator(1),
+                    django.core.validators.MaxValueValidator(10000000),
+                ],
+            ),
         ),
         migrations.AlterField(
-            model_name='deploymentprofile',
-            name='max_num_seqs',
-            field=models.PositiveIntegerField(default=256, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(65536)]),
+            model_name="deploymentprofile",
+            name="max_num_seqs",
+            field=models.PositiveIntegerField(
+                default=256,
+                validators=[
+                    django.core.validators.MinValueValidator(1),
+                    django.core.validators.MaxValueValidator(65536),
+                ],
+            ),
         ),
         migrations.AlterField(
-            model_name='deploymentprofile',
-            name='swap_space_gb',
-            field=models.FloatField(default=4.0, validators=[django.core.validators.MinValueValidator(0), django.core.validators.MaxValueValidator(1024)]),
+            model_name="deploymentprofile",
+            name="swap_space_gb",
+            field=models.FloatField(
+                default=4.0,
+                validators=[
+                    django.core.validators.MinValueValidator(0),
+                    django.core.validators.MaxValueValidator(1024),
+                ],
+            ),
         ),
         migrations.AddConstraint(
-            model_name='deployment',
-            constraint=models.CheckConstraint(condition=models.Q(('restart_after_hours__isnull', True), models.Q(('restart_after_hours__gte', 0.1), ('restart_after_hours__lte', 8784)), _connector='OR'), name='deployment_restart_after_hours_bounded', violation_error_message='restart_after_hours must be 0.1 to 8784 hours (blank: never).'),
+            model_name="deployment",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("restart_after_hours__isnull", True),
+                    models.Q(("restart_after_hours__gte", 0.1), ("restart_after_hours__lte", 8784)),
+                    _connector="OR",
+                ),
+                name="deployment_restart_after_hours_bounded",
+                violation_error_message="restart_after_hours must be 0.1 to 8784 hours (blank: never).",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='deployment',
-            constraint=models.CheckConstraint(condition=models.Q(('restart_max_preemptions__isnull', True), ('restart_max_preemptions__gte', 1), _connector='OR'), name='deployment_restart_max_preemptions_at_least_1', violation_error_message='restart_max_preemptions must be at least 1 (blank: never).'),
+            model_name="deployment",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("restart_max_preemptions__isnull", True),
+                    ("restart_max_preemptions__gte", 1),
+                    _connector="OR",
+                ),
+                name="deployment_restart_max_preemptions_at_least_1",
+                violation_error_message="restart_max_preemptions must be at least 1 (blank: never).",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='deployment',
-            constraint=models.CheckConstraint(condition=models.Q(('restart_max_memory_growth__isnull', True), models.Q(('restart_max_memory_growth__gte', 0.01), ('restart_max_memory_growth__lte', 100)), _connector='OR'), name='deployment_restart_max_memory_growth_bounded', violation_error_message='restart_max_memory_growth must be 0.01 to 100 (blank: never).'),
+            model_name="deployment",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("restart_max_memory_growth__isnull", True),
+                    models.Q(
+                        ("restart_max_memory_growth__gte", 0.01), ("restart_max_memory_growth__lte", 100)
+                    ),
+                    _connector="OR",
+                ),
+                name="deployment_restart_max_memory_growth_bounded",
+                violation_error_message="restart_max_memory_growth must be 0.01 to 100 (blank: never).",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='deployment',
-            constraint=models.CheckConstraint(condition=models.Q(('sla_p95_ttft_s__gt', 0), ('sla_p95_ttft_s__lte', 600), ('sla_p95_tpot_s__gt', 0), ('sla_p95_tpot_s__lte', 60)), name='deployment_sla_bounded', violation_error_message='The SLA must be more than 0 and at most 600 s (TTFT) / 60 s (TPOT).'),
+            model_name="deployment",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("sla_p95_ttft_s__gt", 0),
+                    ("sla_p95_ttft_s__lte", 600),
+                    ("sla_p95_tpot_s__gt", 0),
+                    ("sla_p95_tpot_s__lte", 60),
+                ),
+                name="deployment_sla_bounded",
+                violation_error_message="The SLA must be more than 0 and at most 600 s (TTFT) / 60 s (TPOT).",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='deploymentprofile',
-            constraint=models.CheckConstraint(condition=models.Q(('gpu_memory_utilization__gte', 0.05), ('gpu_memory_utilization__lte', 1.0), ('max_num_seqs__gte', 1), ('max_num_seqs__lte', 65536), ('swap_space_gb__gte', 0), ('swap_space_gb__lte', 1024), ('target_gpu_count__gte', 1), ('tensor_parallel_size__gte', 1), ('tensor_parallel_size__lte', 64)), name='profile_numbers_bounded', violation_error_message='A profile number is out of its bounds.'),
+            model_name="deploymentprofile",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("gpu_memory_utilization__gte", 0.05),
+                    ("gpu_memory_utilization__lte", 1.0),
+                    ("max_num_seqs__gte", 1),
+                    ("max_num_seqs__lte", 65536),
+                    ("swap_space_gb__gte", 0),
+                    ("swap_space_gb__lte", 1024),
+                    ("target_gpu_count__gte", 1),
+                    ("tensor_parallel_size__gte", 1),
+                    ("tensor_parallel_size__lte", 64),
+                ),
+                name="profile_numbers_bounded",
+                violation_error_message="A profile number is out of its bounds.",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='deploymentprofile',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('max_model_len__isnull', True), ('max_model_len__gte', 1), _connector='OR'), models.Q(('max_num_batched_tokens__isnull', True), ('max_num_batched_tokens__gte', 1), _connector='OR')), name='profile_lengths_at_least_1', violation_error_message='Lengths and token budgets must be at least 1 (blank: default).'),
+            model_name="deploymentprofile",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("max_model_len__isnull", True), ("max_model_len__gte", 1), _connector="OR"),
+                    models.Q(
+                        ("max_num_batched_tokens__isnull", True),
+                        ("max_num_batched_tokens__gte", 1),
+                        _connector="OR",
+                    ),
+                ),
+                name="profile_lengths_at_least_1",
+                violation_error_message="Lengths and token budgets must be at least 1 (blank: default).",
+            ),
         ),
     ]

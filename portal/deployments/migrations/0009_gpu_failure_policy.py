@@ -4,15 +4,22 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('deployments', '0008_numbers_bounded'),
+        ("deployments", "0008_numbers_bounded"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='deployment',
-            name='gpu_failure_policy',
-            field=models.CharField(choices=[('move', 'move to healthy GPUs (kept and flagged where there are none)'), ('keep', 'keep it where it is and flag it')], default='move', help_text='When one of its GPUs turns degraded or lost.', max_length=10),
+            model_name="deployment",
+            name="gpu_failure_policy",
+            field=models.CharField(
+                choices=[
+                    ("move", "move to healthy GPUs (kept and flagged where there are none)"),
+                    ("keep", "keep it where it is and flag it"),
+                ],
+                default="move",
+                help_text="When one of its GPUs turns degraded or lost.",
+                max_length=10,
+            ),
         ),
     ]

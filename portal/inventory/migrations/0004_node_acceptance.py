@@ -5,47 +5,128 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('inventory', '0003_node_software_facts'),
+        ("inventory", "0003_node_software_facts"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='NodeAcceptance',
+            name="NodeAcceptance",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('requested_by', models.CharField(blank=True, help_text='Username, or `system`.', max_length=150)),
-                ('state', models.CharField(choices=[('running', 'running'), ('passed', 'passed'), ('slow', 'slower than predicted'), ('failed', 'failed')], default='running', max_length=10)),
-                ('step', models.CharField(blank=True, help_text='The step running now (or the last one).', max_length=40)),
-                ('progress', models.JSONField(blank=True, default=list, help_text='Every step as it happened: step, status, message, seconds.')),
-                ('shape', models.CharField(help_text="`tiny` or a bundled config's name.", max_length=100)),
-                ('layers', models.PositiveIntegerField(blank=True, help_text="Blank: the shape's layers.", null=True)),
-                ('dtype', models.CharField(default='float16', max_length=10)),
-                ('enforce_eager', models.BooleanField(default=False)),
-                ('mix', models.CharField(max_length=200)),
-                ('concurrency', models.JSONField(default=list, help_text='The benchmarked levels.')),
-                ('requests_per_level', models.PositiveIntegerField(blank=True, help_text='Blank: 4 per user.', null=True)),
-                ('gpu_indices', models.JSONField(blank=True, default=list)),
-                ('predict_gpu', models.CharField(blank=True, help_text="GPU catalog key the simulator predicts for (blank: the node's).", max_length=50)),
-                ('margin', models.FloatField(help_text='Slower than predicted by more than this fraction: `slow`.')),
-                ('deployment_name', models.CharField(blank=True, max_length=100)),
-                ('model_name', models.CharField(blank=True, max_length=100)),
-                ('levels', models.JSONField(blank=True, default=list, help_text='Per level: measured, predicted and calibrated figures.')),
-                ('measured', models.JSONField(blank=True, help_text='The bench report (`bench --json`).', null=True)),
-                ('engine_start_s', models.FloatField(blank=True, help_text='Launch → model listed.', null=True)),
-                ('calibration', models.JSONField(blank=True, help_text="The simulator's fitted constants.", null=True)),
-                ('versions', models.JSONField(blank=True, default=dict, help_text='vLLM, torch, CUDA, driver, GPU.')),
-                ('verdict', models.TextField(blank=True)),
-                ('error', models.TextField(blank=True)),
-                ('started_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('node', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='acceptances', to='inventory.node')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "requested_by",
+                    models.CharField(blank=True, help_text="Username, or `system`.", max_length=150),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("running", "running"),
+                            ("passed", "passed"),
+                            ("slow", "slower than predicted"),
+                            ("failed", "failed"),
+                        ],
+                        default="running",
+                        max_length=10,
+                    ),
+                ),
+                (
+                    "step",
+                    models.CharField(
+                        blank=True, help_text="The step running now (or the last one).", max_length=40
+                    ),
+                ),
+                (
+                    "progress",
+                    models.JSONField(
+                        blank=True,
+                        default=list,
+                        help_text="Every step as it happened: step, status, message, seconds.",
+                    ),
+                ),
+                ("shape", models.CharField(help_text="`tiny` or a bundled config's name.", max_length=100)),
+                (
+                    "layers",
+                    models.PositiveIntegerField(
+                        blank=True, help_text="Blank: the shape's layers.", null=True
+                    ),
+                ),
+                ("dtype", models.CharField(default="float16", max_length=10)),
+                ("enforce_eager", models.BooleanField(default=False)),
+                ("mix", models.CharField(max_length=200)),
+                ("concurrency", models.JSONField(default=list, help_text="The benchmarked levels.")),
+                (
+                    "requests_per_level",
+                    models.PositiveIntegerField(blank=True, help_text="Blank: 4 per user.", null=True),
+                ),
+                ("gpu_indices", models.JSONField(blank=True, default=list)),
+                (
+                    "predict_gpu",
+                    models.CharField(
+                        blank=True,
+                        help_text="GPU catalog key the simulator predicts for (blank: the node's).",
+                        max_length=50,
+                    ),
+                ),
+                (
+                    "margin",
+                    models.FloatField(help_text="Slower than predicted by more than this fraction: `slow`."),
+                ),
+                ("deployment_name", models.CharField(blank=True, max_length=100)),
+                ("model_name", models.CharField(blank=True, max_length=100)),
+                (
+                    "levels",
+                    models.JSONField(
+                        blank=True,
+                        default=list,
+                        help_text="Per level: measured, predicted and calibrated figures.",
+                    ),
+                ),
+                (
+                    "measured",
+                    models.JSONField(blank=True, help_text="The bench report (`bench --json`).", null=True),
+                ),
+                (
+                    "engine_start_s",
+                    models.FloatField(blank=True, help_text="Launch → model listed.", null=True),
+                ),
+                (
+                    "calibration",
+                    models.JSONField(blank=True, help_text="The simulator's fitted constants.", null=True),
+                ),
+                (
+                    "versions",
+                    models.JSONField(blank=True, default=dict, help_text="vLLM, torch, CUDA, driver, GPU."),
+                ),
+                ("verdict", models.TextField(blank=True)),
+                ("error", models.TextField(blank=True)),
+                ("started_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "node",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="acceptances",
+                        to="inventory.node",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-started_at', '-id'],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('node',), name='one_running_acceptance_per_node')],
+                "ordering": ["-started_at", "-id"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        condition=models.Q(("state", "running")),
+                        fields=("node",),
+                        name="one_running_acceptance_per_node",
+                    )
+                ],
             },
         ),
     ]

@@ -4,20 +4,23 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('inventory', '0004_node_acceptance'),
+        ("inventory", "0004_node_acceptance"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='node',
-            name='agent_seen_at',
+            model_name="node",
+            name="agent_seen_at",
             field=models.DateTimeField(blank=True, help_text="The agent's last heartbeat.", null=True),
         ),
         migrations.AddField(
-            model_name='node',
-            name='agent_versions',
-            field=models.JSONField(blank=True, default=dict, help_text='What the agent runs: portal version and commit, Python, Celery.'),
+            model_name="node",
+            name="agent_versions",
+            field=models.JSONField(
+                blank=True,
+                default=dict,
+                help_text="What the agent runs: portal version and commit, Python, Celery.",
+            ),
         ),
     ]

@@ -5,83 +5,122 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('inventory', '0005_node_agent_heartbeat'),
+        ("inventory", "0005_node_agent_heartbeat"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='gpu',
-            name='health_checked_at',
-            field=models.DateTimeField(blank=True, help_text='The last sample.', null=True),
+            model_name="gpu",
+            name="health_checked_at",
+            field=models.DateTimeField(blank=True, help_text="The last sample.", null=True),
         ),
         migrations.AddField(
-            model_name='gpu',
-            name='health_cleared_at',
-            field=models.DateTimeField(blank=True, help_text='Marked healthy after a reset: older Xids are history.', null=True),
+            model_name="gpu",
+            name="health_cleared_at",
+            field=models.DateTimeField(
+                blank=True, help_text="Marked healthy after a reset: older Xids are history.", null=True
+            ),
         ),
         migrations.AddField(
-            model_name='gpu',
-            name='health_findings',
-            field=models.JSONField(blank=True, default=list, help_text='level, code, message of each.'),
+            model_name="gpu",
+            name="health_findings",
+            field=models.JSONField(blank=True, default=list, help_text="level, code, message of each."),
         ),
         migrations.AddField(
-            model_name='gpu',
-            name='health_since',
-            field=models.DateTimeField(blank=True, help_text='When it entered this state.', null=True),
+            model_name="gpu",
+            name="health_since",
+            field=models.DateTimeField(blank=True, help_text="When it entered this state.", null=True),
         ),
         migrations.AddField(
-            model_name='gpu',
-            name='health_state',
-            field=models.CharField(choices=[('healthy', 'healthy'), ('warning', 'warning'), ('degraded', 'degraded'), ('lost', 'lost'), ('unknown', 'unknown (no telemetry)')], default='unknown', max_length=10),
+            model_name="gpu",
+            name="health_state",
+            field=models.CharField(
+                choices=[
+                    ("healthy", "healthy"),
+                    ("warning", "warning"),
+                    ("degraded", "degraded"),
+                    ("lost", "lost"),
+                    ("unknown", "unknown (no telemetry)"),
+                ],
+                default="unknown",
+                max_length=10,
+            ),
         ),
         migrations.AddField(
-            model_name='gpu',
-            name='throttled_since',
-            field=models.DateTimeField(blank=True, help_text='Current throttling began.', null=True),
+            model_name="gpu",
+            name="throttled_since",
+            field=models.DateTimeField(blank=True, help_text="Current throttling began.", null=True),
         ),
         migrations.AddField(
-            model_name='nodeacceptance',
-            name='gpu_health',
-            field=models.JSONField(blank=True, default=dict, help_text='GPU health readings at the start and the end of the run.'),
+            model_name="nodeacceptance",
+            name="gpu_health",
+            field=models.JSONField(
+                blank=True, default=dict, help_text="GPU health readings at the start and the end of the run."
+            ),
         ),
         migrations.CreateModel(
-            name='GpuSample',
+            name="GpuSample",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('minute', models.DateTimeField(help_text='Start of the UTC minute.')),
-                ('at', models.DateTimeField(help_text='When it was read.')),
-                ('answered', models.BooleanField(default=True)),
-                ('state', models.CharField(choices=[('healthy', 'healthy'), ('warning', 'warning'), ('degraded', 'degraded'), ('lost', 'lost'), ('unknown', 'unknown (no telemetry)')], max_length=10)),
-                ('utilization_pct', models.FloatField(blank=True, null=True)),
-                ('memory_used_mib', models.FloatField(blank=True, null=True)),
-                ('temperature_c', models.FloatField(blank=True, null=True)),
-                ('power_draw_w', models.FloatField(blank=True, null=True)),
-                ('power_limit_w', models.FloatField(blank=True, null=True)),
-                ('sm_clock_mhz', models.FloatField(blank=True, null=True)),
-                ('memory_clock_mhz', models.FloatField(blank=True, null=True)),
-                ('throttle_reasons', models.JSONField(blank=True, default=list)),
-                ('ecc_corrected_volatile', models.BigIntegerField(blank=True, null=True)),
-                ('ecc_uncorrected_volatile', models.BigIntegerField(blank=True, null=True)),
-                ('ecc_corrected_aggregate', models.BigIntegerField(blank=True, null=True)),
-                ('ecc_uncorrected_aggregate', models.BigIntegerField(blank=True, null=True)),
-                ('retired_pages_single_bit', models.IntegerField(blank=True, null=True)),
-                ('retired_pages_double_bit', models.IntegerField(blank=True, null=True)),
-                ('retired_pages_pending', models.BooleanField(blank=True, null=True)),
-                ('remapped_rows_pending', models.BooleanField(blank=True, null=True)),
-                ('remapped_rows_failure', models.BooleanField(blank=True, null=True)),
-                ('pcie_gen', models.PositiveSmallIntegerField(blank=True, null=True)),
-                ('pcie_gen_max', models.PositiveSmallIntegerField(blank=True, null=True)),
-                ('pcie_width', models.PositiveSmallIntegerField(blank=True, null=True)),
-                ('pcie_width_max', models.PositiveSmallIntegerField(blank=True, null=True)),
-                ('persistence_mode', models.BooleanField(blank=True, null=True)),
-                ('gpu', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='samples', to='inventory.gpu')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("minute", models.DateTimeField(help_text="Start of the UTC minute.")),
+                ("at", models.DateTimeField(help_text="When it was read.")),
+                ("answered", models.BooleanField(default=True)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("healthy", "healthy"),
+                            ("warning", "warning"),
+                            ("degraded", "degraded"),
+                            ("lost", "lost"),
+                            ("unknown", "unknown (no telemetry)"),
+                        ],
+                        max_length=10,
+                    ),
+                ),
+                ("utilization_pct", models.FloatField(blank=True, null=True)),
+                ("memory_used_mib", models.FloatField(blank=True, null=True)),
+                ("temperature_c", models.FloatField(blank=True, null=True)),
+                ("power_draw_w", models.FloatField(blank=True, null=True)),
+                ("power_limit_w", models.FloatField(blank=True, null=True)),
+                ("sm_clock_mhz", models.FloatField(blank=True, null=True)),
+                ("memory_clock_mhz", models.FloatField(blank=True, null=True)),
+                ("throttle_reasons", models.JSONField(blank=True, default=list)),
+                ("ecc_corrected_volatile", models.BigIntegerField(blank=True, null=True)),
+                ("ecc_uncorrected_volatile", models.BigIntegerField(blank=True, null=True)),
+                ("ecc_corrected_aggregate", models.BigIntegerField(blank=True, null=True)),
+                ("ecc_uncorrected_aggregate", models.BigIntegerField(blank=True, null=True)),
+                ("retired_pages_single_bit", models.IntegerField(blank=True, null=True)),
+                ("retired_pages_double_bit", models.IntegerField(blank=True, null=True)),
+                ("retired_pages_pending", models.BooleanField(blank=True, null=True)),
+                ("remapped_rows_pending", models.BooleanField(blank=True, null=True)),
+                ("remapped_rows_failure", models.BooleanField(blank=True, null=True)),
+                ("pcie_gen", models.PositiveSmallIntegerField(blank=True, null=True)),
+                ("pcie_gen_max", models.PositiveSmallIntegerField(blank=True, null=True)),
+                ("pcie_width", models.PositiveSmallIntegerField(blank=True, null=True)),
+                ("pcie_width_max", models.PositiveSmallIntegerField(blank=True, null=True)),
+                ("persistence_mode", models.BooleanField(blank=True, null=True)),
+                (
+                    "gpu",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="samples",
+                        to="inventory.gpu",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['gpu', 'minute'],
-                'indexes': [models.Index(fields=['at'], name='gpu_sample_at')],
-                'constraints': [models.UniqueConstraint(fields=('gpu', 'minute'), name='gpu_sample_unique_minute')],
+                "ordering": ["gpu", "minute"],
+                "indexes": [models.Index(fields=["at"], name="gpu_sample_at")],
+                "constraints": [
+                    models.UniqueConstraint(fields=("gpu", "minute"), name="gpu_sample_unique_minute")
+                ],
             },
         ),
     ]

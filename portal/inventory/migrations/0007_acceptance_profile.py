@@ -4,20 +4,25 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('inventory', '0006_gpu_health'),
+        ("inventory", "0006_gpu_health"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='nodeacceptance',
-            name='profile_flags',
-            field=models.JSONField(blank=True, help_text="The profile's launch flags the reference server ran with.", null=True),
+            model_name="nodeacceptance",
+            name="profile_flags",
+            field=models.JSONField(
+                blank=True, help_text="The profile's launch flags the reference server ran with.", null=True
+            ),
         ),
         migrations.AddField(
-            model_name='nodeacceptance',
-            name='profile_name',
-            field=models.CharField(blank=True, help_text='Deployment profile whose vLLM flags it ran (blank: defaults).', max_length=100),
+            model_name="nodeacceptance",
+            name="profile_name",
+            field=models.CharField(
+                blank=True,
+                help_text="Deployment profile whose vLLM flags it ran (blank: defaults).",
+                max_length=100,
+            ),
         ),
     ]

@@ -5,44 +5,83 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('deployments', '0005_deployment_shared'),
+        ("deployments", "0005_deployment_shared"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='LatencyMinute',
+            name="LatencyMinute",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('minute', models.DateTimeField(help_text='Start of the UTC minute.')),
-                ('requests', models.PositiveIntegerField(default=0)),
-                ('errors', models.PositiveIntegerField(default=0, help_text='Upstream errors and timeouts.')),
-                ('p50_ttft_ms', models.FloatField(blank=True, null=True)),
-                ('p95_ttft_ms', models.FloatField(blank=True, null=True)),
-                ('p50_tpot_ms', models.FloatField(blank=True, null=True)),
-                ('p95_tpot_ms', models.FloatField(blank=True, null=True)),
-                ('deployment', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='latency_minutes', to='deployments.deployment')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("minute", models.DateTimeField(help_text="Start of the UTC minute.")),
+                ("requests", models.PositiveIntegerField(default=0)),
+                ("errors", models.PositiveIntegerField(default=0, help_text="Upstream errors and timeouts.")),
+                ("p50_ttft_ms", models.FloatField(blank=True, null=True)),
+                ("p95_ttft_ms", models.FloatField(blank=True, null=True)),
+                ("p50_tpot_ms", models.FloatField(blank=True, null=True)),
+                ("p95_tpot_ms", models.FloatField(blank=True, null=True)),
+                (
+                    "deployment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="latency_minutes",
+                        to="deployments.deployment",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['deployment', 'minute'],
-                'constraints': [models.UniqueConstraint(fields=('deployment', 'minute'), name='latency_minute_unique_minute')],
+                "ordering": ["deployment", "minute"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("deployment", "minute"), name="latency_minute_unique_minute"
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='SlaBreach',
+            name="SlaBreach",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('started_at', models.DateTimeField(help_text='Start of the first breaking minute.')),
-                ('ended_at', models.DateTimeField(blank=True, help_text='End of the last breaking minute.', null=True)),
-                ('reason', models.CharField(blank=True, help_text='What broke, at the opening.', max_length=300)),
-                ('deployment', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='sla_breaches', to='deployments.deployment')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("started_at", models.DateTimeField(help_text="Start of the first breaking minute.")),
+                (
+                    "ended_at",
+                    models.DateTimeField(blank=True, help_text="End of the last breaking minute.", null=True),
+                ),
+                (
+                    "reason",
+                    models.CharField(blank=True, help_text="What broke, at the opening.", max_length=300),
+                ),
+                (
+                    "deployment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="sla_breaches",
+                        to="deployments.deployment",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-started_at'],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('ended_at__isnull', True)), fields=('deployment',), name='sla_breach_one_open')],
+                "ordering": ["-started_at"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        condition=models.Q(("ended_at__isnull", True)),
+                        fields=("deployment",),
+                        name="sla_breach_one_open",
+                    )
+                ],
             },
         ),
     ]

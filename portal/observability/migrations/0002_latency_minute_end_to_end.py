@@ -4,20 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('observability', '0001_latency_minute_sla_breach'),
+        ("observability", "0001_latency_minute_sla_breach"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='latencyminute',
-            name='p50_e2e_ms',
-            field=models.FloatField(blank=True, help_text='End-to-end, completed requests.', null=True),
+            model_name="latencyminute",
+            name="p50_e2e_ms",
+            field=models.FloatField(blank=True, help_text="End-to-end, completed requests.", null=True),
         ),
         migrations.AddField(
-            model_name='latencyminute',
-            name='p95_e2e_ms',
-            field=models.FloatField(blank=True, help_text='End-to-end, completed requests.', null=True),
+            model_name="latencyminute",
+            name="p95_e2e_ms",
+            field=models.FloatField(blank=True, help_text="End-to-end, completed requests.", null=True),
         ),
     ]

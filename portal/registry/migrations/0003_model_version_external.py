@@ -4,15 +4,17 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('registry', '0002_conversion_job'),
+        ("registry", "0002_conversion_job"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='modelversion',
-            name='external',
-            field=models.BooleanField(default=False, help_text="Recorded from a running server's /v1/models (register_endpoint): only its name and max model length are known, so the planner cannot plan it."),
+            model_name="modelversion",
+            name="external",
+            field=models.BooleanField(
+                default=False,
+                help_text="Recorded from a running server's /v1/models (register_endpoint): only its name and max model length are known, so the planner cannot plan it.",
+            ),
         ),
     ]

@@ -6,41 +6,94 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('registry', '0003_model_version_external'),
+        ("registry", "0003_model_version_external"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='modelversion',
-            name='callable_by_name',
-            field=models.BooleanField(default=True, help_text="Clients may call it by its own name. Off: only through a served model name (a rollout's versions that clients should not pin)."),
+            model_name="modelversion",
+            name="callable_by_name",
+            field=models.BooleanField(
+                default=True,
+                help_text="Clients may call it by its own name. Off: only through a served model name (a rollout's versions that clients should not pin).",
+            ),
         ),
         migrations.CreateModel(
-            name='ServedModel',
+            name="ServedModel",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(help_text="The stable name clients put in `model`; never a model version's name.", max_length=100, unique=True, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9][A-Za-z0-9._-]*$', 'Use letters, digits, dots, dashes and underscores.')])),
-                ('description', models.CharField(blank=True, max_length=200)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        help_text="The stable name clients put in `model`; never a model version's name.",
+                        max_length=100,
+                        unique=True,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                                "Use letters, digits, dots, dashes and underscores.",
+                            )
+                        ],
+                    ),
+                ),
+                ("description", models.CharField(blank=True, max_length=200)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='ServedModelVersion',
+            name="ServedModelVersion",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('share_bp', models.PositiveIntegerField(help_text='Share of the traffic in basis points (10000 = 100 %).')),
-                ('model_version', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='served_as', to='registry.modelversion')),
-                ('served_model', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='versions', to='registry.servedmodel')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "share_bp",
+                    models.PositiveIntegerField(
+                        help_text="Share of the traffic in basis points (10000 = 100 %)."
+                    ),
+                ),
+                (
+                    "model_version",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="served_as",
+                        to="registry.modelversion",
+                    ),
+                ),
+                (
+                    "served_model",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="versions",
+                        to="registry.servedmodel",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['served_model', '-share_bp', 'model_version__name'],
-                'constraints': [models.UniqueConstraint(fields=('served_model', 'model_version'), name='served_version_once'), models.CheckConstraint(condition=models.Q(('share_bp__lte', 10000)), name='served_version_share_bounded', violation_error_message='A share is at most 100 %.')],
+                "ordering": ["served_model", "-share_bp", "model_version__name"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("served_model", "model_version"), name="served_version_once"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("share_bp__lte", 10000)),
+                        name="served_version_share_bounded",
+                        violation_error_message="A share is at most 100 %.",
+                    ),
+                ],
             },
         ),
     ]

@@ -4,25 +4,28 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('registry', '0004_served_models'),
+        ("registry", "0004_served_models"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='modelversion',
-            name='hash_status',
+            model_name="modelversion",
+            name="hash_status",
             field=models.CharField(blank=True, max_length=300),
         ),
         migrations.AddField(
-            model_name='modelversion',
-            name='hash_status_at',
+            model_name="modelversion",
+            name="hash_status_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='modelversion',
-            name='simulated_release_at',
-            field=models.DateTimeField(blank=True, help_text='Marked release-checked for simulated nodes only (no files, no release hashes).', null=True),
+            model_name="modelversion",
+            name="simulated_release_at",
+            field=models.DateTimeField(
+                blank=True,
+                help_text="Marked release-checked for simulated nodes only (no files, no release hashes).",
+                null=True,
+            ),
         ),
     ]

@@ -6,59 +6,165 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('deployments', '0008_numbers_bounded'),
-        ('registry', '0004_served_models'),
+        ("deployments", "0008_numbers_bounded"),
+        ("registry", "0004_served_models"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Rollout',
+            name="Rollout",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('steps', models.JSONField(help_text='[{"share_percent": 5, "minutes": 10}, ...]; the last is 100 %.')),
-                ('current_step', models.PositiveSmallIntegerField(blank=True, help_text='Index; blank while warming.', null=True)),
-                ('state', models.CharField(choices=[('warming', 'warming'), ('stepping', 'stepping'), ('paused', 'paused'), ('promoted', 'promoted'), ('rolled_back', 'rolled back'), ('failed', 'failed')], default='warming', max_length=12)),
-                ('reason', models.TextField(blank=True, help_text='Why it ended (or paused), with the numbers.')),
-                ('measurements', models.JSONField(blank=True, default=dict, help_text="The last evaluation's windows.")),
-                ('stop_due_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('step_started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('from_deployment', models.ForeignKey(blank=True, help_text='Asked to stop once the new version is promoted (blank: nothing is stopped).', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='rollouts_from', to='deployments.deployment')),
-                ('from_version', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='registry.modelversion')),
-                ('served_model', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='rollouts', to='registry.servedmodel')),
-                ('stop_deployment', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='deployments.deployment')),
-                ('to_deployment', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='rollouts_to', to='deployments.deployment')),
-                ('to_version', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='registry.modelversion')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "steps",
+                    models.JSONField(
+                        help_text='[{"share_percent": 5, "minutes": 10}, ...]; the last is 100 %.'
+                    ),
+                ),
+                (
+                    "current_step",
+                    models.PositiveSmallIntegerField(
+                        blank=True, help_text="Index; blank while warming.", null=True
+                    ),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("warming", "warming"),
+                            ("stepping", "stepping"),
+                            ("paused", "paused"),
+                            ("promoted", "promoted"),
+                            ("rolled_back", "rolled back"),
+                            ("failed", "failed"),
+                        ],
+                        default="warming",
+                        max_length=12,
+                    ),
+                ),
+                (
+                    "reason",
+                    models.TextField(blank=True, help_text="Why it ended (or paused), with the numbers."),
+                ),
+                (
+                    "measurements",
+                    models.JSONField(blank=True, default=dict, help_text="The last evaluation's windows."),
+                ),
+                ("stop_due_at", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("step_started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "from_deployment",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Asked to stop once the new version is promoted (blank: nothing is stopped).",
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="rollouts_from",
+                        to="deployments.deployment",
+                    ),
+                ),
+                (
+                    "from_version",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="registry.modelversion",
+                    ),
+                ),
+                (
+                    "served_model",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="rollouts",
+                        to="registry.servedmodel",
+                    ),
+                ),
+                (
+                    "stop_deployment",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="deployments.deployment",
+                    ),
+                ),
+                (
+                    "to_deployment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="rollouts_to",
+                        to="deployments.deployment",
+                    ),
+                ),
+                (
+                    "to_version",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="registry.modelversion",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='RolloutEvent',
+            name="RolloutEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('at', models.DateTimeField(auto_now_add=True)),
-                ('kind', models.CharField(max_length=20)),
-                ('message', models.CharField(max_length=500)),
-                ('data', models.JSONField(blank=True, default=dict)),
-                ('actor_repr', models.CharField(default='system', max_length=150)),
-                ('rollout', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='rollouts.rollout')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("at", models.DateTimeField(auto_now_add=True)),
+                ("kind", models.CharField(max_length=20)),
+                ("message", models.CharField(max_length=500)),
+                ("data", models.JSONField(blank=True, default=dict)),
+                ("actor_repr", models.CharField(default="system", max_length=150)),
+                (
+                    "rollout",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="events",
+                        to="rollouts.rollout",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['at', 'pk'],
+                "ordering": ["at", "pk"],
             },
         ),
         migrations.AddConstraint(
-            model_name='rollout',
-            constraint=models.UniqueConstraint(condition=models.Q(('state__in', ['warming', 'stepping', 'paused'])), fields=('served_model',), name='rollout_one_active_per_served_model'),
+            model_name="rollout",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("state__in", ["warming", "stepping", "paused"])),
+                fields=("served_model",),
+                name="rollout_one_active_per_served_model",
+            ),
         ),
     ]

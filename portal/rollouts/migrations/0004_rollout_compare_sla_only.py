@@ -4,20 +4,26 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('rollouts', '0003_rollout_pace'),
+        ("rollouts", "0003_rollout_pace"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='rollout',
-            name='compare_sla_only',
-            field=models.BooleanField(default=False, help_text='Judge the new version on the SLA and the error ceiling only, not against the old version (for a canary on other hardware).'),
+            model_name="rollout",
+            name="compare_sla_only",
+            field=models.BooleanField(
+                default=False,
+                help_text="Judge the new version on the SLA and the error ceiling only, not against the old version (for a canary on other hardware).",
+            ),
         ),
         migrations.AlterField(
-            model_name='rollout',
-            name='measurements',
-            field=models.JSONField(blank=True, default=dict, help_text='The last evaluation: the numbers and the rule that decided.'),
+            model_name="rollout",
+            name="measurements",
+            field=models.JSONField(
+                blank=True,
+                default=dict,
+                help_text="The last evaluation: the numbers and the rule that decided.",
+            ),
         ),
     ]

@@ -4,15 +4,17 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('teams', '0002_api_keys_quotas_usage'),
+        ("teams", "0002_api_keys_quotas_usage"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='usagedaily',
-            name='closed',
-            field=models.BooleanField(default=False, help_text="The day's usage records are being or have been deleted (retention): never recomputed."),
+            model_name="usagedaily",
+            name="closed",
+            field=models.BooleanField(
+                default=False,
+                help_text="The day's usage records are being or have been deleted (retention): never recomputed.",
+            ),
         ),
     ]

@@ -6,20 +6,30 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('teams', '0003_usage_daily_closed'),
+        ("teams", "0003_usage_daily_closed"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='apikey',
-            name='playground_user',
-            field=models.ForeignKey(blank=True, editable=False, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='playground_keys', to=settings.AUTH_USER_MODEL),
+            model_name="apikey",
+            name="playground_user",
+            field=models.ForeignKey(
+                blank=True,
+                editable=False,
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="playground_keys",
+                to=settings.AUTH_USER_MODEL,
+            ),
         ),
         migrations.AddConstraint(
-            model_name='apikey',
-            constraint=models.UniqueConstraint(condition=models.Q(('playground_user__isnull', False)), fields=('team', 'playground_user'), name='one_playground_key_per_team_member'),
+            model_name="apikey",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("playground_user__isnull", False)),
+                fields=("team", "playground_user"),
+                name="one_playground_key_per_team_member",
+            ),
         ),
     ]

@@ -4,30 +4,47 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('teams', '0004_api_key_playground_user'),
+        ("teams", "0004_api_key_playground_user"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='apikey',
-            name='priority_class',
-            field=models.CharField(blank=True, choices=[('interactive', 'interactive'), ('batch', 'batch')], help_text="How the gateway admits this key's requests (blank: the team's class).", max_length=12),
+            model_name="apikey",
+            name="priority_class",
+            field=models.CharField(
+                blank=True,
+                choices=[("interactive", "interactive"), ("batch", "batch")],
+                help_text="How the gateway admits this key's requests (blank: the team's class).",
+                max_length=12,
+            ),
         ),
         migrations.AddField(
-            model_name='team',
-            name='priority_class',
-            field=models.CharField(choices=[('interactive', 'interactive'), ('batch', 'batch')], default='interactive', help_text="How the gateway admits this team's requests (a key may override it).", max_length=12),
+            model_name="team",
+            name="priority_class",
+            field=models.CharField(
+                choices=[("interactive", "interactive"), ("batch", "batch")],
+                default="interactive",
+                help_text="How the gateway admits this team's requests (a key may override it).",
+                max_length=12,
+            ),
         ),
         migrations.AddField(
-            model_name='usage',
-            name='priority_class',
-            field=models.CharField(choices=[('interactive', 'interactive'), ('batch', 'batch')], default='interactive', max_length=12),
+            model_name="usage",
+            name="priority_class",
+            field=models.CharField(
+                choices=[("interactive", "interactive"), ("batch", "batch")],
+                default="interactive",
+                max_length=12,
+            ),
         ),
         migrations.AddField(
-            model_name='usagedaily',
-            name='priority_class',
-            field=models.CharField(choices=[('interactive', 'interactive'), ('batch', 'batch')], default='interactive', max_length=12),
+            model_name="usagedaily",
+            name="priority_class",
+            field=models.CharField(
+                choices=[("interactive", "interactive"), ("batch", "batch")],
+                default="interactive",
+                max_length=12,
+            ),
         ),
     ]

@@ -71,9 +71,7 @@ def _rebuild(schema_editor, *, partitioned: bool) -> None:
         for indexdef in indexes:
             cursor.execute(indexdef)
         if partitioned:  # LIKE named the sequence after the new table
-            cursor.execute(
-                f"ALTER SEQUENCE IF EXISTS {new}_id_seq RENAME TO {table}_id_seq"
-            )
+            cursor.execute(f"ALTER SEQUENCE IF EXISTS {new}_id_seq RENAME TO {table}_id_seq")
 
 
 def partition_usage(apps, schema_editor) -> None:
@@ -119,75 +117,118 @@ def backfill_hourly(apps, schema_editor) -> None:
     )  # fmt: skip
 
 
-
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('deployments', '0007_engine_api_key_and_process_identity'),
-        ('teams', '0005_priority_class'),
+        ("deployments", "0007_engine_api_key_and_process_identity"),
+        ("teams", "0005_priority_class"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='UsageHourly',
+            name="UsageHourly",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('hour', models.DateTimeField(help_text='Start of the UTC hour.')),
-                ('model', models.CharField(blank=True, max_length=100)),
-                ('priority_class', models.CharField(choices=[('interactive', 'interactive'), ('batch', 'batch')], default='interactive', max_length=12)),
-                ('requests', models.PositiveIntegerField(default=0)),
-                ('completed', models.PositiveIntegerField(default=0)),
-                ('rejected', models.PositiveIntegerField(default=0)),
-                ('failed', models.PositiveIntegerField(default=0, help_text='Upstream errors, timeouts and cancellations.')),
-                ('prompt_tokens', models.PositiveBigIntegerField(default=0)),
-                ('completion_tokens', models.PositiveBigIntegerField(default=0)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("hour", models.DateTimeField(help_text="Start of the UTC hour.")),
+                ("model", models.CharField(blank=True, max_length=100)),
+                (
+                    "priority_class",
+                    models.CharField(
+                        choices=[("interactive", "interactive"), ("batch", "batch")],
+                        default="interactive",
+                        max_length=12,
+                    ),
+                ),
+                ("requests", models.PositiveIntegerField(default=0)),
+                ("completed", models.PositiveIntegerField(default=0)),
+                ("rejected", models.PositiveIntegerField(default=0)),
+                (
+                    "failed",
+                    models.PositiveIntegerField(
+                        default=0, help_text="Upstream errors, timeouts and cancellations."
+                    ),
+                ),
+                ("prompt_tokens", models.PositiveBigIntegerField(default=0)),
+                ("completion_tokens", models.PositiveBigIntegerField(default=0)),
             ],
             options={
-                'verbose_name_plural': 'usage (hourly)',
-                'ordering': ['-hour', 'team'],
+                "verbose_name_plural": "usage (hourly)",
+                "ordering": ["-hour", "team"],
             },
         ),
         migrations.AlterField(
-            model_name='usage',
-            name='api_key',
-            field=models.ForeignKey(db_constraint=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='usage', to='teams.apikey'),
+            model_name="usage",
+            name="api_key",
+            field=models.ForeignKey(
+                db_constraint=False,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="usage",
+                to="teams.apikey",
+            ),
         ),
         migrations.AlterField(
-            model_name='usage',
-            name='deployment',
-            field=models.ForeignKey(blank=True, db_constraint=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='deployments.deployment'),
+            model_name="usage",
+            name="deployment",
+            field=models.ForeignKey(
+                blank=True,
+                db_constraint=False,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="+",
+                to="deployments.deployment",
+            ),
         ),
         migrations.AlterField(
-            model_name='usage',
-            name='request_id',
+            model_name="usage",
+            name="request_id",
             field=models.UUIDField(default=uuid.uuid4, editable=False),
         ),
         migrations.AlterField(
-            model_name='usage',
-            name='team',
-            field=models.ForeignKey(db_constraint=False, db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='usage', to='teams.team'),
+            model_name="usage",
+            name="team",
+            field=models.ForeignKey(
+                db_constraint=False,
+                db_index=False,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="usage",
+                to="teams.team",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='usage',
-            constraint=models.UniqueConstraint(fields=('request_id', 'created_at'), name='usage_request_once'),
+            model_name="usage",
+            constraint=models.UniqueConstraint(
+                fields=("request_id", "created_at"), name="usage_request_once"
+            ),
         ),
         migrations.AddField(
-            model_name='usagehourly',
-            name='api_key',
-            field=models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='usage_hourly', to='teams.apikey'),
+            model_name="usagehourly",
+            name="api_key",
+            field=models.ForeignKey(
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="usage_hourly",
+                to="teams.apikey",
+            ),
         ),
         migrations.AddField(
-            model_name='usagehourly',
-            name='team',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='usage_hourly', to='teams.team'),
+            model_name="usagehourly",
+            name="team",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="usage_hourly", to="teams.team"
+            ),
         ),
         migrations.AddIndex(
-            model_name='usagehourly',
-            index=models.Index(fields=['team', 'hour'], name='teams_usage_team_id_e3c3cc_idx'),
+            model_name="usagehourly",
+            index=models.Index(fields=["team", "hour"], name="teams_usage_team_id_e3c3cc_idx"),
         ),
         migrations.AddIndex(
-            model_name='usagehourly',
-            index=models.Index(fields=['hour'], name='teams_usage_hour_f54ef0_idx'),
+            model_name="usagehourly",
+            index=models.Index(fields=["hour"], name="teams_usage_hour_f54ef0_idx"),
         ),
         # After the field and constraint changes above (no FKs, unique (request_id, created_at)), so
         # the rebuilt table copies exactly what Django's state says.

@@ -13,31 +13,41 @@ def mark_the_acceptance_team(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('teams', '0006_usage_partitioned_hourly'),
+        ("teams", "0006_usage_partitioned_hourly"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='apikey',
-            name='benchmark_user',
-            field=models.ForeignKey(blank=True, editable=False, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='benchmark_keys', to=settings.AUTH_USER_MODEL),
+            model_name="apikey",
+            name="benchmark_user",
+            field=models.ForeignKey(
+                blank=True,
+                editable=False,
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="benchmark_keys",
+                to=settings.AUTH_USER_MODEL,
+            ),
         ),
         migrations.AddField(
-            model_name='apikey',
-            name='pinned_deployment_id',
+            model_name="apikey",
+            name="pinned_deployment_id",
             field=models.PositiveBigIntegerField(blank=True, editable=False, null=True),
         ),
         migrations.AddField(
-            model_name='team',
-            name='system',
+            model_name="team",
+            name="system",
             field=models.BooleanField(default=False, editable=False),
         ),
         migrations.AddConstraint(
-            model_name='apikey',
-            constraint=models.UniqueConstraint(condition=models.Q(('benchmark_user__isnull', False)), fields=('team', 'benchmark_user'), name='one_benchmark_key_per_team_member'),
+            model_name="apikey",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("benchmark_user__isnull", False)),
+                fields=("team", "benchmark_user"),
+                name="one_benchmark_key_per_team_member",
+            ),
         ),
         migrations.RunPython(mark_the_acceptance_team, migrations.RunPython.noop),
     ]

@@ -14,16 +14,18 @@ def mark_staff_set_classes(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('teams', '0007_team_system_benchmark_keys'),
+        ("teams", "0007_team_system_benchmark_keys"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='apikey',
-            name='priority_class_set_by_staff',
-            field=models.BooleanField(default=False, help_text="The key's class was set by staff: it holds even above the team's class."),
+            model_name="apikey",
+            name="priority_class_set_by_staff",
+            field=models.BooleanField(
+                default=False,
+                help_text="The key's class was set by staff: it holds even above the team's class.",
+            ),
         ),
         migrations.RunPython(mark_staff_set_classes, migrations.RunPython.noop),
     ]

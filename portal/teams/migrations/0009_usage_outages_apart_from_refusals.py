@@ -4,35 +4,54 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('teams', '0008_api_key_priority_class_set_by_staff'),
+        ("teams", "0008_api_key_priority_class_set_by_staff"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='usagedaily',
-            name='unavailable',
-            field=models.PositiveIntegerField(default=0, help_text="Outages: no replica serving, a queue timeout, the portal's Redis or database down."),
+            model_name="usagedaily",
+            name="unavailable",
+            field=models.PositiveIntegerField(
+                default=0,
+                help_text="Outages: no replica serving, a queue timeout, the portal's Redis or database down.",
+            ),
         ),
         migrations.AddField(
-            model_name='usagehourly',
-            name='unavailable',
-            field=models.PositiveIntegerField(default=0, help_text="Outages: no replica serving, a queue timeout, the portal's Redis or database down."),
+            model_name="usagehourly",
+            name="unavailable",
+            field=models.PositiveIntegerField(
+                default=0,
+                help_text="Outages: no replica serving, a queue timeout, the portal's Redis or database down.",
+            ),
         ),
         migrations.AlterField(
-            model_name='usage',
-            name='status',
-            field=models.CharField(choices=[('completed', 'completed'), ('client_cancelled', 'client cancelled'), ('upstream_error', 'upstream error'), ('rejected', 'refused (quota, rate limit, bad request)'), ('timeout', 'timeout'), ('unavailable', 'outage (no replica or the portal unavailable)')], max_length=20),
+            model_name="usage",
+            name="status",
+            field=models.CharField(
+                choices=[
+                    ("completed", "completed"),
+                    ("client_cancelled", "client cancelled"),
+                    ("upstream_error", "upstream error"),
+                    ("rejected", "refused (quota, rate limit, bad request)"),
+                    ("timeout", "timeout"),
+                    ("unavailable", "outage (no replica or the portal unavailable)"),
+                ],
+                max_length=20,
+            ),
         ),
         migrations.AlterField(
-            model_name='usagedaily',
-            name='rejected',
-            field=models.PositiveIntegerField(default=0, help_text='Refused: quotas, rate limits, bad requests.'),
+            model_name="usagedaily",
+            name="rejected",
+            field=models.PositiveIntegerField(
+                default=0, help_text="Refused: quotas, rate limits, bad requests."
+            ),
         ),
         migrations.AlterField(
-            model_name='usagehourly',
-            name='rejected',
-            field=models.PositiveIntegerField(default=0, help_text='Refused: quotas, rate limits, bad requests.'),
+            model_name="usagehourly",
+            name="rejected",
+            field=models.PositiveIntegerField(
+                default=0, help_text="Refused: quotas, rate limits, bad requests."
+            ),
         ),
     ]

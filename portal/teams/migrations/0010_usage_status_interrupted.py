@@ -4,15 +4,25 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('teams', '0009_usage_outages_apart_from_refusals'),
+        ("teams", "0009_usage_outages_apart_from_refusals"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='usage',
-            name='status',
-            field=models.CharField(choices=[('completed', 'completed'), ('client_cancelled', 'client cancelled'), ('upstream_error', 'upstream error'), ('rejected', 'refused (quota, rate limit, bad request)'), ('timeout', 'timeout'), ('unavailable', 'outage (no replica or the portal unavailable)'), ('interrupted', 'interrupted')], max_length=20),
+            model_name="usage",
+            name="status",
+            field=models.CharField(
+                choices=[
+                    ("completed", "completed"),
+                    ("client_cancelled", "client cancelled"),
+                    ("upstream_error", "upstream error"),
+                    ("rejected", "refused (quota, rate limit, bad request)"),
+                    ("timeout", "timeout"),
+                    ("unavailable", "outage (no replica or the portal unavailable)"),
+                    ("interrupted", "interrupted"),
+                ],
+                max_length=20,
+            ),
         ),
     ]

@@ -35,7 +35,7 @@ from portal.core.redis.scripts import (
     UsageTakeCall,
 )
 
-from ..models import ApiKey, Team, Usage
+from ..models import ApiKey, Team, Usage, UsageSource
 from ..usage_record import UnreadableUsageRecord, UsageRecord
 from .rollups import closed_days
 
@@ -101,9 +101,12 @@ def _storable(text: object, limit: int) -> str:
     return text.encode("utf-8", "replace").decode()[:limit]
 
 
-def _usage_row(record: UsageRecord) -> Usage:
-    """The row of a record, its text cut to what the columns hold."""
+def usage_row(record: UsageRecord, *, source: str = UsageSource.GATEWAY, batch_id: str = "") -> Usage:
+    """The row of a record, its text cut to what the columns hold (a batch line's row names its
+    source and batch: portal/batches/runner.py stores it with the line's result)."""
     return Usage(
+        source=source,
+        batch_id=batch_id,
         request_id=record.request_id,
         created_at=record.created_at,
         team_id=record.team_id,
@@ -236,7 +239,7 @@ def _usage_store(raws: list[bytes]) -> tuple[int, list[tuple[bytes, str]], set[i
     parsed: list[tuple[bytes, Usage]] = []
     for raw in raws:
         try:
-            parsed.append((raw, _usage_row(UsageRecord.from_json(raw))))
+            parsed.append((raw, usage_row(UsageRecord.from_json(raw))))
         except UnreadableUsageRecord:
             dead.append((raw, UNREADABLE))
     teams = set(Team.objects.filter(pk__in={r.team_id for _, r in parsed}).values_list("pk", flat=True))

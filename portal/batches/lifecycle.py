@@ -1,0 +1,109 @@
+"""A batch's life outside its run: validation (`validating` → `in_progress` or `failed`), and the
+dispatcher beat calls, which validates, starts, resumes and expires batches whose runner is not
+alive (killed, or left to wait), so no batch depends on one task message arriving."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from portal.gateway.internal import batch_caller_now
+
+from . import services
+from .models import Batch, BatchLine, BatchStatus, WaitReason
+from .runner import RUNNABLE, lease_release, lease_take
+from .validation import validate_file
+
+log = logging.getLogger("portal.batches")
+
+
+def _fail(batch_id: int, token: uuid.UUID, errors: list[dict]) -> None:
+    Batch.objects.filter(pk=batch_id, runner_token=token, status=BatchStatus.VALIDATING).update(
+        status=BatchStatus.FAILED, failed_at=timezone.now(), errors={"object": "list", "data": errors}
+    )
+
+
+def batch_validate(*, batch_id: int) -> str:
+    """Check every line of the batch's input file; store the lines and start it, or fail it with
+    each bad line in `errors`. A no-op when another worker is validating it."""
+    token = uuid.uuid4()
+    if not lease_take(batch_id=batch_id, token=token, statuses=[BatchStatus.VALIDATING]):
+        return "not validating here"
+    try:
+        batch = Batch.objects.select_related("input_file").get(pk=batch_id)
+        caller = batch_caller_now(batch.api_key_id) if batch.api_key_id else None
+        if caller is None:
+            _fail(
+                batch_id,
+                token,
+                [_error("api_key_deleted", "The API key that created this batch was deleted.")],
+            )
+            return "failed"
+        if batch.input_file is None:
+            _fail(batch_id, token, [_error("input_file_deleted", "The input file was deleted.")])
+            return "failed"
+        checked = validate_file(
+            services.file_read(file=batch.input_file), endpoint=batch.endpoint, caller=caller
+        )
+        if checked.errors:
+            _fail(batch_id, token, checked.errors)
+            return "failed"
+        with transaction.atomic():
+            BatchLine.objects.filter(batch_id=batch_id).delete()  # a validation killed half way
+            services.lines_create(batch=batch, lines=checked.lines)
+            started = Batch.objects.filter(
+                pk=batch_id, runner_token=token, status=BatchStatus.VALIDATING
+            ).update(
+                status=BatchStatus.IN_PROGRESS,
+                in_progress_at=timezone.now(),
+                request_total=len(checked.lines),
+            )
+            if not started:  # cancelled meanwhile: the lines go with the rollback
+                transaction.set_rollback(True)
+                return "cancelled while validating"
+            services.batch_send_run(batch_id=batch_id)
+        return "in_progress"
+    finally:
+        lease_release(batch_id=batch_id, token=token)
+
+
+def _error(code: str, message: str) -> dict:
+    return {"code": code, "message": message, "param": None, "line": None}
+
+
+def dispatch_grace_s() -> float:
+    """How long a message the dispatcher sent may wait for a worker before it sends another: so a
+    batch waiting behind busy workers gets one message a minute, not one per beat."""
+    return max(60.0, 3 * settings.BATCH_DISPATCH_INTERVAL_S)
+
+
+def batches_dispatch() -> dict[str, int]:
+    """Send a validation or a run for every batch that needs one and has no live runner: new ones,
+    those whose runner died (its lease lapsed), those waiting (paused, outside their window, past
+    their daily budget's reset) and those past their window (the runner expires them). Each send
+    marks the batch (`runner_lease_until` without a token) for `dispatch_grace_s`: a runner takes
+    it at once, the dispatcher leaves it alone until then."""
+    now = timezone.now()
+    grace = dispatch_grace_s()
+    idle = Q(runner_lease_until__isnull=True) | Q(runner_lease_until__lt=now)
+    budget_waits = Q(wait_reason=WaitReason.DAILY_BUDGET, wait_until__gt=now, expires_at__gt=now)
+    sent = {"validate": 0, "run": 0}
+    candidates = Batch.objects.filter(idle, status__in=[BatchStatus.VALIDATING, *RUNNABLE]).exclude(
+        budget_waits
+    )
+    for batch_id, status in candidates.values_list("pk", "status"):
+        marked = Batch.objects.filter(idle, pk=batch_id).update(
+            runner_token=None, runner_lease_until=now + dt.timedelta(seconds=grace)
+        )
+        if not marked:  # a runner took it meanwhile
+            continue
+        task = "validate" if status == BatchStatus.VALIDATING else "run"
+        services.send_on_commit(f"batches.{task}", batch_id, expires_s=grace)
+        sent[task] += 1
+    return sent
