@@ -58,6 +58,9 @@ def filtered(
     `data` replaces the query string (a page whose URL fixes a filter adds it there).
     """
     filterset = filterset_class(request.GET if data is None else data, queryset=queryset, request=request)
+    # Its own element ids: a page may also hold a form with a field of the same name (a team's keys
+    # page: the filter's and the new key's `priority_class`), and ids must be unique for the labels.
+    filterset.form.auto_id = "id_filter_%s"
     if not filterset.is_valid():
         return filterset, queryset.none(), 400
     return filterset, filterset.qs, 200
