@@ -32,7 +32,7 @@ def test_a_tiny_proxy_bench_runs_one_and_two_processes_clean_and_counts_redis_wo
         # Admission (which writes the open record) and finish (which forgets it): 2 scripts per
         # request (docs/scale.md counts them); a lease renewal now and then adds a fraction.
         assert 2 <= results[target]["redis_scripts_per_request"] < 3
-        assert 30 <= results[target]["redis_commands_per_request"] < 60
+        assert 45 <= results[target]["redis_commands_per_request"] < 60  # 53.2 on 2026-12-04
         assert 1 <= sum(results[target]["connections_per_process"]) <= 4  # sampled halfway through
     # Its throwaway directory is gone.
     setup_line = next(line for line in run.stdout.splitlines() if "setting up in" in line)
