@@ -139,19 +139,26 @@ def install_runtime(venv: Path) -> list[PackageFile]:
     return list(files.values())
 
 
+def base_interpreter(venv: Path) -> Path:
+    """The interpreter the environment was made from, as its pyvenv.cfg records it."""
+    config = dict(
+        line.split(" = ", 1) for line in (venv / "pyvenv.cfg").read_text().splitlines() if " = " in line
+    )
+    if "executable" in config:  # Python 3.11 and later write it
+        return Path(config["executable"])
+    major, minor = config["version"].split(".")[:2]
+    return Path(config["home"]) / f"python{major}.{minor}"
+
+
 def write_python_wrapper(venv: Path) -> Path:
-    """Replace the environment's link to the system interpreter (`bin/python3.11`, which `python`
-    and `python3` link to) with a script that execs that interpreter under the runtime's loader.
-    `--argv0` keeps argv[0] at the path it was called by, which is how Python finds the
-    environment's pyvenv.cfg."""
+    """Make the environment's `bin/python3.X` a script that execs the interpreter it was made from
+    under the runtime's loader, and `python`, `python3` links to it. `--argv0` keeps argv[0] at the
+    path it was called by, which is how Python finds the environment's pyvenv.cfg. Idempotent: an
+    install interrupted and run again (or `python -m venv` run over the environment, which copies
+    the interpreter onto an existing file) ends with the same script."""
+    interpreter = base_interpreter(venv)
     bindir = venv / "bin"
-    link = bindir / "python"
-    # Follow python -> python3.11 -> /usr/…/python3.11 to the link that leaves the environment.
-    while link.is_symlink() and (bindir / os.readlink(link)).parent == bindir:
-        link = bindir / os.readlink(link)
-    if not link.is_symlink():
-        raise RuntimeFetchError(f"{link} is not a link to an interpreter (already wrapped?)")
-    interpreter = Path(os.path.realpath(link))
+    wrapper = bindir / interpreter.name
     libdir = (venv / "runtime" / LIBDIR).resolve()
     script = (
         "#!/bin/sh\n"
@@ -159,7 +166,15 @@ def write_python_wrapper(venv: Path) -> Path:
         "# the system's, so its interpreter runs under Debian 13's glibc loader and libraries.\n"
         f'exec "{libdir / LOADER}" --library-path "{libdir}" --argv0 "$0" "{interpreter}" "$@"\n'
     )
-    link.unlink()
-    link.write_text(script)
-    link.chmod(0o755)
-    return link
+    if wrapper.is_symlink() or wrapper.exists():
+        wrapper.unlink()
+    wrapper.write_text(script)
+    wrapper.chmod(0o755)
+    for alias in ("python", "python3"):
+        link = bindir / alias
+        if link.is_symlink() and os.readlink(link) == wrapper.name:
+            continue
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(wrapper.name)
+    return wrapper

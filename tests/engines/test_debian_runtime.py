@@ -105,5 +105,15 @@ def test_the_wrapped_interpreter_stays_in_its_environment(tmp_path):
             check=True,
         ).stdout.strip()
         assert Path(prefix) == venv
-    with pytest.raises(debian_runtime.RuntimeFetchError, match="already wrapped"):
-        debian_runtime.write_python_wrapper(venv)
+    # Run again (an interrupted install), and after `python -m venv` copied the interpreter over the
+    # script: the same script, and the environment still works.
+    assert debian_runtime.write_python_wrapper(venv).read_text() == wrapped.read_text()
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    assert debian_runtime.write_python_wrapper(venv).read_text() == wrapped.read_text()
+    prefix = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import sys; print(sys.prefix)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert Path(prefix) == venv
