@@ -130,10 +130,10 @@ def _records(team_id: int, key_id: int, n: int, at: dt.datetime) -> list[dict]:
 
 
 def _rows(records: list[dict]):
-    from portal.teams.services.usage_queue import _usage_row
+    from portal.teams.services.usage_queue import usage_row
     from portal.teams.usage_record import UsageRecord
 
-    return [_usage_row(UsageRecord.from_json(json.dumps(r).encode())) for r in records]
+    return [usage_row(UsageRecord.from_json(json.dumps(r).encode())) for r in records]
 
 
 def _timed_batches(rows: list, size: int, insert: Callable[[list], None]) -> float:
