@@ -81,8 +81,13 @@ def discover(out: Path) -> dict:
     return record
 
 
-def write_random_model(shape: str, directory: Path, *, layers: int | None = None) -> Path:
-    """A bundled config's shape with random fp16 weights, generated on the GPU, and a trained tokenizer."""
+def write_random_model(
+    shape: str, directory: Path, *, layers: int | None = None, weights: bool = True
+) -> Path:
+    """A bundled config's shape with random fp16 weights, generated on the GPU, and a trained tokenizer.
+
+    `weights=False` writes only the config and tokenizer, for vLLM's `--load-format dummy`.
+    """
     import torch
     from safetensors.torch import save_file
 
@@ -118,6 +123,8 @@ def write_random_model(shape: str, directory: Path, *, layers: int | None = None
     if layers:
         config["num_hidden_layers"] = layers  # a shorter model of the same shape (tests on a CPU)
     (directory / "config.json").write_text(json.dumps(config, indent=2))
+    if not weights:
+        return directory
     hidden, inter = config["hidden_size"], config["intermediate_size"]
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads", heads)
