@@ -205,7 +205,9 @@ def main() -> int:
     options = parser.parse_args()
     gpu = get_gpu(options.gpu)
     fit_levels = [int(x) for x in options.fit_levels.split(",")]
-    reports = [load_report(path) for path in sorted(Path(options.data).glob("*.json"))]
+    # Only bench reports: a data folder may also hold the run's other records (host-launch.json).
+    paths = sorted(Path(options.data).glob("*.json"))
+    reports = [load_report(path) for path in paths if "levels" in json.loads(path.read_text())]
     reports = [item for item in reports if options.mode in (None, item["mode"])]
     if options.decode_steps:
         print_decode_steps(reports, gpu)

@@ -13,38 +13,21 @@ from pathlib import Path
 
 import pytest
 
-from inference.hardware import get_gpu
-from inference.hf_config import resolve_model_config
 from inference.loadgen.workloads import load_mix
-from inference.planner import ProfileSettings
 from inference.sim.calibration import fit_host_costs, measured_levels, simulate_levels
 from inference.sim.costs import DEFAULT_HOST_COSTS
 from inference.sim.engine import EngineConfig
+from tests.helpers.sim import recorded_config
 
 pytestmark = pytest.mark.slow  # calibration fits over recorded runs: out of make test-fast
 
 DATA = Path(__file__).parent / "data" / "h200"
 LLAMA, MISTRAL = "llama-2-7b-chat-hf", "mistral-7b-instruct-v0.3"
 MIX = load_mix("field-mix")
-# The profile of every recorded run (README.md beside the data).
-PROFILE = dict(
-    dtype="float16",
-    tensor_parallel_size=1,
-    gpu_memory_utilization=0.9,
-    max_num_seqs=256,
-    block_size=16,
-    max_model_len=4096,
-    max_num_batched_tokens=8192,
-    enable_prefix_caching=False,
-    enable_chunked_prefill=True,
-)
 
 
 def config(model: str, mode: str, host=DEFAULT_HOST_COSTS) -> EngineConfig:
-    profile = ProfileSettings(enforce_eager=mode == "eager", **PROFILE)
-    return EngineConfig(
-        model=resolve_model_config(model), profile=profile, gpu=get_gpu("h200-sxm-141gb"), host=host
-    )
+    return recorded_config(model, mode, "h200-sxm-141gb", host)
 
 
 def measured(model: str, mode: str):
