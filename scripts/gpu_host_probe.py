@@ -14,7 +14,7 @@ as it goes, into `--out`:
   metrics' deltas;
 - `steps/<shape>-<mode>/<pid>.tsv`: the raw timings, `server-<shape>-<mode>.log`: the server's log.
 
-    python3 scripts/gpu_host_probe.py --out /tmp/m [--plan plan.json]
+    python3 scripts/gpu_host_probe.py --out /tmp/m [--plan default|pinning|plan.json]
 
 Weights are vLLM's own random ones (`--load-format dummy`): only the config and a small
 trained tokenizer are written, so a 24B engine starts without writing 47 GB first.
@@ -56,6 +56,16 @@ DEFAULT_PLAN: list[dict] = [
     {"shape": "llama-2-7b-chat-hf", "mode": "graphs",
      "levels": [["short-qa", 4, 8], ["short-qa", 1, 4], ["short-qa", 16, 48]]},
 ]  # fmt: skip
+
+# Does the host's speed of the minute come from where the OS runs vLLM's threads? One 7B eager engine,
+# the same level unpinned and pinned in turn (a level's 4th item `true`: `pin` below), so the two
+# placements alternate within minutes of each other on one host.
+PINNING_PLAN: list[dict] = [
+    {"shape": "llama-2-7b-chat-hf", "mode": "eager",
+     "levels": [["fixed:128:256", 8, 40], ["fixed:128:256", 8, 48, True],
+                ["fixed:128:256", 8, 48], ["fixed:128:256", 8, 48, True]]},
+]  # fmt: skip
+PLANS = {"default": DEFAULT_PLAN, "pinning": PINNING_PLAN}
 
 METRICS = (
     "vllm:request_queue_time_seconds",
@@ -321,7 +331,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--models", default="/tmp/models")  # noqa: S108 - the GPU machine's scratch disk
-    parser.add_argument("--plan", default="", help="a JSON file with a list like DEFAULT_PLAN")
+    parser.add_argument("--plan", default="default", help=f"one of {', '.join(PLANS)}, or a JSON file")
     parser.add_argument(
         "--summarize", default="", help="only summarize OUT/steps/<shape>-eager/ for shape:layers,..."
     )
@@ -335,7 +345,7 @@ def main() -> None:
         print(json.dumps(summary, indent=1))
         return
     out.mkdir(parents=True, exist_ok=True)
-    plan = json.loads(Path(options.plan).read_text()) if options.plan else DEFAULT_PLAN
+    plan = PLANS.get(options.plan) or json.loads(Path(options.plan).read_text())
     probe: list[dict] = []
     gpu_run.discover(out)  # which GPU and driver the numbers belong to
     for engine in plan:
