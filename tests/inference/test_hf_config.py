@@ -21,6 +21,7 @@ BUNDLED = [
     "llama-2-7b-chat-hf",
     "llama-3.1-70b-instruct-gptq-4bit",
     "mistral-7b-instruct-v0.3",
+    "mistral-small-24b-instruct-2501",
     "qwen2.5-14b-instruct",
     "qwen2.5-7b-instruct",
 ]
@@ -97,6 +98,14 @@ def test_it_reads_llama_3_1_70b_gptq():
     )
     assert (arch.intermediate_size, arch.vocab_size, arch.max_position_embeddings) == (28672, 128256, 131072)
     assert (arch.quantization, arch.quant_bits, arch.quant_group_size) == ("gptq", 4, 128)
+
+
+def test_it_reads_mistral_small_24b_whose_heads_are_narrower_than_hidden_over_heads():
+    # 5120 ÷ 32 heads would be 160; the published config says 128 (head_dim), as vLLM reads it.
+    arch = resolve_model_config("mistral-small-24b-instruct-2501")
+    assert (arch.num_layers, arch.hidden_size) == (40, 5120)
+    assert (arch.num_attention_heads, arch.num_kv_heads) == (32, 8)
+    assert (arch.head_dim, arch.intermediate_size, arch.vocab_size) == (128, 32768, 131072)
 
 
 def test_it_reads_qwen2_5_as_bfloat16():
