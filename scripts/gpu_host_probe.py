@@ -62,8 +62,8 @@ DEFAULT_PLAN: list[dict] = [
 # placements alternate within minutes of each other on one host.
 PINNING_PLAN: list[dict] = [
     {"shape": "llama-2-7b-chat-hf", "mode": "eager",
-     "levels": [["fixed:128:256", 8, 40], ["fixed:128:256", 8, 48, True],
-                ["fixed:128:256", 8, 48], ["fixed:128:256", 8, 48, True]]},
+     "levels": [["fixed:128:256", 8, 16], ["fixed:128:256", 8, 32, True],
+                ["fixed:128:256", 8, 32], ["fixed:128:256", 8, 32, True]]},
 ]  # fmt: skip
 PLANS = {"default": DEFAULT_PLAN, "pinning": PINNING_PLAN}
 
