@@ -674,6 +674,10 @@ def test_it_launches_the_reference_with_the_profiles_flags_and_probes_what_they_
 
     ok = [entry["step"] for entry in acceptance.progress if entry["status"] == "ok"]
     assert ok[ok.index("start") : ok.index("bench") + 1] == ["start", "feature_probe", "bench"]
+    # On a GPU the first level is a warm-up the calibration never sees (docs/gpu-runs.md, 2026-12-07).
+    notes = [e["message"] for e in acceptance.progress if e["step"] == "bench" and e["status"] == "info"]
+    assert notes[0].startswith("warm-up level, not recorded: 4 users, ")
+    assert [level["concurrency"] for level in acceptance.measured["levels"]] == [1, 2]
     probe = next(e for e in acceptance.progress if e["step"] == "feature_probe" and e["status"] == "ok")
     assert (
         "chunked prefill (vllm#2729): a 384-token prompt over the 256-token budget answered 4 tokens"
