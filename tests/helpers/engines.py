@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from devtools import NotReady, free_port, spawn, stop, wait_for_http
+from inference.engines import LOAD_CPU_OPS
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_MODEL_NAME = "tiny-llama"
@@ -123,7 +124,7 @@ def require_engine(version: str, *, ops: bool = True) -> Path:
     if not ops:
         return python
     loaded = subprocess.run(
-        [str(python), "-c", "import torch, vllm, importlib; importlib.import_module('vllm._C')"],
+        [str(python), "-c", LOAD_CPU_OPS],
         capture_output=True,
         text=True,
         timeout=300,
