@@ -57,13 +57,19 @@ DEFAULT_PLAN: list[dict] = [
      "levels": [["short-qa", 4, 8], ["short-qa", 1, 4], ["short-qa", 16, 48]]},
 ]  # fmt: skip
 
-# Does the host's speed of the minute come from where the OS runs vLLM's threads? One 7B eager engine,
-# the same level unpinned and pinned in turn (a level's 4th item `true`: `pin` below), so the two
-# placements alternate within minutes of each other on one host.
+# Does the host's speed of the minute come from where the OS runs vLLM's threads? Each eager engine
+# runs the same level unpinned and pinned in turn (a level's 4th item `true`: `pin` below), so the
+# two placements alternate within minutes of each other on one host; the 7B then runs 32 and 64
+# users of the same fixed workload each way, whose prefill steps (a burst of prompts sent together)
+# the raw step timings keep.
+_PAIR = [["fixed:128:256", 8, 32], ["fixed:128:256", 8, 32, True]]
 PINNING_PLAN: list[dict] = [
     {"shape": "llama-2-7b-chat-hf", "mode": "eager",
-     "levels": [["fixed:128:256", 8, 16], ["fixed:128:256", 8, 32, True],
-                ["fixed:128:256", 8, 32], ["fixed:128:256", 8, 32, True]]},
+     "levels": [["fixed:128:256", 8, 16], *_PAIR * 4,
+                ["fixed:128:256", 32, 64], ["fixed:128:256", 32, 64, True],
+                ["fixed:128:256", 64, 128], ["fixed:128:256", 64, 128, True]]},
+    {"shape": "mistral-small-24b-instruct-2501", "mode": "eager",
+     "levels": [["fixed:128:256", 8, 16], *_PAIR * 3]},
 ]  # fmt: skip
 PLANS = {"default": DEFAULT_PLAN, "pinning": PINNING_PLAN}
 
@@ -237,7 +243,7 @@ def pin(api_pid: int) -> dict:
     cores = _cores()
     engine = {cpu for core in cores[2:4] for cpu in core}
     api = set(cores[4])
-    client = {cpu for core in cores[len(cores) // 2 :] for cpu in core}
+    client = {cpu for core in cores[max(5, len(cores) // 2) :] for cpu in core}
     for child in _children(api_pid):
         _place(child, engine)
     _place(api_pid, api)
