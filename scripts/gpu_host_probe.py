@@ -171,6 +171,26 @@ def step_parts(rows: list[tuple[str, float, float, int, int, int]]) -> dict:
     return summary
 
 
+def prefill_steps(rows: list[tuple[str, float, float, int, int, int]]) -> list[list[float]]:
+    """Every step that computed prompt tokens: [requests, tokens, period ms (its schedule to the
+    next), execute_model ms (inputs + launches), sample_tokens ms (waits for the GPU)]."""
+    schedules = [row[1] for row in rows if row[0] == "schedule" and row[3] > 0]
+    samples = [row for row in rows if row[0] == "sample_tokens"]
+    found = []
+    for row in rows:
+        if row[0] != "execute_model" or row[4] <= row[3]:
+            continue
+        after = [start for start in schedules if start > row[1]]
+        sample = next((s for s in samples if s[1] >= row[1] + row[2]), None)
+        before = [start for start in schedules if start <= row[1]]
+        period = (after[0] - before[-1]) * 1000 if after and before else None
+        found.append([
+            row[3], row[4], round(period, 2) if period is not None else None, round(row[2] * 1000, 2),
+            round(sample[2] * 1000, 2) if sample else None,
+        ])  # fmt: skip
+    return found
+
+
 def launch_per_layer(directory: Path, layers: int, *, window_s: float = 10.0) -> dict:
     """The eager forward's launch time per layer over a whole engine's run (ms): its spread over
     single steps, and the medians of successive windows (how the host's speed moved)."""
@@ -308,6 +328,8 @@ def run_engine(engine: dict, out: Path, models: Path, probe: list[dict]) -> None
                 "metrics": metric_deltas(before, after),
                 "kv_cache_usage_at_end": after.get("vllm:kv_cache_usage_perc"),
                 "steps": step_parts(read_parts(steps_dir, began, ended)),
+                "prefill_steps": prefill_steps(read_parts(steps_dir, began, ended)),
+                "began": began, "ended": ended,
             }  # fmt: skip
             probe.append(entry)
             (out / "probe.json").write_text(json.dumps(probe, indent=1))

@@ -109,3 +109,19 @@ def test_the_probe_splits_a_decode_step_into_its_parts(probe):
     assert parts["forward"] == pytest.approx(9.0) and parts["prepare"] == pytest.approx(2.0)
     assert parts["period"] == pytest.approx(20.0) and parts["mean_decode_batch"] == 4
     assert parts["process_outputs_per_output_us"] == pytest.approx(50.0)
+
+
+def test_the_probe_lists_each_prefill_step_with_its_period(probe):
+    rows = [
+        ("schedule", 1.000, 0.001, 4, 4, 1),
+        ("execute_model", 1.001, 0.010, 4, 4, 1),
+        ("schedule", 1.020, 0.001, 4, 900, 1),
+        ("execute_model", 1.021, 0.030, 4, 900, 1),
+        ("sample_tokens", 1.052, 0.040, 0, 0, 1),
+        ("schedule", 1.095, 0.001, 4, 4, 1),
+    ]
+
+    (step,) = probe.prefill_steps(rows)
+
+    assert step[:2] == [4, 900]
+    assert step[2:] == [pytest.approx(75.0), pytest.approx(30.0), pytest.approx(40.0)]
