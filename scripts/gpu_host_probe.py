@@ -23,6 +23,7 @@ trained tokenizer are written, so a 24B engine starts without writing 47 GB firs
 from __future__ import annotations
 
 import argparse
+import bisect
 import itertools
 import json
 import os
@@ -174,20 +175,20 @@ def step_parts(rows: list[tuple[str, float, float, int, int, int]]) -> dict:
 def prefill_steps(rows: list[tuple[str, float, float, int, int, int]]) -> list[list[float]]:
     """Every step that computed prompt tokens: [requests, tokens, period ms (its schedule to the
     next), execute_model ms (inputs + launches), sample_tokens ms (waits for the GPU)]."""
-    schedules = [row[1] for row in rows if row[0] == "schedule" and row[3] > 0]
+    schedules = [row[1] for row in rows if row[0] == "schedule" and row[3] > 0]  # rows are by start
     samples = [row for row in rows if row[0] == "sample_tokens"]
+    sample_starts = [row[1] for row in samples]
     found = []
-    for row in rows:
-        if row[0] != "execute_model" or row[4] <= row[3]:
+    for part, start, duration, requests, tokens, _pid in rows:
+        if part != "execute_model" or tokens <= requests:
             continue
-        after = [start for start in schedules if start > row[1]]
-        sample = next((s for s in samples if s[1] >= row[1] + row[2]), None)
-        before = [start for start in schedules if start <= row[1]]
-        period = (after[0] - before[-1]) * 1000 if after and before else None
-        found.append([
-            row[3], row[4], round(period, 2) if period is not None else None, round(row[2] * 1000, 2),
-            round(sample[2] * 1000, 2) if sample else None,
-        ])  # fmt: skip
+        scheduled = bisect.bisect_right(schedules, start)  # schedules[scheduled - 1] began this step
+        period = None
+        if 0 < scheduled < len(schedules):
+            period = round((schedules[scheduled] - schedules[scheduled - 1]) * 1000, 2)
+        waited = bisect.bisect_left(sample_starts, start + duration)
+        sample = round(samples[waited][2] * 1000, 2) if waited < len(samples) else None
+        found.append([requests, tokens, period, round(duration * 1000, 2), sample])
     return found
 
 
@@ -259,7 +260,8 @@ def _cores() -> list[list[int]]:
 
 def pin(api_pid: int) -> dict:
     """The engine core on physical cores 2-3, the API server on core 4, this process (the load
-    generator) on the upper half: nothing of one shares a core with the others."""
+    generator) on the upper half of the cores, and never below core 5: nothing of one shares a
+    core with the others."""
     cores = _cores()
     engine = {cpu for core in cores[2:4] for cpu in core}
     api = set(cores[4])
@@ -319,6 +321,7 @@ def run_engine(engine: dict, out: Path, models: Path, probe: list[dict]) -> None
             level_report = gpu_run.bench(base, shape, model_dir, mix=mix, levels=[users], requests=[requests])
             ended = time.time()
             after = scrape(base)
+            rows = read_parts(steps_dir, began, ended)
             level = level_report["levels"][0]
             entry = {
                 "engine": name, "mix": mix, "users": users, "warm_up": index == 0, "cpus": placement,
@@ -327,8 +330,8 @@ def run_engine(engine: dict, out: Path, models: Path, probe: list[dict]) -> None
                     "output_tok_s", "mean_ttft_ms", "mean_tpot_ms", "median_itl_ms", "p95_ttft_ms")},
                 "metrics": metric_deltas(before, after),
                 "kv_cache_usage_at_end": after.get("vllm:kv_cache_usage_perc"),
-                "steps": step_parts(read_parts(steps_dir, began, ended)),
-                "prefill_steps": prefill_steps(read_parts(steps_dir, began, ended)),
+                "steps": step_parts(rows),
+                "prefill_steps": prefill_steps(rows),
                 "began": began, "ended": ended,
             }  # fmt: skip
             probe.append(entry)
