@@ -103,7 +103,10 @@ def test_a_worker_on_another_namespace_of_the_same_database_is_shown_on_the_dash
         while not any(b.namespace == theirs and b.kind == "worker" for b in live_namespaces() or []):
             assert time.monotonic() < deadline, log_path.read_text()[-2000:]
             time.sleep(0.2)
-        assert "Redis namespace mismatch" in log_path.read_text()
+        # The worker writes its beat to Redis before it logs what the beat found: wait for the line.
+        while "Redis namespace mismatch" not in log_path.read_text():
+            assert time.monotonic() < deadline, log_path.read_text()[-2000:]
+            time.sleep(0.2)
     page = staff.get("/").content.decode()
     assert 'id="namespace-split"' in page
     assert f"<code>{theirs}</code>" in page and f"<code>{ours}</code>" in page
