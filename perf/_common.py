@@ -1,13 +1,15 @@
 """What the bench scripts share beyond devtools: children from the repository root, a private Redis's
-PING, tearing a world down, the usage flusher, tables."""
+PING, a scratch directory and tearing a world down, the usage flusher, tables."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import devtools
@@ -54,6 +56,17 @@ def tear_down(processes: Sequence[subprocess.Popen], directory: Path, *, keep: b
         print(f"{label}: kept {directory}", file=sys.stderr)
     else:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def scratch(label: str, *, keep: bool = False) -> Iterator[tuple[Path, list[subprocess.Popen]]]:
+    """A temporary directory and the list of the processes a bench starts; on leaving, `tear_down`."""
+    directory = Path(tempfile.mkdtemp(prefix=label.replace(" ", "-") + "-"))
+    processes: list[subprocess.Popen] = []
+    try:
+        yield directory, processes
+    finally:
+        tear_down(processes, directory, keep=keep, label=label)
 
 
 def flusher_loop(interval_s: float = 2) -> None:

@@ -22,16 +22,14 @@ import argparse
 import asyncio
 import json
 import random
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from devtools import free_port, stop, wait_for_http
-from perf._common import start, table
+from perf._common import scratch, start, table
 from perf._world import adopted_endpoint, log_file, start_private_redis, use_throwaway_portal
 
 MODEL = "batch-bench-model"
@@ -226,10 +224,8 @@ def main() -> int:
         print(batch_run(batch_id=args.run_batch), flush=True)
         return 0
     _check_args(parser, args)
-    directory = Path(tempfile.mkdtemp(prefix="batch-bench-"))
-    processes: list[subprocess.Popen] = []
     ratio = float("nan")
-    try:
+    with scratch("batch bench", keep=args.keep) as (directory, processes):
         print(f"batch bench: setting up in {directory}", flush=True)
         url, token, key_id = build_world(processes, directory, args)
         asyncio.run(interactive(url, token, args, [0.1, 0.2]))  # warm up
@@ -249,13 +245,6 @@ def main() -> int:
             Path(args.json).write_text(
                 json.dumps({"config": vars(args), "rounds": rounds, "p50_ratio": ratio}, indent=2) + "\n"
             )
-    finally:
-        for process in reversed(processes):
-            stop(process)
-        if args.keep:
-            print(f"batch bench: kept {directory}", file=sys.stderr)
-        else:
-            shutil.rmtree(directory, ignore_errors=True)
     return 1 if args.check and not ratio <= TARGET_RATIO else 0
 
 

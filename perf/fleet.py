@@ -39,13 +39,12 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from devtools import free_port, stop
-from perf._common import spawn, start, table, wait_redis
+from devtools import free_port
+from perf._common import scratch, spawn, start, table, wait_redis
 
 MODEL = "llama-2-7b-chat-hf"
 PAGES = ("/", "/nodes/", "/deployments/")
@@ -242,15 +241,9 @@ def main(argv=None) -> int:
         return 0
     if shutil.which("redis-server") is None:
         raise SystemExit("redis-server is not installed: the fleet bench runs its own private Redis")
-    directory = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
-    print(f"setting up in {directory}", flush=True)
-    processes: list[subprocess.Popen] = []
-    try:
+    with scratch("bench fleet") as (directory, processes):
+        print(f"setting up in {directory}", flush=True)
         return run(args, directory, processes)
-    finally:
-        for process in reversed(processes):
-            stop(process)
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def run(args, directory: Path, processes: list[subprocess.Popen]) -> int:

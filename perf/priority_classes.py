@@ -29,15 +29,13 @@ import argparse
 import asyncio
 import json
 import random
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from devtools import free_port, stop, wait_for_http
-from perf._common import start, table
+from devtools import free_port, wait_for_http
+from perf._common import scratch, start, table
 from perf._world import adopted_endpoint, log_file, start_private_redis, use_throwaway_portal
 
 MODEL = "priority-bench-model"
@@ -199,9 +197,7 @@ def main() -> int:
         uvloop.install()
     except ImportError:
         pass
-    directory = Path(tempfile.mkdtemp(prefix="priority-bench-"))
-    processes: list[subprocess.Popen] = []
-    try:
+    with scratch("priority bench", keep=args.keep) as (directory, processes):
         print(f"priority bench: setting up in {directory}", flush=True)
         url, *tokens = build_world(processes, directory, args)
         # Warm up: connections, the key rows, the route.
@@ -225,13 +221,6 @@ def main() -> int:
             Path(args.json).write_text(
                 json.dumps({"config": vars(args), "runs": runs, "p50_ratio": ratio}, indent=2) + "\n"
             )
-    finally:
-        for process in reversed(processes):
-            stop(process)
-        if args.keep:
-            print(f"priority bench: kept {directory}", file=sys.stderr)
-        else:
-            shutil.rmtree(directory, ignore_errors=True)
     return 1 if args.check and not ratio <= TARGET_RATIO else 0
 
 

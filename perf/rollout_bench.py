@@ -23,18 +23,17 @@ version traffic) its share was back at 0, and when the last request reached it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devtools import free_port, stop, wait_for_http
-from perf._common import start, table
+from devtools import free_port, wait_for_http
+from perf._common import scratch, start, table
 from perf._world import log_file, start_private_redis, use_throwaway_portal
 from perf.rollout_load import Outcome, SteadyLoad, p95, spawn_sim
 
@@ -302,11 +301,9 @@ def main() -> None:
     args = parser.parse_args()
     parse_steps(args.steps)
 
-    directory = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
-    print(f"setting up in {directory}")
-    processes: list[subprocess.Popen] = []
-    control = None
-    try:
+    # The control loop stops first (the exit stack is left first), then the processes.
+    with scratch("rollout bench") as (directory, processes), contextlib.ExitStack() as stops:
+        print(f"setting up in {directory}")
         redis_url = start_private_redis(directory, processes)
         use_throwaway_portal(directory, redis_url, label="rollout-bench", GATEWAY_CACHE_S="1",
                              CELERY_TASK_ALWAYS_EAGER="false")  # fmt: skip
@@ -325,6 +322,7 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         wait_for_http(f"{url}/v1/models", watch=gateway, timeout_s=60)
         control = ControlLoop().start()
+        stops.callback(control.stop)
         results = []
         plan = [(f"promotion {i + 1} (identical version)", promote_name(i), "v2-good")
                 for i in range(args.promotions)]  # fmt: skip
@@ -342,12 +340,6 @@ def main() -> None:
         if args.json is not None:
             report_json = {"args": {**vars(args), "json": str(args.json)}, "results": results}
             args.json.write_text(json.dumps(report_json, indent=2, default=str))
-    finally:
-        if control is not None:
-            control.stop()
-        for process in reversed(processes):
-            stop(process)
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 if __name__ == "__main__":
