@@ -8,7 +8,8 @@ import asyncio
 import json
 
 from portal.gateway.asgi import GatewayHandler
-from tests.helpers.crossings import asgi_request, count_crossings
+from tests.helpers.asgi import asgi_request
+from tests.helpers.crossings import count_crossings
 from tests.helpers.gateway import chat_body
 
 # Module to module, gateway → core: the client factory, the key namespace, the script records,

@@ -12,13 +12,9 @@ import asyncio
 from django.http import HttpResponse
 
 from portal.gateway.asgi import GatewayHandler
+from tests.helpers.asgi import http_scope
 
-SCOPE = {
-    "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-    "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "root_path": "",
-    "query_string": b"", "headers": [(b"host", b"127.0.0.1")], "client": ("127.0.0.1", 50000),
-    "server": ("127.0.0.1", 8000),
-}  # fmt: skip
+SCOPE = http_scope("POST", "/v1/chat/completions")
 
 
 class LosesOneCancel(GatewayHandler):

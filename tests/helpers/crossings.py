@@ -1,4 +1,4 @@
-"""Counting a request's crossings between two packages of the portal, and one request over ASGI.
+"""Counting a request's crossings between two packages of the portal.
 
 A crossing is a call from a function of one package into a function of the other (either way);
 the same caller and callee count once however often the call is made (a loop, a chunk). Both the
@@ -7,11 +7,10 @@ event loop's thread and the threads `sync_to_async` uses are watched.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import threading
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,34 +52,3 @@ def count_crossings(run: Callable[[], object], *packages: str) -> Counter[tuple[
 
 def _name(code) -> str:
     return f"{Path(code.co_filename).relative_to(ROOT).as_posix()}:{code.co_qualname}"
-
-
-async def asgi_request(
-    app: Callable[..., Awaitable[None]], method: str, path: str, headers: dict[str, str], body: bytes = b""
-) -> list[dict]:
-    """One request over ASGI, with uvicorn's order of events (once the response is complete, the
-    next `receive()` reports a disconnect); the messages sent, in order."""
-    complete = asyncio.Event()
-    sent: list[dict] = []
-    bodies = iter([{"type": "http.request", "body": body, "more_body": False}])
-
-    async def receive() -> dict:
-        message = next(bodies, None)
-        if message is not None:
-            return message
-        await complete.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-        if message["type"] == "http.response.body" and not message.get("more_body"):
-            complete.set()
-
-    raw = [(b"host", b"127.0.0.1")] + [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
-        "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"", "headers": raw,
-        "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000),
-    }  # fmt: skip
-    await app(scope, receive, send)
-    return sent
