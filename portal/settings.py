@@ -1,73 +1,28 @@
 """Settings for the V100 inference portal, read from the environment.
 
-One module for every environment. Each variable is parsed strictly by
-django-environ: a typo in a boolean or a malformed URL stops the process at
-start instead of running with a silent default. docs/configuration.md lists every variable
+One module for every environment. Each variable is parsed strictly (django-environ, and
+portal/envparse.py for booleans, bounded numbers, retention days and networks): a typo in a
+boolean, a malformed URL or an out-of-range number stops the process at start instead of running
+with a silent default. docs/configuration.md lists every variable
 (tests/core/test_configuration_doc.py checks).
 """
 
 from __future__ import annotations
 
-import ipaddress
-import math
 import re
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
-import environ
 from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 from portal.core.redis.keys import NAMESPACE_RE, RedisKeys, namespace_for_database
+from portal.envparse import env, env_bool, env_networks, env_number, env_positive_int, env_retention_days
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
-
-env = environ.Env()
-
-_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
-
-
-def env_bool(name: str, *, default: bool) -> bool:
-    """A boolean variable, strictly: anything but true/false/1/0/yes/no/on/off stops the start.
-
-    (django-environ reads any unknown word as False, which hides typos like DEBUG=ture.)
-    """
-    raw = env.str(name, default="").strip().lower()
-    if not raw:
-        return default
-    if raw in _TRUE | _FALSE:
-        return raw in _TRUE
-    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean; use true or false")
-
-
-@overload
-def env_number(name: str, *, default: int, minimum: int, maximum: int | None = None) -> int: ...
-@overload
-def env_number(name: str, *, default: float, minimum: float, maximum: float | None = None) -> float: ...
-def env_number(
-    name: str, *, default: int | float, minimum: int | float, maximum: int | float | None = None
-) -> int | float:
-    """An int (or, with a float default, a finite float) variable between `minimum` and `maximum`,
-    strictly: "15s" or "1e" stops the start (django-environ would strip the letters), and so does a
-    0 limit, which would refuse everything (or a 0 timeout, which would fail everything). Every
-    numeric setting is read through here, so none can turn a limit off by being 0, negative or huge."""
-    raw = env.str(name, default="").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw) if isinstance(default, float) else int(raw)
-    except ValueError as error:
-        raise ImproperlyConfigured(
-            f"{name}={raw!r} is not {'a number' if isinstance(default, float) else 'an integer'}"
-        ) from error
-    if not math.isfinite(value) or value < minimum or (maximum is not None and value > maximum):
-        bounds = f"at least {minimum}" if maximum is None else f"between {minimum} and {maximum}"
-        raise ImproperlyConfigured(f"{name}={raw!r} must be a number {bounds}")
-    return value
-
 
 DEBUG = env_bool("DEBUG", default=False)
 
@@ -226,10 +181,6 @@ AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
-
-
-def env_positive_int(name: str, *, default: int, maximum: int | None = None) -> int:
-    return int(env_number(name, default=default, minimum=1, maximum=maximum))
 
 
 # The client's address, one rule everywhere (portal/core/clientaddr.py): the TCP peer, or behind
@@ -421,19 +372,7 @@ BENCHMARK_MEMBER_MAX_LEVEL_S = env_number(
 
 # Link-local and cloud-metadata addresses an adopted endpoint may use after all
 # (portal/deployments/endpoints.py refuses them by default): CIDR networks, comma-separated.
-def _networks(name: str, *, most: int = 32) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    raw = env.str(name, default="")
-    items = [item.strip() for item in raw.split(",") if item.strip()]
-    if len(items) > most:
-        raise ImproperlyConfigured(f"{name}={raw!r} lists {len(items)} networks; at most {most}")
-    try:
-        return tuple(ipaddress.ip_network(item, strict=True) for item in items)
-    except ValueError as error:
-        example = "write networks as 169.254.10.0/24 or fe80::/64"
-        raise ImproperlyConfigured(f"{name}={raw!r}: {error} ({example})") from None
-
-
-ADOPTED_ENDPOINT_ALLOWED_NETWORKS = _networks("ADOPTED_ENDPOINT_ALLOWED_NETWORKS")
+ADOPTED_ENDPOINT_ALLOWED_NETWORKS = env_networks("ADOPTED_ENDPOINT_ALLOWED_NETWORKS")
 # A running benchmark's lease (portal/benchmarks/services/execution.py): its job renews it every
 # half second; a run whose lease lapses has lost its worker, and the beat sweep
 # (benchmarks.expire_runs, every BENCHMARK_SWEEP_INTERVAL_S) ends it as failed (partial with levels).
@@ -642,15 +581,7 @@ PORTAL_METRICS_TOKEN = env.str("PORTAL_METRICS_TOKEN", default="")
 PORTAL_METRICS_FLUSH_S = env_number("PORTAL_METRICS_FLUSH_S", default=1.0, minimum=0.05, maximum=300.0)
 
 
-# --- Retention: a daily task deletes old rows in batches (portal/dashboard/services.py) ---
-def env_retention_days(name: str, *, default: int, least: int = 1) -> int:
-    """Days to keep; 0 keeps forever."""
-    value = int(env_number(name, default=default, minimum=0, maximum=36_500))
-    if value != 0 and value < least:
-        raise ImproperlyConfigured(f"{name}={value} must be 0 (keep forever) or at least {least}")
-    return value
-
-
+# --- Retention: a daily task deletes old rows in batches (portal/dashboard/services.py); 0 keeps forever ---
 # Gateway usage records; each UTC day is rolled up into UsageDaily (kept forever) before its
 # records go. At least 2: the rollup task recomputes today and yesterday from the records.
 RETENTION_USAGE_DAYS = env_retention_days("RETENTION_USAGE_DAYS", default=90, least=2)

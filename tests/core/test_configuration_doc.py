@@ -6,9 +6,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# env.str("X"…), env_number("X"…), env_bool("X"…), _networks("X"), "X" in env, …
+# env.str("X"…), env_number("X"…), env_bool("X"…), env_networks("X"), "X" in env, …
 READ = re.compile(
-    r'(?:\benv(?:_\w+)?(?:\.\w+)?|_networks)\(\s*"(?P<name>[A-Z][A-Z0-9_]+)"'
+    r'\benv(?:_\w+)?(?:\.\w+)?\(\s*"(?P<name>[A-Z][A-Z0-9_]+)"'
     r'|"(?P<tested>[A-Z][A-Z0-9_]+)" (?:not )?in env\b'
 )
 ROW = re.compile(r"^\| `([A-Z][A-Z0-9_]+)` \|", re.MULTILINE)
@@ -31,7 +31,7 @@ X = env.str("A_STR", default="")
 Y = env_number(
     "B_NUMBER", default=1, minimum=1)
 Z = env_bool("C_BOOL", default=False)
-N = _networks("D_NETWORKS")
+N = env_networks("D_NETWORKS")
 if "E_TESTED" not in env: pass
 W = env.list("F_LIST", default=[])
 """
