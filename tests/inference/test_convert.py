@@ -22,11 +22,11 @@ from inference.convert import (
     convert_model_dir,
     fp16_config,
     partial_dir,
-    read_header,
     remove_partials,
 )
 from inference.errors import InputError
 from inference.hashing import hash_model_dir
+from inference.safetensors_header import read_header
 from tests.helpers.safetensors import (
     CONFIG,
     bf16_bits,
