@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from inference.cuda_archs import missing_kernels
+
 
 class EngineGeneration(StrEnum):
     V0 = "V0"
@@ -253,8 +255,6 @@ class Servable:
 
 def servable_lines(compute_capabilities: list[str]) -> list[Servable]:
     """For each line: can its stock CUDA wheel run on all these GPUs (capabilities "7.0", "9.0", …)?"""
-    from inference.env_probe import missing_kernels  # env_probe imports this module's advice
-
     wanted = sorted({"sm_" + cc.replace(".", "") for cc in compute_capabilities})
     result = []
     for line in LINES:

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import json
 import mmap
-import re
 import struct
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inference.engines import VOLTA_ADVICE
+from inference.cuda_archs import missing_kernels, missing_vllm_kernels
+from inference.engines import VOLTA_ADVICE, servable_lines
 from inference.errors import InputError
 
 PROBE_SCRIPT = r"""
@@ -81,43 +81,6 @@ def probe_environment(python: str, *, timeout_s: float = 120.0) -> EnvFacts:
             return EnvFacts(**data, kernel_archs=vllm_kernel_archs(Path(vllm_dir)) if vllm_dir else {})
     last = (done.stderr.strip().splitlines() or ["no output"])[-1]
     raise InputError("vllm_python", f"the probe failed with {python}: {last}")
-
-
-def sm_name(compute_capability: str) -> str:
-    """ "7.0" → "sm_70"."""
-    major, _, minor = compute_capability.partition(".")
-    return f"sm_{major}{minor or '0'}"
-
-
-def missing_kernels(arch_list: list[str], compute_capabilities: list[str]) -> list[str]:
-    """The `sm_XY` of the given GPUs that an arch list (torch's, or one of vLLM's libraries) lacks.
-
-    A cubin runs on GPUs of its major version and the same or a higher minor (an `sm_80` cubin
-    on an sm_86 A10), and a PTX entry (`compute_XY`) at or below a GPU's capability can JIT for
-    it (CUDA's compatibility rules), so such GPUs are not reported.
-    """
-    cubins: list[int] = []
-    ptx: list[int] = []
-    for arch in arch_list:
-        match = re.match(r"^(sm|compute)_(\d+)", arch)
-        if match:
-            (cubins if match[1] == "sm" else ptx).append(int(match[2]))
-    missing = []
-    for cc in sorted(set(compute_capabilities)):
-        name = sm_name(cc)
-        number = int(name.removeprefix("sm_"))
-        runs = any(c // 10 == number // 10 and c <= number for c in cubins) or any(p <= number for p in ptx)
-        if not runs:
-            missing.append(name)
-    return missing
-
-
-def missing_vllm_kernels(kernel_archs: dict[str, list[str]], compute_capabilities: list[str]) -> list[str]:
-    """The `sm_XY` of the given GPUs that any of vLLM's compiled ops lacks (a CPU build has none)."""
-    missing: set[str] = set()
-    for archs in kernel_archs.values():
-        missing.update(missing_kernels(archs, compute_capabilities))
-    return sorted(missing)
 
 
 def build_advice(missing: list[str]) -> str:
@@ -212,8 +175,6 @@ def elf_section(elf: bytes | mmap.mmap, name: str) -> bytes:
 
 def main() -> None:
     """`python -m inference.env_probe PYTHON`: what that vLLM environment can run, and on what."""
-    from inference.engines import servable_lines
-
     python = sys.argv[1] if len(sys.argv) > 1 else sys.executable
     try:
         facts = probe_environment(python)

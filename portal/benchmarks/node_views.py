@@ -16,8 +16,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from inference.cuda_archs import missing_kernels, missing_vllm_kernels
 from inference.engines import servable_lines
-from inference.env_probe import build_advice, missing_kernels, missing_vllm_kernels
+from inference.env_probe import build_advice
 from portal.core.charts import Line, safe_svg, time_series_svg
 from portal.deployments.selectors import gpus_held_on_node
 from portal.inventory.selectors import gpu_samples_since, node_list

@@ -2,13 +2,8 @@
 
 from pathlib import Path
 
-from inference.env_probe import (
-    build_advice,
-    fatbin_archs,
-    missing_kernels,
-    probe_environment,
-    vllm_kernel_archs,
-)
+from inference.cuda_archs import missing_kernels
+from inference.env_probe import build_advice, fatbin_archs, probe_environment, vllm_kernel_archs
 from tests.helpers.vllm_install import fake_vllm_install, fatbin_elf
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from devtools import wait_until
 from inference import server_log, supervisor
-from inference.env_probe import build_advice, missing_kernels, sm_name
+from inference.cuda_archs import missing_kernels, sm_name
+from inference.env_probe import build_advice
 
 # A parent that forks a child into its process group and ignores SIGTERM, like an engine that will not stop.
 STUBBORN = (

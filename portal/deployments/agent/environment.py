@@ -13,7 +13,8 @@ from pathlib import Path
 from django.conf import settings
 
 from inference import supervisor
-from inference.env_probe import build_advice, missing_kernels, missing_vllm_kernels, sm_name
+from inference.cuda_archs import missing_kernels, missing_vllm_kernels, sm_name
+from inference.env_probe import build_advice
 from inference.errors import InputError
 from inference.hashing import compare_hashes, hash_model_dir
 from portal.core.errors import ApplicationError
