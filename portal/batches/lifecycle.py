@@ -6,25 +6,30 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import uuid
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from portal.core.jobs import Lease, lease_break, lease_free
 from portal.gateway.internal import batch_caller_now
 
 from . import services
 from .models import Batch, BatchLine, BatchStatus, WaitReason
-from .runner import RUNNABLE, lease_release, lease_take
+from .runner import RUNNABLE, lease_take
 from .validation import validate_file
 
 log = logging.getLogger("portal.batches")
 
 
-def _fail(batch_id: int, token: uuid.UUID, errors: list[dict]) -> None:
-    Batch.objects.filter(pk=batch_id, runner_token=token, status=BatchStatus.VALIDATING).update(
+def _validating(lease: Lease) -> QuerySet[Batch]:
+    """The batch, only while this validation holds its lease and it is still `validating`."""
+    return Batch.objects.filter(pk=lease.target_id, lease_token=lease.token, status=BatchStatus.VALIDATING)
+
+
+def _fail(lease: Lease, errors: list[dict]) -> None:
+    _validating(lease).update(
         status=BatchStatus.FAILED, failed_at=timezone.now(), errors={"object": "list", "data": errors}
     )
 
@@ -32,34 +37,28 @@ def _fail(batch_id: int, token: uuid.UUID, errors: list[dict]) -> None:
 def batch_validate(*, batch_id: int) -> str:
     """Check every line of the batch's input file; store the lines and start it, or fail it with
     each bad line in `errors`. A no-op when another worker is validating it."""
-    token = uuid.uuid4()
-    if not lease_take(batch_id=batch_id, token=token, statuses=[BatchStatus.VALIDATING]):
+    lease = lease_take(batch_id=batch_id, statuses=[BatchStatus.VALIDATING])
+    if lease is None:
         return "not validating here"
     try:
         batch = Batch.objects.select_related("input_file").get(pk=batch_id)
         caller = batch_caller_now(batch.api_key_id) if batch.api_key_id else None
         if caller is None:
-            _fail(
-                batch_id,
-                token,
-                [_error("api_key_deleted", "The API key that created this batch was deleted.")],
-            )
+            _fail(lease, [_error("api_key_deleted", "The API key that created this batch was deleted.")])
             return "failed"
         if batch.input_file is None:
-            _fail(batch_id, token, [_error("input_file_deleted", "The input file was deleted.")])
+            _fail(lease, [_error("input_file_deleted", "The input file was deleted.")])
             return "failed"
         checked = validate_file(
             services.file_read(file=batch.input_file), endpoint=batch.endpoint, caller=caller
         )
         if checked.errors:
-            _fail(batch_id, token, checked.errors)
+            _fail(lease, checked.errors)
             return "failed"
         with transaction.atomic():
             BatchLine.objects.filter(batch_id=batch_id).delete()  # a validation killed half way
             services.lines_create(batch=batch, lines=checked.lines)
-            started = Batch.objects.filter(
-                pk=batch_id, runner_token=token, status=BatchStatus.VALIDATING
-            ).update(
+            started = _validating(lease).update(
                 status=BatchStatus.IN_PROGRESS,
                 in_progress_at=timezone.now(),
                 request_total=len(checked.lines),
@@ -70,7 +69,7 @@ def batch_validate(*, batch_id: int) -> str:
             services.batch_send_run(batch_id=batch_id)
         return "in_progress"
     finally:
-        lease_release(batch_id=batch_id, token=token)
+        lease.release()
 
 
 def _error(code: str, message: str) -> dict:
@@ -87,19 +86,22 @@ def batches_dispatch() -> dict[str, int]:
     """Send a validation or a run for every batch that needs one and has no live runner: new ones,
     those whose runner died (its lease lapsed), those waiting (paused, outside their window, past
     their daily budget's reset) and those past their window (the runner expires them). Each send
-    marks the batch (`runner_lease_until` without a token) for `dispatch_grace_s`: a runner takes
-    it at once, the dispatcher leaves it alone until then."""
+    marks the batch (a lease expiry without an owner) for `dispatch_grace_s`: a runner takes it at
+    once, the dispatcher leaves it alone until then."""
     now = timezone.now()
     grace = dispatch_grace_s()
-    idle = Q(runner_lease_until__isnull=True) | Q(runner_lease_until__lt=now)
+    idle = lease_free(now)  # no expiry, or a lapsed one: nobody holds it and no send is pending
     budget_waits = Q(wait_reason=WaitReason.DAILY_BUDGET, wait_until__gt=now, expires_at__gt=now)
     sent = {"validate": 0, "run": 0}
     candidates = Batch.objects.filter(idle, status__in=[BatchStatus.VALIDATING, *RUNNABLE]).exclude(
         budget_waits
     )
     for batch_id, status in candidates.values_list("pk", "status"):
-        marked = Batch.objects.filter(idle, pk=batch_id).update(
-            runner_token=None, runner_lease_until=now + dt.timedelta(seconds=grace)
+        # The mark breaks the lapsed lease (the token moves on, as clearing the old `runner_token`
+        # did, so a stalled runner's next renewal is refused) and sets an expiry with no owner:
+        # `claim` takes an ownerless lease at once, while `idle` above leaves it alone until then.
+        marked = lease_break(
+            Batch.objects.filter(idle, pk=batch_id), lease_expires_at=now + dt.timedelta(seconds=grace)
         )
         if not marked:  # a runner took it meanwhile
             continue

@@ -13,6 +13,8 @@ import uuid
 
 from django.db import models
 
+from portal.core.jobs.models import LeasedJob
+
 
 def new_file_id() -> str:
     return f"file-{secrets.token_hex(12)}"
@@ -83,7 +85,7 @@ class WaitReason(models.TextChoices):
     NO_REPLICA = "no_replica", "no replica serves the model"
 
 
-class Batch(models.Model):
+class Batch(LeasedJob):
     public_id = models.CharField(max_length=40, unique=True, default=new_batch_id, editable=False)
     team = models.ForeignKey("teams.Team", on_delete=models.CASCADE, related_name="batches")
     # The key that created it: its lines run as requests of this key (quotas, class, models).
@@ -119,9 +121,8 @@ class Batch(models.Model):
     # Why it waits (run window, pause, daily budget) and until when, for the batch page.
     wait_reason = models.CharField(max_length=20, choices=WaitReason.choices, blank=True, default="")
     wait_until = models.DateTimeField(null=True, blank=True)
-    # The runner's lease on the batch: one runner at a time; a lapsed lease is taken over.
-    runner_token = models.UUIDField(null=True, blank=True)
-    runner_lease_until = models.DateTimeField(null=True, blank=True)
+    # The runner's lease (LeasedJob: portal/core/jobs, docs/jobs.md): one runner (or validation) at
+    # a time; a lapsed lease is taken over with the next fencing token.
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -155,9 +156,9 @@ class BatchLine(models.Model):
     body = models.JSONField()
     state = models.CharField(max_length=12, choices=LineState.choices, default=LineState.PENDING)
     attempts = models.PositiveSmallIntegerField(default=0)
-    # A runner's claim: set with state=running; a lapsed claim is pending again.
-    claim_token = models.UUIDField(null=True, blank=True)
-    claimed_until = models.DateTimeField(null=True, blank=True)
+    # The lease token of the runner that claimed it: set with state=running; the next runner to take
+    # the batch puts its predecessor's running lines back to pending.
+    claim_token = models.BigIntegerField(null=True, blank=True)
     response_status = models.PositiveSmallIntegerField(null=True, blank=True)
     response_body = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)  # {"code", "message"} when no answer came

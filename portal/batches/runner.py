@@ -2,12 +2,14 @@
 the gateway's own pipeline as requests of the batch's key in the batch class
 (`portal.gateway.internal.forward`), with bounded concurrency, storing each result as it comes.
 
-Exactly once (docs/batches.md): a line is claimed (`state=running`, `claim_token` = the runner's
-lease token); its result, its usage row (request_id = the line's id, source `batch`) and the batch's
-counts are written in one transaction that first moves the line `running → done` under that token,
-checking the row count. A runner that lost its lease (killed, or too slow to renew) can no longer
-store anything: the runner that took over put its lines back to pending. The output and error
-files are built from the rows, once every line is done.
+The lease is portal/core/jobs' (`Batch` is a `LeasedJob`, docs/jobs.md): `claim` takes the batch
+with the next fencing token, every tick renews it, and the runner's writes to the batch row are
+fenced by it. Exactly once (docs/batches.md): a line is claimed (`state=running`, `claim_token` =
+the runner's lease token); its result, its usage row (request_id = the line's id, source `batch`)
+and the batch's counts are written in one transaction that first moves the line `running → done`
+under that token, checking the row count. A runner that lost its lease (killed, or too slow to
+renew) can no longer store anything: the runner that took over put its lines back to pending. The
+output and error files are built from the rows, once every line is done.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import asyncio
 import datetime as dt
 import json
 import logging
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from django.db import close_old_connections, connections, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from portal.core.jobs import Lease, LostLease, claim, worker_name
 from portal.gateway.internal import Caller, Forwarded, batch_caller, forward
 from portal.teams.models import UsageSource
 from portal.teams.services.usage_queue import usage_row
@@ -85,28 +87,32 @@ def _db(func, *args, **kwargs):
 # --- The lease -----------------------------------------------------------------------------------
 
 
-def lease_take(*, batch_id: int, token: uuid.UUID, statuses: Sequence[str]) -> bool:
-    """Take the batch for this runner if no live runner holds it; then its lines left `running` by
-    the runner before (dead, or one that lost its lease) are pending again."""
-    now = timezone.now()
-    taken = (
-        Batch.objects.filter(pk=batch_id, status__in=statuses)
-        .filter(Q(runner_token__isnull=True) | Q(runner_lease_until__lt=now))
-        .update(runner_token=token, runner_lease_until=now + _lease())
+def lease_take(*, batch_id: int, statuses: Sequence[str]) -> Lease | None:
+    """Take the batch for this worker if it is in one of `statuses` and no live runner holds it (the
+    next fencing token); then its lines left `running` by the runner before (dead, or one that lost
+    its lease) are pending again. None when it is held or not in those statuses."""
+    lease = claim(
+        Batch,
+        batch_id,
+        worker=worker_name(),
+        ttl_s=settings.BATCH_RUNNER_LEASE_S,
+        claimable=Q(status__in=statuses),
     )
-    if taken:
+    if lease is not None:
         BatchLine.objects.filter(batch_id=batch_id, state=LineState.RUNNING).update(
-            state=LineState.PENDING, claim_token=None, claimed_until=None
+            state=LineState.PENDING, claim_token=None
         )
-    return bool(taken)
+    return lease
 
 
-def lease_release(*, batch_id: int, token: uuid.UUID) -> None:
-    Batch.objects.filter(pk=batch_id, runner_token=token).update(runner_token=None, runner_lease_until=None)
-
-
-def _lease() -> dt.timedelta:
-    return dt.timedelta(seconds=settings.BATCH_RUNNER_LEASE_S)
+def _write(lease: Lease, **fields: Any) -> bool:
+    """Write the batch row (renewing the lease) if the lease is still ours; False (nothing written)
+    when another runner took over or the batch was ended under us."""
+    try:
+        lease.write(**fields)
+    except LostLease:
+        return False
+    return True
 
 
 # --- What the runner may do now --------------------------------------------------------------------
@@ -120,12 +126,14 @@ class Tick:
     wait_until: dt.datetime | None = None
 
 
-def _tick(batch_id: int, token: uuid.UUID) -> Tick:
+def _tick(lease: Lease) -> Tick:
     """Renew the lease and read what the runner may do: dispatch, wait, or end the batch."""
-    now = timezone.now()
-    if not Batch.objects.filter(pk=batch_id, runner_token=token).update(runner_lease_until=now + _lease()):
+    try:
+        lease.renew()
+    except LostLease:
         return Tick(lost=True)
-    batch = Batch.objects.select_related("team").get(pk=batch_id)
+    now = timezone.now()
+    batch = Batch.objects.select_related("team").get(pk=lease.target_id)
     if batch.status == BatchStatus.CANCELLING:
         return Tick(end="cancelled")
     if batch.status == BatchStatus.FINALIZING:  # a runner died while writing the files: write them again
@@ -144,11 +152,11 @@ def _tick(batch_id: int, token: uuid.UUID) -> Tick:
     return Tick()
 
 
-def _set_wait(batch_id: int, token: uuid.UUID, reason: str, until: dt.datetime | None) -> None:
-    Batch.objects.filter(pk=batch_id, runner_token=token).update(wait_reason=reason, wait_until=until)
+def _set_wait(lease: Lease, reason: str, until: dt.datetime | None) -> None:
+    _write(lease, wait_reason=reason, wait_until=until)
 
 
-def _claim(batch_id: int, token: uuid.UUID, count: int) -> list[BatchLine]:
+def _claim(batch_id: int, token: int, count: int) -> list[BatchLine]:
     """Claim up to `count` pending lines, lowest line numbers first (a conditional update: a line
     another runner holds is never taken)."""
     with transaction.atomic():
@@ -166,7 +174,7 @@ def _claim(batch_id: int, token: uuid.UUID, count: int) -> list[BatchLine]:
     return list(BatchLine.objects.filter(pk__in=ids, claim_token=token).order_by("line_number"))
 
 
-def _release(line_id: int, token: uuid.UUID, *, undo_attempt: bool) -> None:
+def _release(line_id: int, token: int, *, undo_attempt: bool) -> None:
     """A line that did not run (no room, not today) is pending again, its attempt not counted."""
     fields: dict[str, Any] = {"state": LineState.PENDING, "claim_token": None}
     if undo_attempt:
@@ -174,9 +182,7 @@ def _release(line_id: int, token: uuid.UUID, *, undo_attempt: bool) -> None:
     BatchLine.objects.filter(pk=line_id, state=LineState.RUNNING, claim_token=token).update(**fields)
 
 
-def _store(
-    batch: Batch, line: BatchLine, token: uuid.UUID, result: Forwarded | None, error: dict | None
-) -> bool:
+def _store(batch: Batch, line: BatchLine, token: int, result: Forwarded | None, error: dict | None) -> bool:
     """The line's one result, its one usage row and the batch's count, in one transaction; False
     (nothing written) if the line is no longer this runner's."""
     succeeded = result is not None and result.status == 200
@@ -213,9 +219,10 @@ def _store(
 
 
 class Runner:
-    def __init__(self, batch: Batch, token: uuid.UUID) -> None:
+    def __init__(self, batch: Batch, lease: Lease) -> None:
         self.batch = batch
-        self.token = token
+        self.lease = lease
+        self.token = lease.token  # what this runner's line claims carry
         self.chat = batch.endpoint == BatchEndpoint.CHAT
         self.caller: Caller | None = None
         self.retry_at = 0.0  # loop time before which no line is sent (the gateway said "not now")
@@ -227,7 +234,7 @@ class Runner:
         inflight: set[asyncio.Task] = set()
         pause_s = settings.BATCH_RUNNER_LEASE_S / 3
         while True:
-            tick = await _db(_tick, self.batch.pk, self.token)
+            tick = await _db(_tick, self.lease)
             if loop.time() - loaded_at >= settings.GATEWAY_CACHE_S and self.batch.api_key_id is not None:
                 # The key's quotas, clamp and models as the gateway sees them: reloaded as often as its cache.
                 self.caller = await batch_caller(self.batch.api_key_id)
@@ -239,7 +246,7 @@ class Runner:
                 tick = Tick(wait=WaitReason.DAILY_BUDGET, wait_until=self.budget_until)
             dispatching = not tick.end and not tick.wait
             if dispatching and self.batch.wait_reason:
-                await _db(_set_wait, self.batch.pk, self.token, "", None)
+                await _db(_set_wait, self.lease, "", None)
                 self.batch.wait_reason = ""
             if dispatching and loop.time() >= self.retry_at:
                 free = settings.BATCH_CONCURRENCY - len(inflight)
@@ -247,15 +254,15 @@ class Runner:
                 for line in claimed:
                     inflight.add(asyncio.create_task(self._line(line)))
                 if not inflight and not claimed:
-                    await _db(finish, batch_id=self.batch.pk, token=self.token, end="")
+                    await _db(finish, lease=self.lease, end="")
                     return "completed"
             if not inflight:
                 if tick.end:
                     end = "" if tick.end == "finalizing" else tick.end
-                    await _db(finish, batch_id=self.batch.pk, token=self.token, end=end)
+                    await _db(finish, lease=self.lease, end=end)
                     return tick.end
                 if tick.wait:
-                    await _db(_set_wait, self.batch.pk, self.token, tick.wait, tick.wait_until)
+                    await _db(_set_wait, self.lease, tick.wait, tick.wait_until)
                     return f"waiting: {tick.wait}"
                 await asyncio.sleep(min(pause_s, max(0.0, self.retry_at - loop.time())))
                 continue
@@ -328,16 +335,15 @@ def _output_line(line: BatchLine) -> dict:
     }
 
 
-def finish(*, batch_id: int, token: uuid.UUID, end: str) -> bool:
+def finish(*, lease: Lease, end: str) -> bool:
     """End a batch whose lines are all done (`end` ""), or that was cancelled or expired: lines not
     sent are `cancelled` (a cancel) or failed as `batch_expired` (an expiry, as OpenAI reports them);
     the output file (answers with status 200) and the error file (the rest) are built from the rows in
     line order; then the batch ends, under this runner's lease. False if the lease was lost."""
+    batch_id = lease.target_id
     now = timezone.now()
     # Building the files of a large batch can outlast a lease: hold the batch long enough for it.
-    if not Batch.objects.filter(pk=batch_id, runner_token=token).update(
-        runner_lease_until=now + FINALIZE_LEASE
-    ):
+    if not _write(lease, lease_expires_at=now + FINALIZE_LEASE):
         return False
     if end == "":
         services.batch_move(
@@ -376,7 +382,7 @@ def finish(*, batch_id: int, token: uuid.UUID, end: str) -> bool:
     ]
     moved = Batch.objects.filter(
         pk=batch_id,
-        runner_token=token,
+        lease_token=lease.token,
         status__in=[BatchStatus.FINALIZING, BatchStatus.CANCELLING, BatchStatus.IN_PROGRESS],
     ).update(
         status=final,
@@ -412,14 +418,14 @@ def _event_loop() -> asyncio.AbstractEventLoop:
 
 def batch_run(*, batch_id: int) -> str:
     """Run (or resume) a batch in this process; a no-op if a live runner holds it."""
-    token = uuid.uuid4()
-    if not lease_take(batch_id=batch_id, token=token, statuses=RUNNABLE):
+    lease = lease_take(batch_id=batch_id, statuses=RUNNABLE)
+    if lease is None:
         return "not runnable here (held by a live runner, or not in progress)"
     loop = _event_loop()
     try:
         batch = Batch.objects.get(pk=batch_id)
-        return loop.run_until_complete(Runner(batch, token).run())
+        return loop.run_until_complete(Runner(batch, lease).run())
     finally:
-        lease_release(batch_id=batch_id, token=token)
+        lease.release()
         # The database thread's connection is not kept between runs (hours may pass).
         loop.run_until_complete(_db(connections.close_all))

@@ -70,7 +70,8 @@ def test_staff_pause_stops_every_batch_until_resumed(started):
     started.refresh_from_db()
     assert started.status == BatchStatus.IN_PROGRESS and started.wait_reason == WaitReason.PAUSED
     assert not BatchLine.objects.filter(batch=started).exclude(state=LineState.PENDING).exists()
-    assert started.runner_token is None  # the lease is given back: the dispatcher starts it again
+    # The lease is given back: the dispatcher starts it again.
+    assert started.lease_owner == "" and started.lease_expires_at is None
     call_command("batches", "resume")
     assert not batches_paused()
 
@@ -89,16 +90,21 @@ def test_a_team_outside_its_run_window_waits_for_it_to_open(started, team):
 
 def test_the_dispatcher_resumes_a_batch_whose_runner_lease_lapsed_and_leaves_a_live_one(started):
     Batch.objects.filter(pk=started.pk).update(
-        runner_token="00000000-0000-0000-0000-000000000001",
-        runner_lease_until=timezone.now() + dt.timedelta(minutes=1),
+        lease_token=7,
+        lease_owner="host:1:runner",
+        lease_expires_at=timezone.now() + dt.timedelta(minutes=1),
     )
     assert batches_dispatch() == {"validate": 0, "run": 0}
-    Batch.objects.filter(pk=started.pk).update(runner_lease_until=timezone.now() - dt.timedelta(seconds=1))
+    Batch.objects.filter(pk=started.pk).update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
     assert batches_dispatch() == {"validate": 0, "run": 1}
     assert batches_dispatch() == {"validate": 0, "run": 0}  # sent: not again while a worker may take it
-    Batch.objects.filter(pk=started.pk).update(runner_lease_until=None)
+    marked = Batch.objects.get(pk=started.pk)
+    # The mark: the lapsed runner's token moved on (its next renewal is refused), no owner (a
+    # runner may claim it at once), an expiry that keeps the dispatcher away for the grace.
+    assert (marked.lease_token, marked.lease_owner) == (8, "")
+    assert marked.lease_expires_at is not None and marked.lease_expires_at > timezone.now()
     Batch.objects.filter(pk=started.pk).update(
-        runner_token=None,
+        lease_expires_at=None,
         wait_reason=WaitReason.DAILY_BUDGET,
         wait_until=timezone.now() + dt.timedelta(hours=1),
     )
@@ -111,14 +117,38 @@ def test_a_batch_whose_runner_died_writing_its_files_is_finished_by_the_next(sta
     )
     Batch.objects.filter(pk=started.pk).update(
         status=BatchStatus.FINALIZING,
-        runner_token="00000000-0000-0000-0000-000000000001",
-        runner_lease_until=timezone.now() - dt.timedelta(seconds=1),
+        lease_token=1,
+        lease_owner="host:1:dead-runner",
+        lease_expires_at=timezone.now() - dt.timedelta(seconds=1),
     )
     assert batches_dispatch()["run"] == 1
     assert batch_run(batch_id=started.pk) == "finalizing"
     started.refresh_from_db()
     assert started.status == BatchStatus.COMPLETED and started.request_completed == 4
     assert len(read_jsonl(file_read(file=started.output_file))) == 4
+
+
+def test_a_runner_whose_lease_was_taken_over_writes_nothing_on_the_batch_or_its_lines(started):
+    from portal.batches.runner import RUNNABLE, _claim, _set_wait, _store, _tick, finish, lease_take
+
+    first = lease_take(batch_id=started.pk, statuses=RUNNABLE)
+    assert first is not None and lease_take(batch_id=started.pk, statuses=RUNNABLE) is None  # held
+    claimed = _claim(started.pk, first.token, 2)
+    assert [line.claim_token for line in claimed] == [first.token, first.token]
+    Batch.objects.filter(pk=started.pk).update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+    second = lease_take(batch_id=started.pk, statuses=RUNNABLE)
+    assert second is not None and second.token == first.token + 1
+    # The first runner's lines are pending again, and nothing it writes is kept.
+    assert set(BatchLine.objects.filter(batch=started).values_list("state", flat=True)) == {LineState.PENDING}
+    assert _tick(first).lost
+    _set_wait(first, WaitReason.PAUSED, None)
+    assert not _store(started, claimed[0], first.token, None, {"code": "x", "message": "x"})
+    assert not finish(lease=first, end="cancelled")
+    started.refresh_from_db()
+    assert (started.status, started.wait_reason, started.request_failed) == (BatchStatus.IN_PROGRESS, "", 0)
+    assert started.lease_token == second.token and started.lease_owner == second.owner
+    assert not first.release()
+    assert second.release()
 
 
 def test_progress_estimates_the_finish_at_the_rate_of_the_last_minutes(started):

@@ -138,7 +138,7 @@ def test_a_daily_budget_spent_mid_batch_waits_for_the_next_day_then_finishes_eac
 
     def waiting():
         batch.refresh_from_db()
-        return batch.wait_reason == WaitReason.DAILY_BUDGET and batch.runner_token is None
+        return batch.wait_reason == WaitReason.DAILY_BUDGET and batch.lease_owner == ""
 
     wait_until(waiting, timeout_s=120, what=f"waiting for the budget\n{workers.log.read_text()[-3000:]}")
     assert batch.status == BatchStatus.IN_PROGRESS
