@@ -6,7 +6,8 @@ Each rule looks at one thing and returns a `Finding` or None:
 - info: it works, but there is a better way to spend the GPUs.
 Every message says why and what to do instead. The figures come from the
 planner's `Sizing`, which this module only imports for typing (the planner
-imports this module to attach findings to its plan).
+imports this module to attach findings to its plan); the profile is
+inference/profile.py's record.
 """
 
 from __future__ import annotations
@@ -14,9 +15,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from inference.engines import V1_VOLTA_ATTENTION_SLOWDOWN, EngineGeneration, engine_line
+from inference.vllm_args import version_problems
+
 if TYPE_CHECKING:
     from inference.modelspec import ModelArch
-    from inference.planner import Placement, ProfileSettings, Sizing
+    from inference.planner import Placement, Sizing
+    from inference.profile import ProfileSettings
 
 _GB = 1e9
 
@@ -511,8 +516,6 @@ def _engine_version_lacks_flag(
     """A profile whose command line the node's vLLM version cannot parse (inference/engines.py)."""
     if not placement.engine_version:
         return None
-    from inference.vllm_args import version_problems  # vllm_args imports the planner, which imports us
-
     problems = version_problems(profile, placement.engine_version)
     if not problems:
         return None
@@ -527,8 +530,6 @@ def _attention_path_on_volta(
     simulator's V100 figures come from V0 runs (docs/simulator.md)."""
     if not placement.engine_version or placement.gpu.cc_tuple >= (8, 0):
         return None
-    from inference.engines import V1_VOLTA_ATTENTION_SLOWDOWN, EngineGeneration, engine_line
-
     line = engine_line(placement.engine_version)
     if line is None or line.engine_on_volta is None:
         return None  # no sm_70 kernels at all: the launch is refused at the environment step

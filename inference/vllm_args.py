@@ -23,7 +23,7 @@ from typing import Any
 
 from inference.engines import engine_line
 from inference.errors import InputError
-from inference.planner import Knob, ProfileSettings, Write, knob_type, launch_knobs
+from inference.profile import Knob, ProfileSettings, Write, knob_type, launch_knobs
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 SIM_MODULE = "inference.sim"
@@ -106,7 +106,7 @@ def _server_args(server: ServerArgs) -> list[str]:
 
 
 def knob_args(profile: ProfileSettings) -> list[str]:
-    """Each knob's flag as its Knob.write says (inference/planner.py, ProfileSettings).
+    """Each knob's flag as its Knob.write says (inference/profile.py, ProfileSettings).
 
     vLLM's V1 engine turns prefix caching and chunked prefill on by default; the V0 engine had them
     off. Writing both ways makes the profile mean the same on every version: 0.8.5's parser already

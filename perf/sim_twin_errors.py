@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from inference.hardware import get_gpu  # noqa: E402
 from inference.hf_config import resolve_model_config  # noqa: E402
 from inference.loadgen.workloads import fit_to_context, load_mix  # noqa: E402
-from inference.planner import ProfileSettings  # noqa: E402
+from inference.profile import ProfileSettings  # noqa: E402
 from inference.sim.calibration import fit_host_costs, measured_levels  # noqa: E402
 from inference.sim.confidence import Question, basis_of, judge, mix_means  # noqa: E402
 from inference.sim.costs import (  # noqa: E402

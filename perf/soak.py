@@ -77,7 +77,7 @@ HIGH = {"rpm_limit": 10**7, "tpm_limit": 10**9, "tokens_per_day": 10**12, "max_c
 def profile():
     """The 7B fp16 / TP8 / 8 × V100-SXM2-32GB profile of docs/v100-field-guide.md#launch-settings
     (the demo's `v100-7b-fp16-tp8`)."""
-    from inference.planner import ProfileSettings
+    from inference.profile import ProfileSettings
 
     return ProfileSettings(
         dtype="float16", tensor_parallel_size=8, max_model_len=4096, gpu_memory_utilization=0.93,

@@ -39,7 +39,7 @@ from inference.loadgen.loadgen import BenchConfig, LevelPlan, run_blocking, run_
 from inference.loadgen.sla import Sla, operating_point  # noqa: E402
 from inference.loadgen.summary import format_table  # noqa: E402
 from inference.loadgen.workloads import load_mix  # noqa: E402
-from inference.planner import ProfileSettings  # noqa: E402
+from inference.profile import ProfileSettings  # noqa: E402
 from inference.vllm_args import LaunchSettings, ServerArgs, command_line, vllm_args, vllm_command  # noqa: E402
 
 # What vLLM needs on the borrowed machine (its own address does not resolve; FlashInfer's

@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from inference.errors import InputError
 from inference.hardware import GpuSpec
 from inference.modelspec import DTYPE_BYTES, ModelArch
-from inference.planner import EFFECTIVE_BANDWIDTH_FRACTION, ProfileSettings, Sizing, peak_tflops
+from inference.planner import EFFECTIVE_BANDWIDTH_FRACTION, Sizing, peak_tflops
 
 # --- memory -----------------------------------------------------------------
+from inference.profile import ProfileSettings
+
 # docs/v100-field-guide.md#hardware: "~900 GB/s per GPU; 75–85 % reachable", and its
 # reference arithmetic uses 750 of 900 GB/s; the planner's constant, so both halves of
 # the planner agree.

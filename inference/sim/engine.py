@@ -19,7 +19,8 @@ from typing import Any
 from inference.engines import attention_slowdown
 from inference.hardware import GpuSpec
 from inference.modelspec import ModelArch
-from inference.planner import GB, Placement, Plan, ProfileSettings, Sizing, plan_deployment
+from inference.planner import GB, Placement, Plan, Sizing, plan_deployment
+from inference.profile import ProfileSettings
 from inference.rules import tp_is_valid
 from inference.sim.costs import DEFAULT_HOST_COSTS, HostCosts, StepCostModel, StepTime
 from inference.sim.kv_cache import KVCache

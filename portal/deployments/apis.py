@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 
 from inference.errors import InputError
 from inference.hardware import get_gpu
-from inference.planner import ProfileSettings, knob_type, launch_knobs
+from inference.profile import ProfileSettings, knob_type, launch_knobs
 from portal.audit.api import AuditedModelViewSetMixin
 from portal.core.api import ModelCleanMixin, StaffOnlyFieldsMixin
 from portal.core.errors import ApplicationError
@@ -318,7 +318,7 @@ _KNOB_FIELDS = {
 
 
 def _knob_serializer_fields() -> dict[str, serializers.Field]:
-    """One optional field per launch knob (inference/planner.py): the planner request takes every
+    """One optional field per launch knob (inference/profile.py): the planner request takes every
     knob a profile has, by the same name; ProfileSettings bounds the values (a 400 naming the field)."""
     found: dict[str, serializers.Field] = {}
     for spec, knob in launch_knobs():

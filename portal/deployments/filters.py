@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import django_filters
 
-from inference.planner import DTYPES, MAX_TENSOR_PARALLEL
+from inference.profile import DTYPES, MAX_TENSOR_PARALLEL
 from portal.core.filters import ByNameFilter, IntegerFilter, NameContainsFilter, user_scoped
 from portal.inventory.filters import CATALOG_CHOICES
 from portal.inventory.models import Node

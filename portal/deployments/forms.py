@@ -9,7 +9,7 @@ from django.utils.text import slugify
 
 from inference.hardware import GPU_CATALOG
 from inference.hf_config import known_configs
-from inference.planner import knob_type, launch_knobs
+from inference.profile import knob_type, launch_knobs
 from portal.core.forms import choice_field, model_choice_field
 from portal.inventory.models import Node
 from portal.registry.models import ModelVersion

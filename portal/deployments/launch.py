@@ -3,7 +3,7 @@
 The planner (a profile's plan, a deployment's check), the agent's start (the argv), the benchmark
 snapshot and node acceptance all read a profile's knobs through `launch_settings`; loose values
 from a form or a request (no profile yet) go through `settings_from`. The knobs themselves are
-listed once, in inference/planner.py's ProfileSettings (each with its vLLM flag).
+listed once, in inference/profile.py's ProfileSettings (each with its vLLM flag).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import asdict, fields
 from typing import TYPE_CHECKING, Any
 
 from inference.errors import InputError
-from inference.planner import ProfileSettings
+from inference.profile import ProfileSettings
 from inference.vllm_args import LaunchSettings
 from portal.core.errors import ApplicationError
 

@@ -1,5 +1,5 @@
 """A profile becomes launch settings through one door (portal/deployments/launch.py), and its knobs
-are listed once (inference/planner.py, ProfileSettings): every other door reads that list."""
+are listed once (inference/profile.py, ProfileSettings): every other door reads that list."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import fields, make_dataclass
 
 import pytest
 
-from inference import planner
-from inference.planner import ProfileSettings, Write, knob, launch_knobs
+from inference import profile as profile_record
+from inference.profile import ProfileSettings, Write, knob, launch_knobs
 from inference.sim.cli import build_parser
 from inference.vllm_args import LaunchSettings, ServerArgs, knob_args, vllm_args
 from portal.core.errors import ApplicationError
@@ -52,7 +52,7 @@ def test_a_knob_added_to_profile_settings_alone_reaches_the_argv_the_simulator_a
         bases=(ProfileSettings,),
         frozen=True,
     )
-    monkeypatch.setattr(planner, "ProfileSettings", extended)  # the one edit: the knob in the record
+    monkeypatch.setattr(profile_record, "ProfileSettings", extended)  # the one edit: the knob in the record
 
     assert [spec.name for spec, _ in launch_knobs()][-1] == "max_num_partial_prefills"
     assert knob_args(extended(max_num_partial_prefills=4))[-2:] == ["--max-num-partial-prefills", "4"]

@@ -21,7 +21,7 @@ import pytest
 from devtools import stop, wait_until
 from inference import supervisor
 from inference.engines import engine_line
-from inference.planner import ProfileSettings
+from inference.profile import ProfileSettings
 from inference.vllm_args import VLLM_GUARD_MIDDLEWARE, LaunchSettings, ServerArgs, vllm_args, vllm_command
 from inference.vllm_metrics import parse_vllm_metrics
 from portal.deployments.agent.start import deployment_start

@@ -32,7 +32,7 @@ def recorded_config(model: str, mode: str, gpu: str, host=None):
     """The simulator's engine for a recorded run's model, mode ("eager" or "graphs") and GPU."""
     from inference.hardware import get_gpu
     from inference.hf_config import resolve_model_config
-    from inference.planner import ProfileSettings
+    from inference.profile import ProfileSettings
     from inference.sim.costs import DEFAULT_HOST_COSTS
     from inference.sim.engine import EngineConfig
 

@@ -13,12 +13,12 @@ from inference.hardware import get_gpu
 from inference.planner import (
     Finding,
     Placement,
-    ProfileSettings,
     kv_cache_bytes_per_token,
     plan_deployment,
     serving_dtype,
     weights_bytes,
 )
+from inference.profile import ProfileSettings
 from tests.helpers.planner import gemma2_27b_gptq, llama2_7b, llama31_70b_fp16, llama31_70b_gptq
 
 V100_32 = get_gpu("v100-sxm2-32gb")

@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from inference.hardware import get_gpu
-from inference.planner import Placement, ProfileSettings, Sizing, plan_deployment
+from inference.planner import Placement, Sizing, plan_deployment
+from inference.profile import ProfileSettings
 from inference.rules import Finding, validate
 from tests.helpers.planner import llama2_7b, llama31_70b_fp16, llama31_70b_gptq
 

@@ -3,7 +3,7 @@
 import pytest
 
 from inference.errors import InputError
-from inference.planner import ProfileSettings
+from inference.profile import ProfileSettings
 from inference.vllm_args import LaunchSettings, ServerArgs, command_line, sim_command, vllm_args, vllm_command
 
 SERVER = ServerArgs(

@@ -10,7 +10,7 @@ from django.core.management import CommandError, call_command
 from inference.engines import V1_VOLTA_ATTENTION_SLOWDOWN, attention_slowdown
 from inference.hardware import get_gpu
 from inference.hf_config import resolve_model_config
-from inference.planner import ProfileSettings
+from inference.profile import ProfileSettings
 from inference.sim.costs import BatchShape, ScheduledChunk, StepCostModel
 from portal.deployments.predict import predict_sweep
 

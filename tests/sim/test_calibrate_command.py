@@ -11,7 +11,7 @@ from django.core.management.base import CommandError
 from inference.hardware import get_gpu
 from inference.hf_config import resolve_model_config
 from inference.loadgen.workloads import load_mix
-from inference.planner import ProfileSettings
+from inference.profile import ProfileSettings
 from inference.sim.costs import HostCosts
 from inference.sim.engine import EngineConfig
 from inference.sim.virtual import sweep

@@ -11,7 +11,7 @@ from inference.errors import InputError
 from inference.hardware import get_gpu
 from inference.hf_config import resolve_model_config
 from inference.loadgen.workloads import load_mix
-from inference.planner import ProfileSettings
+from inference.profile import ProfileSettings
 from inference.sim.calibration import fit_host_costs, measured_levels
 from inference.sim.costs import DEFAULT_HOST_COSTS, BatchShape, HostCosts, ScheduledChunk, StepCostModel
 from inference.sim.engine import EngineConfig

@@ -6,7 +6,8 @@ import pytest
 
 from inference.hardware import get_gpu
 from inference.hf_config import resolve_model_config
-from inference.planner import ProfileSettings, Sizing
+from inference.planner import Sizing
+from inference.profile import ProfileSettings
 from inference.sim.costs import BatchShape, ScheduledChunk, StepCostModel
 
 LLAMA_7B = resolve_model_config("llama-2-7b-chat-hf")

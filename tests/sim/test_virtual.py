@@ -11,7 +11,7 @@ from inference.hardware import get_gpu
 from inference.hf_config import resolve_model_config
 from inference.loadgen.summary import format_table
 from inference.loadgen.workloads import load_mix
-from inference.planner import ProfileSettings
+from inference.profile import ProfileSettings
 from inference.sim.engine import EngineConfig, EngineRefused, SimEngine
 from inference.sim.virtual import run_level, sweep
 

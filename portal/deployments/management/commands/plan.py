@@ -7,7 +7,8 @@ import json
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from inference.hardware import get_gpu
-from inference.planner import Plan, launch_knobs
+from inference.planner import Plan
+from inference.profile import launch_knobs
 from inference.vllm_args import add_knob_arguments, knob_options
 from portal.core.errors import ApplicationError
 from portal.deployments.services import plan_on_catalog_gpus
@@ -22,7 +23,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--model", required=True, help="registered model name, bundled config, or config.json path"
         )
-        # Every launch knob by its vLLM flag, with the profile's defaults (inference/planner.py);
+        # Every launch knob by its vLLM flag, with the profile's defaults (inference/profile.py);
         # the tensor-parallel size is also `--tp` and defaults to all the GPUs (docs/architecture.md).
         add_knob_arguments(
             parser,
