@@ -66,6 +66,9 @@ def batch_validate(*, batch_id: int) -> str:
             if not started:  # cancelled meanwhile: the lines go with the rollback
                 transaction.set_rollback(True)
                 return "cancelled while validating"
+            # Let go in the same commit that sends the run (on commit): a runner that takes the
+            # message at once finds the lease free, not held by this validation until `finally`.
+            lease.release()
             services.batch_send_run(batch_id=batch_id)
         return "in_progress"
     finally:

@@ -21,6 +21,20 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
+def sends(monkeypatch):
+    """Each batch task sent, with the batch's lease (owner, expiry) as the commit that sent it left it."""
+    from portal.celery import app
+
+    sent: list[tuple[str, tuple[str, object]]] = []
+
+    def record(name, args, **_options):
+        sent.append((name, Batch.objects.values_list("lease_owner", "lease_expires_at").get(pk=args[0])))
+
+    monkeypatch.setattr(app, "send_task", record)
+    return sent
+
+
+@pytest.fixture
 def started(team, gw_redis):
     """A validated batch of 4 lines, in progress, that no runner has started."""
     empty_batch_queue()
@@ -37,6 +51,12 @@ def started(team, gw_redis):
     batch.refresh_from_db()
     assert batch.status == BatchStatus.IN_PROGRESS
     return batch
+
+
+def test_the_validation_lets_go_of_the_batch_in_the_commit_that_sends_its_run(sends, started):
+    """A runner that takes the run message at once finds the batch free, not still held by the
+    validation that sent it (it would return "not runnable here" and wait for the dispatcher)."""
+    assert [(name, lease) for name, lease in sends if name == "batches.run"] == [("batches.run", ("", None))]
 
 
 def test_a_batch_past_its_window_expires_with_its_unsent_lines_in_the_error_file(started):
